@@ -1,0 +1,302 @@
+/* stabmeter.h — per-layer stability metrics of neural-network weights.
+ *
+ * The three metrics of every layer (forward, dependency and update stability, each
+ * defined in SPEC.md) computed from f32 weights in memory: pure functions for one layer,
+ * and a monitor that a trainer creates once, registers its layers with, and asks for
+ * the metrics every step without any allocation.
+ *
+ * Conventions used throughout:
+ *  - Math is y = x W + b with W in R^{d_in x d_out}. In memory W is either out-major,
+ *    [d_out][d_in] row-major (PyTorch nn.Linear, llm.c, GGUF), or in-major, [d_in][d_out].
+ *  - Every function that can fail returns a stab_status (STAB_OK = 0, errors negative);
+ *    results come back through output pointers. The library never prints, never exits,
+ *    never aborts; a failure's detail is in stab_last_error() of the calling thread.
+ *  - Weights are f32; every sum accumulates in f64. Results do not depend on the number
+ *    of threads.
+ *  - A metric that does not exist for a kind, or is not yet measured, is NaN.
+ */
+#ifndef STABMETER_H
+#define STABMETER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STAB_VERSION_MAJOR 0
+#define STAB_VERSION_MINOR 1
+#define STAB_VERSION_PATCH 0
+#define STAB_VERSION_STRING "0.1.0"
+
+/* The version of the library actually linked, "MAJOR.MINOR.PATCH". */
+const char *stab_version(void);
+
+/* ---------------------------------------------------------------------------------- */
+/* Status codes                                                                        */
+
+typedef enum {
+  STAB_OK = 0,
+  STAB_EINVAL = -1,   /* an argument is invalid: NULL where data is needed, unknown enum, bad tolerance */
+  STAB_EDIM = -2,     /* a dimension is zero, inconsistent or so large that sizes overflow */
+  STAB_ENOMEM = -3,   /* an allocation failed */
+  STAB_ENOTFOUND = -4,/* no layer with that index or name */
+  STAB_EEXIST = -5,   /* a layer with that name is already registered */
+  STAB_ESTATE = -6,   /* a call out of order, e.g. an update measured with no snapshot taken */
+  STAB_ELAPACK = -7,  /* LAPACK reported a failure (the message has its info code) */
+  STAB_ERANGE = -8    /* a value is out of its valid range (e.g. heads not dividing d_out) */
+} stab_status;
+
+/* A static, human-readable name of a status, "unknown status" for anything else. */
+const char *stab_strerror(stab_status status);
+
+/* The message of the last failure on the calling thread (thread-local, overwritten by
+ * the next failure on that thread), e.g. "stab_linear_metrics: d_in is 0". Never NULL. */
+const char *stab_last_error(void);
+
+/* Optional sink for diagnostics (failures and non-finite-weight warnings naming the
+ * layer). Called from the thread that hit them; must not call back into the library.
+ * Pass NULL to remove. Process-wide; set it before other threads use the library. */
+typedef void (*stab_message_fn)(void *user, const char *message);
+void stab_set_message_handler(stab_message_fn fn, void *user);
+
+/* ---------------------------------------------------------------------------------- */
+/* Layer kinds and layouts                                                             */
+
+typedef enum {
+  STAB_KIND_LINEAR = 0,    /* weight W (d_in x d_out), optional bias of length d_out */
+  STAB_KIND_EMBEDDING = 1, /* table E, V rows of width d: d_in = V, d_out = d */
+  STAB_KIND_LM_HEAD = 2,   /* classes w_i of width d: d_in = d, d_out = V */
+  STAB_KIND_GAIN = 3,      /* RMSNorm/LayerNorm gain gamma: d_in = d_out = d */
+  STAB_KIND_BIAS = 4,      /* a bias with no weight to pair with: d_in = d_out = d */
+  STAB_KIND_ATTENTION = 5  /* attention logits of query/key projections, per head */
+} stab_kind;
+
+/* "linear", "embedding", "lm_head", "gain", "bias", "attention"; NULL if unknown. */
+const char *stab_kind_name(stab_kind kind);
+
+typedef enum {
+  /* The kind's usual layout: out-major for linear, lm_head and attention; one row per
+   * token ([V][d]) for embedding and lm_head tables; ignored for gain and bias. */
+  STAB_LAYOUT_NATURAL = 0,
+  STAB_LAYOUT_OUT_MAJOR = 1, /* [d_out][d_in] row-major */
+  STAB_LAYOUT_IN_MAJOR = 2   /* [d_in][d_out] row-major */
+} stab_layout;
+
+/* ---------------------------------------------------------------------------------- */
+/* Spectral norms                                                                      */
+
+typedef enum {
+  STAB_SPECTRAL_LANCZOS = 0, /* Lanczos on the Gram matrix, full reorthogonalisation (default) */
+  STAB_SPECTRAL_POWER = 1,   /* power iteration on the Gram matrix */
+  STAB_SPECTRAL_EXACT = 2    /* LAPACK dgesvd (values only) on an f64 copy: the reference */
+} stab_spectral_method;
+
+typedef struct {
+  stab_spectral_method method;
+  double tol;       /* target relative error of sigma, in (0, 0.5); default 1e-3 */
+  int max_passes;   /* at most this many passes over the matrix; default 1000 */
+  int krylov_dim;   /* Lanczos basis size before an explicit restart, >= 2; default 64 */
+  int threads;      /* threads for a pass; 0 = as many as OpenMP offers. Results are
+                       bit-identical for every value. Default 0 */
+  uint64_t seed;    /* seed of the cold-start vector; default 0x5eed */
+} stab_spectral_params;
+
+/* The defaults above. */
+stab_spectral_params stab_spectral_default_params(void);
+
+typedef struct {
+  double sigma;     /* the estimate; power and Lanczos give lower bounds (Ritz values) */
+  double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix */
+  int passes;       /* passes over the matrix that were made (one pass reads it once) */
+  int converged;    /* 1 when rel_err <= tol (always 1 in exact mode), 0 if max_passes ran out */
+  int nonfinite;    /* 1 when the matrix holds NaN or Inf: sigma is then NaN */
+} stab_sigma_result;
+
+/* Workspace for spectral norms of matrices with at most max_rows x max_cols (stored
+ * shape). It owns every buffer a computation needs, so stab_spectral_norm allocates
+ * nothing. Not thread-safe: one workspace per concurrent caller. */
+typedef struct stab_spectral_workspace stab_spectral_workspace;
+
+stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
+                                           const stab_spectral_params *params,
+                                           stab_spectral_workspace **out);
+/* NULL is a no-op. */
+void stab_spectral_workspace_free(stab_spectral_workspace *ws);
+
+/* sigma(A) or, when b is not NULL, sigma(A - B) without forming A - B.
+ *  a, b   rows x cols, row-major with row stride ld (>= cols) elements; f32
+ *  v      warm-start vector of length cols, in f64, or NULL. On entry a previous estimate
+ *         of the top right singular vector (all zeros or non-finite means cold start);
+ *         on return the new estimate, unit-norm. Pass the same vector every step.
+ *  out    the result. On a non-finite matrix out->nonfinite = 1, sigma NaN, return STAB_OK.
+ * The shape must fit the workspace. */
+stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, const float *b,
+                               size_t rows, size_t cols, size_t ld, double *v,
+                               stab_sigma_result *out);
+
+/* One call without a workspace: creates one, computes, frees (allocates). v may be NULL. */
+stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
+                       const stab_spectral_params *params, double *v, stab_sigma_result *out);
+
+/* ---------------------------------------------------------------------------------- */
+/* Metrics of one layer                                                                */
+
+enum {
+  STAB_FLAG_NONFINITE_WEIGHT = 1 << 0, /* the weights (or bias, gain) hold NaN or Inf */
+  STAB_FLAG_NONFINITE_UPDATE = 1 << 1, /* the update holds NaN or Inf */
+  STAB_FLAG_NOT_CONVERGED = 1 << 2     /* a spectral estimate ran out of passes before tol */
+};
+
+typedef enum {
+  STAB_TIGHT_CENTRED = 0, /* Dm <= 2 max_i ||w_i - mean||_RMS, O(V d) (default) */
+  STAB_TIGHT_EXACT = 1,   /* Dm exactly, all pairs by blocked dgemm, O(V^2 d) */
+  STAB_TIGHT_NONE = 2     /* tight values not computed (NaN) */
+} stab_tight_method;
+
+/* Every number measured for one layer. Fields that do not apply to the kind are NaN
+ * (counts 0). See SPEC.md for each definition. */
+typedef struct {
+  double forward;          /* forward stability (lm_head: headline log V + 2 d R) */
+  double dependency;       /* dependency stability; NaN for embedding, bias, attention */
+  double update;           /* update stability; NaN when no update was given */
+  double forward_tight;    /* lm_head: log V + d Dm (an upper bound, see tight_method) */
+  double dependency_tight; /* lm_head: d Dm */
+  double update_tight;     /* lm_head: d dDm */
+  double spread;           /* embedding: max_{i,j} ||E_i - E_j||_RMS upper bound (variant);
+                              lm_head: 4 d R (earlier revision); else NaN */
+  double sigma;            /* linear: sigma(W); NaN for other kinds (attention: see per-head) */
+  double sigma_rel_err;    /* estimated relative error of sigma */
+  double sigma_update;     /* linear: sigma(dW) */
+  double sigma_update_rel_err;
+  double rel_update;       /* ||dW||_F / ||W||_F (over weight and bias together) */
+  int passes;              /* passes over the weights by the spectral estimates */
+  int update_passes;       /* passes over the update by its spectral estimate */
+  int tight_method;        /* the stab_tight_method the tight values came from */
+  int flags;               /* STAB_FLAG_* */
+} stab_metrics;
+
+/* A layer as the library sees it. Zero-initialise, then fill what the kind needs.
+ *  linear:    weight (d_in x d_out in `layout`), bias (d_out) or NULL
+ *  embedding: weight [V][d] (d_in = V, d_out = d); layout NATURAL or IN_MAJOR mean [V][d],
+ *             OUT_MAJOR means [d][V]
+ *  lm_head:   weight, d_in = d, d_out = V; NATURAL/OUT_MAJOR mean [V][d], IN_MAJOR [d][V]
+ *  gain:      weight of length d (d_in = d_out = d)
+ *  bias:      weight of length d (d_in = d_out = d)
+ *  attention: weight = query projection, weight_k = key projection, each d_in = d,
+ *             d_out = heads * d_h, in `layout`; heads > 0; scale 0 means 1/sqrt(d_h)
+ * ld is the row stride of the stored matrix in elements; 0 means the stored row length
+ * (set it to read a block of a fused matrix, e.g. q and k inside llm.c's qkv). */
+typedef struct {
+  const char *name;        /* copied by the monitor; any length */
+  stab_kind kind;
+  size_t d_in, d_out;
+  stab_layout layout;
+  size_t ld;
+  const float *weight;
+  const float *bias;       /* linear only; NULL if none */
+  const float *weight_k;   /* attention only */
+  size_t heads;            /* attention only */
+  double scale;            /* attention only; 0 = 1/sqrt(d_h) */
+} stab_layer;
+
+/* Options of a measurement. */
+typedef struct {
+  stab_spectral_params spectral;
+  stab_tight_method tight;  /* lm_head tight bounds; default STAB_TIGHT_CENTRED */
+} stab_metrics_params;
+
+stab_metrics_params stab_metrics_default_params(void);
+
+/* The metrics of one layer, without a monitor (allocates its workspace each call).
+ *  layer     the layer, with weight the weights after the step (or the only weights)
+ *  before    NULL (no update), or the same layer's weights before the step: update = f(W - before)
+ *            (before->weight, ->bias, ->weight_k; shapes taken from layer)
+ *  params    NULL for defaults
+ *  heads_out attention: NULL, or an array of layer->heads doubles receiving each head's bound
+ * NaN weights give NaN metrics and a flag, with STAB_OK. */
+stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before,
+                               const stab_metrics_params *params, stab_metrics *out,
+                               double *heads_out);
+
+/* Helpers that stand on their own: f64 accumulation, NaN propagates. */
+/* ||x||_RMS of n floats (strided by `stride` elements, >= 1). */
+double stab_rms(const float *x, size_t n, size_t stride);
+/* ||a - b||_RMS (b may be NULL for ||a||_RMS). */
+double stab_rms_diff(const float *a, const float *b, size_t n);
+/* max_i |x_i - y_i| (y may be NULL). */
+double stab_max_abs_diff(const float *x, const float *y, size_t n);
+
+/* ---------------------------------------------------------------------------------- */
+/* The per-step monitor                                                                */
+
+typedef enum {
+  STAB_UPDATE_NONE = 0,     /* only forward and dependency are measured */
+  STAB_UPDATE_SNAPSHOT = 1, /* the monitor keeps a copy of every weight; the trainer calls
+                               stab_monitor_snapshot() before its optimizer step */
+  STAB_UPDATE_GIVEN = 2     /* the trainer hands dW (its update buffer) per step with
+                               stab_monitor_set_update() */
+} stab_update_mode;
+
+typedef struct {
+  stab_metrics_params metrics;
+  stab_update_mode update_mode; /* default STAB_UPDATE_SNAPSHOT */
+} stab_monitor_params;
+
+stab_monitor_params stab_monitor_default_params(void);
+
+typedef struct stab_monitor stab_monitor;
+
+/* A monitor with no layers yet. params NULL means the defaults; they are copied. */
+stab_status stab_monitor_create(const stab_monitor_params *params, stab_monitor **out);
+
+/* NULL is a no-op. Does not touch the trainer's weights. */
+void stab_monitor_free(stab_monitor *m);
+
+/* Registers a layer; the weight pointers must stay valid (and are read at every
+ * measurement) until the monitor is freed. Allocates everything the layer will need:
+ * warm-start vectors, the snapshot copy in SNAPSHOT mode, and grows the shared
+ * spectral workspace. index may be NULL. Names must be unique. */
+stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
+
+size_t stab_monitor_layer_count(const stab_monitor *m);
+
+/* The registered layer (its name is the monitor's copy); NULL if index is out of range. */
+const stab_layer *stab_monitor_layer(const stab_monitor *m, size_t index);
+
+/* Index of a layer by name, or STAB_ENOTFOUND. */
+stab_status stab_monitor_find(const stab_monitor *m, const char *name, size_t *index);
+
+/* SNAPSHOT mode: copies every layer's current weights (call just before the optimizer
+ * step). Allocates nothing. */
+stab_status stab_monitor_snapshot(stab_monitor *m);
+
+/* GIVEN mode: where this layer's update of the coming step is (same shapes and layout
+ * as its weights; bias_update and weight_k_update as the layer has them, else NULL).
+ * The pointers are read by the next stab_monitor_measure(). */
+stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *weight_update,
+                                    const float *bias_update, const float *weight_k_update);
+
+/* Measures every layer from the live weights, warm-starting each spectral estimate from
+ * the previous measurement. with_update: also the update metrics (needs a snapshot taken
+ * since the last measurement, or updates set, per mode). Allocates nothing. A layer with
+ * non-finite weights gets NaN metrics and a flag (and a message naming it); the others are
+ * unaffected. */
+stab_status stab_monitor_measure(stab_monitor *m, int with_update);
+
+/* The metrics of the last measurement of a layer; NULL if index is out of range. */
+const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index);
+
+/* Attention layers: the per-head logit bounds of the last measurement (heads values);
+ * NULL for other kinds. */
+const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index);
+
+/* Bytes the monitor has allocated (snapshots, warm vectors, workspaces). */
+size_t stab_monitor_memory(const stab_monitor *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STABMETER_H */

@@ -1,0 +1,113 @@
+/* diameter.c — the diameter max_{i,j} ||r_i - r_j||_RMS of a set of vectors (the class
+ * vectors of an LM head, the rows of an embedding table): a cheap O(n d) upper bound through
+ * the mean, and the exact value over all pairs by blocked dgemm in f64, O(n^2 d). */
+#include "internal.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <string.h>
+
+static inline double elem(const stabi_set *s, size_t i, size_t t) {
+  size_t k = stabi_set_index(s, i, t);
+  return s->b ? (double)s->a[k] - (double)s->b[k] : (double)s->a[k];
+}
+
+double stabi_set_diameter_centred(const stabi_set *s, double *work) {
+  double *mean = work, *dist = work + s->coords;
+  const size_t n = s->items, d = s->coords;
+  memset(mean, 0, d * sizeof *mean);
+  if (s->items_are_rows) {
+    for (size_t i = 0; i < n; i++)
+      for (size_t t = 0; t < d; t++) mean[t] += elem(s, i, t);
+  } else {
+    for (size_t t = 0; t < d; t++)
+      for (size_t i = 0; i < n; i++) mean[t] += elem(s, i, t);
+  }
+  for (size_t t = 0; t < d; t++) mean[t] /= (double)n;
+  double far = 0.0, norm = 0.0; /* max ||r_i - c||^2 and max ||r_i||^2 */
+  if (s->items_are_rows) {
+    for (size_t i = 0; i < n; i++) {
+      double q = 0.0, z = 0.0;
+      for (size_t t = 0; t < d; t++) {
+        double v = elem(s, i, t);
+        q += (v - mean[t]) * (v - mean[t]);
+        z += v * v;
+      }
+      far = stabi_nanmax(far, q);
+      norm = stabi_nanmax(norm, z);
+    }
+  } else {
+    memset(dist, 0, n * sizeof *dist);
+    for (size_t t = 0; t < d; t++)
+      for (size_t i = 0; i < n; i++) {
+        double v = elem(s, i, t) - mean[t];
+        dist[i] += v * v;
+      }
+    for (size_t i = 0; i < n; i++) far = stabi_nanmax(far, dist[i]);
+    memset(dist, 0, n * sizeof *dist);
+    for (size_t t = 0; t < d; t++)
+      for (size_t i = 0; i < n; i++) {
+        double v = elem(s, i, t);
+        dist[i] += v * v;
+      }
+    for (size_t i = 0; i < n; i++) norm = stabi_nanmax(norm, dist[i]);
+  }
+  /* Rounding margin: each squared distance carries a relative error below (d+2) eps. */
+  double margin = 1.0 + (double)(d + 4) * DBL_EPSILON;
+  return 2.0 * sqrt(fmin(far, norm) * margin / (double)d);
+}
+
+/* Items [i0, i0+nb) as an nb x d row-major f64 block, with their squared norms. */
+static void gather(const stabi_set *s, size_t i0, size_t nb, double *blk, double *sq) {
+  const size_t d = s->coords;
+  if (s->items_are_rows) {
+    for (size_t i = 0; i < nb; i++)
+      for (size_t t = 0; t < d; t++) blk[i * d + t] = elem(s, i0 + i, t);
+  } else {
+    for (size_t t = 0; t < d; t++)
+      for (size_t i = 0; i < nb; i++) blk[i * d + t] = elem(s, i0 + i, t);
+  }
+  for (size_t i = 0; i < nb; i++) {
+    double q = 0.0;
+    for (size_t t = 0; t < d; t++) q += blk[i * d + t] * blk[i * d + t];
+    sq[i] = q;
+  }
+}
+
+#define BLOCK 256
+
+size_t stabi_set_work(size_t items, size_t coords, int exact) {
+  size_t w = items + coords;
+  if (exact) {
+    size_t nb = items < BLOCK ? items : BLOCK;
+    size_t e = 2 * stabi_mul(nb, coords) + nb * nb + 2 * nb;
+    if (e > w) w = e;
+  }
+  return w;
+}
+
+double stabi_set_diameter_exact(const stabi_set *s, double *work) {
+  const size_t n = s->items, d = s->coords;
+  const size_t nb_max = n < BLOCK ? n : BLOCK;
+  double *bi = work, *bj = bi + nb_max * d, *g = bj + nb_max * d;
+  double *si = g + nb_max * nb_max, *sj = si + nb_max;
+  double best = 0.0, maxsq = 0.0;
+  for (size_t i0 = 0; i0 < n; i0 += BLOCK) {
+    size_t ni = n - i0 < BLOCK ? n - i0 : BLOCK;
+    gather(s, i0, ni, bi, si);
+    for (size_t i = 0; i < ni; i++) maxsq = stabi_nanmax(maxsq, si[i]);
+    for (size_t j0 = i0; j0 < n; j0 += BLOCK) {
+      size_t nj = n - j0 < BLOCK ? n - j0 : BLOCK;
+      gather(s, j0, nj, bj, sj);
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ni, (int)nj, (int)d, 1.0, bi,
+                  (int)d, bj, (int)d, 0.0, g, (int)nj);
+      for (size_t i = 0; i < ni; i++)
+        for (size_t j = 0; j < nj; j++)
+          best = stabi_nanmax(best, si[i] + sj[j] - 2.0 * g[i * nj + j]);
+    }
+  }
+  /* Each ||r_i||^2 + ||r_j||^2 - 2<r_i, r_j> is off by at most ~ (d+4) eps (|r_i|^2 + |r_j|^2):
+   * adding that keeps the result an upper bound even when the diameter is tiny. */
+  best += 2.0 * (double)(d + 4) * DBL_EPSILON * 2.0 * maxsq;
+  return sqrt(best / (double)d);
+}

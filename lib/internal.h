@@ -1,0 +1,126 @@
+/* internal.h — declarations shared by the library's own files; never installed.
+ * Internal functions are prefixed stabi_ so that only stab_* names are exported. */
+#ifndef STABMETER_INTERNAL_H
+#define STABMETER_INTERNAL_H
+
+#include "stabmeter.h"
+
+#include <math.h>
+#include <stddef.h>
+
+/* Records a failure for stab_last_error() and the message handler; returns status so that
+ * a caller can write `return stabi_fail(STAB_EDIM, "...", ...);`. */
+stab_status stabi_fail(stab_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Hands a warning (not a failure) to the message handler only. */
+void stabi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* max that lets NaN win, unlike fmax: a NaN anywhere must reach the result. */
+static inline double stabi_nanmax(double a, double b) {
+  if (isnan(a) || isnan(b)) return NAN;
+  return a > b ? a : b;
+}
+
+/* a * b without overflow of size_t; returns 0 on overflow (no real size is 0 here). */
+static inline size_t stabi_mul(size_t a, size_t b) {
+  if (a != 0 && b > (size_t)-1 / a) return 0;
+  return a * b;
+}
+
+/* ---- the pass over a matrix (gram_pass.c) ---- */
+
+/* The fixed split of rows into chunks: fixed by the shape, never by the thread count, so
+ * the order of every floating-point sum is the same for any number of threads. */
+#define STABI_MAX_CHUNKS 16
+size_t stabi_chunk_count(size_t rows);
+
+/* y = G x with G = (A - B)^T (A - B) (B may be NULL), A and B rows x cols with row stride
+ * ld, in one pass: each row's dot with x, then the row scaled by it into a per-chunk f64
+ * accumulator while the row is in cache. partial holds chunk_count(rows) * cols doubles.
+ * Returns sum_i <a_i - b_i, x>^2 = x^T G x. */
+double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
+                        const double *x, double *y, double *partial, int threads);
+
+/* ---- spectral workspace internals (spectral.c) ---- */
+
+/* Validates spectral parameters; who names the caller in the message. */
+stab_status stabi_spectral_check(const stab_spectral_params *p, const char *who);
+/* Grows the workspace to hold rows x cols matrices (never shrinks). */
+stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, size_t cols);
+const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace *ws);
+size_t stabi_spectral_bytes(const stab_spectral_workspace *ws);
+
+/* ---- sets of vectors stored as the rows or the columns of a matrix (norms.c, diameter.c) ----
+ * An embedding table or an LM head is a set of vectors r_i = a_i - b_i (b NULL: a_i) of
+ * `coords` numbers each: the rows of a matrix with row stride ld, or its columns. */
+typedef struct {
+  const float *a, *b;
+  size_t items, coords, ld;
+  int items_are_rows;
+} stabi_set;
+
+/* Element t of item i of a (or b). */
+static inline size_t stabi_set_index(const stabi_set *s, size_t i, size_t t) {
+  return s->items_are_rows ? i * s->ld + t : t * s->ld + i;
+}
+
+/* max_i ||r_i||_RMS. work: `items` doubles (used when items are columns). */
+double stabi_set_max_rms(const stabi_set *s, double *work);
+
+/* Upper bound of the diameter max_{i,j} ||r_i - r_j||_RMS: 2 max_i ||r_i - c||_RMS with c
+ * the mean item, never above 2 max_i ||r_i||_RMS. work: coords + items doubles. */
+double stabi_set_diameter_centred(const stabi_set *s, double *work);
+
+/* The diameter exactly (plus a rounding margin that keeps it an upper bound), all pairs by
+ * blocked dgemm in f64. work: stabi_set_work(items, coords, 1) doubles. */
+double stabi_set_diameter_exact(const stabi_set *s, double *work);
+
+/* Doubles of workspace the functions above need for a set (exact: with the exact diameter). */
+size_t stabi_set_work(size_t items, size_t coords, int exact);
+
+/* Sum of squares of A - B (b may be NULL), rows x cols with row stride ld, in f64. */
+double stabi_sumsq(const float *a, const float *b, size_t rows, size_t cols, size_t ld);
+
+/* ---- one layer's metrics (layer_metrics.c) ---- */
+
+/* Where a layer's numbers sit in memory, resolved and validated from its descriptor. */
+typedef struct {
+  size_t rows, cols, ld;  /* the stored matrix (gain, bias: 1 x d) */
+  int items_are_rows;     /* embedding, lm_head: the token/class vectors are rows */
+  size_t heads, dh;       /* attention: heads and head width */
+  size_t block_rows, block_cols, block_step; /* attention: one head's block, and the offset
+                                                in elements from one head to the next */
+} stabi_shape;
+
+/* Validates a layer (who names the caller in messages) and resolves its storage. */
+stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape *out);
+
+/* The update of a layer: dW = w - w_sub (w_sub NULL: dW = w), same for bias and key. */
+typedef struct {
+  const float *w, *w_sub, *b, *b_sub, *k, *k_sub;
+} stabi_delta;
+
+/* Everything a measurement borrows. ws must fit the layer's blocks; work holds
+ * stabi_layer_work() doubles. */
+typedef struct {
+  stab_spectral_workspace *ws;
+  double *work;
+  stab_tight_method tight;
+} stabi_ctx;
+
+size_t stabi_layer_work(const stabi_shape *sh, stab_tight_method tight);
+/* Doubles of warm-start state a layer keeps between measurements. */
+size_t stabi_warm_len(const stab_layer *l, const stabi_shape *sh);
+
+/* Measures one layer. delta NULL: no update. warm: stabi_warm_len() doubles kept by the
+ * caller between steps (zeros the first time), or NULL for cold starts. heads_out: attention
+ * per-head bounds (heads doubles) or NULL. */
+/* Metrics before any measurement: every value NaN, no flags. */
+void stabi_layer_measure_clear(stab_metrics *m);
+
+stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                                const stabi_delta *delta, double *warm, stab_metrics *out,
+                                double *heads_out);
+
+#endif /* STABMETER_INTERNAL_H */

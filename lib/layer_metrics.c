@@ -1,0 +1,335 @@
+/* layer_metrics.c — the three metrics of one layer of each kind (SPEC.md, "Per layer kind"),
+ * from its weights and optionally its update. Shared by stab_layer_metrics (one call, its own
+ * workspace) and the monitor (borrowed workspace, warm-start vectors kept between steps). */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+stab_metrics_params stab_metrics_default_params(void) {
+  stab_metrics_params p;
+  p.spectral = stab_spectral_default_params();
+  p.tight = STAB_TIGHT_CENTRED;
+  return p;
+}
+
+static const char *layer_name(const stab_layer *l) { return l->name ? l->name : "(unnamed)"; }
+
+/* Sets the stored shape of a d_in x d_out matrix in `layout` (natural = `natural_out_major`). */
+static void matrix_shape(const stab_layer *l, int out_major, stabi_shape *sh) {
+  sh->rows = out_major ? l->d_out : l->d_in;
+  sh->cols = out_major ? l->d_in : l->d_out;
+}
+
+stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape *sh) {
+  if (!l) return stabi_fail(STAB_EINVAL, "%s: layer is NULL", who);
+  const char *name = layer_name(l);
+  memset(sh, 0, sizeof *sh);
+  if (!stab_kind_name(l->kind))
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown kind %d", who, name, (int)l->kind);
+  if (l->layout != STAB_LAYOUT_NATURAL && l->layout != STAB_LAYOUT_OUT_MAJOR &&
+      l->layout != STAB_LAYOUT_IN_MAJOR)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown layout %d", who, name,
+                      (int)l->layout);
+  if (!l->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%s' has no weight", who, name);
+  if (l->d_in == 0 || l->d_out == 0)
+    return stabi_fail(STAB_EDIM, "%s: layer '%s' has d_in %zu and d_out %zu; both must be > 0",
+                      who, name, l->d_in, l->d_out);
+  switch (l->kind) {
+  case STAB_KIND_LINEAR:
+  case STAB_KIND_ATTENTION:
+    matrix_shape(l, l->layout != STAB_LAYOUT_IN_MAJOR, sh);
+    break;
+  case STAB_KIND_EMBEDDING: /* d_in = V: natural [V][d] is in-major */
+    matrix_shape(l, l->layout == STAB_LAYOUT_OUT_MAJOR, sh);
+    sh->items_are_rows = l->layout != STAB_LAYOUT_OUT_MAJOR;
+    break;
+  case STAB_KIND_LM_HEAD: /* d_out = V: natural [V][d] is out-major */
+    matrix_shape(l, l->layout != STAB_LAYOUT_IN_MAJOR, sh);
+    sh->items_are_rows = l->layout != STAB_LAYOUT_IN_MAJOR;
+    break;
+  case STAB_KIND_GAIN:
+  case STAB_KIND_BIAS:
+    if (l->d_in != l->d_out)
+      return stabi_fail(STAB_EDIM, "%s: %s '%s' has d_in %zu and d_out %zu; both are its length",
+                        who, stab_kind_name(l->kind), name, l->d_in, l->d_out);
+    sh->rows = 1;
+    sh->cols = l->d_out;
+    break;
+  }
+  sh->ld = l->ld ? l->ld : sh->cols;
+  if (sh->ld < sh->cols)
+    return stabi_fail(STAB_EDIM, "%s: layer '%s' has row stride %zu below its stored row length %zu",
+                      who, name, sh->ld, sh->cols);
+  if (!stabi_mul(sh->rows - 1 ? sh->rows - 1 : 1, sh->ld) || !stabi_mul(sh->rows, sh->cols) ||
+      stabi_mul(sh->rows, sh->ld) > (size_t)-1 / 8)
+    return stabi_fail(STAB_EDIM, "%s: layer '%s' is too large (%zu x %zu, stride %zu)", who, name,
+                      sh->rows, sh->cols, sh->ld);
+  if (l->kind == STAB_KIND_ATTENTION) {
+    if (!l->weight_k)
+      return stabi_fail(STAB_EINVAL, "%s: attention '%s' has no key projection (weight_k)", who,
+                        name);
+    if (l->heads == 0 || l->d_out % l->heads != 0)
+      return stabi_fail(STAB_ERANGE, "%s: attention '%s': %zu heads do not divide d_out %zu", who,
+                        name, l->heads, l->d_out);
+    if (!(l->scale >= 0.0) || !isfinite(l->scale))
+      return stabi_fail(STAB_ERANGE, "%s: attention '%s': scale %g is not a finite value >= 0",
+                        who, name, l->scale);
+    sh->heads = l->heads;
+    sh->dh = l->d_out / l->heads;
+    if (l->layout != STAB_LAYOUT_IN_MAJOR) { /* head h: rows h*dh .. */
+      sh->block_rows = sh->dh;
+      sh->block_cols = sh->cols;
+      sh->block_step = sh->dh * sh->ld;
+    } else { /* head h: columns h*dh .. */
+      sh->block_rows = sh->rows;
+      sh->block_cols = sh->dh;
+      sh->block_step = sh->dh;
+    }
+  }
+  return STAB_OK;
+}
+
+size_t stabi_layer_work(const stabi_shape *sh, stab_tight_method tight) {
+  /* a table's items are its rows or its columns: take the larger need */
+  const int exact = tight == STAB_TIGHT_EXACT;
+  size_t a = stabi_set_work(sh->rows, sh->cols, exact), b = stabi_set_work(sh->cols, sh->rows, exact);
+  return a > b ? a : b;
+}
+
+size_t stabi_warm_len(const stab_layer *l, const stabi_shape *sh) {
+  if (l->kind == STAB_KIND_LINEAR) return 2 * sh->cols;
+  if (l->kind == STAB_KIND_ATTENTION) return 2 * sh->heads * sh->block_cols;
+  return 0;
+}
+
+/* The set of class or token vectors of a table (items = V, coords = d). */
+static stabi_set table_set(const stab_layer *l, const stabi_shape *sh, const float *a,
+                           const float *b) {
+  stabi_set s;
+  s.a = a;
+  s.b = b;
+  s.ld = sh->ld;
+  s.items_are_rows = sh->items_are_rows;
+  s.items = sh->items_are_rows ? sh->rows : sh->cols;
+  s.coords = sh->items_are_rows ? sh->cols : sh->rows;
+  (void)l;
+  return s;
+}
+
+void stabi_layer_measure_clear(stab_metrics *m) {
+  m->forward = m->dependency = m->update = NAN;
+  m->forward_tight = m->dependency_tight = m->update_tight = m->spread = NAN;
+  m->sigma = m->sigma_rel_err = m->sigma_update = m->sigma_update_rel_err = NAN;
+  m->rel_update = NAN;
+  m->passes = m->update_passes = 0;
+  m->tight_method = STAB_TIGHT_NONE;
+  m->flags = 0;
+}
+
+/* The diameter of a set by the chosen method (NaN for NONE). */
+static double diameter(const stabi_ctx *ctx, const stabi_set *s) {
+  if (ctx->tight == STAB_TIGHT_EXACT) return stabi_set_diameter_exact(s, ctx->work);
+  return ctx->tight == STAB_TIGHT_CENTRED ? stabi_set_diameter_centred(s, ctx->work) : NAN;
+}
+
+static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                          const stabi_delta *dl, double *warm, stab_metrics *m) {
+  const double k = sqrt((double)l->d_in / (double)l->d_out);
+  stab_sigma_result r;
+  stab_status st = stab_spectral_norm(ctx->ws, l->weight, NULL, sh->rows, sh->cols, sh->ld,
+                                      warm, &r);
+  if (st != STAB_OK) return st;
+  const double brms = l->bias ? stab_rms_diff(l->bias, NULL, l->d_out) : 0.0;
+  m->sigma = r.sigma;
+  m->sigma_rel_err = r.rel_err;
+  m->passes = r.passes;
+  m->dependency = k * r.sigma;
+  m->forward = k * r.sigma + brms;
+  if (!r.converged && !r.nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
+  if (r.nonfinite || !isfinite(brms)) {
+    m->flags |= STAB_FLAG_NONFINITE_WEIGHT;
+    m->forward = m->dependency = m->sigma = NAN;
+  }
+  if (!dl) return STAB_OK;
+  st = stab_spectral_norm(ctx->ws, dl->w, dl->w_sub, sh->rows, sh->cols, sh->ld,
+                          warm ? warm + sh->cols : NULL, &r);
+  if (st != STAB_OK) return st;
+  const double dbrms = dl->b ? stab_rms_diff(dl->b, dl->b_sub, l->d_out) : 0.0;
+  m->sigma_update = r.sigma;
+  m->sigma_update_rel_err = r.rel_err;
+  m->update_passes = r.passes;
+  m->update = k * r.sigma + dbrms;
+  if (!r.converged && !r.nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
+  double dw2 = stabi_sumsq(dl->w, dl->w_sub, sh->rows, sh->cols, sh->ld);
+  double w2 = stabi_sumsq(l->weight, NULL, sh->rows, sh->cols, sh->ld);
+  if (dl->b) dw2 += dbrms * dbrms * (double)l->d_out;
+  if (l->bias) w2 += brms * brms * (double)l->d_out;
+  m->rel_update = sqrt(dw2) / sqrt(w2);
+  if (r.nonfinite || !isfinite(dbrms) || !isfinite(dw2)) {
+    m->flags |= STAB_FLAG_NONFINITE_UPDATE;
+    m->update = m->sigma_update = m->rel_update = NAN;
+  }
+  return STAB_OK;
+}
+
+/* rel_update of a whole stored matrix (tables, vectors). */
+static double rel_update(const stabi_shape *sh, const float *w, const stabi_delta *dl) {
+  return sqrt(stabi_sumsq(dl->w, dl->w_sub, sh->rows, sh->cols, sh->ld)) /
+         sqrt(stabi_sumsq(w, NULL, sh->rows, sh->cols, sh->ld));
+}
+
+static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                         const stabi_delta *dl, stab_metrics *m) {
+  const int head = l->kind == STAB_KIND_LM_HEAD;
+  stabi_set s = table_set(l, sh, l->weight, NULL);
+  const double d = (double)s.coords, logv = log((double)s.items);
+  const double r = stabi_set_max_rms(&s, ctx->work), dm = diameter(ctx, &s);
+  m->tight_method = ctx->tight;
+  if (head) {
+    m->forward = logv + 2.0 * d * r;
+    m->dependency = 2.0 * d * r;
+    m->spread = 4.0 * d * r;
+    m->forward_tight = logv + d * dm;
+    m->dependency_tight = d * dm;
+  } else {
+    m->forward = r;
+    m->spread = dm;
+  }
+  if (!isfinite(r)) {
+    m->flags |= STAB_FLAG_NONFINITE_WEIGHT;
+    m->forward = m->dependency = m->spread = m->forward_tight = m->dependency_tight = NAN;
+  }
+  if (!dl) return;
+  stabi_set u = table_set(l, sh, dl->w, dl->w_sub);
+  double dr = stabi_set_max_rms(&u, ctx->work);
+  m->update = head ? 2.0 * d * dr : dr;
+  if (head) {
+    m->update_tight = d * diameter(ctx, &u);
+  }
+  m->rel_update = rel_update(sh, l->weight, dl);
+  if (!isfinite(dr)) {
+    m->flags |= STAB_FLAG_NONFINITE_UPDATE;
+    m->update = m->update_tight = m->rel_update = NAN;
+  }
+}
+
+static void vector(const stab_layer *l, const stabi_shape *sh, const stabi_delta *dl,
+                   stab_metrics *m) {
+  const size_t n = l->d_out;
+  if (l->kind == STAB_KIND_GAIN) {
+    m->forward = m->dependency = stab_max_abs_diff(l->weight, NULL, n);
+    if (dl) m->update = stab_max_abs_diff(dl->w, dl->w_sub, n);
+  } else {
+    m->forward = stab_rms_diff(l->weight, NULL, n);
+    if (dl) m->update = stab_rms_diff(dl->w, dl->w_sub, n);
+  }
+  if (!isfinite(m->forward)) {
+    m->flags |= STAB_FLAG_NONFINITE_WEIGHT;
+    m->forward = m->dependency = NAN;
+  }
+  if (!dl) return;
+  m->rel_update = rel_update(sh, l->weight, dl);
+  if (!isfinite(m->update)) {
+    m->flags |= STAB_FLAG_NONFINITE_UPDATE;
+    m->update = m->rel_update = NAN;
+  }
+}
+
+static stab_status attention(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                             double *warm, stab_metrics *m, double *heads_out) {
+  const double dh = (double)sh->dh, d = (double)l->d_in;
+  const double s = l->scale > 0.0 ? l->scale : 1.0 / sqrt(dh);
+  const double f = sqrt(d / dh);
+  const size_t bc = sh->block_cols;
+  double worst = 0.0;
+  int bad = 0;
+  for (size_t h = 0; h < sh->heads; h++) {
+    stab_sigma_result rq, rk;
+    const size_t off = h * sh->block_step;
+    stab_status st = stab_spectral_norm(ctx->ws, l->weight + off, NULL, sh->block_rows, bc, sh->ld,
+                                        warm ? warm + 2 * h * bc : NULL, &rq);
+    if (st == STAB_OK)
+      st = stab_spectral_norm(ctx->ws, l->weight_k + off, NULL, sh->block_rows, bc, sh->ld,
+                              warm ? warm + (2 * h + 1) * bc : NULL, &rk);
+    if (st != STAB_OK) return st;
+    m->passes += rq.passes + rk.passes;
+    if (!(rq.converged && rk.converged) && !(rq.nonfinite || rk.nonfinite))
+      m->flags |= STAB_FLAG_NOT_CONVERGED;
+    double bound = s * dh * (f * rq.sigma) * (f * rk.sigma);
+    if (rq.nonfinite || rk.nonfinite) bad = 1;
+    if (heads_out) heads_out[h] = bound;
+    worst = stabi_nanmax(worst, bound);
+  }
+  m->forward = bad ? NAN : worst;
+  if (bad) m->flags |= STAB_FLAG_NONFINITE_WEIGHT;
+  return STAB_OK;
+}
+
+stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                                const stabi_delta *dl, double *warm, stab_metrics *m,
+                                double *heads_out) {
+  stabi_layer_measure_clear(m);
+  stab_status st = STAB_OK;
+  switch (l->kind) {
+  case STAB_KIND_LINEAR: st = linear(ctx, l, sh, dl, warm, m); break;
+  case STAB_KIND_EMBEDDING:
+  case STAB_KIND_LM_HEAD: table(ctx, l, sh, dl, m); break;
+  case STAB_KIND_GAIN:
+  case STAB_KIND_BIAS: vector(l, sh, dl, m); break;
+  case STAB_KIND_ATTENTION: st = attention(ctx, l, sh, warm, m, heads_out); break;
+  }
+  if (st == STAB_OK && (m->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE)))
+    stabi_warn("layer '%s' (%s): %s hold NaN or Inf; its metrics are NaN", layer_name(l),
+               stab_kind_name(l->kind),
+               (m->flags & STAB_FLAG_NONFINITE_WEIGHT) ? "the weights" : "the update");
+  return st;
+}
+
+/* Checks that the `before` weights cover what the layer has. */
+static stab_status check_before(const stab_layer *l, const stab_layer *before) {
+  if (!before->weight)
+    return stabi_fail(STAB_EINVAL, "stab_layer_metrics: layer '%s': before->weight is NULL",
+                      layer_name(l));
+  if (l->bias && !before->bias)
+    return stabi_fail(STAB_EINVAL, "stab_layer_metrics: layer '%s' has a bias but before has none",
+                      layer_name(l));
+  return STAB_OK;
+}
+
+stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before,
+                               const stab_metrics_params *params, stab_metrics *out,
+                               double *heads_out) {
+  if (!out) return stabi_fail(STAB_EINVAL, "stab_layer_metrics: out is NULL");
+  stabi_layer_measure_clear(out);
+  stab_metrics_params p = params ? *params : stab_metrics_default_params();
+  if (p.tight != STAB_TIGHT_CENTRED && p.tight != STAB_TIGHT_EXACT && p.tight != STAB_TIGHT_NONE)
+    return stabi_fail(STAB_EINVAL, "stab_layer_metrics: unknown tight method %d", (int)p.tight);
+  stabi_shape sh;
+  stab_status st = stabi_layer_shape(layer, "stab_layer_metrics", &sh);
+  if (st == STAB_OK) st = stabi_spectral_check(&p.spectral, "stab_layer_metrics");
+  if (st != STAB_OK) return st;
+  stabi_delta dl = {0};
+  if (before) {
+    if ((st = check_before(layer, before)) != STAB_OK) return st;
+    dl.w = layer->weight;
+    dl.w_sub = before->weight;
+    dl.b = layer->bias;
+    dl.b_sub = before->bias;
+  }
+  stabi_ctx ctx = {NULL, NULL, p.tight};
+  size_t wr = layer->kind == STAB_KIND_ATTENTION ? sh.block_rows : sh.rows;
+  size_t wc = layer->kind == STAB_KIND_ATTENTION ? sh.block_cols : sh.cols;
+  if (layer->kind == STAB_KIND_LINEAR || layer->kind == STAB_KIND_ATTENTION)
+    st = stab_spectral_workspace_create(wr, wc, &p.spectral, &ctx.ws);
+  if (st != STAB_OK) return st;
+  ctx.work = malloc(stabi_layer_work(&sh, p.tight) * sizeof(double));
+  if (!ctx.work) {
+    stab_spectral_workspace_free(ctx.ws);
+    return stabi_fail(STAB_ENOMEM, "stab_layer_metrics: out of memory");
+  }
+  st = stabi_layer_measure(&ctx, layer, &sh, before ? &dl : NULL, NULL, out, heads_out);
+  free(ctx.work);
+  stab_spectral_workspace_free(ctx.ws);
+  return st;
+}

@@ -1,0 +1,261 @@
+/* monitor.c — the per-step monitor: layers registered once with every buffer allocated then
+ * (warm-start vectors, snapshot copies, one spectral workspace shared by all layers), and a
+ * measurement every step that allocates nothing. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  stab_layer layer;   /* the caller's descriptor, with name pointing at our copy */
+  stabi_shape shape;
+  double *warm;       /* warm-start vectors, stabi_warm_len doubles */
+  float *snap_w, *snap_b; /* SNAPSHOT mode: the weights before the step (stride kept) */
+  size_t snap_len;    /* floats in snap_w */
+  const float *given_w, *given_b, *given_k; /* GIVEN mode */
+  stab_metrics metrics;
+  double *heads;      /* attention: per-head bounds */
+} entry;
+
+struct stab_monitor {
+  stab_monitor_params params;
+  entry *layers;
+  size_t count, cap;
+  stab_spectral_workspace *ws;
+  double *work;
+  size_t work_len;
+  int snapshot_ready;
+  size_t bytes;
+};
+
+stab_monitor_params stab_monitor_default_params(void) {
+  stab_monitor_params p;
+  p.metrics = stab_metrics_default_params();
+  p.update_mode = STAB_UPDATE_SNAPSHOT;
+  return p;
+}
+
+stab_status stab_monitor_create(const stab_monitor_params *params, stab_monitor **out) {
+  if (!out) return stabi_fail(STAB_EINVAL, "stab_monitor_create: out is NULL");
+  *out = NULL;
+  stab_monitor_params p = params ? *params : stab_monitor_default_params();
+  if (p.update_mode != STAB_UPDATE_NONE && p.update_mode != STAB_UPDATE_SNAPSHOT &&
+      p.update_mode != STAB_UPDATE_GIVEN)
+    return stabi_fail(STAB_EINVAL, "stab_monitor_create: unknown update mode %d", (int)p.update_mode);
+  if (p.metrics.tight != STAB_TIGHT_CENTRED && p.metrics.tight != STAB_TIGHT_EXACT &&
+      p.metrics.tight != STAB_TIGHT_NONE)
+    return stabi_fail(STAB_EINVAL, "stab_monitor_create: unknown tight method %d", (int)p.metrics.tight);
+  stab_status st = stabi_spectral_check(&p.metrics.spectral, "stab_monitor_create");
+  if (st != STAB_OK) return st;
+  stab_monitor *m = calloc(1, sizeof *m);
+  if (!m) return stabi_fail(STAB_ENOMEM, "stab_monitor_create: out of memory");
+  m->params = p;
+  m->bytes = sizeof *m;
+  *out = m;
+  return STAB_OK;
+}
+
+static void free_entry(entry *e) {
+  free((char *)e->layer.name);
+  free(e->warm);
+  free(e->snap_w);
+  free(e->snap_b);
+  free(e->heads);
+}
+
+void stab_monitor_free(stab_monitor *m) {
+  if (!m) return;
+  for (size_t i = 0; i < m->count; i++) free_entry(&m->layers[i]);
+  free(m->layers);
+  stab_spectral_workspace_free(m->ws);
+  free(m->work);
+  free(m);
+}
+
+size_t stab_monitor_layer_count(const stab_monitor *m) { return m ? m->count : 0; }
+
+const stab_layer *stab_monitor_layer(const stab_monitor *m, size_t index) {
+  return m && index < m->count ? &m->layers[index].layer : NULL;
+}
+
+stab_status stab_monitor_find(const stab_monitor *m, const char *name, size_t *index) {
+  if (!m || !name) return stabi_fail(STAB_EINVAL, "stab_monitor_find: %s is NULL", !m ? "monitor" : "name");
+  for (size_t i = 0; i < m->count; i++)
+    if (strcmp(m->layers[i].layer.name, name) == 0) {
+      if (index) *index = i;
+      return STAB_OK;
+    }
+  return stabi_fail(STAB_ENOTFOUND, "stab_monitor_find: no layer named '%s'", name);
+}
+
+/* The spectral blocks of a layer: the whole matrix, or one head's block. */
+static void spectral_block(const stab_layer *l, const stabi_shape *sh, size_t *rows, size_t *cols) {
+  *rows = l->kind == STAB_KIND_ATTENTION ? sh->block_rows : sh->rows;
+  *cols = l->kind == STAB_KIND_ATTENTION ? sh->block_cols : sh->cols;
+}
+
+static int has_spectral(const stab_layer *l) {
+  return l->kind == STAB_KIND_LINEAR || l->kind == STAB_KIND_ATTENTION;
+}
+
+stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index) {
+  static const char who[] = "stab_monitor_add_layer";
+  if (!m || !layer) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !m ? "monitor" : "layer");
+  if (!layer->name || !layer->name[0]) return stabi_fail(STAB_EINVAL, "%s: a layer needs a name", who);
+  for (size_t i = 0; i < m->count; i++)
+    if (strcmp(m->layers[i].layer.name, layer->name) == 0)
+      return stabi_fail(STAB_EEXIST, "%s: a layer named '%s' is already registered", who, layer->name);
+  entry e;
+  memset(&e, 0, sizeof e);
+  stab_status st = stabi_layer_shape(layer, who, &e.shape);
+  if (st != STAB_OK) return st;
+  e.layer = *layer;
+  const int snapshot = m->params.update_mode == STAB_UPDATE_SNAPSHOT && layer->kind != STAB_KIND_ATTENTION;
+  const size_t warm_len = stabi_warm_len(layer, &e.shape);
+  const size_t work_len = stabi_layer_work(&e.shape, m->params.metrics.tight);
+  size_t bytes = 0;
+  int failed = 0;
+
+  /* Grow what is shared first: on failure nothing of the monitor's state is lost. */
+  if (has_spectral(layer)) {
+    size_t r, c;
+    spectral_block(layer, &e.shape, &r, &c);
+    if (!m->ws) st = stab_spectral_workspace_create(r, c, &m->params.metrics.spectral, &m->ws);
+    else st = stabi_spectral_reserve(m->ws, r, c);
+    if (st != STAB_OK) return st;
+  }
+  if (work_len > m->work_len) {
+    double *w = realloc(m->work, work_len * sizeof *w);
+    if (!w) return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory for its workspace", who, layer->name);
+    m->work = w;
+    m->work_len = work_len;
+  }
+  if (m->count == m->cap) {
+    size_t cap = m->cap ? 2 * m->cap : 16;
+    entry *grown = realloc(m->layers, cap * sizeof *grown);
+    if (!grown) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the layer table", who);
+    m->layers = grown;
+    m->cap = cap;
+  }
+  size_t nlen = strlen(layer->name) + 1;
+  char *name = malloc(nlen);
+  if (!name) failed = 1;
+  else memcpy(name, layer->name, nlen);
+  e.layer.name = name;
+  if (warm_len && !(e.warm = calloc(warm_len, sizeof *e.warm))) failed = 1;
+  bytes += nlen + warm_len * sizeof(double);
+  if (snapshot) {
+    e.snap_len = (e.shape.rows - 1) * e.shape.ld + e.shape.cols;
+    if (!(e.snap_w = malloc(e.snap_len * sizeof(float)))) failed = 1;
+    bytes += e.snap_len * sizeof(float);
+    if (layer->kind == STAB_KIND_LINEAR && layer->bias) {
+      if (!(e.snap_b = malloc(layer->d_out * sizeof(float)))) failed = 1;
+      bytes += layer->d_out * sizeof(float);
+    }
+  }
+  if (layer->kind == STAB_KIND_ATTENTION) {
+    if (!(e.heads = malloc(e.shape.heads * sizeof *e.heads))) failed = 1;
+    bytes += e.shape.heads * sizeof(double);
+  }
+  if (failed) {
+    free_entry(&e);
+    return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory", who, layer->name);
+  }
+  for (size_t h = 0; h < e.shape.heads; h++) e.heads[h] = NAN;
+  stabi_layer_measure_clear(&e.metrics);
+  m->layers[m->count] = e;
+  if (index) *index = m->count;
+  m->count++;
+  m->bytes += bytes;
+  return STAB_OK;
+}
+
+stab_status stab_monitor_snapshot(stab_monitor *m) {
+  if (!m) return stabi_fail(STAB_EINVAL, "stab_monitor_snapshot: monitor is NULL");
+  if (m->params.update_mode != STAB_UPDATE_SNAPSHOT)
+    return stabi_fail(STAB_ESTATE, "stab_monitor_snapshot: the monitor was not created in snapshot mode");
+  for (size_t i = 0; i < m->count; i++) {
+    entry *e = &m->layers[i];
+    if (e->snap_w) memcpy(e->snap_w, e->layer.weight, e->snap_len * sizeof(float));
+    if (e->snap_b) memcpy(e->snap_b, e->layer.bias, e->layer.d_out * sizeof(float));
+  }
+  m->snapshot_ready = 1;
+  return STAB_OK;
+}
+
+stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *weight_update,
+                                    const float *bias_update, const float *weight_k_update) {
+  static const char who[] = "stab_monitor_set_update";
+  if (!m) return stabi_fail(STAB_EINVAL, "%s: monitor is NULL", who);
+  if (m->params.update_mode != STAB_UPDATE_GIVEN)
+    return stabi_fail(STAB_ESTATE, "%s: the monitor was not created in given-update mode", who);
+  if (index >= m->count)
+    return stabi_fail(STAB_ENOTFOUND, "%s: no layer %zu (%zu registered)", who, index, m->count);
+  entry *e = &m->layers[index];
+  if (!weight_update)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s': weight_update is NULL", who, e->layer.name);
+  if (e->layer.bias && !bias_update)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' has a bias: bias_update is needed", who, e->layer.name);
+  e->given_w = weight_update;
+  e->given_b = e->layer.bias ? bias_update : NULL;
+  e->given_k = weight_k_update;
+  return STAB_OK;
+}
+
+/* The update of one layer for this measurement, or NULL if it has none. */
+static const stabi_delta *layer_delta(const stab_monitor *m, const entry *e, stabi_delta *d) {
+  memset(d, 0, sizeof *d);
+  if (e->layer.kind == STAB_KIND_ATTENTION) return NULL;
+  if (m->params.update_mode == STAB_UPDATE_SNAPSHOT) {
+    d->w = e->layer.weight;
+    d->w_sub = e->snap_w;
+    d->b = e->layer.bias;
+    d->b_sub = e->snap_b;
+  } else {
+    d->w = e->given_w;
+    d->b = e->given_b;
+  }
+  return d;
+}
+
+stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
+  static const char who[] = "stab_monitor_measure";
+  if (!m) return stabi_fail(STAB_EINVAL, "%s: monitor is NULL", who);
+  if (with_update) {
+    if (m->params.update_mode == STAB_UPDATE_NONE)
+      return stabi_fail(STAB_ESTATE, "%s: an update was asked of a monitor created without updates", who);
+    if (m->params.update_mode == STAB_UPDATE_SNAPSHOT && !m->snapshot_ready)
+      return stabi_fail(STAB_ESTATE, "%s: no snapshot since the last measurement; call stab_monitor_snapshot() before the optimizer step", who);
+    if (m->params.update_mode == STAB_UPDATE_GIVEN)
+      for (size_t i = 0; i < m->count; i++)
+        if (m->layers[i].layer.kind != STAB_KIND_ATTENTION && !m->layers[i].given_w)
+          return stabi_fail(STAB_ESTATE, "%s: layer '%s' has no update set (stab_monitor_set_update)", who,
+                            m->layers[i].layer.name);
+  }
+  stabi_ctx ctx = {m->ws, m->work, m->params.metrics.tight};
+  stab_status first = STAB_OK;
+  for (size_t i = 0; i < m->count; i++) {
+    entry *e = &m->layers[i];
+    stabi_delta d;
+    const stabi_delta *dl = with_update ? layer_delta(m, e, &d) : NULL;
+    stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
+    if (st != STAB_OK && first == STAB_OK) first = st;
+  }
+  if (with_update) m->snapshot_ready = 0;
+  return first;
+}
+
+const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index) {
+  return m && index < m->count ? &m->layers[index].metrics : NULL;
+}
+
+const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index) {
+  return m && index < m->count ? m->layers[index].heads : NULL;
+}
+
+size_t stab_monitor_memory(const stab_monitor *m) {
+  if (!m) return 0;
+  size_t b = m->bytes + m->cap * sizeof(entry) + m->work_len * sizeof(double);
+  if (m->ws) b += stabi_spectral_bytes(m->ws);
+  return b;
+}

@@ -1,0 +1,65 @@
+/* status.c — error codes, the last-error message of each thread, the optional message
+ * handler, version and kind names. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char last_error[512] = "no error";
+static stab_message_fn message_fn;
+static void *message_user;
+
+const char *stab_version(void) { return STAB_VERSION_STRING; }
+
+const char *stab_strerror(stab_status status) {
+  switch (status) {
+  case STAB_OK: return "success";
+  case STAB_EINVAL: return "invalid argument";
+  case STAB_EDIM: return "invalid dimensions";
+  case STAB_ENOMEM: return "out of memory";
+  case STAB_ENOTFOUND: return "no such layer";
+  case STAB_EEXIST: return "layer already registered";
+  case STAB_ESTATE: return "call out of order";
+  case STAB_ELAPACK: return "LAPACK failure";
+  case STAB_ERANGE: return "value out of range";
+  }
+  return "unknown status";
+}
+
+const char *stab_last_error(void) { return last_error; }
+
+void stab_set_message_handler(stab_message_fn fn, void *user) {
+  message_fn = fn;
+  message_user = user;
+}
+
+stab_status stabi_fail(stab_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  if (message_fn) message_fn(message_user, last_error);
+  return status;
+}
+
+void stabi_warn(const char *fmt, ...) {
+  if (!message_fn) return;
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  message_fn(message_user, buf);
+}
+
+const char *stab_kind_name(stab_kind kind) {
+  switch (kind) {
+  case STAB_KIND_LINEAR: return "linear";
+  case STAB_KIND_EMBEDDING: return "embedding";
+  case STAB_KIND_LM_HEAD: return "lm_head";
+  case STAB_KIND_GAIN: return "gain";
+  case STAB_KIND_BIAS: return "bias";
+  case STAB_KIND_ATTENTION: return "attention";
+  }
+  return NULL;
+}
