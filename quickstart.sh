@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# quickstart.sh — from a fresh Debian 12 machine to results, in one command.
+#   ./quickstart.sh [DEMO OPTIONS]   install what is missing, build, run the demo
+#   ./quickstart.sh test             install what is missing, build, run every test
+# Installing packages needs root (or sudo); everything else runs as any user.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
+          liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check)
+
+install_missing() {
+  local missing=() p
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "quickstart: installing ${missing[*]}" >&2
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "quickstart: need root to install: ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+build() {
+  [ -x configure ] || autoreconf -fi
+  [ -f Makefile ] || ./configure
+  make -j"$(nproc)"
+}
+
+# Sums Check's own summary lines ("100%: Checks: 12, Failures: 0, Errors: 0") over all test
+# logs into one closing line, and shows the log of anything that failed.
+run_tests() {
+  local rc=0
+  make -j"$(nproc)" check || rc=$?
+  local passed=0 failed=0 log n f e
+  for log in tests/*.log; do
+    [ -f "$log" ] || continue
+    if read -r n f e < <(sed -n 's/.*Checks: \([0-9]*\), Failures: \([0-9]*\), Errors: \([0-9]*\).*/\1 \2 \3/p' "$log" | tail -n 1); then
+      passed=$((passed + n - f - e)); failed=$((failed + f + e))
+    fi
+    if grep -q '^FAIL\|^ERROR' "${log%.log}.trs" 2>/dev/null; then
+      echo "---- $log ----"; cat "$log"
+    fi
+  done
+  [ $rc -eq 0 ] || { echo "make check failed (exit $rc)"; failed=$((failed > 0 ? failed : 1)); }
+  if [ $rc -eq 0 ]; then
+    # The tarball must build and pass its tests on its own, out of tree.
+    make -j"$(nproc)" distcheck >distcheck.log 2>&1 || { tail -n 40 distcheck.log; echo "make distcheck failed"; failed=$((failed + 1)); }
+  fi
+  echo "check: $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
+install_missing
+case "${1:-}" in
+  test) build; run_tests ;;
+  *) build; ./harness/demo "$@" ;;
+esac
