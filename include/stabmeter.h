@@ -114,8 +114,8 @@ typedef struct {
   int nonfinite;    /* 1 when the matrix holds NaN or Inf: sigma is then NaN */
 } stab_sigma_result;
 
-/* Workspace for spectral norms of matrices with at most max_rows x max_cols (stored
- * shape). It owns every buffer a computation needs, so stab_spectral_norm allocates
+/* Workspace for spectral norms of matrices with rows <= max_rows and cols <= max_cols (the
+ * stored shape; a transposed shape must fit on its own). It owns every buffer a computation needs, so stab_spectral_norm allocates
  * nothing. Not thread-safe: one workspace per concurrent caller. */
 typedef struct stab_spectral_workspace stab_spectral_workspace;
 
@@ -126,17 +126,19 @@ stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
 void stab_spectral_workspace_free(stab_spectral_workspace *ws);
 
 /* sigma(A) or, when b is not NULL, sigma(A - B) without forming A - B.
- *  a, b   rows x cols, row-major with row stride ld (>= cols) elements; f32
+ *  a, b   rows x cols, row-major with row stride ld (>= cols; 0 means cols) elements; f32
  *  v      warm-start vector of length cols, in f64, or NULL. On entry a previous estimate
  *         of the top right singular vector (all zeros or non-finite means cold start);
  *         on return the new estimate, unit-norm. Pass the same vector every step.
  *  out    the result. On a non-finite matrix out->nonfinite = 1, sigma NaN, return STAB_OK.
- * The shape must fit the workspace. */
+ * The shape must fit the workspace. In exact mode v is left untouched and passes is 1 (the
+ * copy); a matrix with a side of at most 32 is run by Lanczos to its exact end. */
 stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, const float *b,
                                size_t rows, size_t cols, size_t ld, double *v,
                                stab_sigma_result *out);
 
-/* One call without a workspace: creates one, computes, frees (allocates). v may be NULL. */
+/* One call without a workspace: creates one, computes, frees (allocates). params NULL means
+ * the defaults; v may be NULL. */
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
                        const stab_spectral_params *params, double *v, stab_sigma_result *out);
 
@@ -150,8 +152,10 @@ enum {
 };
 
 typedef enum {
-  STAB_TIGHT_CENTRED = 0, /* Dm <= 2 max_i ||w_i - mean||_RMS, O(V d) (default) */
-  STAB_TIGHT_EXACT = 1,   /* Dm exactly, all pairs by blocked dgemm, O(V^2 d) */
+  STAB_TIGHT_CENTRED = 0, /* Dm <= 2 min(max_i ||w_i - mean||, max_i ||w_i||)_RMS, plus a
+                             rounding margin, O(V d) (default) */
+  STAB_TIGHT_EXACT = 1,   /* Dm exactly (plus a rounding margin), all pairs by blocked dgemm in
+                             f64, O(V^2 d) */
   STAB_TIGHT_NONE = 2     /* tight values not computed (NaN) */
 } stab_tight_method;
 
@@ -160,17 +164,19 @@ typedef enum {
 typedef struct {
   double forward;          /* forward stability (lm_head: headline log V + 2 d R) */
   double dependency;       /* dependency stability; NaN for embedding, bias, attention */
-  double update;           /* update stability; NaN when no update was given */
+  double update;           /* update stability; NaN when no update was given, and for
+                              attention (SPEC defines no update for the logit bound) */
   double forward_tight;    /* lm_head: log V + d Dm (an upper bound, see tight_method) */
   double dependency_tight; /* lm_head: d Dm */
   double update_tight;     /* lm_head: d dDm */
-  double spread;           /* embedding: max_{i,j} ||E_i - E_j||_RMS upper bound (variant);
+  double spread;           /* embedding: max_{i,j} ||E_i - E_j||_RMS (variant), by the tight
+                              method (an upper bound, NaN with STAB_TIGHT_NONE);
                               lm_head: 4 d R (earlier revision); else NaN */
   double sigma;            /* linear: sigma(W); NaN for other kinds (attention: see per-head) */
   double sigma_rel_err;    /* estimated relative error of sigma */
   double sigma_update;     /* linear: sigma(dW) */
   double sigma_update_rel_err;
-  double rel_update;       /* ||dW||_F / ||W||_F (over weight and bias together) */
+  double rel_update;       /* ||dW||_F / ||W||_F, W after the step (weight and bias together) */
   int passes;              /* passes over the weights by the spectral estimates */
   int update_passes;       /* passes over the update by its spectral estimate */
   int tight_method;        /* the stab_tight_method the tight values came from */
@@ -187,7 +193,9 @@ typedef struct {
  *  attention: weight = query projection, weight_k = key projection, each d_in = d,
  *             d_out = heads * d_h, in `layout`; heads > 0; scale 0 means 1/sqrt(d_h)
  * ld is the row stride of the stored matrix in elements; 0 means the stored row length
- * (set it to read a block of a fused matrix, e.g. q and k inside llm.c's qkv). */
+ * (set it to read a block of a fused matrix, e.g. q and k inside llm.c's qkv).
+ * Errors: NULL weight (or weight_k) STAB_EINVAL; zero or inconsistent sizes STAB_EDIM; heads
+ * not dividing d_out, or a negative or non-finite scale, STAB_ERANGE. */
 typedef struct {
   const char *name;        /* copied by the monitor; any length */
   stab_kind kind;
@@ -212,7 +220,8 @@ stab_metrics_params stab_metrics_default_params(void);
 /* The metrics of one layer, without a monitor (allocates its workspace each call).
  *  layer     the layer, with weight the weights after the step (or the only weights)
  *  before    NULL (no update), or the same layer's weights before the step: update = f(W - before)
- *            (before->weight, ->bias, ->weight_k; shapes taken from layer)
+ *            (before->weight and ->bias are read with layer's shapes, layout and ld; the rest of
+ *            *before is ignored; attention has no update)
  *  params    NULL for defaults
  *  heads_out attention: NULL, or an array of layer->heads doubles receiving each head's bound
  * NaN weights give NaN metrics and a flag, with STAB_OK. */
@@ -220,7 +229,8 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
                                const stab_metrics_params *params, stab_metrics *out,
                                double *heads_out);
 
-/* Helpers that stand on their own: f64 accumulation, NaN propagates. */
+/* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
+ * n = 0 or stride 0. */
 /* ||x||_RMS of n floats (strided by `stride` elements, >= 1). */
 double stab_rms(const float *x, size_t n, size_t stride);
 /* ||a - b||_RMS (b may be NULL for ||a||_RMS). */
@@ -256,8 +266,10 @@ void stab_monitor_free(stab_monitor *m);
 
 /* Registers a layer; the weight pointers must stay valid (and are read at every
  * measurement) until the monitor is freed. Allocates everything the layer will need:
- * warm-start vectors, the snapshot copy in SNAPSHOT mode, and grows the shared
- * spectral workspace. index may be NULL. Names must be unique. */
+ * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
+ * fused matrix copies the rows it spans), and grows the shared spectral workspace.
+ * index may be NULL. Names must be non-empty and unique (STAB_EEXIST). On failure the
+ * monitor is as it was. */
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
 
 size_t stab_monitor_layer_count(const stab_monitor *m);
@@ -272,15 +284,17 @@ stab_status stab_monitor_find(const stab_monitor *m, const char *name, size_t *i
  * step). Allocates nothing. */
 stab_status stab_monitor_snapshot(stab_monitor *m);
 
-/* GIVEN mode: where this layer's update of the coming step is (same shapes and layout
- * as its weights; bias_update and weight_k_update as the layer has them, else NULL).
- * The pointers are read by the next stab_monitor_measure(). */
+/* GIVEN mode: where this layer's update is (same shapes, layout and ld as its weights;
+ * bias_update when the layer has a bias, else NULL). The pointers are kept and read by every
+ * later stab_monitor_measure(m, 1) until set again: a trainer whose update buffer stays put
+ * sets them once. Attention layers have no update and need none. */
 stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *weight_update,
-                                    const float *bias_update, const float *weight_k_update);
+                                    const float *bias_update);
 
 /* Measures every layer from the live weights, warm-starting each spectral estimate from
- * the previous measurement. with_update: also the update metrics (needs a snapshot taken
- * since the last measurement, or updates set, per mode). Allocates nothing. A layer with
+ * the previous measurement. with_update: also the update metrics (SNAPSHOT: needs a snapshot
+ * taken since the last measurement with update, which uses it up; GIVEN: every non-attention
+ * layer's update set). Allocates nothing. A layer with
  * non-finite weights gets NaN metrics and a flag (and a message naming it); the others are
  * unaffected. */
 stab_status stab_monitor_measure(stab_monitor *m, int with_update);

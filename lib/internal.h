@@ -22,11 +22,11 @@ static inline double stabi_nanmax(double a, double b) {
   return a > b ? a : b;
 }
 
-/* a * b without overflow of size_t; returns 0 on overflow (no real size is 0 here). */
-static inline size_t stabi_mul(size_t a, size_t b) {
-  if (a != 0 && b > (size_t)-1 / a) return 0;
-  return a * b;
-}
+/* 1 when a * b fits in size_t. */
+static inline int stabi_mul_fits(size_t a, size_t b) { return a == 0 || b <= (size_t)-1 / a; }
+
+/* a * b, or 0 when it overflows (callers pass sizes already known to be > 0). */
+static inline size_t stabi_mul(size_t a, size_t b) { return stabi_mul_fits(a, b) ? a * b : 0; }
 
 /* ---- the pass over a matrix (gram_pass.c) ---- */
 

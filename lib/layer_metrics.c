@@ -61,8 +61,7 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
   if (sh->ld < sh->cols)
     return stabi_fail(STAB_EDIM, "%s: layer '%s' has row stride %zu below its stored row length %zu",
                       who, name, sh->ld, sh->cols);
-  if (!stabi_mul(sh->rows - 1 ? sh->rows - 1 : 1, sh->ld) || !stabi_mul(sh->rows, sh->cols) ||
-      stabi_mul(sh->rows, sh->ld) > (size_t)-1 / 8)
+  if (!stabi_mul_fits(sh->rows, sh->ld) || sh->rows * sh->ld > (size_t)-1 / 8)
     return stabi_fail(STAB_EDIM, "%s: layer '%s' is too large (%zu x %zu, stride %zu)", who, name,
                       sh->rows, sh->cols, sh->ld);
   if (l->kind == STAB_KIND_ATTENTION) {

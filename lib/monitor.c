@@ -12,7 +12,7 @@ typedef struct {
   double *warm;       /* warm-start vectors, stabi_warm_len doubles */
   float *snap_w, *snap_b; /* SNAPSHOT mode: the weights before the step (stride kept) */
   size_t snap_len;    /* floats in snap_w */
-  const float *given_w, *given_b, *given_k; /* GIVEN mode */
+  const float *given_w, *given_b; /* GIVEN mode */
   stab_metrics metrics;
   double *heads;      /* attention: per-head bounds */
 } entry;
@@ -184,7 +184,7 @@ stab_status stab_monitor_snapshot(stab_monitor *m) {
 }
 
 stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *weight_update,
-                                    const float *bias_update, const float *weight_k_update) {
+                                    const float *bias_update) {
   static const char who[] = "stab_monitor_set_update";
   if (!m) return stabi_fail(STAB_EINVAL, "%s: monitor is NULL", who);
   if (m->params.update_mode != STAB_UPDATE_GIVEN)
@@ -198,7 +198,6 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
     return stabi_fail(STAB_EINVAL, "%s: layer '%s' has a bias: bias_update is needed", who, e->layer.name);
   e->given_w = weight_update;
   e->given_b = e->layer.bias ? bias_update : NULL;
-  e->given_k = weight_k_update;
   return STAB_OK;
 }
 

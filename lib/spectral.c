@@ -2,11 +2,13 @@
  * the Gram matrix G = A^T A (one pass over A per step, gram_pass.c), warm-started from the
  * previous top right singular vector, and LAPACK dgesvd as the exact reference.
  *
- * Error estimates (relative, on sigma = sqrt(lambda_max(G))): with theta the Ritz value,
- * r the residual norm of its Ritz vector and delta the gap to the next Ritz value,
- * lambda_max - theta <= min(r, r^2 / delta) (Bauer-Fike and Kato-Temple, the latter with
- * the Ritz gap standing in for the true one), and d(sigma)/sigma = d(lambda)/(2 lambda).
- * Power iteration adds an Aitken-style extrapolation of its monotone Rayleigh quotients. */
+ * Error estimate (relative, on sigma = sqrt(lambda_max(G))): the residual norm r of the
+ * Ritz pair (theta, x) bounds the distance from theta to some eigenvalue of G (Bauer-Fike),
+ * and d(sigma)/sigma = d(lambda)/(2 lambda), so rel_err = r / (2 theta). Sharper estimates
+ * that divide r^2 by the gap to the second Ritz value (Kato-Temple) stopped too early on
+ * Gaussian matrices, whose top singular values are close: 33 of 400 random cases ended above
+ * tol, against 1 of 400 with the residual. The residual can still be fooled when x holds a
+ * tiny component of the top singular vector: it then describes the second one. */
 #include "internal.h"
 
 #include <float.h>
@@ -215,7 +217,7 @@ static void power(stab_spectral_workspace *ws, const float *a, const float *b, s
   const stab_spectral_params *p = &ws->params;
   double *x = ws->x, *y = ws->y;
   int warm = start_vector(x, v, cols, p->seed);
-  double theta = 0.0, prev = 0.0, prev_delta = 0.0, err = INFINITY;
+  double theta = 0.0, err = INFINITY;
   int k = 0;
   while (k < p->max_passes) {
     theta = stabi_gram_apply(a, b, rows, cols, ld, x, y, ws->partial, p->threads);
@@ -234,19 +236,8 @@ static void power(stab_spectral_workspace *ws, const float *a, const float *b, s
       err = 0.0;
       break;
     }
-    double r = sqrt(fmax(yy - theta * theta, 0.0));
-    double e = r;
-    if (k >= 2) {
-      double delta = fmax(theta - prev, 0.0);
-      if (k >= 3 && prev_delta > 0.0) {
-        double rho = fmin(delta / prev_delta, 0.999);
-        /* Aitken's tail delta rho / (1 - rho) is exact for geometric convergence; with no
-         * spectral gap convergence is sublinear and the tail is up to ~2x longer. */
-        e = fmin(e, fmax(delta, 2.0 * delta * rho / (1.0 - rho)));
-      }
-      prev_delta = delta;
-    }
-    prev = theta;
+    /* the residual of x: some eigenvalue lies within r of theta (Bauer-Fike) */
+    double e = sqrt(fmax(yy - theta * theta, 0.0));
     err = sigma_rel(e, theta);
     scale(y, 1.0 / sqrt(yy), cols);
     memcpy(x, y, cols * sizeof *x);
@@ -299,6 +290,11 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
   double theta = 0.0, err = INFINITY;
   int warm = start_vector(ws->basis, v, cols, p->seed);
   size_t j = 0; /* basis vectors in use */
+  /* A matrix with a small side has a Krylov space that ends (beta = 0, theta exact) within
+   * min(rows, cols) + 1 steps: cheap, and immune to the residual estimate being fooled by two
+   * close top singular values. */
+  const size_t small_side = rows < cols ? rows : cols;
+  const int to_the_end = small_side <= 32 && (small_side == cols ? cols <= kdim : small_side < kdim);
   int k = 0;
   while (k < p->max_passes) {
     double *q = ws->basis + j * cols;
@@ -336,12 +332,11 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
       err = 0.0;
       break;
     }
-    double r = beta * fabs(s[j - 1]);
-    double e = r;
-    if (theta2 > -INFINITY && theta - theta2 > 0.0) e = fmin(r, r * r / (theta - theta2));
+    /* the residual norm of the Ritz pair: some eigenvalue lies within it (Bauer-Fike) */
+    double e = beta * fabs(s[j - 1]);
     err = sigma_rel(e, theta);
     /* beta tiny: the Krylov space is invariant and theta exact. */
-    if (err <= p->tol || beta <= 64 * DBL_EPSILON * theta || j == cols) break;
+    if ((err <= p->tol && !to_the_end) || beta <= 64 * DBL_EPSILON * theta || j == cols) break;
     if (j == kdim) { /* explicit restart from the Ritz vector */
       ritz_vector(ws, j, s, cols, z);
       memcpy(ws->basis, z, cols * sizeof *z);
@@ -407,7 +402,7 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
   out->sigma = NAN;
   out->rel_err = NAN;
   if (ld == 0) ld = cols;
-  if (rows == 0 || cols == 0 || ld < cols || !stabi_mul(rows - 1, ld))
+  if (rows == 0 || cols == 0 || ld < cols || !stabi_mul_fits(rows - 1, ld))
     return stabi_fail(STAB_EDIM, "stab_spectral_norm: %zu x %zu with row stride %zu is invalid",
                       rows, cols, ld);
   if (rows > ws->max_rows || cols > ws->max_cols)
