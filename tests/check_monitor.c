@@ -1,0 +1,636 @@
+/* check_monitor.c — the per-step monitor: registration of every layer kind, lookups and
+ * their failures, metrics equal to stab_layer_metrics on the same weights, update metrics
+ * in snapshot and given-update modes, warm starts, NaN isolation between layers, and the
+ * memory accounting. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stabmeter.h"
+#include "testutil.h"
+
+/* ---- a small model with one layer of every kind ------------------------------------ */
+
+enum { MAXL = 8, NSLOT = 3 }; /* slots: 0 weight, 1 bias, 2 weight_k */
+
+typedef struct {
+  size_t n;
+  stab_layer layers[MAXL];
+  float *base[MAXL][NSLOT];  /* owned buffers (NULL if the slot is unused) */
+  size_t len[MAXL][NSLOT];   /* floats in each buffer */
+  size_t off[MAXL];          /* the weight starts at base + off */
+  size_t rows[MAXL], cols[MAXL]; /* stored shape of the weight block */
+  size_t ld[MAXL];
+  int tied;                  /* lm_head reads the embedding's buffer */
+} model;
+
+static void add(model *md, stab_layer l, size_t rows, size_t cols, size_t ld, size_t off,
+                size_t bias_len, int with_k, tu_rng *r, double std) {
+  size_t i = md->n++;
+  md->rows[i] = rows, md->cols[i] = cols, md->ld[i] = ld ? ld : cols, md->off[i] = off;
+  md->len[i][0] = rows * md->ld[i] + off;
+  md->base[i][0] = tu_floats(md->len[i][0]);
+  tu_fill_gauss(md->base[i][0], 1, md->len[i][0], md->len[i][0], std, r);
+  l.weight = md->base[i][0] + off;
+  if (bias_len) {
+    md->len[i][1] = bias_len;
+    md->base[i][1] = tu_floats(bias_len);
+    tu_fill_gauss(md->base[i][1], 1, bias_len, bias_len, 0.1, r);
+    l.bias = md->base[i][1];
+  }
+  if (with_k) {
+    md->len[i][2] = md->len[i][0];
+    md->base[i][2] = tu_floats(md->len[i][2]);
+    tu_fill_gauss(md->base[i][2], 1, md->len[i][2], md->len[i][2], std, r);
+    l.weight_k = md->base[i][2] + off;
+  }
+  md->layers[i] = l;
+}
+
+/* fc (linear out-major + bias), proj (linear in-major, a block of a wider matrix through ld),
+ * wte (embedding), lm_head, ln_f (gain), b_out (bias), attn (4 heads). */
+static void model_init(model *md, uint64_t seed, int tied) {
+  memset(md, 0, sizeof *md);
+  tu_rng r;
+  tu_rng_init(&r, seed);
+  add(md, (stab_layer){.name = "fc", .kind = STAB_KIND_LINEAR, .d_in = 64, .d_out = 96},
+      96, 64, 0, 0, 96, 0, &r, 0.05);
+  add(md, (stab_layer){.name = "proj", .kind = STAB_KIND_LINEAR, .d_in = 48, .d_out = 40,
+                       .layout = STAB_LAYOUT_IN_MAJOR, .ld = 120},
+      48, 40, 120, 40, 0, 0, &r, 0.08);
+  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = 200, .d_out = 32},
+      200, 32, 0, 0, 0, 0, &r, 1.0);
+  if (tied) {
+    size_t i = md->n++;
+    md->layers[i] = (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = 32,
+                                 .d_out = 200, .weight = md->layers[2].weight};
+    md->rows[i] = 200, md->cols[i] = 32, md->ld[i] = 32;
+    md->tied = 1;
+  } else {
+    add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = 32, .d_out = 200},
+        200, 32, 0, 0, 0, 0, &r, 1.0 / 32.0);
+  }
+  add(md, (stab_layer){.name = "ln_f", .kind = STAB_KIND_GAIN, .d_in = 32, .d_out = 32},
+      1, 32, 0, 0, 0, 0, &r, 1.0);
+  add(md, (stab_layer){.name = "b_out", .kind = STAB_KIND_BIAS, .d_in = 32, .d_out = 32},
+      1, 32, 0, 0, 0, 0, &r, 0.2);
+  add(md, (stab_layer){.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = 32, .d_out = 32,
+                       .heads = 4},
+      32, 32, 0, 0, 0, 1, &r, 0.15);
+}
+
+static void model_free(model *md) {
+  for (size_t i = 0; i < md->n; i++)
+    for (int s = 0; s < NSLOT; s++) free(md->base[i][s]);
+}
+
+/* Floats the monitor has to snapshot: each layer's weight block, bias and weight_k. */
+static size_t model_weight_floats(const model *md) {
+  size_t n = 0;
+  for (size_t i = 0; i < md->n; i++) {
+    size_t blk = md->rows[i] * md->cols[i];
+    n += blk;
+    if (md->layers[i].bias) n += md->layers[i].d_out;
+    if (md->layers[i].weight_k) n += blk;
+  }
+  return n;
+}
+
+/* Copies of every owned buffer, and the layers pointing into them (the weights before a step). */
+typedef struct {
+  float *base[MAXL][NSLOT];
+  stab_layer layers[MAXL];
+} model_copy;
+
+static void model_copy_take(model_copy *c, const model *md) {
+  memset(c, 0, sizeof *c);
+  for (size_t i = 0; i < md->n; i++) {
+    c->layers[i] = md->layers[i];
+    for (int s = 0; s < NSLOT; s++) {
+      if (!md->base[i][s]) continue;
+      c->base[i][s] = tu_floats(md->len[i][s]);
+      memcpy(c->base[i][s], md->base[i][s], md->len[i][s] * sizeof(float));
+    }
+    if (c->base[i][0]) c->layers[i].weight = c->base[i][0] + md->off[i];
+    if (c->base[i][1]) c->layers[i].bias = c->base[i][1];
+    if (c->base[i][2]) c->layers[i].weight_k = c->base[i][2] + md->off[i];
+  }
+  if (md->tied) c->layers[3].weight = c->layers[2].weight;
+}
+
+static void model_copy_free(model_copy *c) {
+  for (size_t i = 0; i < MAXL; i++)
+    for (int s = 0; s < NSLOT; s++) free(c->base[i][s]);
+}
+
+/* An optimizer step in place: every buffer moves by `rel` of its norm. */
+static void model_step(model *md, double rel, tu_rng *r) {
+  for (size_t i = 0; i < md->n; i++)
+    for (int s = 0; s < NSLOT; s++)
+      if (md->base[i][s]) tu_add_relative_noise(md->base[i][s], 1, md->len[i][s], md->len[i][s], rel, r);
+}
+
+static stab_monitor *make_monitor(const model *md, stab_update_mode mode,
+                                  const stab_metrics_params *mp) {
+  stab_monitor_params p = stab_monitor_default_params();
+  p.update_mode = mode;
+  if (mp) p.metrics = *mp;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&p, &m));
+  ck_assert_ptr_nonnull(m);
+  for (size_t i = 0; i < md->n; i++) {
+    size_t idx = 12345;
+    TU_ASSERT_OK(stab_monitor_add_layer(m, &md->layers[i], &idx), "adding %s", md->layers[i].name);
+    ck_assert_msg(idx == i, "%s registered as %zu, expected %zu", md->layers[i].name, idx, i);
+  }
+  return m;
+}
+
+static stab_metrics_params exact_params(void) {
+  stab_metrics_params p = stab_metrics_default_params();
+  p.spectral.method = STAB_SPECTRAL_EXACT;
+  p.tight = STAB_TIGHT_EXACT;
+  return p;
+}
+
+/* Every value field of got equals want within rel (NaN where want is NaN). */
+static void compare_metrics(const char *ctx, const stab_metrics *got, const stab_metrics *want,
+                            double rel, int with_update) {
+  struct { const char *name; double g, w; } f[] = {
+      {"forward", got->forward, want->forward},
+      {"dependency", got->dependency, want->dependency},
+      {"forward_tight", got->forward_tight, want->forward_tight},
+      {"dependency_tight", got->dependency_tight, want->dependency_tight},
+      {"spread", got->spread, want->spread},
+      {"sigma", got->sigma, want->sigma},
+      {"update", got->update, want->update},
+      {"update_tight", got->update_tight, want->update_tight},
+      {"sigma_update", got->sigma_update, want->sigma_update},
+      {"rel_update", got->rel_update, want->rel_update},
+  };
+  size_t nf = with_update ? 10 : 6;
+  for (size_t k = 0; k < nf; k++) {
+    if (isnan(f[k].w)) {
+      ck_assert_msg(isnan(f[k].g), "%s: %s = %.17g, stab_layer_metrics gives NaN", ctx, f[k].name, f[k].g);
+      continue;
+    }
+    ck_assert_msg(isfinite(f[k].g) && tu_rel(f[k].g, f[k].w) <= rel,
+                  "%s: %s = %.17g, stab_layer_metrics gives %.17g (rel %.3g > %.3g)", ctx,
+                  f[k].name, f[k].g, f[k].w, tu_rel(f[k].g, f[k].w), rel);
+  }
+  ck_assert_msg(got->flags == want->flags, "%s: flags %#x, stab_layer_metrics gives %#x", ctx,
+                (unsigned)got->flags, (unsigned)want->flags);
+}
+
+/* ---- lifecycle and lookups ----------------------------------------------------------- */
+
+START_TEST(test_create_free) {
+  stab_monitor_free(NULL);
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  ck_assert_ptr_nonnull(m);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), 0);
+  ck_assert_ptr_null(stab_monitor_layer(m, 0));
+  ck_assert_ptr_null(stab_monitor_metrics(m, 0));
+  /* measuring nothing is fine */
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_monitor_free(m);
+
+  TU_ASSERT_STATUS(stab_monitor_create(NULL, NULL), STAB_EINVAL);
+  stab_monitor_params p = stab_monitor_default_params();
+  p.metrics.spectral.tol = 0.0;
+  m = NULL;
+  TU_ASSERT_FAILS(stab_monitor_create(&p, &m), "tol 0");
+  p = stab_monitor_default_params();
+  p.update_mode = (stab_update_mode)7;
+  TU_ASSERT_FAILS(stab_monitor_create(&p, &m), "update mode 7");
+}
+END_TEST
+
+START_TEST(test_register_and_lookup) {
+  model md;
+  model_init(&md, 1, 0);
+  stab_monitor *m = make_monitor(&md, STAB_UPDATE_SNAPSHOT, NULL);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), md.n);
+  for (size_t i = 0; i < md.n; i++) {
+    const stab_layer *l = stab_monitor_layer(m, i);
+    ck_assert_ptr_nonnull(l);
+    ck_assert_str_eq(l->name, md.layers[i].name);
+    ck_assert_msg(l->name != md.layers[i].name, "%s: the monitor did not copy the name", l->name);
+    ck_assert_int_eq(l->kind, md.layers[i].kind);
+    ck_assert_uint_eq(l->d_in, md.layers[i].d_in);
+    ck_assert_uint_eq(l->d_out, md.layers[i].d_out);
+    ck_assert_ptr_eq(l->weight, md.layers[i].weight);
+    size_t idx = 999;
+    TU_ASSERT_OK(stab_monitor_find(m, md.layers[i].name, &idx));
+    ck_assert_uint_eq(idx, i);
+    /* not measured yet: NaN */
+    const stab_metrics *mt = stab_monitor_metrics(m, i);
+    ck_assert_ptr_nonnull(mt);
+    TU_ASSERT_NAN(mt->forward, "%s before any measurement", l->name);
+  }
+  size_t idx;
+  TU_ASSERT_STATUS(stab_monitor_find(m, "no such layer", &idx), STAB_ENOTFOUND);
+  ck_assert_ptr_null(stab_monitor_layer(m, md.n));
+  ck_assert_ptr_null(stab_monitor_layer(m, (size_t)-1));
+  ck_assert_ptr_null(stab_monitor_metrics(m, md.n));
+  ck_assert_ptr_null(stab_monitor_head_bounds(m, md.n));
+  ck_assert_ptr_null(stab_monitor_head_bounds(m, 0));  // linear: no heads
+
+  /* duplicate names are refused and change nothing */
+  stab_layer dup = md.layers[4];
+  TU_ASSERT_STATUS(stab_monitor_add_layer(m, &dup, &idx), STAB_EEXIST);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), md.n);
+
+  /* invalid layers are refused and change nothing */
+  stab_layer bad = md.layers[0];
+  bad.name = "bad dims";
+  bad.d_in = 0;
+  TU_ASSERT_STATUS(stab_monitor_add_layer(m, &bad, &idx), STAB_EDIM);
+  bad = md.layers[6];
+  bad.name = "bad heads";
+  bad.heads = 5;
+  TU_ASSERT_FAILS(stab_monitor_add_layer(m, &bad, &idx), "heads 5 for d_out 32");
+  TU_ASSERT_STATUS(stab_monitor_add_layer(m, NULL, &idx), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_monitor_add_layer(NULL, &md.layers[0], &idx), STAB_EINVAL);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), md.n);
+  TU_ASSERT_STATUS(stab_monitor_find(m, "bad dims", &idx), STAB_ENOTFOUND);
+
+  /* a long name in a buffer the caller then reuses; index may be NULL */
+  enum { LONG = 5000 };
+  char *name = malloc(LONG + 1);
+  memset(name, 'x', LONG);
+  name[LONG] = '\0';
+  stab_layer lng = md.layers[5];
+  lng.name = name;
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &lng, NULL));
+  name[0] = 'z';  // the caller's buffer now says something else
+  char *orig = malloc(LONG + 1);
+  memset(orig, 'x', LONG);
+  orig[LONG] = '\0';
+  TU_ASSERT_OK(stab_monitor_find(m, orig, &idx), "the 5000-character name");
+  ck_assert_uint_eq(idx, md.n);
+  ck_assert_str_eq(stab_monitor_layer(m, md.n)->name, orig);
+  TU_ASSERT_STATUS(stab_monitor_find(m, name, &idx), STAB_ENOTFOUND);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), md.n + 1);
+  free(name);
+  free(orig);
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
+/* ---- measurements vs stab_layer_metrics ---------------------------------------------- */
+
+/* Loop index 0: EXACT spectral + EXACT tight (to rounding); 1: defaults (LANCZOS, CENTRED). */
+START_TEST(test_measure_matches_layer_metrics) {
+  model md;
+  model_init(&md, 2, 0);
+  stab_metrics_params p = _i == 0 ? exact_params() : stab_metrics_default_params();
+  double rel = _i == 0 ? 1e-11 : 4.1e-3;
+  stab_monitor *m = make_monitor(&md, STAB_UPDATE_NONE, &p);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  for (size_t i = 0; i < md.n; i++) {
+    double heads[8];
+    stab_metrics want;
+    TU_ASSERT_OK(stab_layer_metrics(&md.layers[i], NULL, &p, &want,
+                                    md.layers[i].kind == STAB_KIND_ATTENTION ? heads : NULL));
+    const stab_metrics *got = stab_monitor_metrics(m, i);
+    ck_assert_ptr_nonnull(got);
+    char ctx[100];
+    snprintf(ctx, sizeof ctx, "%s (%s)", md.layers[i].name, _i == 0 ? "exact" : "defaults");
+    compare_metrics(ctx, got, &want, rel, 0);
+    TU_ASSERT_NAN(got->update, "%s: measured without update", ctx);
+    if (md.layers[i].kind == STAB_KIND_ATTENTION) {
+      const double *hb = stab_monitor_head_bounds(m, i);
+      ck_assert_ptr_nonnull(hb);
+      for (size_t h = 0; h < md.layers[i].heads; h++)
+        TU_ASSERT_REL(hb[h], heads[h], rel, "%s head %zu", ctx, h);
+    }
+  }
+  /* a tied table registered as embedding and lm_head */
+  stab_monitor_free(m);
+  model_free(&md);
+  model_init(&md, 3, 1);
+  m = make_monitor(&md, STAB_UPDATE_SNAPSHOT, &p);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  for (size_t i = 2; i <= 3; i++) {
+    stab_metrics want;
+    TU_ASSERT_OK(stab_layer_metrics(&md.layers[i], NULL, &p, &want, NULL));
+    compare_metrics(i == 2 ? "tied wte" : "tied lm_head", stab_monitor_metrics(m, i), &want, rel, 0);
+  }
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
+/* Snapshot mode over three steps; update metrics equal stab_layer_metrics with `before`. */
+START_TEST(test_snapshot_mode) {
+  model md;
+  model_init(&md, 4, _i);  // loop 1: tied embedding / lm_head
+  stab_metrics_params p = exact_params();
+  stab_monitor *m = make_monitor(&md, STAB_UPDATE_SNAPSHOT, &p);
+  tu_rng r;
+  tu_rng_init(&r, 44);
+
+  /* no snapshot yet */
+  TU_ASSERT_STATUS(stab_monitor_measure(m, 1), STAB_ESTATE);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  size_t mem = stab_monitor_memory(m);
+  for (int step = 0; step < 3; step++) {
+    model_copy before;
+    model_copy_take(&before, &md);
+    TU_ASSERT_OK(stab_monitor_snapshot(m));
+    model_step(&md, step == 1 ? 1e-2 : 1e-3, &r);
+    TU_ASSERT_OK(stab_monitor_measure(m, 1), "step %d", step);
+    for (size_t i = 0; i < md.n; i++) {
+      stab_metrics want;
+      double heads[8];
+      TU_ASSERT_OK(stab_layer_metrics(&md.layers[i], &before.layers[i], &p, &want,
+                                      md.layers[i].kind == STAB_KIND_ATTENTION ? heads : NULL));
+      char ctx[100];
+      snprintf(ctx, sizeof ctx, "step %d, %s%s", step, md.layers[i].name, md.tied ? " (tied)" : "");
+      const stab_metrics *got = stab_monitor_metrics(m, i);
+      if (md.layers[i].kind != STAB_KIND_ATTENTION)  // no update is defined for attention
+        ck_assert_msg(isfinite(want.update), "%s: reference update %g", ctx, want.update);
+      compare_metrics(ctx, got, &want, 1e-11, 1);
+    }
+    /* the snapshot is used up by the measurement */
+    TU_ASSERT_STATUS(stab_monitor_measure(m, 1), STAB_ESTATE, "step %d, second measure", step);
+    TU_ASSERT_OK(stab_monitor_measure(m, 0));
+    model_copy_free(&before);
+  }
+  ck_assert_msg(stab_monitor_memory(m) == mem, "memory grew from %zu to %zu while measuring", mem,
+                stab_monitor_memory(m));
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
+/* Given-update mode: the update metrics are those of the handed dW. */
+START_TEST(test_given_mode) {
+  model md;
+  model_init(&md, 5, 0);
+  stab_metrics_params p = exact_params();
+  stab_monitor *m = make_monitor(&md, STAB_UPDATE_GIVEN, &p);
+  tu_rng r;
+  tu_rng_init(&r, 55);
+  TU_ASSERT_STATUS(stab_monitor_measure(m, 1), STAB_ESTATE);
+  float dummy[4] = {0};
+  TU_ASSERT_STATUS(stab_monitor_set_update(m, md.n, dummy, NULL), STAB_ENOTFOUND);
+
+  /* dW buffers shaped like the weights (same ld and offset) */
+  float *du[MAXL][NSLOT];
+  memset(du, 0, sizeof du);
+  for (size_t i = 0; i < md.n; i++) {
+    for (int s = 0; s < NSLOT; s++) {
+      if (!md.base[i][s]) continue;
+      du[i][s] = tu_matrix_padded(1, md.len[i][s], md.len[i][s]);
+      tu_fill_gauss(du[i][s], 1, md.len[i][s], md.len[i][s], 1e-3 * (double)(i + 1), &r);
+    }
+    const stab_layer *l = &md.layers[i];
+    TU_ASSERT_OK(stab_monitor_set_update(m, i, du[i][0] + md.off[i], l->bias ? du[i][1] : NULL),
+                 "%s", l->name);
+  }
+  size_t mem = stab_monitor_memory(m);
+  TU_ASSERT_OK(stab_monitor_measure(m, 1));
+  ck_assert_uint_eq(stab_monitor_memory(m), mem);
+
+  for (size_t i = 0; i < md.n; i++) {
+    const stab_layer *l = &md.layers[i];
+    const stab_metrics *got = stab_monitor_metrics(m, i);
+    const float *dw = du[i][0] + md.off[i];
+    size_t rows = md.rows[i], cols = md.cols[i], ld = md.ld[i];
+    double *dd = tu_to_double(dw, NULL, rows, cols, ld, 0);
+    double want = NAN, want_tight = NAN;
+    switch (l->kind) {
+    case STAB_KIND_LINEAR: {
+      double db = l->bias ? ref_rms(du[i][1], l->d_out, 1) : 0.0;
+      want = sqrt((double)l->d_in / (double)l->d_out) * ref_sigma(dw, rows, cols, ld) + db;
+      TU_ASSERT_REL(got->sigma_update, ref_sigma(dw, rows, cols, ld), tu_tol_exact(rows, cols),
+                    "%s sigma_update", l->name);
+      break;
+    }
+    case STAB_KIND_EMBEDDING:
+      want = ref_max_row_rms_d(dd, rows, cols);
+      break;
+    case STAB_KIND_LM_HEAD:
+      want = 2.0 * (double)l->d_in * ref_max_row_rms_d(dd, rows, cols);
+      want_tight = (double)l->d_in * ref_diameter_rows_d(dd, rows, cols);
+      break;
+    case STAB_KIND_GAIN:
+      want = 0.0;
+      for (size_t j = 0; j < cols; j++) want = fmax(want, fabs((double)dw[j]));
+      break;
+    case STAB_KIND_BIAS:
+      want = ref_rms(dw, cols, 1);
+      break;
+    default:
+      break;
+    }
+    if (!isnan(want)) TU_ASSERT_REL(got->update, want, tu_tol_exact(rows, cols), "%s update from dW", l->name);
+    if (!isnan(want_tight))
+      TU_ASSERT_REL(got->update_tight, want_tight, 1e-9, "%s update_tight from dW", l->name);
+    /* forward is still that of the live weights */
+    stab_metrics ref;
+    TU_ASSERT_OK(stab_layer_metrics(l, NULL, &p, &ref, NULL));
+    TU_ASSERT_REL(got->forward, ref.forward, 1e-11, "%s forward in given mode", l->name);
+    free(dd);
+  }
+  for (size_t i = 0; i < md.n; i++)
+    for (int s = 0; s < NSLOT; s++) free(du[i][s]);
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
+/* ---- warm start ------------------------------------------------------------------------ */
+
+START_TEST(test_warm_start) {
+  enum { DIN = 192, DOUT = 256 };
+  tu_rng r;
+  tu_rng_init(&r, 66);
+  float *w = tu_floats(DIN * DOUT);
+  tu_fill_gauss(w, DOUT, DIN, DIN, 1.0 / sqrt((double)DIN), &r);
+  stab_layer l = {.name = "fc", .kind = STAB_KIND_LINEAR, .d_in = DIN, .d_out = DOUT, .weight = w};
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &l, NULL));
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_metrics first = *stab_monitor_metrics(m, 0);
+  double c = sqrt((double)DIN / (double)DOUT);
+  TU_ASSERT_REL(first.forward, c * ref_sigma(w, DOUT, DIN, DIN), 1e-3, "cold measurement");
+  tu_add_relative_noise(w, DOUT, DIN, DIN, 1e-3, &r);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_metrics second = *stab_monitor_metrics(m, 0);
+  TU_ASSERT_REL(second.forward, c * ref_sigma(w, DOUT, DIN, DIN), 1e-3, "warm measurement");
+  TU_ASSERT_LE(second.forward, c * ref_sigma(w, DOUT, DIN, DIN), tu_round_slack(DIN, DOUT), "warm");
+  ck_assert_msg(second.passes < first.passes,
+                "warm start after a 1e-3 step took %d passes, the cold start %d", second.passes,
+                first.passes);
+  stab_monitor_free(m);
+  free(w);
+}
+END_TEST
+
+/* ---- NaN isolation --------------------------------------------------------------------- */
+
+static char messages[8192];
+static void capture(void *user, const char *msg) {
+  (void)user;
+  size_t n = strlen(messages);
+  snprintf(messages + n, sizeof messages - n, "%s\n", msg);
+}
+
+START_TEST(test_nan_isolation) {
+  model md;
+  model_init(&md, 7, 0);
+  stab_metrics_params p = exact_params();
+  /* a bad copy of fc registered first, then the model */
+  float *bad = tu_floats(96 * 64);
+  memcpy(bad, md.layers[0].weight, sizeof(float) * 96 * 64);
+  bad[5 * 64 + 9] = NAN;
+  stab_layer bl = md.layers[0];
+  bl.name = "poisoned.layer";
+  bl.weight = bad;
+  stab_monitor_params mp = stab_monitor_default_params();
+  mp.metrics = p;
+  stab_monitor *m = NULL, *clean = make_monitor(&md, STAB_UPDATE_SNAPSHOT, &p);
+  TU_ASSERT_OK(stab_monitor_create(&mp, &m));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &bl, NULL));
+  for (size_t i = 0; i < md.n; i++) TU_ASSERT_OK(stab_monitor_add_layer(m, &md.layers[i], NULL));
+
+  messages[0] = '\0';
+  stab_set_message_handler(capture, NULL);
+  TU_ASSERT_OK(stab_monitor_snapshot(m));
+  TU_ASSERT_OK(stab_monitor_snapshot(clean));
+  tu_rng r;
+  tu_rng_init(&r, 77);
+  model_step(&md, 1e-3, &r);
+  TU_ASSERT_OK(stab_monitor_measure(m, 1));
+  TU_ASSERT_OK(stab_monitor_measure(clean, 1));
+  stab_set_message_handler(NULL, NULL);
+
+  const stab_metrics *b = stab_monitor_metrics(m, 0);
+  ck_assert_msg(b->flags & STAB_FLAG_NONFINITE_WEIGHT, "poisoned layer flags %#x", (unsigned)b->flags);
+  TU_ASSERT_NAN(b->forward, "poisoned layer");
+  TU_ASSERT_NAN(b->sigma, "poisoned layer");
+  ck_assert_msg(strstr(messages, "poisoned.layer") != NULL,
+                "no message names the poisoned layer; messages were:\n%s", messages);
+  for (size_t i = 0; i < md.n; i++) {
+    char ctx[100];
+    snprintf(ctx, sizeof ctx, "%s next to a NaN layer", md.layers[i].name);
+    compare_metrics(ctx, stab_monitor_metrics(m, i + 1), stab_monitor_metrics(clean, i), 1e-11, 1);
+    if (md.layers[i].kind == STAB_KIND_ATTENTION)
+      TU_ASSERT_REL(stab_monitor_head_bounds(m, i + 1)[0], stab_monitor_head_bounds(clean, i)[0],
+                    1e-11, "%s", ctx);
+  }
+
+  /* the layer recovers once its weights are finite again */
+  bad[5 * 64 + 9] = 0.01f;
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_metrics want;
+  TU_ASSERT_OK(stab_layer_metrics(&bl, NULL, &p, &want, NULL));
+  compare_metrics("poisoned layer repaired", stab_monitor_metrics(m, 0), &want, 1e-11, 0);
+
+  /* and with the default (Lanczos) method too: NaN does not poison the warm-start vector */
+  stab_monitor_free(m);
+  m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &bl, NULL));
+  bad[5 * 64 + 9] = INFINITY;
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_NAN(stab_monitor_metrics(m, 0)->forward, "Inf, Lanczos");
+  bad[5 * 64 + 9] = 0.01f;
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_REL(stab_monitor_metrics(m, 0)->forward, want.forward, 1e-3, "repaired, Lanczos");
+
+  stab_monitor_free(m);
+  stab_monitor_free(clean);
+  free(bad);
+  model_free(&md);
+}
+END_TEST
+
+/* ---- memory and states ----------------------------------------------------------------- */
+
+START_TEST(test_memory) {
+  model md;
+  model_init(&md, 8, 0);
+  stab_monitor *none = make_monitor(&md, STAB_UPDATE_NONE, NULL);
+  stab_monitor *given = make_monitor(&md, STAB_UPDATE_GIVEN, NULL);
+  stab_monitor *snap = make_monitor(&md, STAB_UPDATE_SNAPSHOT, NULL);
+  size_t mn = stab_monitor_memory(none), mg = stab_monitor_memory(given),
+         ms = stab_monitor_memory(snap);
+  size_t weights = model_weight_floats(&md) * sizeof(float);
+  ck_assert_msg(mn > 0 && mg > 0, "memory: none %zu, given %zu", mn, mg);
+  ck_assert_msg(ms >= mn + weights,
+                "snapshot monitor reports %zu bytes, the NONE one %zu: the snapshot copy of %zu "
+                "bytes of weights is not counted",
+                ms, mn, weights);
+  ck_assert_msg(ms >= mg + weights, "snapshot monitor %zu bytes, given-update one %zu, weights %zu",
+                ms, mg, weights);
+  /* snapshot and measure allocate nothing */
+  TU_ASSERT_OK(stab_monitor_measure(snap, 0));
+  TU_ASSERT_OK(stab_monitor_snapshot(snap));
+  TU_ASSERT_OK(stab_monitor_measure(snap, 1));
+  TU_ASSERT_OK(stab_monitor_measure(none, 0));
+  ck_assert_uint_eq(stab_monitor_memory(snap), ms);
+  ck_assert_uint_eq(stab_monitor_memory(none), mn);
+  /* a layer more, more memory */
+  stab_layer extra = md.layers[0];
+  extra.name = "fc.again";
+  TU_ASSERT_OK(stab_monitor_add_layer(snap, &extra, NULL));
+  ck_assert_msg(stab_monitor_memory(snap) >= ms + 96 * 64 * sizeof(float),
+                "adding a 96x64 layer grew the snapshot monitor from %zu to %zu bytes", ms,
+                stab_monitor_memory(snap));
+  stab_monitor_free(none);
+  stab_monitor_free(given);
+  stab_monitor_free(snap);
+  model_free(&md);
+}
+END_TEST
+
+START_TEST(test_states_and_arguments) {
+  model md;
+  model_init(&md, 9, 0);
+  stab_monitor *none = make_monitor(&md, STAB_UPDATE_NONE, NULL);
+  TU_ASSERT_FAILS(stab_monitor_measure(none, 1), "with_update in NONE mode");
+  TU_ASSERT_OK(stab_monitor_measure(none, 0));
+  TU_ASSERT_STATUS(stab_monitor_measure(NULL, 0), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_monitor_snapshot(NULL), STAB_EINVAL);
+  size_t idx;
+  TU_ASSERT_STATUS(stab_monitor_find(NULL, "fc", &idx), STAB_EINVAL);
+  stab_monitor_free(none);
+  model_free(&md);
+}
+END_TEST
+
+static Suite *monitor_suite(void) {
+  Suite *s = suite_create("monitor");
+  TCase *tc = tcase_create("lifecycle");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_create_free);
+  tcase_add_test(tc, test_register_and_lookup);
+  tcase_add_test(tc, test_states_and_arguments);
+  tcase_add_test(tc, test_memory);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("measure");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_measure_matches_layer_metrics, 0, 2);
+  tcase_add_loop_test(tc, test_snapshot_mode, 0, 2);
+  tcase_add_test(tc, test_given_mode);
+  tcase_add_test(tc, test_warm_start);
+  tcase_add_test(tc, test_nan_isolation);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(monitor_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failures = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failures ? 1 : 0;
+}
