@@ -1,0 +1,1075 @@
+/* bench.c — how fast and how well stabmeter estimates sigma(W) of f32 matrices.
+ *
+ * For each size, on a seeded Gaussian W (std 1/sqrt(cols)): cold Lanczos and power
+ * iteration to the tolerance, LAPACK sgesvd (values only) as the time to beat and the
+ * reference sigma, the read bandwidth one library pass reaches against a plain streaming
+ * read of the same bytes, and the passes a warm start needs after an update of relative
+ * size 1e-3. Results (a table, or one JSON object with --json) on stdout, progress on stderr.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <lapacke.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "stabmeter.h"
+#include "synth.h"
+
+#define MIB (1024.0 * 1024.0)
+/* Matrices at least this big do not fit in any cache of the machines we run on, so their
+ * pass bandwidth is a DRAM figure; the bandwidth target is judged on them. */
+#define BIG_MATRIX_BYTES (64.0 * MIB)
+#define TARGET_SPEEDUP 40.0
+#define TARGET_FRACTION 0.70
+#define TARGET_WARM_PASSES 4
+
+static const char *const default_sizes = "512x512,1024x1024,2048x2048,4096x4096,768x3072,3072x768";
+static const char *const quick_sizes = "256x256,512x512,256x1024,1024x256";
+
+/* ---------------------------------------------------------------------------------- */
+/* Options                                                                             */
+
+typedef struct {
+  size_t rows, cols;
+} shape;
+
+typedef struct {
+  shape *sizes;          /* the matrices to measure, in order */
+  size_t n_sizes;
+  int threads;           /* stab_spectral_params.threads; 0 = what OpenMP offers */
+  int stream_threads;    /* threads of the plain streaming read (the same number, resolved) */
+  double load_start, load_end; /* 1-minute load average before and after the run */
+  double tol;            /* target relative error of sigma */
+  int max_passes;        /* pass limit of the cold and warm estimates */
+  int repeats;           /* timings of one pass and of the stream read: best of this many (at least) */
+  int cold_repeats;      /* cold and warm estimates: best of this many (within a time budget) */
+  uint64_t seed;
+  double update;         /* ||dW||_F / ||W||_F of the warm-start update */
+  int json;
+  int lapack;            /* 0 with --no-lapack */
+  int exact_f64;         /* also dgesvd; its sigma becomes the reference */
+  int exact_warm;        /* also the SVD of W + dW, for the actual warm errors */
+} options;
+
+/* ---------------------------------------------------------------------------------- */
+/* Results                                                                             */
+
+/* One spectral estimate: the best time over its repeats and the (deterministic) result. */
+typedef struct {
+  double seconds;
+  int passes;
+  int converged;
+  double sigma;
+  double est_rel_err;  /* the library's own estimate */
+  double rel_err;      /* |sigma - reference| / reference; NaN without a reference */
+} sigma_run;
+
+typedef struct {
+  size_t rows, cols;
+  int ok;                  /* 0 when something failed to run for this size */
+  sigma_run cold_power, cold_krylov, warm_power, warm_krylov;
+  int warm_err_actual;     /* warm rel_err is against an SVD of W + dW (--exact-warm) */
+  double sigma_lapack;     /* sgesvd of W (NaN with --no-lapack) */
+  double sigma_f64;        /* dgesvd of W (--exact-f64 only) */
+  double lapack_s, dgesvd_s;
+  double speedup;          /* lapack_s / cold_krylov.seconds */
+  double stream_s, stream_GBps;
+  double pass_s, pass_median_s, pass_GBps, pass_median_GBps;
+  int pass_passes;         /* out.passes of the one-pass call; must be 1 */
+  double fraction;         /* pass_GBps / stream_GBps */
+} size_result;
+
+static void sigma_run_clear(sigma_run *r)
+{
+  r->seconds = NAN;
+  r->passes = -1;
+  r->converged = 0;
+  r->sigma = NAN;
+  r->est_rel_err = NAN;
+  r->rel_err = NAN;
+}
+
+static void size_result_clear(size_result *r, shape s)
+{
+  r->rows = s.rows;
+  r->cols = s.cols;
+  r->ok = 1;
+  sigma_run_clear(&r->cold_power);
+  sigma_run_clear(&r->cold_krylov);
+  sigma_run_clear(&r->warm_power);
+  sigma_run_clear(&r->warm_krylov);
+  r->warm_err_actual = 0;
+  r->sigma_lapack = r->sigma_f64 = NAN;
+  r->lapack_s = r->dgesvd_s = r->speedup = NAN;
+  r->stream_s = r->stream_GBps = NAN;
+  r->pass_s = r->pass_median_s = r->pass_GBps = r->pass_median_GBps = NAN;
+  r->pass_passes = -1;
+  r->fraction = NAN;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Small helpers                                                                       */
+
+static double now_s(void)
+{
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void progress(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fflush(stderr);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median of n values (sorts them). */
+static double median(double *x, int n)
+{
+  qsort(x, (size_t)n, sizeof *x, cmp_double);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static double rel_diff(double x, double ref)
+{
+  return fabs(x - ref) / fabs(ref);
+}
+
+/* f64 Frobenius norm of n floats. */
+static double frobenius(const float *a, size_t n)
+{
+  double s = 0.0;
+  for (size_t i = 0; i < n; i++)
+    s += (double)a[i] * a[i];
+  return sqrt(s);
+}
+
+/* A per-size, per-purpose seed: the same matrix for the same --seed and shape whatever
+ * else is on the list. splitmix64 mixes its seed, so a plain combination is enough. */
+static uint64_t seed_for(uint64_t seed, shape s, uint64_t purpose)
+{
+  return seed ^ (UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)s.rows) ^
+         (UINT64_C(0xc2b2ae3d27d4eb4f) * (uint64_t)s.cols) ^ (UINT64_C(0x165667b19e3779f9) * purpose);
+}
+
+/* The 1-minute load average (Linux /proc/loadavg), NaN where there is none. Other work on
+ * the machine shows up directly in the timings, so the run records it. */
+static double load_average(void)
+{
+  double x = NAN;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &x) != 1)
+      x = NAN;
+    fclose(f);
+  }
+  return x;
+}
+
+static void report_stab_error(const char *what, stab_status st)
+{
+  progress("bench: %s: %s (%s)\n", what, stab_strerror(st), stab_last_error());
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The plain streaming read                                                            */
+
+/* Keeps the sums alive so that the compiler cannot drop the reads. */
+static volatile double stream_sink;
+
+#if defined(__GNUC__)
+typedef float f32x4 __attribute__((vector_size(16)));
+
+static f32x4 load4(const float *p)
+{
+  f32x4 x;
+  memcpy(&x, p, sizeof x); /* unaligned load */
+  return x;
+}
+#endif
+
+/* Sum of a[0..n), made to run at the speed of the reads, not of an add chain: eight
+ * independent 4-wide f32 accumulators (in registers; SSE2 is x86-64's baseline, so no
+ * special flags) keep far more adds in flight than any memory system can feed. */
+static double slice_sum(const float *a, size_t n)
+{
+  size_t i = 0;
+  double s = 0.0;
+#if defined(__GNUC__)
+  f32x4 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+  for (; i + 32 <= n; i += 32) {
+    s0 += load4(a + i);
+    s1 += load4(a + i + 4);
+    s2 += load4(a + i + 8);
+    s3 += load4(a + i + 12);
+    s4 += load4(a + i + 16);
+    s5 += load4(a + i + 20);
+    s6 += load4(a + i + 24);
+    s7 += load4(a + i + 28);
+  }
+  f32x4 t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+  s = (double)t[0] + t[1] + t[2] + t[3];
+#endif
+  for (; i < n; i++)
+    s += a[i];
+  return s;
+}
+
+/* Sum of a[0..n) by `threads` threads, each over one contiguous slice (as a pass splits
+ * its rows). */
+static double stream_sum(const float *a, size_t n, int threads)
+{
+  double total = 0.0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    size_t lo = n / (size_t)nt * (size_t)t;
+    size_t hi = t == nt - 1 ? n : n / (size_t)nt * (size_t)(t + 1);
+    total += slice_sum(a + lo, hi - lo);
+  }
+#else
+  (void)threads;
+  total = slice_sum(a, n);
+#endif
+  return total;
+}
+
+/* Seconds of one streaming read of a[0..n). */
+static double time_stream(const float *a, size_t n, int threads)
+{
+  double t0 = now_s();
+  double s = stream_sum(a, n, threads);
+  double t = now_s() - t0;
+  stream_sink = s;
+  return t;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Library calls                                                                       */
+
+/* Runs stab_spectral_norm on a (rows x cols) up to `repeats` times, each from the same
+ * start: v_init (cols values) or, when NULL, all zeros (a cold start). Stops repeating
+ * once `budget_s` seconds were spent. Keeps the best time; the result is the last call's
+ * (the library is deterministic). On return v holds the last estimate of the top right
+ * singular vector. */
+static stab_status run_sigma(stab_spectral_workspace *ws, const float *a, size_t rows, size_t cols,
+                             double *v, const double *v_init, int repeats, double budget_s,
+                             sigma_run *out)
+{
+  double spent = 0.0;
+  out->seconds = INFINITY;
+  for (int r = 0; r < repeats && (r == 0 || spent < budget_s); r++) {
+    if (v_init)
+      memcpy(v, v_init, cols * sizeof *v);
+    else
+      memset(v, 0, cols * sizeof *v);
+    stab_sigma_result res;
+    double t0 = now_s();
+    stab_status st = stab_spectral_norm(ws, a, NULL, rows, cols, cols, v, &res);
+    double t = now_s() - t0;
+    if (st != STAB_OK)
+      return st;
+    spent += t;
+    if (t < out->seconds)
+      out->seconds = t;
+    out->passes = res.passes;
+    out->converged = res.converged;
+    out->sigma = res.sigma;
+    out->est_rel_err = res.rel_err;
+  }
+  return STAB_OK;
+}
+
+static stab_status make_workspace(size_t rows, size_t cols, stab_spectral_method method, double tol,
+                                  int max_passes, int threads, stab_spectral_workspace **ws)
+{
+  stab_spectral_params p = stab_spectral_default_params();
+  p.method = method;
+  p.tol = tol;
+  p.max_passes = max_passes;
+  p.threads = threads;
+  return stab_spectral_workspace_create(rows, cols, &p, ws);
+}
+
+/* sigma(A) by LAPACK sgesvd, values only, destroying `work` (which must hold a copy of A).
+ * A row-major rows x cols matrix is the column-major cols x rows matrix A^T, which has
+ * the same singular values, so LAPACK gets the memory as it is: no transposed copy
+ * inside LAPACKE to pollute the time. Returns the seconds, or a negative value. */
+static double lapack_sigma_f32(float *work, size_t rows, size_t cols, double *sigma)
+{
+  size_t k = rows < cols ? rows : cols;
+  float *s = malloc(k * sizeof *s);
+  float *superb = malloc(k * sizeof *superb);
+  double t = -1.0;
+  if (!s || !superb) {
+    progress("bench: out of memory for sgesvd\n");
+    goto out;
+  }
+  double t0 = now_s();
+  lapack_int info = LAPACKE_sgesvd(LAPACK_COL_MAJOR, 'N', 'N', (lapack_int)cols, (lapack_int)rows,
+                                   work, (lapack_int)cols, s, NULL, 1, NULL, 1, superb);
+  double t1 = now_s();
+  if (info != 0) {
+    progress("bench: LAPACKE_sgesvd failed, info = %d\n", (int)info);
+    goto out;
+  }
+  *sigma = s[0];
+  t = t1 - t0;
+out:
+  free(s);
+  free(superb);
+  return t;
+}
+
+/* The same in f64 (dgesvd) on `work`, an f64 copy of A. */
+static double lapack_sigma_f64(double *work, size_t rows, size_t cols, double *sigma)
+{
+  size_t k = rows < cols ? rows : cols;
+  double *s = malloc(k * sizeof *s);
+  double *superb = malloc(k * sizeof *superb);
+  double t = -1.0;
+  if (!s || !superb) {
+    progress("bench: out of memory for dgesvd\n");
+    goto out;
+  }
+  double t0 = now_s();
+  lapack_int info = LAPACKE_dgesvd(LAPACK_COL_MAJOR, 'N', 'N', (lapack_int)cols, (lapack_int)rows,
+                                   work, (lapack_int)cols, s, NULL, 1, NULL, 1, superb);
+  double t1 = now_s();
+  if (info != 0) {
+    progress("bench: LAPACKE_dgesvd failed, info = %d\n", (int)info);
+    goto out;
+  }
+  *sigma = s[0];
+  t = t1 - t0;
+out:
+  free(s);
+  free(superb);
+  return t;
+}
+
+/* The reference sigma of `a` for the actual errors: dgesvd with --exact-f64, else sgesvd.
+ * fcopy (and dcopy with --exact-f64) are scratch of the matrix's size. Returns 0 on success. */
+static int reference_sigma(const options *o, const float *a, size_t rows, size_t cols,
+                           float *fcopy, double *dcopy, double *sigma_f32, double *t_f32,
+                           double *sigma_f64, double *t_f64)
+{
+  size_t n = rows * cols;
+  memcpy(fcopy, a, n * sizeof *fcopy);
+  *t_f32 = lapack_sigma_f32(fcopy, rows, cols, sigma_f32);
+  if (*t_f32 < 0.0)
+    return -1;
+  if (o->exact_f64) {
+    for (size_t i = 0; i < n; i++)
+      dcopy[i] = a[i];
+    *t_f64 = lapack_sigma_f64(dcopy, rows, cols, sigma_f64);
+    if (*t_f64 < 0.0)
+      return -1;
+  }
+  return 0;
+}
+
+/* OpenBLAS's worker threads spin for a while after a call; give them time to go to sleep
+ * so that they do not steal the cores from the next timed pass. */
+static void let_blas_idle(void)
+{
+  struct timespec t = {0, 200 * 1000 * 1000};
+  nanosleep(&t, NULL);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* One size                                                                            */
+
+/* Measures one size into r. Returns 0, or -1 if something failed to run (r->ok = 0). */
+static int bench_size(const options *o, shape sh, size_t index, size_result *r)
+{
+  size_t rows = sh.rows, cols = sh.cols, n = rows * cols;
+  double bytes = (double)n * sizeof(float);
+  char tag[64];
+  snprintf(tag, sizeof tag, "[%zu/%zu] %zux%zu", index + 1, o->n_sizes, rows, cols);
+
+  float *w = NULL;       /* W, rows x cols row-major */
+  float *w2 = NULL;      /* W + dW, rows x cols */
+  float *fcopy = NULL;   /* sgesvd's copy of W (or of W + dW), rows x cols */
+  double *dcopy = NULL;  /* dgesvd's f64 copy, rows x cols (--exact-f64 only) */
+  double *v = NULL;      /* estimate of the top right singular vector, cols */
+  double *v_power = NULL, *v_krylov = NULL; /* the cold estimates' vectors, cols each */
+  stab_spectral_workspace *ws_power = NULL, *ws_krylov = NULL, *ws_one = NULL;
+  double *pass_times = NULL;
+  stab_status st;
+  int rc = -1;
+
+  size_result_clear(r, sh);
+  int need_copy = o->lapack || o->exact_warm;
+  w = malloc(n * sizeof *w);
+  w2 = malloc(n * sizeof *w2);
+  fcopy = need_copy ? malloc(n * sizeof *fcopy) : NULL;
+  dcopy = need_copy && o->exact_f64 ? malloc(n * sizeof *dcopy) : NULL;
+  v = malloc(cols * sizeof *v);
+  v_power = malloc(cols * sizeof *v_power);
+  v_krylov = malloc(cols * sizeof *v_krylov);
+  if (!w || !w2 || !v || !v_power || !v_krylov || (need_copy && !fcopy) ||
+      (need_copy && o->exact_f64 && !dcopy)) {
+    progress("bench: %s: out of memory\n", tag);
+    goto out;
+  }
+
+  progress("%s: fill (%.0f MiB)\n", tag, bytes / MIB);
+  synth_rng rng;
+  synth_seed(&rng, seed_for(o->seed, sh, 0));
+  synth_gaussian(w, n, 1.0 / sqrt((double)cols), &rng);
+
+  if ((st = make_workspace(rows, cols, STAB_SPECTRAL_POWER, o->tol, o->max_passes, o->threads,
+                           &ws_power)) != STAB_OK ||
+      (st = make_workspace(rows, cols, STAB_SPECTRAL_LANCZOS, o->tol, o->max_passes, o->threads,
+                           &ws_krylov)) != STAB_OK ||
+      (st = make_workspace(rows, cols, STAB_SPECTRAL_LANCZOS, o->tol, 1, o->threads, &ws_one)) !=
+          STAB_OK) {
+    report_stab_error("stab_spectral_workspace_create", st);
+    goto out;
+  }
+
+  /* Bandwidth first, while no BLAS thread is awake. The stream reads and the one-pass
+   * calls alternate, so that both see the same machine (other load, clock); the best of
+   * each is kept. Small matrices get more repeats so that each timing reads at least
+   * 1 GiB in total. */
+  int reps = o->repeats;
+  double want = 1024.0 * MIB / bytes;
+  if (want > reps)
+    reps = want > 1000 ? 1000 : (int)want;
+  progress("%s: stream read and one pass, x%d each\n", tag, reps);
+  pass_times = malloc((size_t)reps * sizeof *pass_times);
+  if (!pass_times) {
+    progress("bench: %s: out of memory\n", tag);
+    goto out;
+  }
+  {
+    sigma_run one;
+    /* Warm-up of both: threads started, caches and branch predictors in their steady state. */
+    stream_sink = stream_sum(w, n, o->stream_threads);
+    if ((st = run_sigma(ws_one, w, rows, cols, v, NULL, 1, 0.0, &one)) != STAB_OK) {
+      report_stab_error("stab_spectral_norm (one pass)", st);
+      goto out;
+    }
+    r->stream_s = INFINITY;
+    for (int k = 0; k < reps; k++) {
+      double t = time_stream(w, n, o->stream_threads);
+      if (t < r->stream_s)
+        r->stream_s = t;
+      if ((st = run_sigma(ws_one, w, rows, cols, v, NULL, 1, 0.0, &one)) != STAB_OK) {
+        report_stab_error("stab_spectral_norm (one pass)", st);
+        goto out;
+      }
+      pass_times[k] = one.seconds;
+    }
+    r->stream_GBps = bytes / r->stream_s * 1e-9;
+    r->pass_passes = one.passes;
+    if (one.passes != 1)
+      progress("bench: %s: max_passes = 1 made %d passes (bandwidth counts them all)\n", tag,
+               one.passes);
+    double passes = one.passes > 0 ? one.passes : 1;
+    r->pass_median_s = median(pass_times, reps); /* sorted: [0] is the best */
+    r->pass_s = pass_times[0];
+    r->pass_GBps = bytes * passes / r->pass_s * 1e-9;
+    r->pass_median_GBps = bytes * passes / r->pass_median_s * 1e-9;
+    r->fraction = r->pass_GBps / r->stream_GBps;
+  }
+
+  /* Cold estimates: v all zeros, best of cold_repeats within a 5 s budget per method. */
+  progress("%s: cold power\n", tag);
+  if ((st = run_sigma(ws_power, w, rows, cols, v_power, NULL, o->cold_repeats, 5.0,
+                      &r->cold_power)) != STAB_OK) {
+    report_stab_error("stab_spectral_norm (cold power)", st);
+    goto out;
+  }
+  progress("%s: cold power %.4f s, %d passes%s\n", tag, r->cold_power.seconds, r->cold_power.passes,
+           r->cold_power.converged ? "" : " (not converged)");
+  progress("%s: cold lanczos\n", tag);
+  if ((st = run_sigma(ws_krylov, w, rows, cols, v_krylov, NULL, o->cold_repeats, 5.0,
+                      &r->cold_krylov)) != STAB_OK) {
+    report_stab_error("stab_spectral_norm (cold lanczos)", st);
+    goto out;
+  }
+  progress("%s: cold lanczos %.4f s, %d passes%s\n", tag, r->cold_krylov.seconds,
+           r->cold_krylov.passes, r->cold_krylov.converged ? "" : " (not converged)");
+
+  /* Warm: W + dW with ||dW||_F = update * ||W||_F, each method from its own cold vector
+   * (what a monitor configured with that method would hold from the step before). */
+  progress("%s: warm update %.0e\n", tag, o->update);
+  synth_seed(&rng, seed_for(o->seed, sh, 1));
+  synth_gaussian(w2, n, 1.0, &rng);
+  double scale = o->update * frobenius(w, n) / frobenius(w2, n);
+  for (size_t i = 0; i < n; i++)
+    w2[i] = (float)(w[i] + scale * w2[i]);
+  if ((st = run_sigma(ws_krylov, w2, rows, cols, v, v_krylov, o->cold_repeats, 5.0,
+                      &r->warm_krylov)) != STAB_OK) {
+    report_stab_error("stab_spectral_norm (warm lanczos)", st);
+    goto out;
+  }
+  if ((st = run_sigma(ws_power, w2, rows, cols, v, v_power, o->cold_repeats, 5.0,
+                      &r->warm_power)) != STAB_OK) {
+    report_stab_error("stab_spectral_norm (warm power)", st);
+    goto out;
+  }
+  progress("%s: warm lanczos %d passes, warm power %d passes\n", tag, r->warm_krylov.passes,
+           r->warm_power.passes);
+
+  /* LAPACK last: its threads would otherwise compete with the timed passes above. */
+  if (o->lapack) {
+    progress("%s: sgesvd%s ...\n", tag, o->exact_f64 ? " and dgesvd" : "");
+    if (reference_sigma(o, w, rows, cols, fcopy, dcopy, &r->sigma_lapack, &r->lapack_s,
+                        &r->sigma_f64, &r->dgesvd_s))
+      goto out;
+    progress("%s: sgesvd %.3f s\n", tag, r->lapack_s);
+    double ref = o->exact_f64 ? r->sigma_f64 : r->sigma_lapack;
+    r->cold_power.rel_err = rel_diff(r->cold_power.sigma, ref);
+    r->cold_krylov.rel_err = rel_diff(r->cold_krylov.sigma, ref);
+    r->speedup = r->lapack_s / r->cold_krylov.seconds;
+  }
+  if (o->exact_warm) {
+    double s32 = NAN, s64 = NAN, t32, t64;
+    progress("%s: sgesvd of W + dW%s ...\n", tag, o->exact_f64 ? " and dgesvd" : "");
+    if (reference_sigma(o, w2, rows, cols, fcopy, dcopy, &s32, &t32, &s64, &t64))
+      goto out;
+    double ref = o->exact_f64 ? s64 : s32;
+    r->warm_krylov.rel_err = rel_diff(r->warm_krylov.sigma, ref);
+    r->warm_power.rel_err = rel_diff(r->warm_power.sigma, ref);
+    r->warm_err_actual = 1;
+  }
+  if (o->lapack || o->exact_warm)
+    let_blas_idle();
+  rc = 0;
+
+out:
+  if (rc)
+    r->ok = 0;
+  stab_spectral_workspace_free(ws_power);
+  stab_spectral_workspace_free(ws_krylov);
+  stab_spectral_workspace_free(ws_one);
+  free(pass_times);
+  free(v_krylov);
+  free(v_power);
+  free(v);
+  free(dcopy);
+  free(fcopy);
+  free(w2);
+  free(w);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Targets                                                                             */
+
+typedef struct {
+  double speedup;          /* cold Lanczos vs sgesvd at 4096x4096; NaN if not measured */
+  double fraction;         /* min pass/stream over the big matrices (or the largest one) */
+  const size_result *fraction_from; /* the size the fraction is from */
+  int fraction_big;        /* 1 if it is over matrices >= 64 MiB */
+  int warm;                /* max Lanczos warm passes over the sizes; -1 if none */
+} targets;
+
+static targets compute_targets(const size_result *res, size_t n)
+{
+  targets t = {NAN, NAN, NULL, 0, -1};
+  const size_result *largest = NULL;
+  for (size_t i = 0; i < n; i++) {
+    const size_result *r = &res[i];
+    if (!r->ok)
+      continue;
+    if (r->rows == 4096 && r->cols == 4096 && isfinite(r->speedup))
+      t.speedup = r->speedup;
+    double bytes = (double)r->rows * r->cols * sizeof(float);
+    if (bytes >= BIG_MATRIX_BYTES && isfinite(r->fraction) &&
+        (!t.fraction_big || r->fraction < t.fraction)) {
+      t.fraction = r->fraction;
+      t.fraction_from = r;
+      t.fraction_big = 1;
+    }
+    if (!largest || bytes > (double)largest->rows * largest->cols * sizeof(float))
+      largest = r;
+    if (r->warm_krylov.passes > t.warm)
+      t.warm = r->warm_krylov.passes;
+  }
+  if (!t.fraction_big && largest) {
+    t.fraction = largest->fraction;
+    t.fraction_from = largest;
+  }
+  return t;
+}
+
+static const char *pass_fail(int measured, int pass)
+{
+  return !measured ? "SKIP" : pass ? "PASS" : "FAIL";
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Output                                                                              */
+
+/* x with printf format fmt, or "-" when x is not finite. */
+static const char *fmt_num(char *buf, size_t len, const char *fmt, double x)
+{
+  if (isfinite(x))
+    snprintf(buf, len, fmt, x);
+  else
+    snprintf(buf, len, "-");
+  return buf;
+}
+
+/* "seconds (passes)", with '*' after the passes of an estimate that did not converge. */
+static const char *fmt_run(char *buf, size_t len, const sigma_run *r)
+{
+  if (r->passes < 0)
+    snprintf(buf, len, "-");
+  else
+    snprintf(buf, len, "%.5f (%4d)%s", r->seconds, r->passes, r->converged ? " " : "*");
+  return buf;
+}
+
+static const char *fmt_warm(char *buf, size_t len, const size_result *r)
+{
+  if (r->warm_krylov.passes < 0)
+    snprintf(buf, len, "-");
+  else
+    snprintf(buf, len, "%d%s/%d%s", r->warm_krylov.passes, r->warm_krylov.converged ? "" : "*",
+             r->warm_power.passes, r->warm_power.converged ? "" : "*");
+  return buf;
+}
+
+static void print_human(const options *o, const size_result *res, size_t n, const targets *t,
+                        int stream_threads)
+{
+  char a[64], b[64], c[64], d[64], e[64], f[64], g[64], h[64], s[32];
+  printf("stabmeter %s bench: tol %.0e, max passes %d, threads %d (stream read %d), seed %llu, "
+         "update %.0e\n",
+         stab_version(), o->tol, o->max_passes, o->threads, stream_threads,
+         (unsigned long long)o->seed, o->update);
+  if (isfinite(o->load_start))
+    printf("load average %.2f at the start, %.2f at the end\n", o->load_start, o->load_end);
+  printf("\n");
+  printf("%-11s %20s %20s %9s %8s %11s %9s %8s %9s\n", "size", "cold power s (pass)",
+         "cold krylov s (pass)", "sgesvd s", "speedup", "stream GB/s", "pass GB/s", "fraction",
+         "warm L/P");
+  for (size_t i = 0; i < n; i++) {
+    const size_result *r = &res[i];
+    snprintf(s, sizeof s, "%zux%zu", r->rows, r->cols);
+    printf("%-11s %20s %20s %9s %8s %11s %9s %8s %9s%s\n", s, fmt_run(a, sizeof a, &r->cold_power),
+           fmt_run(b, sizeof b, &r->cold_krylov), fmt_num(c, sizeof c, "%.3f", r->lapack_s),
+           fmt_num(d, sizeof d, "%.1fx", r->speedup), fmt_num(e, sizeof e, "%.2f", r->stream_GBps),
+           fmt_num(f, sizeof f, "%.2f", r->pass_GBps), fmt_num(g, sizeof g, "%.3f", r->fraction),
+           fmt_warm(h, sizeof h, r), r->ok ? "" : "  (failed)");
+  }
+  printf("  * not converged within max passes. pass GB/s: best of the one-pass calls "
+         "(median in --json). warm L/P: Lanczos/power passes on W + dW.\n\n");
+
+  const char *ref = o->exact_f64 ? "dgesvd" : "sgesvd";
+  printf("%-11s %14s %12s %11s %12s %11s %24s\n", "size", o->exact_f64 ? "sigma dgesvd" : "sigma sgesvd",
+         "err krylov", "(estimate)", "err power", "(estimate)", "warm err krylov / power");
+  for (size_t i = 0; i < n; i++) {
+    const size_result *r = &res[i];
+    snprintf(s, sizeof s, "%zux%zu", r->rows, r->cols);
+    double sig = o->exact_f64 ? r->sigma_f64 : r->sigma_lapack;
+    char w1[32], w2[32], wb[80];
+    snprintf(wb, sizeof wb, "%s / %s %s",
+             fmt_num(w1, sizeof w1, "%.1e", r->warm_err_actual ? r->warm_krylov.rel_err
+                                                               : r->warm_krylov.est_rel_err),
+             fmt_num(w2, sizeof w2, "%.1e", r->warm_err_actual ? r->warm_power.rel_err
+                                                               : r->warm_power.est_rel_err),
+             r->warm_err_actual ? "(actual)" : "(est.)");
+    printf("%-11s %14s %12s %11s %12s %11s %24s\n", s, fmt_num(a, sizeof a, "%.8f", sig),
+           fmt_num(b, sizeof b, "%.2e", r->cold_krylov.rel_err),
+           fmt_num(c, sizeof c, "(%.2e)", r->cold_krylov.est_rel_err),
+           fmt_num(d, sizeof d, "%.2e", r->cold_power.rel_err),
+           fmt_num(e, sizeof e, "(%.2e)", r->cold_power.est_rel_err), wb);
+  }
+  printf("  err: |sigma - %s| / %s (the estimate is the library's own); warm errors are actual "
+         "only with --exact-warm.\n\n",
+         ref, ref);
+
+  /* The three targets, each from this run. */
+  if (isfinite(t->speedup))
+    printf("target cold 4096x4096 >= %.0fx faster than sgesvd: %.1fx %s\n", TARGET_SPEEDUP,
+           t->speedup, pass_fail(1, t->speedup >= TARGET_SPEEDUP));
+  else
+    printf("target cold 4096x4096 >= %.0fx faster than sgesvd: n/a (%s) SKIP\n", TARGET_SPEEDUP,
+           o->lapack ? "4096x4096 not measured" : "--no-lapack");
+  if (t->fraction_from) {
+    char where[96];
+    if (t->fraction_big)
+      snprintf(where, sizeof where, "min over sizes >= 64 MiB, at %zux%zu", t->fraction_from->rows,
+               t->fraction_from->cols);
+    else
+      snprintf(where, sizeof where, "no size >= 64 MiB; largest, %zux%zu, may sit in cache",
+               t->fraction_from->rows, t->fraction_from->cols);
+    printf("target one pass >= %.0f%% of stream read: %.1f%% (%s) %s\n", TARGET_FRACTION * 100,
+           t->fraction * 100, where,
+           pass_fail(isfinite(t->fraction), t->fraction >= TARGET_FRACTION));
+  } else {
+    printf("target one pass >= %.0f%% of stream read: n/a SKIP\n", TARGET_FRACTION * 100);
+  }
+  if (t->warm >= 0)
+    printf("target warm <= %d passes: %d %s\n", TARGET_WARM_PASSES, t->warm,
+           pass_fail(1, t->warm <= TARGET_WARM_PASSES));
+  else
+    printf("target warm <= %d passes: n/a SKIP\n", TARGET_WARM_PASSES);
+}
+
+/* A JSON number, or null when x is not finite. */
+static void json_num(const char *key, double x, int comma)
+{
+  if (isfinite(x))
+    printf("\"%s\": %.9g", key, x);
+  else
+    printf("\"%s\": null", key);
+  if (comma)
+    printf(", ");
+}
+
+static void json_int(const char *key, int x, int comma)
+{
+  if (x >= 0)
+    printf("\"%s\": %d", key, x);
+  else
+    printf("\"%s\": null", key);
+  if (comma)
+    printf(", ");
+}
+
+static void json_bool(const char *key, int x, int comma)
+{
+  printf("\"%s\": %s%s", key, x ? "true" : "false", comma ? ", " : "");
+}
+
+static void print_json(const options *o, const size_result *res, size_t n, const targets *t,
+                       int stream_threads)
+{
+  /* The run's streaming-read bandwidth is that of its largest matrix: the one least
+   * helped by the caches. */
+  const size_result *largest = NULL;
+  for (size_t i = 0; i < n; i++)
+    if (res[i].ok && (!largest || res[i].rows * res[i].cols > largest->rows * largest->cols))
+      largest = &res[i];
+
+  printf("{\"format\": \"stabmeter-bench\", \"format_version\": 1, \"library_version\": \"%s\", ",
+         stab_version());
+  json_num("tol", o->tol, 1);
+  json_int("max_passes", o->max_passes, 1);
+  printf("\"seed\": %llu, ", (unsigned long long)o->seed);
+  json_num("update", o->update, 1);
+  json_num("stream_read_GBps", largest ? largest->stream_GBps : NAN, 1);
+  if (largest)
+    printf("\"stream_read_size\": [%zu, %zu], ", largest->rows, largest->cols);
+  json_int("threads", stream_threads, 1);
+  json_int("params_threads", o->threads, 1);
+  json_num("load_average_start", o->load_start, 1);
+  json_num("load_average_end", o->load_end, 1);
+  printf("\"reference\": %s, ", !o->lapack ? "null" : o->exact_f64 ? "\"dgesvd\"" : "\"sgesvd\"");
+  printf("\"sizes\": [");
+  for (size_t i = 0; i < n; i++) {
+    const size_result *r = &res[i];
+    printf("%s\n  {\"rows\": %zu, \"cols\": %zu, ", i ? "," : "", r->rows, r->cols);
+    json_bool("ok", r->ok, 1);
+    json_num("cold_power_s", r->cold_power.seconds, 1);
+    json_int("cold_power_passes", r->cold_power.passes, 1);
+    json_bool("cold_power_converged", r->cold_power.converged, 1);
+    json_num("cold_krylov_s", r->cold_krylov.seconds, 1);
+    json_int("cold_krylov_passes", r->cold_krylov.passes, 1);
+    json_bool("cold_krylov_converged", r->cold_krylov.converged, 1);
+    json_num("lapack_s", r->lapack_s, 1);
+    json_num("dgesvd_s", r->dgesvd_s, 1);
+    json_num("speedup_vs_lapack", r->speedup, 1);
+    json_num("stream_GBps", r->stream_GBps, 1);
+    json_num("pass_s", r->pass_s, 1);
+    json_int("pass_passes", r->pass_passes, 1);
+    json_num("pass_GBps", r->pass_GBps, 1);
+    json_num("pass_GBps_median", r->pass_median_GBps, 1);
+    json_num("pass_bandwidth_fraction", r->fraction, 1);
+    json_int("warm_passes", r->warm_krylov.passes, 1);
+    json_bool("warm_converged", r->warm_krylov.converged, 1);
+    json_int("warm_passes_power", r->warm_power.passes, 1);
+    json_bool("warm_power_converged", r->warm_power.converged, 1);
+    json_num("warm_krylov_s", r->warm_krylov.seconds, 1);
+    json_num("warm_power_s", r->warm_power.seconds, 1);
+    json_num("sigma_lapack", r->sigma_lapack, 1);
+    json_num("sigma_f64", r->sigma_f64, 1);
+    json_num("sigma_krylov", r->cold_krylov.sigma, 1);
+    json_num("sigma_power", r->cold_power.sigma, 1);
+    json_num("rel_err_krylov", r->cold_krylov.rel_err, 1);
+    json_num("rel_err_power", r->cold_power.rel_err, 1);
+    json_num("est_rel_err_krylov", r->cold_krylov.est_rel_err, 1);
+    json_num("est_rel_err_power", r->cold_power.est_rel_err, 1);
+    /* Warm errors: actual against an SVD of W + dW with --exact-warm, else the estimates. */
+    json_num("warm_rel_err_krylov",
+             r->warm_err_actual ? r->warm_krylov.rel_err : r->warm_krylov.est_rel_err, 1);
+    json_num("warm_rel_err_power",
+             r->warm_err_actual ? r->warm_power.rel_err : r->warm_power.est_rel_err, 1);
+    json_bool("warm_rel_err_actual", r->warm_err_actual, 0);
+    printf("}");
+  }
+  printf("\n ],\n \"targets\": {");
+  printf("\"cold_4096_speedup\": {");
+  json_num("value", t->speedup, 1);
+  json_num("min", TARGET_SPEEDUP, 1);
+  printf("\"pass\": %s}, ", isfinite(t->speedup) ? (t->speedup >= TARGET_SPEEDUP ? "true" : "false")
+                                                 : "null");
+  printf("\"pass_bandwidth_fraction\": {");
+  json_num("value", t->fraction, 1);
+  json_num("min", TARGET_FRACTION, 1);
+  if (t->fraction_from)
+    printf("\"size\": [%zu, %zu], ", t->fraction_from->rows, t->fraction_from->cols);
+  json_bool("over_big_matrices", t->fraction_big, 1);
+  printf("\"pass\": %s}, ", isfinite(t->fraction) ? (t->fraction >= TARGET_FRACTION ? "true" : "false")
+                                                  : "null");
+  printf("\"warm_passes\": {");
+  json_int("value", t->warm, 1);
+  json_int("max", TARGET_WARM_PASSES, 1);
+  printf("\"pass\": %s}}}\n", t->warm >= 0 ? (t->warm <= TARGET_WARM_PASSES ? "true" : "false")
+                                          : "null");
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Command line                                                                        */
+
+static void usage(FILE *f)
+{
+  fprintf(f,
+          "Usage: bench [OPTION]...\n"
+          "Times stabmeter's spectral norm of seeded Gaussian f32 matrices (std 1/sqrt(cols)):\n"
+          "cold Lanczos and power iteration against LAPACK sgesvd, the bandwidth of one pass\n"
+          "against a plain streaming read, and the passes of a warm start after an update.\n"
+          "Results on stdout, progress on stderr.\n"
+          "\n"
+          "  -s, --sizes LIST      comma-separated ROWSxCOLS (default %s)\n"
+          "  -q, --quick           the small list %s\n"
+          "  -t, --threads N       threads of a pass and of the streaming read (default 0: all\n"
+          "                        that OpenMP offers)\n"
+          "      --tol X           target relative error of sigma (default 1e-3)\n"
+          "      --max-passes N    pass limit of the cold and warm estimates (default 1000)\n"
+          "      --repeats N       timings of one pass and of the stream read: best of N (default\n"
+          "                        10, 5 with --quick; small matrices get more, up to 1000, so\n"
+          "                        that each timing reads 1 GiB)\n"
+          "      --cold-repeats N  cold and warm estimates: best of N, within 5 s each (default 3)\n"
+          "      --seed N          seed of the matrices (default 1)\n"
+          "      --update X        ||dW||_F / ||W||_F of the warm-start update (default 1e-3)\n"
+          "      --no-lapack       skip sgesvd (no speedup, no actual errors)\n"
+          "      --exact-f64       also dgesvd on an f64 copy, and use it as the reference\n"
+          "      --exact-warm      also the SVD of W + dW, for the actual warm errors\n"
+          "  -j, --json            one JSON object on stdout instead of the table\n"
+          "  -h, --help            this help\n"
+          "  -V, --version         the library version\n"
+          "\n"
+          "Exit status: 0 when everything ran (whatever the targets say), 1 if something\n"
+          "failed, 2 on bad usage.\n",
+          default_sizes, quick_sizes);
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+  char *end;
+  errno = 0;
+  long x = strtol(s, &end, 10);
+  if (errno || end == s || *end || x < lo || x > hi)
+    return -1;
+  *out = x;
+  return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+  char *end;
+  errno = 0;
+  double x = strtod(s, &end);
+  if (errno || end == s || *end || !(x > lo && x < hi))
+    return -1;
+  *out = x;
+  return 0;
+}
+
+/* "512x512,768x3072" into a new array; -1 on a malformed list. */
+static int parse_sizes(const char *list, shape **out, size_t *n)
+{
+  size_t cap = 1;
+  for (const char *p = list; *p; p++)
+    cap += *p == ',';
+  shape *s = malloc(cap * sizeof *s);
+  char *copy = strdup(list);
+  size_t k = 0;
+  int rc = -1;
+  if (!s || !copy)
+    goto out;
+  for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *x = strpbrk(tok, "xX");
+    long rows, cols;
+    if (!x)
+      goto out;
+    *x = '\0';
+    /* 65536 keeps rows * cols * 8 (the f64 copy) far from overflow and LAPACK's int. */
+    if (parse_long(tok, 1, 65536, &rows) || parse_long(x + 1, 1, 65536, &cols))
+      goto out;
+    s[k].rows = (size_t)rows;
+    s[k].cols = (size_t)cols;
+    k++;
+  }
+  if (k == 0)
+    goto out;
+  *out = s;
+  *n = k;
+  s = NULL;
+  rc = 0;
+out:
+  free(s);
+  free(copy);
+  return rc;
+}
+
+int main(int argc, char **argv)
+{
+  enum { OPT_TOL = 256, OPT_MAX_PASSES, OPT_REPEATS, OPT_COLD_REPEATS, OPT_SEED, OPT_UPDATE,
+         OPT_NO_LAPACK, OPT_EXACT_F64, OPT_EXACT_WARM };
+  static const struct option longopts[] = {
+      {"sizes", required_argument, NULL, 's'},
+      {"quick", no_argument, NULL, 'q'},
+      {"threads", required_argument, NULL, 't'},
+      {"tol", required_argument, NULL, OPT_TOL},
+      {"max-passes", required_argument, NULL, OPT_MAX_PASSES},
+      {"repeats", required_argument, NULL, OPT_REPEATS},
+      {"cold-repeats", required_argument, NULL, OPT_COLD_REPEATS},
+      {"seed", required_argument, NULL, OPT_SEED},
+      {"update", required_argument, NULL, OPT_UPDATE},
+      {"no-lapack", no_argument, NULL, OPT_NO_LAPACK},
+      {"exact-f64", no_argument, NULL, OPT_EXACT_F64},
+      {"exact-warm", no_argument, NULL, OPT_EXACT_WARM},
+      {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {NULL, 0, NULL, 0}};
+  options o = {.sizes = NULL, .n_sizes = 0, .threads = 0, .tol = 1e-3, .max_passes = 1000,
+               .repeats = 0 /* 10, or 5 with --quick */, .cold_repeats = 3, .seed = 1, .update = 1e-3, .json = 0,
+               .lapack = 1, .exact_f64 = 0, .exact_warm = 0};
+  const char *sizes = default_sizes;
+  int quick = 0, c;
+  long l = 0;
+
+  while ((c = getopt_long(argc, argv, "s:qt:jhV", longopts, NULL)) != -1) {
+    const char *name = NULL; /* the option whose value is invalid */
+    switch (c) {
+    case 's': sizes = optarg; break;
+    case 'q': quick = 1; break;
+    case 't':
+      if (parse_long(optarg, 0, 4096, &l))
+        name = "threads";
+      o.threads = (int)l;
+      break;
+    case OPT_TOL:
+      if (parse_double(optarg, 0.0, 0.5, &o.tol))
+        name = "tol";
+      break;
+    case OPT_MAX_PASSES:
+      if (parse_long(optarg, 1, 1000000, &l))
+        name = "max-passes";
+      o.max_passes = (int)l;
+      break;
+    case OPT_REPEATS:
+      if (parse_long(optarg, 1, 100000, &l))
+        name = "repeats";
+      o.repeats = (int)l;
+      break;
+    case OPT_COLD_REPEATS:
+      if (parse_long(optarg, 1, 1000, &l))
+        name = "cold-repeats";
+      o.cold_repeats = (int)l;
+      break;
+    case OPT_SEED: {
+      char *end;
+      errno = 0;
+      unsigned long long x = strtoull(optarg, &end, 0);
+      if (errno || end == optarg || *end || optarg[0] == '-')
+        name = "seed";
+      o.seed = (uint64_t)x;
+      break;
+    }
+    case OPT_UPDATE:
+      if (parse_double(optarg, 0.0, 1.0, &o.update))
+        name = "update";
+      break;
+    case OPT_NO_LAPACK: o.lapack = 0; break;
+    case OPT_EXACT_F64: o.exact_f64 = 1; break;
+    case OPT_EXACT_WARM: o.exact_warm = 1; break;
+    case 'j': o.json = 1; break;
+    case 'h': usage(stdout); return 0;
+    case 'V': printf("bench (stabmeter) %s\n", stab_version()); return 0;
+    default: usage(stderr); return 2;
+    }
+    if (name) {
+      fprintf(stderr, "bench: invalid value '%s' for --%s\n", optarg, name);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "bench: unexpected argument '%s'\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  if (quick && sizes == default_sizes)
+    sizes = quick_sizes;
+  if (parse_sizes(sizes, &o.sizes, &o.n_sizes)) {
+    fprintf(stderr, "bench: invalid --sizes '%s' (want e.g. 512x512,768x3072)\n", sizes);
+    return 2;
+  }
+  if (o.repeats == 0)
+    o.repeats = quick ? 5 : 10;
+
+  /* The streaming read uses as many threads as a pass does. */
+#ifdef _OPENMP
+  o.stream_threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+#else
+  if (o.threads > 1)
+    progress("bench: built without OpenMP: the library and the stream read use one thread\n");
+  o.stream_threads = 1;
+#endif
+
+  size_result *res = calloc(o.n_sizes, sizeof *res);
+  if (!res) {
+    fprintf(stderr, "bench: out of memory\n");
+    free(o.sizes);
+    return 1;
+  }
+  int failed = 0;
+  o.load_start = load_average();
+  if (o.load_start > 0.5)
+    progress("bench: load average %.2f: other work on this machine will disturb the timings\n",
+             o.load_start);
+  for (size_t i = 0; i < o.n_sizes; i++)
+    if (bench_size(&o, o.sizes[i], i, &res[i]))
+      failed = 1;
+
+  o.load_end = load_average();
+  targets t = compute_targets(res, o.n_sizes);
+  if (o.json)
+    print_json(&o, res, o.n_sizes, &t, o.stream_threads);
+  else
+    print_human(&o, res, o.n_sizes, &t, o.stream_threads);
+  fflush(stdout);
+
+  free(res);
+  free(o.sizes);
+  return failed || ferror(stdout) ? 1 : 0;
+}
