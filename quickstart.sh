@@ -39,9 +39,9 @@ run_tests() {
   local passed=0 failed=0 log n f e
   for log in tests/*.log; do
     [ -f "$log" ] || continue
-    if read -r n f e < <(sed -n 's/.*Checks: \([0-9]*\), Failures: \([0-9]*\), Errors: \([0-9]*\).*/\1 \2 \3/p' "$log" | tail -n 1); then
+    while read -r n f e; do
       passed=$((passed + n - f - e)); failed=$((failed + f + e))
-    fi
+    done < <(sed -n 's/.*Checks: \([0-9]*\), Failures: \([0-9]*\), Errors: \([0-9]*\).*/\1 \2 \3/p' "$log")
     if grep -q '^FAIL\|^ERROR' "${log%.log}.trs" 2>/dev/null; then
       echo "---- $log ----"; cat "$log"
     fi

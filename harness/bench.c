@@ -658,9 +658,9 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
                         int stream_threads)
 {
   char a[64], b[64], c[64], d[64], e[64], f[64], g[64], h[64], s[32];
-  printf("stabmeter %s bench: tol %.0e, max passes %d, threads %d (stream read %d), seed %llu, "
-         "update %.0e\n",
-         stab_version(), o->tol, o->max_passes, o->threads, stream_threads,
+  printf("stabmeter %s bench: kernel %s, tol %.0e, max passes %d, threads %d (stream read %d), "
+         "seed %llu, update %.0e\n",
+         stab_version(), stab_spectral_kernel(), o->tol, o->max_passes, o->threads, stream_threads,
          (unsigned long long)o->seed, o->update);
   if (isfinite(o->load_start))
     printf("load average %.2f at the start, %.2f at the end\n", o->load_start, o->load_end);
@@ -768,8 +768,8 @@ static void print_json(const options *o, const size_result *res, size_t n, const
     if (res[i].ok && (!largest || res[i].rows * res[i].cols > largest->rows * largest->cols))
       largest = &res[i];
 
-  printf("{\"format\": \"stabmeter-bench\", \"format_version\": 1, \"library_version\": \"%s\", ",
-         stab_version());
+  printf("{\"format\": \"stabmeter-bench\", \"format_version\": 1, \"library_version\": \"%s\", "
+         "\"kernel\": \"%s\", ", stab_version(), stab_spectral_kernel());
   json_num("tol", o->tol, 1);
   json_int("max_passes", o->max_passes, 1);
   printf("\"seed\": %llu, ", (unsigned long long)o->seed);

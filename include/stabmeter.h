@@ -137,6 +137,11 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
                                size_t rows, size_t cols, size_t ld, double *v,
                                stab_sigma_result *out);
 
+/* The build of the pass kernel this process uses: "avx512", "avx2" (with FMA) or "generic",
+ * the best the processor runs unless the environment variable STAB_KERNEL names another it
+ * runs. Results differ between kernels by rounding only; within one they are reproducible. */
+const char *stab_spectral_kernel(void);
+
 /* One call without a workspace: creates one, computes, frees (allocates). params NULL means
  * the defaults; v may be NULL. */
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,

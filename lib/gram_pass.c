@@ -1,130 +1,323 @@
-/* gram_pass.c — y = W^T (W x) in a single pass over W, the work of every spectral
- * iteration. Reading W from memory is the bottleneck, so each row is used twice while it
- * is in cache (its dot with x, then the row scaled by that dot added into y), instead of
- * two BLAS gemv calls that would each stream all of W.
+/* gram_pass.c — y = W^T (W x), for one vector x or two, in a single pass over W: the work of
+ * every spectral iteration. Reading W from memory is the cost, so each block of four rows is used twice
+ * while it is in cache (the rows' dots with x, then the rows scaled by those dots added into
+ * y), instead of two BLAS gemv calls that would each stream all of W.
  *
- * Storage f32, arithmetic f64. Rows are split into chunks fixed by the shape alone; each
- * chunk accumulates into its own f64 vector and the chunks are summed in order, so the
- * result is bit-identical for any number of threads. */
+ * Storage f32, arithmetic f64. The loop is bound by the f32 -> f64 conversions (two per
+ * element), so it comes in three builds picked at run time: AVX-512, AVX2+FMA and portable C.
+ * Rows are split into chunks fixed by the shape alone; each chunk accumulates into its own
+ * f64 vector and the chunks are summed in order, so on one machine the result is
+ * bit-identical for any number of threads. */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-/* The vector helpers below are static inline: no value crosses an ABI boundary, so GCC's
- * note that AVX vectors change the calling convention does not apply. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-
-typedef double v4d __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-
-/* Compile the hot loops twice on x86-64: for AVX2+FMA machines and for the baseline;
- * the loader picks one at startup. Elsewhere the compiler's own target is used. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define HOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define HOT_CLONES
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_X86_KERNELS 1
 #endif
 
-static inline v4d load_f32(const float *p) {
-  v4f f;
-  memcpy(&f, p, sizeof f);
-  return __builtin_convertvector(f, v4d);
-}
+/* Rows [r0, r1) of one chunk: for nv vectors x_v (x + v cols), acc_v = sum_i d_iv r_i with
+ * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, overwritten); returns
+ * sum_i d_i0^2. Every build has the same shape: blocks of four rows, then single rows. nv is
+ * 1 or 2: a second vector reuses each converted element, so it costs far less than a pass. */
+typedef double (*chunk_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                           size_t ld, const double *x, double *acc, int nv);
 
-static inline v4d load_f64(const double *p) {
-  v4d d;
-  memcpy(&d, p, sizeof d);
-  return d;
-}
+/* ---- portable C ---- */
 
-static inline void store_f64(double *p, v4d d) { memcpy(p, &d, sizeof d); }
-
-/* Element j..j+3 of row (a - b), or of a when b is NULL; b is a compile-time NULL in the
- * plain specialisation, so the test disappears there. */
-static inline __attribute__((always_inline)) v4d row4(const float *a, const float *b, size_t j) {
-  return b ? load_f32(a + j) - load_f32(b + j) : load_f32(a + j);
-}
-
-static inline __attribute__((always_inline)) double row1(const float *a, const float *b, size_t j) {
+static inline double elem(const float *a, const float *b, size_t j) {
   return b ? (double)a[j] - (double)b[j] : (double)a[j];
 }
 
-static inline double hsum(v4d s) { return (s[0] + s[1]) + (s[2] + s[3]); }
-
-/* Rows [r0, r1) of one chunk into acc (cols doubles, overwritten); returns the sum of the
- * squared dots. Four rows at a time so that x and acc are loaded once per four rows. */
-static inline __attribute__((always_inline)) double
-chunk_apply(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
-            const double *x, double *acc) {
-  const size_t cols4 = cols & ~(size_t)3;
+static double chunk_generic(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                            size_t ld, const double *x, double *acc, int nv) {
   double quad = 0.0;
-  memset(acc, 0, cols * sizeof *acc);
-  size_t i = r0;
-  for (; i + 4 <= r1; i += 4) {
-    const float *a0 = a + i * ld, *a1 = a0 + ld, *a2 = a1 + ld, *a3 = a2 + ld;
-    const float *b0 = NULL, *b1 = NULL, *b2 = NULL, *b3 = NULL;
-    if (b) {
-      b0 = b + i * ld;
-      b1 = b0 + ld;
-      b2 = b1 + ld;
-      b3 = b2 + ld;
-    }
-    v4d s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    for (size_t j = 0; j < cols4; j += 4) {
-      v4d xv = load_f64(x + j);
-      s0 += row4(a0, b0, j) * xv;
-      s1 += row4(a1, b1, j) * xv;
-      s2 += row4(a2, b2, j) * xv;
-      s3 += row4(a3, b3, j) * xv;
-    }
-    double d0 = hsum(s0), d1 = hsum(s1), d2 = hsum(s2), d3 = hsum(s3);
-    for (size_t j = cols4; j < cols; j++) {
-      d0 += row1(a0, b0, j) * x[j];
-      d1 += row1(a1, b1, j) * x[j];
-      d2 += row1(a2, b2, j) * x[j];
-      d3 += row1(a3, b3, j) * x[j];
-    }
-    quad += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
-    const v4d e0 = {d0, d0, d0, d0}, e1 = {d1, d1, d1, d1};
-    const v4d e2 = {d2, d2, d2, d2}, e3 = {d3, d3, d3, d3};
-    for (size_t j = 0; j < cols4; j += 4) {
-      v4d y = load_f64(acc + j);
-      y += (e0 * row4(a0, b0, j) + e1 * row4(a1, b1, j)) +
-           (e2 * row4(a2, b2, j) + e3 * row4(a3, b3, j));
-      store_f64(acc + j, y);
-    }
-    for (size_t j = cols4; j < cols; j++)
-      acc[j] += (d0 * row1(a0, b0, j) + d1 * row1(a1, b1, j)) +
-                (d2 * row1(a2, b2, j) + d3 * row1(a3, b3, j));
-  }
-  for (; i < r1; i++) {
+  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+  for (size_t i = r0; i < r1; i++) {
     const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
-    v4d s = {0};
-    for (size_t j = 0; j < cols4; j += 4) s += row4(ai, bi, j) * load_f64(x + j);
-    double d = hsum(s);
-    for (size_t j = cols4; j < cols; j++) d += row1(ai, bi, j) * x[j];
-    quad += d * d;
-    const v4d e = {d, d, d, d};
-    for (size_t j = 0; j < cols4; j += 4) store_f64(acc + j, load_f64(acc + j) + e * row4(ai, bi, j));
-    for (size_t j = cols4; j < cols; j++) acc[j] += d * row1(ai, bi, j);
+    for (int v = 0; v < nv; v++) {
+      const double *xv = x + (size_t)v * cols;
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+      size_t j = 0;
+      for (; j + 4 <= cols; j += 4) {
+        s0 += elem(ai, bi, j) * xv[j];
+        s1 += elem(ai, bi, j + 1) * xv[j + 1];
+        s2 += elem(ai, bi, j + 2) * xv[j + 2];
+        s3 += elem(ai, bi, j + 3) * xv[j + 3];
+      }
+      double d = (s0 + s1) + (s2 + s3);
+      for (; j < cols; j++) d += elem(ai, bi, j) * xv[j];
+      if (v == 0) quad += d * d;
+      double *av = acc + (size_t)v * cols;
+      for (j = 0; j < cols; j++) av[j] += d * elem(ai, bi, j);
+    }
   }
   return quad;
 }
 
-HOT_CLONES
-static double chunk_plain(const float *a, size_t r0, size_t r1, size_t cols, size_t ld,
-                          const double *x, double *acc) {
-  return chunk_apply(a, NULL, r0, r1, cols, ld, x, acc);
+#ifdef HAVE_X86_KERNELS
+
+/* The two SIMD builds share one shape. Written out twice rather than generated by macros so
+ * that each stays readable and greppable. The loops over the four rows and the nv vectors
+ * are unrolled by pragma: left as loops, GCC -O2 keeps their vector arrays on the stack. */
+
+/* ---- AVX2 + FMA: four doubles a vector ---- */
+
+#define AVX2 __attribute__((always_inline, target("avx2,fma"))) static inline
+
+AVX2 __m256d load4(const float *a, const float *b, size_t j) {
+  __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(a + j));
+  return b ? _mm256_sub_pd(v, _mm256_cvtps_pd(_mm_loadu_ps(b + j))) : v;
 }
 
-HOT_CLONES
-static double chunk_diff(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                         size_t ld, const double *x, double *acc) {
-  return chunk_apply(a, b, r0, r1, cols, ld, x, acc);
+AVX2 double hsum4(__m256d v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(s) + _mm_cvtsd_f64(_mm_unpackhi_pd(s, s));
 }
+
+AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                            size_t ld, const double *x, double *acc, const int nv) {
+  const size_t c4 = cols & ~(size_t)3;
+  double quad = 0.0;
+  size_t i = r0;
+  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+  for (; i + 4 <= r1; i += 4) {
+    const float *A[4], *B[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+      A[r] = a + (i + r) * ld;
+      B[r] = b ? b + (i + r) * ld : NULL;
+    }
+    __m256d s[2][4];
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) s[v][r] = _mm256_setzero_pd();
+    size_t j = 0;
+    for (; j < c4; j += 4) {
+      __m256d w[4];
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) w[r] = load4(A[r], B[r], j);
+      #pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) {
+        __m256d xv = _mm256_loadu_pd(x + (size_t)v * cols + j);
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) s[v][r] = _mm256_fmadd_pd(w[r], xv, s[v][r]);
+      }
+    }
+    double d[2][4];
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) {
+        d[v][r] = hsum4(s[v][r]);
+        for (size_t t = j; t < cols; t++) d[v][r] += elem(A[r], B[r], t) * x[(size_t)v * cols + t];
+      }
+    quad += (d[0][0] * d[0][0] + d[0][1] * d[0][1]) + (d[0][2] * d[0][2] + d[0][3] * d[0][3]);
+    __m256d e[2][4];
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) e[v][r] = _mm256_set1_pd(d[v][r]);
+    for (j = 0; j < c4; j += 4) {
+      __m256d w[4];
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) w[r] = load4(A[r], B[r], j);
+      #pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) {
+        double *av = acc + (size_t)v * cols + j;
+        __m256d t0 = _mm256_fmadd_pd(e[v][1], w[1], _mm256_mul_pd(e[v][0], w[0]));
+        __m256d t1 = _mm256_fmadd_pd(e[v][3], w[3], _mm256_mul_pd(e[v][2], w[2]));
+        _mm256_storeu_pd(av, _mm256_add_pd(_mm256_loadu_pd(av), _mm256_add_pd(t0, t1)));
+      }
+    }
+    for (; j < cols; j++)
+      #pragma GCC unroll 4
+      for (int v = 0; v < nv; v++)
+        acc[(size_t)v * cols + j] += (d[v][0] * elem(A[0], B[0], j) + d[v][1] * elem(A[1], B[1], j)) +
+                                     (d[v][2] * elem(A[2], B[2], j) + d[v][3] * elem(A[3], B[3], j));
+  }
+  for (; i < r1; i++) {
+    const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) {
+      const double *xv = x + (size_t)v * cols;
+      double *av = acc + (size_t)v * cols;
+      __m256d s = _mm256_setzero_pd();
+      size_t j = 0;
+      for (; j < c4; j += 4) s = _mm256_fmadd_pd(load4(ai, bi, j), _mm256_loadu_pd(xv + j), s);
+      double d = hsum4(s);
+      for (; j < cols; j++) d += elem(ai, bi, j) * xv[j];
+      if (v == 0) quad += d * d;
+      const __m256d e = _mm256_set1_pd(d);
+      for (j = 0; j < c4; j += 4)
+        _mm256_storeu_pd(av + j, _mm256_fmadd_pd(e, load4(ai, bi, j), _mm256_loadu_pd(av + j)));
+      for (; j < cols; j++) av[j] += d * elem(ai, bi, j);
+    }
+  }
+  return quad;
+}
+
+/* b and nv are literals in each call, so their tests vanish from the loops. */
+__attribute__((target("avx2,fma"))) static double
+chunk_avx2(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+           const double *x, double *acc, int nv) {
+  if (nv == 2)
+    return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 2)
+             : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2);
+  return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 1)
+           : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1);
+}
+
+/* ---- AVX-512: eight doubles a vector ---- */
+
+#define AVX512 __attribute__((always_inline, target("avx512f"))) static inline
+
+AVX512 __m512d load8(const float *a, const float *b, size_t j) {
+  __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(a + j));
+  return b ? _mm512_sub_pd(v, _mm512_cvtps_pd(_mm256_loadu_ps(b + j))) : v;
+}
+
+AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_t r1,
+                                size_t cols, size_t ld, const double *x, double *acc,
+                                const int nv) {
+  const size_t c8 = cols & ~(size_t)7;
+  double quad = 0.0;
+  size_t i = r0;
+  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+  for (; i + 4 <= r1; i += 4) {
+    const float *A[4], *B[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+      A[r] = a + (i + r) * ld;
+      B[r] = b ? b + (i + r) * ld : NULL;
+    }
+    __m512d s[2][4];
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) s[v][r] = _mm512_setzero_pd();
+    size_t j = 0;
+    for (; j < c8; j += 8) {
+      __m512d w[4];
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) w[r] = load8(A[r], B[r], j);
+      #pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) {
+        __m512d xv = _mm512_loadu_pd(x + (size_t)v * cols + j);
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) s[v][r] = _mm512_fmadd_pd(w[r], xv, s[v][r]);
+      }
+    }
+    double d[2][4];
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) {
+        d[v][r] = _mm512_reduce_add_pd(s[v][r]);
+        for (size_t t = j; t < cols; t++) d[v][r] += elem(A[r], B[r], t) * x[(size_t)v * cols + t];
+      }
+    quad += (d[0][0] * d[0][0] + d[0][1] * d[0][1]) + (d[0][2] * d[0][2] + d[0][3] * d[0][3]);
+    __m512d e[2][4];
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) e[v][r] = _mm512_set1_pd(d[v][r]);
+    for (j = 0; j < c8; j += 8) {
+      __m512d w[4];
+      #pragma GCC unroll 4
+      for (int r = 0; r < 4; r++) w[r] = load8(A[r], B[r], j);
+      #pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) {
+        double *av = acc + (size_t)v * cols + j;
+        __m512d t0 = _mm512_fmadd_pd(e[v][1], w[1], _mm512_mul_pd(e[v][0], w[0]));
+        __m512d t1 = _mm512_fmadd_pd(e[v][3], w[3], _mm512_mul_pd(e[v][2], w[2]));
+        _mm512_storeu_pd(av, _mm512_add_pd(_mm512_loadu_pd(av), _mm512_add_pd(t0, t1)));
+      }
+    }
+    for (; j < cols; j++)
+      #pragma GCC unroll 4
+      for (int v = 0; v < nv; v++)
+        acc[(size_t)v * cols + j] += (d[v][0] * elem(A[0], B[0], j) + d[v][1] * elem(A[1], B[1], j)) +
+                                     (d[v][2] * elem(A[2], B[2], j) + d[v][3] * elem(A[3], B[3], j));
+  }
+  for (; i < r1; i++) {
+    const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
+    #pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) {
+      const double *xv = x + (size_t)v * cols;
+      double *av = acc + (size_t)v * cols;
+      __m512d s = _mm512_setzero_pd();
+      size_t j = 0;
+      for (; j < c8; j += 8) s = _mm512_fmadd_pd(load8(ai, bi, j), _mm512_loadu_pd(xv + j), s);
+      double d = _mm512_reduce_add_pd(s);
+      for (; j < cols; j++) d += elem(ai, bi, j) * xv[j];
+      if (v == 0) quad += d * d;
+      const __m512d e = _mm512_set1_pd(d);
+      for (j = 0; j < c8; j += 8)
+        _mm512_storeu_pd(av + j, _mm512_fmadd_pd(e, load8(ai, bi, j), _mm512_loadu_pd(av + j)));
+      for (; j < cols; j++) av[j] += d * elem(ai, bi, j);
+    }
+  }
+  return quad;
+}
+
+__attribute__((target("avx512f"))) static double
+chunk_avx512(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+             const double *x, double *acc, int nv) {
+  if (nv == 2)
+    return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 2)
+             : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2);
+  return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 1)
+           : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1);
+}
+
+#endif /* HAVE_X86_KERNELS */
+
+/* ---- dispatch ---- */
+
+static const struct kernel {
+  const char *name;
+  chunk_fn fn;
+} kernels[] = {
+#ifdef HAVE_X86_KERNELS
+    {"avx512", chunk_avx512},
+    {"avx2", chunk_avx2},
+#endif
+    {"generic", chunk_generic},
+};
+
+static int supported(const struct kernel *k) {
+#ifdef HAVE_X86_KERNELS
+  if (k->fn == chunk_avx512) return __builtin_cpu_supports("avx512f");
+  if (k->fn == chunk_avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  (void)k;
+  return 1;
+}
+
+/* The best kernel this processor runs, or the one named by STAB_KERNEL (for comparisons;
+ * a name it cannot run falls back to the best). Chosen once; every thread picks the same. */
+static const struct kernel *kernel(void) {
+  static const struct kernel *chosen;
+  const struct kernel *k = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
+  if (k) return k;
+  const size_t n = sizeof kernels / sizeof kernels[0];
+  const char *want = getenv("STAB_KERNEL");
+  for (size_t i = 0; i < n && !k; i++)
+    if (want && strcmp(want, kernels[i].name) == 0 && supported(&kernels[i])) k = &kernels[i];
+  for (size_t i = 0; i < n && !k; i++)
+    if (supported(&kernels[i])) k = &kernels[i];
+  __atomic_store_n(&chosen, k, __ATOMIC_RELEASE);
+  return k;
+}
+
+const char *stab_spectral_kernel(void) { return kernel()->name; }
 
 size_t stabi_chunk_count(size_t rows) {
   /* Enough chunks to keep two or more threads busy, few enough that summing them is cheap. */
@@ -138,8 +331,9 @@ size_t stabi_chunk_count(size_t rows) {
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 16)
 
 double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
-                        const double *x, double *y, double *partial, int threads) {
-  const size_t nchunks = stabi_chunk_count(rows);
+                        const double *x, double *y, double *partial, int threads, int nv) {
+  const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
+  const chunk_fn fn = kernel()->fn;
   double quad[STABI_MAX_CHUNKS];
   int nt = 1;
 #ifdef _OPENMP
@@ -155,16 +349,14 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
 #endif
   for (size_t k = 0; k < nchunks; k++) {
     const size_t r0 = k * rows / nchunks, r1 = (k + 1) * rows / nchunks;
-    double *acc = acc0 + k * cols;
-    quad[k] = b ? chunk_diff(a, b, r0, r1, cols, ld, x, acc)
-                : chunk_plain(a, r0, r1, cols, ld, x, acc);
+    quad[k] = fn(a, b, r0, r1, cols, ld, x, acc0 + k * span, nv);
   }
   double total = 0.0;
   for (size_t k = 0; k < nchunks; k++) total += quad[k];
   if (nchunks > 1) {
-    for (size_t j = 0; j < cols; j++) {
+    for (size_t j = 0; j < span; j++) {
       double s = partial[j];
-      for (size_t k = 1; k < nchunks; k++) s += partial[k * cols + j];
+      for (size_t k = 1; k < nchunks; k++) s += partial[k * span + j];
       y[j] = s;
     }
   }

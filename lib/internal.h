@@ -35,12 +35,12 @@ static inline size_t stabi_mul(size_t a, size_t b) { return stabi_mul_fits(a, b)
 #define STABI_MAX_CHUNKS 16
 size_t stabi_chunk_count(size_t rows);
 
-/* y = G x with G = (A - B)^T (A - B) (B may be NULL), A and B rows x cols with row stride
- * ld, in one pass: each row's dot with x, then the row scaled by it into a per-chunk f64
- * accumulator while the row is in cache. partial holds chunk_count(rows) * cols doubles.
- * Returns sum_i <a_i - b_i, x>^2 = x^T G x. */
+/* Y = G X with G = (A - B)^T (A - B) (B may be NULL), A and B rows x cols with row stride
+ * ld, in one pass: each row's dots with the nv (1 or 2) vectors of X (x + v cols), then the
+ * row scaled by them into per-chunk f64 accumulators while the row is in cache. Y holds nv x
+ * cols doubles; partial holds stabi_chunk_count(rows) * nv * cols. Returns x_0^T G x_0. */
 double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
-                        const double *x, double *y, double *partial, int threads);
+                        const double *x, double *y, double *partial, int threads, int nv);
 
 /* ---- spectral workspace internals (spectral.c) ---- */
 
