@@ -872,6 +872,8 @@ static void usage(FILE *f)
           "      --no-lapack       skip sgesvd (no speedup, no actual errors)\n"
           "      --exact-f64       also dgesvd on an f64 copy, and use it as the reference\n"
           "      --exact-warm      also the SVD of W + dW, for the actual warm errors\n"
+          "      --accuracy N      instead: N Gaussian matrices of random shapes up to 300x300,\n"
+          "                        how often each method ends above tol against dgesvd\n"
           "  -j, --json            one JSON object on stdout instead of the table\n"
           "  -h, --help            this help\n"
           "  -V, --version         the library version\n"
@@ -940,10 +942,88 @@ out:
   return rc;
 }
 
+/* --accuracy N: N Gaussian matrices of random shapes (2..300 x 2..300), each method's sigma at
+ * the default settings against dgesvd in f64: how often the estimate ends above tol, the worst
+ * actual error, the mean passes. The figures behind the stopping rule in the README. */
+static int accuracy_sweep(const options *o, long count)
+{
+  static const struct { stab_spectral_method method; const char *name; } methods[] = {
+      {STAB_SPECTRAL_LANCZOS, "lanczos"}, {STAB_SPECTRAL_POWER, "power"}};
+  enum { NM = sizeof methods / sizeof methods[0], MAX_SIDE = 300 };
+  long above[NM] = {0}, passes[NM] = {0};
+  double worst[NM] = {0};
+  float *a = malloc((size_t)MAX_SIDE * MAX_SIDE * sizeof *a);
+  double *d = malloc((size_t)MAX_SIDE * MAX_SIDE * sizeof *d), ref = 0.0;
+  if (!a || !d) {
+    fprintf(stderr, "bench: out of memory\n");
+    free(a);
+    free(d);
+    return 1;
+  }
+  synth_rng rng;
+  synth_seed(&rng, o->seed);
+  for (long k = 0; k < count; k++) {
+    size_t rows = 2 + (size_t)(fabs(synth_normal(&rng)) * 1e6) % (MAX_SIDE - 1);
+    size_t cols = 2 + (size_t)(fabs(synth_normal(&rng)) * 1e6) % (MAX_SIDE - 1);
+    synth_gaussian(a, rows * cols, 1.0, &rng);
+    for (size_t i = 0; i < rows * cols; i++)
+      d[i] = a[i];
+    if (lapack_sigma_f64(d, rows, cols, &ref) < 0) {
+      fprintf(stderr, "bench: dgesvd failed on matrix %ld (%zu x %zu)\n", k, rows, cols);
+      free(a);
+      free(d);
+      return 1;
+    }
+    for (int m = 0; m < NM; m++) {
+      stab_spectral_params p = stab_spectral_default_params();
+      p.method = methods[m].method;
+      p.tol = o->tol;
+      p.threads = o->threads;
+      p.seed = (uint64_t)k;
+      stab_sigma_result r;
+      if (stab_sigma(a, rows, cols, cols, &p, NULL, &r) != STAB_OK) {
+        fprintf(stderr, "bench: matrix %ld: %s\n", k, stab_last_error());
+        free(a);
+        free(d);
+        return 1;
+      }
+      double err = fabs(ref - r.sigma) / ref;
+      if (err > o->tol)
+        above[m]++;
+      if (err > worst[m])
+        worst[m] = err;
+      passes[m] += r.passes;
+    }
+    if ((k + 1) % 100 == 0)
+      progress("bench: accuracy %ld/%ld\n", k + 1, count);
+  }
+  free(a);
+  free(d);
+  if (o->json) {
+    printf("{\"format\": \"stabmeter-bench-accuracy\", \"format_version\": 1, \"matrices\": %ld, "
+           "\"max_side\": %d, \"tol\": %g, \"seed\": %llu, \"kernel\": \"%s\", \"methods\": [",
+           count, MAX_SIDE, o->tol, (unsigned long long)o->seed, stab_spectral_kernel());
+    for (int m = 0; m < NM; m++)
+      printf("%s{\"method\": \"%s\", \"above_tol\": %ld, \"worst_rel_err\": %.3e, "
+             "\"mean_passes\": %.2f}", m ? ", " : "", methods[m].name, above[m], worst[m],
+             (double)passes[m] / (double)count);
+    printf("]}\n");
+  } else {
+    printf("stabmeter %s accuracy: %ld Gaussian matrices of random shapes 2..%d x 2..%d, tol %.0e, "
+           "seed %llu, against dgesvd (f64)\n\n%-8s %10s %14s %12s\n", stab_version(), count,
+           MAX_SIDE, MAX_SIDE, o->tol, (unsigned long long)o->seed, "method", "above tol",
+           "worst rel err", "mean passes");
+    for (int m = 0; m < NM; m++)
+      printf("%-8s %10ld %14.2e %12.1f\n", methods[m].name, above[m], worst[m],
+             (double)passes[m] / (double)count);
+  }
+  return ferror(stdout) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
   enum { OPT_TOL = 256, OPT_MAX_PASSES, OPT_REPEATS, OPT_COLD_REPEATS, OPT_SEED, OPT_UPDATE,
-         OPT_NO_LAPACK, OPT_EXACT_F64, OPT_EXACT_WARM };
+         OPT_NO_LAPACK, OPT_EXACT_F64, OPT_EXACT_WARM, OPT_ACCURACY };
   static const struct option longopts[] = {
       {"sizes", required_argument, NULL, 's'},
       {"quick", no_argument, NULL, 'q'},
@@ -957,6 +1037,7 @@ int main(int argc, char **argv)
       {"no-lapack", no_argument, NULL, OPT_NO_LAPACK},
       {"exact-f64", no_argument, NULL, OPT_EXACT_F64},
       {"exact-warm", no_argument, NULL, OPT_EXACT_WARM},
+      {"accuracy", required_argument, NULL, OPT_ACCURACY},
       {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -966,7 +1047,7 @@ int main(int argc, char **argv)
                .lapack = 1, .exact_f64 = 0, .exact_warm = 0};
   const char *sizes = default_sizes;
   int quick = 0, c;
-  long l = 0;
+  long l = 0, accuracy = 0;
 
   while ((c = getopt_long(argc, argv, "s:qt:jhV", longopts, NULL)) != -1) {
     const char *name = NULL; /* the option whose value is invalid */
@@ -1013,6 +1094,10 @@ int main(int argc, char **argv)
     case OPT_NO_LAPACK: o.lapack = 0; break;
     case OPT_EXACT_F64: o.exact_f64 = 1; break;
     case OPT_EXACT_WARM: o.exact_warm = 1; break;
+    case OPT_ACCURACY:
+      if (parse_long(optarg, 1, 1000000, &accuracy))
+        name = "accuracy";
+      break;
     case 'j': o.json = 1; break;
     case 'h': usage(stdout); return 0;
     case 'V': printf("bench (stabmeter) %s\n", stab_version()); return 0;
@@ -1028,6 +1113,8 @@ int main(int argc, char **argv)
     usage(stderr);
     return 2;
   }
+  if (accuracy)
+    return accuracy_sweep(&o, accuracy);
   if (quick && sizes == default_sizes)
     sizes = quick_sizes;
   if (parse_sizes(sizes, &o.sizes, &o.n_sizes)) {
