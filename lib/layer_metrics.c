@@ -103,8 +103,7 @@ size_t stabi_warm_len(const stab_layer *l, const stabi_shape *sh) {
 }
 
 /* The set of class or token vectors of a table (items = V, coords = d). */
-static stabi_set table_set(const stab_layer *l, const stabi_shape *sh, const float *a,
-                           const float *b) {
+static stabi_set table_set(const stabi_shape *sh, const float *a, const float *b) {
   stabi_set s;
   s.a = a;
   s.b = b;
@@ -112,7 +111,6 @@ static stabi_set table_set(const stab_layer *l, const stabi_shape *sh, const flo
   s.items_are_rows = sh->items_are_rows;
   s.items = sh->items_are_rows ? sh->rows : sh->cols;
   s.coords = sh->items_are_rows ? sh->cols : sh->rows;
-  (void)l;
   return s;
 }
 
@@ -181,7 +179,7 @@ static double rel_update(const stabi_shape *sh, const float *w, const stabi_delt
 static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
                          const stabi_delta *dl, stab_metrics *m) {
   const int head = l->kind == STAB_KIND_LM_HEAD;
-  stabi_set s = table_set(l, sh, l->weight, NULL);
+  stabi_set s = table_set(sh, l->weight, NULL);
   const double d = (double)s.coords, logv = log((double)s.items);
   const double r = stabi_set_max_rms(&s, ctx->work), dm = diameter(ctx, &s);
   m->tight_method = ctx->tight;
@@ -200,7 +198,7 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
     m->forward = m->dependency = m->spread = m->forward_tight = m->dependency_tight = NAN;
   }
   if (!dl) return;
-  stabi_set u = table_set(l, sh, dl->w, dl->w_sub);
+  stabi_set u = table_set(sh, dl->w, dl->w_sub);
   double dr = stabi_set_max_rms(&u, ctx->work);
   m->update = head ? 2.0 * d * dr : dr;
   if (head) {
