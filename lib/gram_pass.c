@@ -338,8 +338,12 @@ size_t stabi_chunk_count(size_t rows) {
   return c;
 }
 
-/* Below this many elements a pass is too short to be worth waking other threads. */
-#define PARALLEL_MIN_ELEMENTS ((size_t)1 << 16)
+/* Below this many elements (4 MiB of f32) a pass is too short to be worth waking other
+ * threads. Every parallel pass ends on a barrier, and when the cores are busy with other work
+ * (a trainer's own BLAS threads, say) the barrier waits for a descheduled thread: the demo's
+ * 39 layers of 256..1024 wide took 2040 ms with two threads under a load of 2.5, against 77 ms
+ * on one. */
+#define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
 
 double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
                         const double *x, double *y, double *partial, int threads, int nv) {
