@@ -59,10 +59,10 @@ START_TEST(test_msign_quintic_band) {
         ck_assert_msg(fabs(v) < 2e-3, "%zux%zu: U^T msign V off-diagonal (%zu,%zu) = %g", rows,
                       cols, i, j, v);
       } else if (s[i] / fro >= 1e-2) {
-        ck_assert_msg(v >= 0.6 && v <= 1.2, "%zux%zu: singular value %zu (s/||G||_F = %g) -> %g",
+        ck_assert_msg(v >= 0.68 && v <= 1.14, "%zux%zu: singular value %zu (s/||G||_F = %g) -> %g",
                       rows, cols, i, s[i] / fro, v);
       } else {
-        ck_assert_msg(v >= 0 && v <= 1.2, "%zux%zu: tiny singular value %zu -> %g", rows, cols, i, v);
+        ck_assert_msg(v >= 0 && v <= 1.21, "%zux%zu: tiny singular value %zu -> %g", rows, cols, i, v);
       }
     }
   free(g), free(out), free(work), free(u), free(s), free(vt), free(m);
