@@ -51,7 +51,7 @@ static void usage(FILE *f) {
           "  --steps N            optimizer steps (default 300)\n"
           "  --optimizer NAME     adamw (std 0.02 init, default) or steepest (the articles' init\n"
           "                       and per-kind steepest descent: Muon, normalised SGD, SignSGD)\n"
-          "  --lr X               peak learning rate (default 3e-3 adamw, 2e-2 steepest)\n"
+          "  --lr X               peak learning rate (default 3e-3 adamw, 0.1 steepest)\n"
           "  --warmup N           linear warmup steps, then cosine to lr/10 (default N/10, <= 100)\n"
           "  --seed S             seed of the init and of the batches (default 1)\n"
           "  --data FILE          train on FILE: bytes, or an llm.c .bin token file\n"
@@ -140,7 +140,7 @@ static int parse(int argc, char **argv, options *o) {
                     "1..4096, batch in 1..4096, steps >= 1, corpus-bytes <= 2^32\n");
     return 2;
   }
-  if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 2e-2;
+  if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 0.1;
   if (!o->warmup_given) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
   return 0;
 }
@@ -368,6 +368,10 @@ int main(int argc, char **argv) {
   if (mon)
     fprintf(stderr, "train: monitor: %zu layers every %zu steps, %.1f MB\n",
             stab_monitor_layer_count(mon), o.metrics_every, stab_monitor_memory(mon) / 1e6);
+  if (o.optimizer == OPTIM_STEEPEST && !o.untied)
+    fprintf(stderr, "train: warning: steepest with a tied head: the head is the embedding (init "
+                    "std 1, not the articles' 1/d), so the first logits are large; --untied "
+                    "follows the articles\n");
   int tty = isatty(STDERR_FILENO);
   size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
   data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};
