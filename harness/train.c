@@ -19,6 +19,7 @@
 
 typedef struct {
   size_t width, depth, heads, context, batch, steps, warmup, metrics_every, corpus_bytes;
+  size_t checkpoint_every;
   double lr, min_lr_frac;
   optim_kind optimizer;
   int lr_given, warmup_given;
@@ -60,6 +61,7 @@ static void usage(FILE *f) {
           "Measurement and output\n"
           "  --metrics-every K    measure every layer every K steps, 0 = never (default 1)\n"
           "  --out DIR            write DIR/model.safetensors at the end (default: nothing)\n"
+          "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never)\n"
           "  --help, --version\n\n"
           "Exit status: 0 success, 1 failure (e.g. the loss diverged), 2 bad usage or bad input.\n");
 }
@@ -74,7 +76,7 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA };
+  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -84,6 +86,7 @@ static int parse(int argc, char **argv, options *o) {
       {"biases", no_argument, 0, O_BIASES},     {"untied", no_argument, 0, O_UNTIED},
       {"warmup", required_argument, 0, O_WARMUP}, {"metrics-every", required_argument, 0, O_METRICS},
       {"corpus-bytes", required_argument, 0, O_CORPUS}, {"data", required_argument, 0, O_DATA},
+      {"checkpoint-every", required_argument, 0, O_CKPT},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -103,6 +106,7 @@ static int parse(int argc, char **argv, options *o) {
     case O_WARMUP: bad = parse_size(optarg, &o->warmup), o->warmup_given = 1; break;
     case O_METRICS: bad = parse_size(optarg, &o->metrics_every); break;
     case O_CORPUS: bad = parse_size(optarg, &o->corpus_bytes); break;
+    case O_CKPT: bad = parse_size(optarg, &o->checkpoint_every); break;
     case 'S': bad = parse_size(optarg, &seed), o->seed = seed; break;
     case 'r':
       o->lr = strtod(optarg, &end), o->lr_given = 1;
@@ -138,6 +142,10 @@ static int parse(int argc, char **argv, options *o) {
       !o->steps || o->steps > 100000000 || o->corpus_bytes > ((size_t)1 << 32)) {
     fprintf(stderr, "train: need width in 1..8192 divisible by heads, depth in 1..256, context in "
                     "1..4096, batch in 1..4096, steps >= 1, corpus-bytes <= 2^32\n");
+    return 2;
+  }
+  if (o->checkpoint_every && !o->out) {
+    fprintf(stderr, "train: --checkpoint-every needs --out DIR\n");
     return 2;
   }
   if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 0.1;
@@ -254,7 +262,7 @@ static int mkdirs(const char *path) {
 /* safetensors: 8-byte little-endian header length, the JSON header (name -> dtype, shape,
  * data_offsets; padded with spaces to a multiple of 8), then the F32 data. A tied head is
  * not stored (as in Hugging Face checkpoints: lm_head.weight is transformer.wte.weight). */
-static int save_safetensors(const model *m, const char *path, const options *o) {
+static int save_safetensors(const model *m, const char *path, const options *o, size_t steps) {
   size_t cap = 256 + m->n_tensors * 200, len = 0, off = 0;
   char *h = malloc(cap);
   if (!h) return -1;
@@ -262,7 +270,7 @@ static int save_safetensors(const model *m, const char *path, const options *o) 
                           "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"stabmeter-train %s\","
                           "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\"}",
                           stab_version(), o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
-                          o->steps, m->c.untied ? "false" : "true");
+                          steps, m->c.untied ? "false" : "true");
   for (size_t i = 0; i < m->n_tensors; i++) {
     const model_tensor *t = &m->tensors[i];
     char shape[64];
@@ -275,7 +283,10 @@ static int save_safetensors(const model *m, const char *path, const options *o) 
   }
   len += (size_t)snprintf(h + len, cap - len, "}");
   while (len % 8) h[len++] = ' ';
-  FILE *f = fopen(path, "wb");
+  /* Written beside and renamed over: a crash never leaves a half checkpoint under path. */
+  char tmp[4300];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
   int rc = -1;
   if (f) {
     unsigned char n8[8];
@@ -283,10 +294,22 @@ static int save_safetensors(const model *m, const char *path, const options *o) 
     int ok = fwrite(n8, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
     /* tensors are stored in table order, contiguous: exactly the flat buffer */
     ok = ok && fwrite(m->params, sizeof(float), m->n_params, f) == m->n_params;
-    rc = (fclose(f) == 0 && ok) ? 0 : -1;
+    rc = (fclose(f) == 0 && ok && rename(tmp, path) == 0) ? 0 : -1;
+    if (rc) remove(tmp);
   }
   free(h);
   return rc;
+}
+
+/* DIR/name, creating DIR; prints the path on success, the failure on stderr. */
+static int checkpoint(const model *m, const options *o, const char *name, size_t steps) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", o->out, name);
+  if (mkdirs(o->out) || save_safetensors(m, path, o, steps)) {
+    fprintf(stderr, "train: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  return 0;
 }
 
 /* ---- main ------------------------------------------------------------------------ */
@@ -418,6 +441,11 @@ int main(int argc, char **argv) {
        * and per block act_rms[l], act_cos1[l]. Nothing is written here yet. */
       (void)act_rms, (void)act_cos1;
     }
+    if (o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
+      char name[64];
+      snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
+      if (checkpoint(&m, &o, name, step + 1)) goto out;
+    }
     double t = now(), el = t - t0;
     int last = step + 1 == o.steps;
     if ((tty && (t - last_draw > 0.1 || last)) || (!tty && ((step + 1) % every_line == 0 || last))) {
@@ -442,14 +470,22 @@ int main(int argc, char **argv) {
          first_loss, loss, val, val / log(2.0));
   printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed, o.steps,
          (double)o.steps * B * T / elapsed, 100.0 * measure_time / elapsed);
-  if (o.out) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", o.out);
-    if (mkdirs(o.out) || save_safetensors(&m, path, &o)) {
-      fprintf(stderr, "train: cannot write %s: %s\n", path, strerror(errno));
-      goto out;
+  if (mon && measured) {
+    /* Where the measuring time goes: passes over the weights of the last measurement. */
+    size_t pi = 0, ui = 0;
+    for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+      if (stab_monitor_metrics(mon, i)->passes > stab_monitor_metrics(mon, pi)->passes) pi = i;
+      if (stab_monitor_metrics(mon, i)->update_passes > stab_monitor_metrics(mon, ui)->update_passes)
+        ui = i;
     }
-    printf("checkpoint: %s\n", path);
+    printf("monitor: %zu layers, %.1f MB; last measurement: most passes %d (%s), most update "
+           "passes %d (%s)\n", stab_monitor_layer_count(mon), stab_monitor_memory(mon) / 1e6,
+           stab_monitor_metrics(mon, pi)->passes, stab_monitor_layer(mon, pi)->name,
+           stab_monitor_metrics(mon, ui)->update_passes, stab_monitor_layer(mon, ui)->name);
+  }
+  if (o.out) {
+    if (checkpoint(&m, &o, "model.safetensors", o.steps)) goto out;
+    printf("checkpoint: %s/model.safetensors\n", o.out);
   }
   rc = 0;
 out:

@@ -37,6 +37,14 @@ for opt in adamw steepest; do
   grep -q "step 60/60" "$tmp/err" || fail "$opt: no progress line for the last step"
   [ -s "$tmp/run-$opt/model.safetensors" ] || fail "$opt: no checkpoint"
 done
+expect 2 "--checkpoint-every without --out" $train $small --steps 5 --checkpoint-every 2
+expect 0 "periodic checkpoints" $train $small --steps 5 --checkpoint-every 2 --metrics-every 2 \
+  --out "$tmp/ckpt"
+for f in step-000002 step-000004 model; do
+  [ -s "$tmp/ckpt/$f.safetensors" ] || fail "no $f.safetensors"
+done
+[ ! -e "$tmp/ckpt/step-000005.safetensors" ] || fail "the last step is saved twice"
+ls "$tmp/ckpt" | grep -q tmp && fail "a temporary file is left over"
 expect 0 "no monitor" $train $small --steps 5 --metrics-every 0
 if grep -q "max fwd" "$tmp/err"; then fail "--metrics-every 0 still measured"; fi
 
