@@ -21,6 +21,7 @@ typedef struct {
   size_t width, depth, heads, context, batch, steps, warmup, metrics_every, corpus_bytes;
   size_t checkpoint_every;
   double lr, min_lr_frac;
+  double alarm; /* threshold on forward and dependency stability; 0 = none */
   optim_kind optimizer;
   int lr_given, warmup_given;
   uint64_t seed;
@@ -61,6 +62,8 @@ static void usage(FILE *f) {
           "Measurement and output\n"
           "  --metrics-every K    measure every layer every K steps, 0 = never (default 1)\n"
           "  --out DIR            write DIR/model.safetensors at the end (default: nothing)\n"
+          "  --alarm X            report once per layer when its forward or dependency\n"
+          "                       stability exceeds X (LM head aside) or turns NaN\n"
           "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never)\n"
           "  --help, --version\n\n"
           "Exit status: 0 success, 1 failure (e.g. the loss diverged), 2 bad usage or bad input.\n");
@@ -76,7 +79,7 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT };
+  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -87,6 +90,7 @@ static int parse(int argc, char **argv, options *o) {
       {"warmup", required_argument, 0, O_WARMUP}, {"metrics-every", required_argument, 0, O_METRICS},
       {"corpus-bytes", required_argument, 0, O_CORPUS}, {"data", required_argument, 0, O_DATA},
       {"checkpoint-every", required_argument, 0, O_CKPT},
+      {"alarm", required_argument, 0, O_ALARM},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -111,6 +115,10 @@ static int parse(int argc, char **argv, options *o) {
     case 'r':
       o->lr = strtod(optarg, &end), o->lr_given = 1;
       bad = *end || end == optarg || !(o->lr > 0 && o->lr < 10);
+      break;
+    case O_ALARM:
+      o->alarm = strtod(optarg, &end);
+      bad = *end || end == optarg || !(o->alarm > 0 && isfinite(o->alarm));
       break;
     case 'o':
       if (!strcmp(optarg, "adamw")) o->optimizer = OPTIM_ADAMW;
@@ -228,6 +236,25 @@ static double worst(const stab_monitor *mon, int which, const char **name) {
     }
   }
   return best;
+}
+
+/* Reports, once per layer, a forward or dependency stability above the threshold (the LM
+ * head aside) or a metric made NaN by non-finite weights or updates. */
+static void check_alarms(const stab_monitor *mon, double threshold, size_t step, int tty,
+                         unsigned char *alarmed) {
+  for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+    const stab_layer *l = stab_monitor_layer(mon, i);
+    const stab_metrics *x = stab_monitor_metrics(mon, i);
+    int nonfinite = x->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE);
+    int over = threshold > 0 && l->kind != STAB_KIND_LM_HEAD &&
+               (x->forward > threshold || x->dependency > threshold);
+    if (alarmed[i] || !(nonfinite || over)) continue;
+    alarmed[i] = 1;
+    fprintf(stderr, "%strain: alarm at step %zu: %s (%s) %s: forward %.4g, dependency %.4g, "
+                    "update %.4g\n", tty ? "\r\033[K" : "", step, l->name, stab_kind_name(l->kind),
+            nonfinite ? "has non-finite weights or update" : "exceeds the threshold",
+            x->forward, x->dependency, x->update);
+  }
 }
 
 /* Per block: RMS of the residual stream after it and |cos(h, 1)|, averaged over positions
@@ -361,6 +388,7 @@ int main(int argc, char **argv) {
                      .context = T, .biases = o.biases, .untied = o.untied};
   optim opt = {0};
   stab_monitor *mon = NULL;
+  unsigned char *alarmed = NULL; /* per monitor layer: reported already */
   int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
   if ((rc = model_create(&m, &mc)) || model_reserve(&m, B, T) || !tok || !tgt) {
     fprintf(stderr, "train: %s\n", rc == -1 ? "bad model shape" : "out of memory for the model");
@@ -396,6 +424,11 @@ int main(int argc, char **argv) {
                     "std 1, not the articles' 1/d), so the first logits are large; --untied "
                     "follows the articles\n");
   int tty = isatty(STDERR_FILENO);
+  alarmed = mon ? calloc(stab_monitor_layer_count(mon), 1) : NULL;
+  if (mon && !alarmed) {
+    fprintf(stderr, "train: out of memory\n");
+    goto out;
+  }
   size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
   data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};
   int measured = 0;
@@ -430,6 +463,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train: measure: %s\n", stab_last_error());
         goto out;
       }
+      check_alarms(mon, o.alarm, step + 1, tty, alarmed);
       double act_rms[256], act_cos1[256]; /* depth <= 256 */
       for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act_rms[l], &act_cos1[l]);
       measure_time += now() - tm;
@@ -489,6 +523,7 @@ int main(int argc, char **argv) {
   }
   rc = 0;
 out:
+  free(alarmed);
   stab_monitor_free(mon);
   optim_free(&opt);
   model_free(&m);

@@ -45,6 +45,12 @@ for f in step-000002 step-000004 model; do
 done
 [ ! -e "$tmp/ckpt/step-000005.safetensors" ] || fail "the last step is saved twice"
 ls "$tmp/ckpt" | grep -q tmp && fail "a temporary file is left over"
+expect 2 "bad alarm threshold" $train $small --alarm -1
+expect 0 "alarms" $train $small --steps 20 --alarm 0.5
+grep -q "alarm at step 1: transformer.h.0.ln_1 (gain) exceeds" "$tmp/err" ||
+  fail "no alarm for the gain of forward 1 > 0.5: $(grep alarm "$tmp/err" | head -3)"
+[ "$(grep -c "alarm at step .*: transformer.h.0.ln_1 " "$tmp/err")" -eq 1 ] ||
+  fail "a layer's alarm is not reported exactly once"
 expect 0 "no monitor" $train $small --steps 5 --metrics-every 0
 if grep -q "max fwd" "$tmp/err"; then fail "--metrics-every 0 still measured"; fi
 
