@@ -26,6 +26,7 @@ typedef struct {
   int lr_given, warmup_given;
   uint64_t seed;
   int biases, untied;
+  int print_metrics; /* the last measurement of every layer, as a table on stdout */
   const char *out, *data;
 } options;
 
@@ -62,6 +63,7 @@ static void usage(FILE *f) {
           "Measurement and output\n"
           "  --metrics-every K    measure every layer every K steps, 0 = never (default 1)\n"
           "  --out DIR            write DIR/model.safetensors at the end (default: nothing)\n"
+          "  --print-metrics      print every layer's last metrics as a table at the end\n"
           "  --alarm X            report once per layer when its forward or dependency\n"
           "                       stability exceeds X (LM head aside) or turns NaN\n"
           "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never)\n"
@@ -79,7 +81,7 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM };
+  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -91,6 +93,7 @@ static int parse(int argc, char **argv, options *o) {
       {"corpus-bytes", required_argument, 0, O_CORPUS}, {"data", required_argument, 0, O_DATA},
       {"checkpoint-every", required_argument, 0, O_CKPT},
       {"alarm", required_argument, 0, O_ALARM},
+      {"print-metrics", no_argument, 0, O_PRINT},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -132,6 +135,7 @@ static int parse(int argc, char **argv, options *o) {
     case O_DATA: o->data = optarg; break;
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
+    case O_PRINT: o->print_metrics = 1; break;
     case 'h': usage(stdout); exit(0);
     case 'V': printf("train (stabmeter) %s\n", stab_version()); exit(0);
     default: usage(stderr); return 2;
@@ -504,6 +508,16 @@ int main(int argc, char **argv) {
          first_loss, loss, val, val / log(2.0));
   printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed, o.steps,
          (double)o.steps * B * T / elapsed, 100.0 * measure_time / elapsed);
+  if (mon && measured && o.print_metrics) {
+    printf("%-28s %-9s %10s %10s %10s %10s\n", "layer", "kind", "forward", "dependency", "update",
+           "rel_update");
+    for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+      const stab_metrics *x = stab_monitor_metrics(mon, i);
+      const stab_layer *l = stab_monitor_layer(mon, i);
+      printf("%-28s %-9s %10.4g %10.4g %10.4g %10.3g\n", l->name, stab_kind_name(l->kind),
+             x->forward, x->dependency, x->update, x->rel_update);
+    }
+  }
   if (mon && measured) {
     /* Where the measuring time goes: passes over the weights of the last measurement. */
     size_t pi = 0, ui = 0;

@@ -51,6 +51,9 @@ grep -q "alarm at step 1: transformer.h.0.ln_1 (gain) exceeds" "$tmp/err" ||
   fail "no alarm for the gain of forward 1 > 0.5: $(grep alarm "$tmp/err" | head -3)"
 [ "$(grep -c "alarm at step .*: transformer.h.0.ln_1 " "$tmp/err")" -eq 1 ] ||
   fail "a layer's alarm is not reported exactly once"
+expect 0 "metrics table" $train $small --steps 3 --print-metrics
+grep -Eq "^transformer.h.0.mlp.c_fc +linear +[0-9.]+ +[0-9.]+ +[0-9.]+" "$tmp/out" ||
+  fail "no metrics row for mlp.c_fc: $(cat "$tmp/out")"
 expect 0 "no monitor" $train $small --steps 5 --metrics-every 0
 if grep -q "max fwd" "$tmp/err"; then fail "--metrics-every 0 still measured"; fi
 
