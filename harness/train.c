@@ -28,6 +28,7 @@ typedef struct {
   int biases, untied;
   int print_metrics; /* the last measurement of every layer, as a table on stdout */
   const char *out, *data;
+  const char *resume; /* a safetensors checkpoint of this trainer to start from */
 } options;
 
 static double now(void) {
@@ -57,6 +58,8 @@ static void usage(FILE *f) {
           "  --lr X               peak learning rate (default 3e-3 adamw, 0.1 steepest)\n"
           "  --warmup N           linear warmup steps, then cosine to lr/10 (default N/10, <= 100)\n"
           "  --seed S             seed of the init and of the batches (default 1)\n"
+          "  --resume FILE        start from a checkpoint of this program (weights and step;\n"
+          "                       AdamW's moments are not saved and restart at 0)\n"
           "  --data FILE          train on FILE: bytes, or an llm.c .bin token file\n"
           "                       (default: the built-in corpus)\n"
           "  --corpus-bytes N     size of the built-in corpus (default 524288)\n"
@@ -81,7 +84,7 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT };
+  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT, O_RESUME };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -94,6 +97,7 @@ static int parse(int argc, char **argv, options *o) {
       {"checkpoint-every", required_argument, 0, O_CKPT},
       {"alarm", required_argument, 0, O_ALARM},
       {"print-metrics", no_argument, 0, O_PRINT},
+      {"resume", required_argument, 0, O_RESUME},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -133,6 +137,7 @@ static int parse(int argc, char **argv, options *o) {
       break;
     case 'O': o->out = optarg; break;
     case O_DATA: o->data = optarg; break;
+    case O_RESUME: o->resume = optarg; break;
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
     case O_PRINT: o->print_metrics = 1; break;
@@ -343,6 +348,67 @@ static int checkpoint(const model *m, const options *o, const char *name, size_t
   return 0;
 }
 
+/* Reads a checkpoint written by save_safetensors into m: every tensor of the model must be
+ * there, F32, with its shape. *steps receives the metadata's step count. Returns 0, 2 for
+ * a file that does not fit the model (the message names the file and the tensor or field),
+ * 1 when it cannot be read. */
+static int load_safetensors(model *m, const char *path, size_t *steps, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return snprintf(err, errlen, "%s: %s", path, strerror(errno)), 1;
+  unsigned char n8[8];
+  uint64_t n = 0;
+  int rc = 2;
+  char *h = NULL;
+  if (fread(n8, 1, 8, f) != 8) {
+    snprintf(err, errlen, "%s: shorter than the 8-byte header length", path);
+    goto out;
+  }
+  for (int i = 0; i < 8; i++) n |= (uint64_t)n8[i] << (8 * i);
+  if (n == 0 || n > (1u << 26) || !(h = malloc(n + 1)) || fread(h, 1, n, f) != n) {
+    snprintf(err, errlen, "%s: header length %llu does not fit the file", path, (unsigned long long)n);
+    goto out;
+  }
+  h[n] = 0;
+  const char *st = strstr(h, "\"steps\":\"");
+  if (!st || sscanf(st + 9, "%zu", steps) != 1) {
+    snprintf(err, errlen, "%s: no __metadata__ steps: not a checkpoint of this program", path);
+    goto out;
+  }
+  const char *tied = m->c.untied ? "\"tied\":\"false\"" : "\"tied\":\"true\"";
+  if (!strstr(h, tied)) {
+    snprintf(err, errlen, "%s: __metadata__ tied is not %s: the model has %s head", path,
+             m->c.untied ? "false" : "true", m->c.untied ? "an untied" : "a tied");
+    goto out;
+  }
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    char key[96], shape[64], want[160];
+    snprintf(key, sizeof key, "\"%s\":{", t->name);
+    if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
+    else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
+    snprintf(want, sizeof want, "\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[", shape);
+    const char *k = strstr(h, key);
+    unsigned long long a, b;
+    if (!k || strncmp(k + strlen(key), want, strlen(want)) ||
+        sscanf(k + strlen(key) + strlen(want), "%llu,%llu", &a, &b) != 2 ||
+        b - a != t->size * sizeof(float)) {
+      snprintf(err, errlen, "%s: tensor %s is missing or not F32 of shape %s", path, t->name, shape);
+      goto out;
+    }
+    if (fseek(f, (long)(8 + n + a), SEEK_SET) ||
+        fread(m->params + t->offset, sizeof(float), t->size, f) != t->size) {
+      snprintf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu] beyond the file", path,
+               t->name, a, b);
+      goto out;
+    }
+  }
+  rc = 0;
+out:
+  free(h);
+  fclose(f);
+  return rc;
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 static void fmt_time(char *buf, size_t n, double s) {
@@ -401,6 +467,21 @@ int main(int argc, char **argv) {
   }
   rc = 1;
   model_init_params(&m, o.seed, o.optimizer == OPTIM_ADAMW);
+  size_t start = 0;
+  if (o.resume) {
+    char msg[1024];
+    int lrc = load_safetensors(&m, o.resume, &start, msg, sizeof msg);
+    if (!lrc && start >= o.steps)
+      snprintf(msg, sizeof msg, "%s is at step %zu, not before --steps %zu", o.resume, start,
+               o.steps), lrc = 2;
+    if (lrc) {
+      fprintf(stderr, "train: cannot resume: %s\n", msg);
+      rc = lrc;
+      goto out;
+    }
+    fprintf(stderr, "train: resuming from %s at step %zu%s\n", o.resume, start,
+            o.optimizer == OPTIM_ADAMW ? " (AdamW moments start again from 0)" : "");
+  }
   optim_params op = optim_default_params(o.optimizer);
   if (optim_create(&opt, &op, m.tensors, m.n_tensors, m.n_params)) {
     fprintf(stderr, "train: out of memory for the optimizer\n");
@@ -437,11 +518,13 @@ int main(int argc, char **argv) {
   data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};
   int measured = 0;
   double t0 = now(), last_draw = 0, first_loss = NAN, loss = NAN, measure_time = 0;
-  for (size_t step = 0; step < o.steps; step++) {
+  for (size_t step = 0; step < start; step++) /* the batches of the steps already taken */
+    data_batch(&data, &rng, 0, split, B, T, tok, tgt);
+  for (size_t step = start; step < o.steps; step++) {
     double lr = lr_at(&o, step);
     data_batch(&data, &rng, 0, split, B, T, tok, tgt);
     loss = model_forward(&m, tok, tgt, B, T);
-    if (step == 0) first_loss = loss;
+    if (step == start) first_loss = loss;
     if (!isfinite(loss)) {
       fprintf(stderr, "%strain: the loss is %g at step %zu: stopping\n", tty ? "\n" : "", loss, step);
       goto out;
@@ -488,7 +571,7 @@ int main(int argc, char **argv) {
     int last = step + 1 == o.steps;
     if ((tty && (t - last_draw > 0.1 || last)) || (!tty && ((step + 1) % every_line == 0 || last))) {
       char eta[32], worst_s[256] = "";
-      fmt_time(eta, sizeof eta, el / (double)(step + 1) * (double)(o.steps - step - 1));
+      fmt_time(eta, sizeof eta, el / (double)(step + 1 - start) * (double)(o.steps - step - 1));
       if (mon && measured) {
         const char *nf, *nd, *nu;
         double f = worst(mon, 0, &nf), dp = worst(mon, 1, &nd), u = worst(mon, 2, &nu);
@@ -497,7 +580,7 @@ int main(int argc, char **argv) {
       }
       fprintf(stderr, "%sstep %zu/%zu | loss %.4f | lr %.2e | %.0f tok/s%s | ETA %s%s",
               tty ? "\r\033[K" : "", step + 1, o.steps, loss, lr,
-              (double)(step + 1) * B * T / el, worst_s, eta, tty ? "" : "\n");
+              (double)(step + 1 - start) * B * T / el, worst_s, eta, tty ? "" : "\n");
       last_draw = t;
     }
   }
@@ -506,8 +589,9 @@ int main(int argc, char **argv) {
   double val = eval_loss(&m, &data, split, data.n, B, T, tok, tgt, 8);
   printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",
          first_loss, loss, val, val / log(2.0));
-  printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed, o.steps,
-         (double)o.steps * B * T / elapsed, 100.0 * measure_time / elapsed);
+  printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed,
+         o.steps - start, (double)(o.steps - start) * B * T / elapsed,
+         100.0 * measure_time / elapsed);
   if (mon && measured && o.print_metrics) {
     printf("%-28s %-9s %10s %10s %10s %10s\n", "layer", "kind", "forward", "dependency", "update",
            "rel_update");

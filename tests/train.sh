@@ -54,6 +54,24 @@ grep -q "alarm at step 1: transformer.h.0.ln_1 (gain) exceeds" "$tmp/err" ||
 expect 0 "metrics table" $train $small --steps 3 --print-metrics
 grep -Eq "^transformer.h.0.mlp.c_fc +linear +[0-9.]+ +[0-9.]+ +[0-9.]+" "$tmp/out" ||
   fail "no metrics row for mlp.c_fc: $(cat "$tmp/out")"
+# Steepest descent keeps no state: a resumed run is the same run, bit for bit (one BLAS
+# thread, so that every sgemm sums in the same order).
+export OPENBLAS_NUM_THREADS=1
+expect 0 "steepest to step 8" $train $small --steps 8 --optimizer steepest --untied \
+  --checkpoint-every 4 --out "$tmp/full"
+expect 0 "resume at step 4" $train $small --steps 8 --optimizer steepest --untied \
+  --resume "$tmp/full/step-000004.safetensors" --out "$tmp/resumed"
+cmp -s "$tmp/full/model.safetensors" "$tmp/resumed/model.safetensors" ||
+  fail "the resumed run differs from the straight one"
+expect 2 "resume at the end" $train $small --steps 8 --untied --resume "$tmp/full/model.safetensors"
+expect 2 "resume a tied model from an untied one" $train $small --steps 9 \
+  --resume "$tmp/full/model.safetensors"
+expect 2 "resume another width" $train $small --width 64 --steps 9 --untied \
+  --resume "$tmp/full/model.safetensors"
+grep -q "model.safetensors: tensor transformer.wte.weight is missing or not F32 of shape \[256,64\]" \
+  "$tmp/err" || fail "width mismatch message: $(cat "$tmp/err")"
+expect 1 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
+unset OPENBLAS_NUM_THREADS
 expect 0 "no monitor" $train $small --steps 5 --metrics-every 0
 if grep -q "max fwd" "$tmp/err"; then fail "--metrics-every 0 still measured"; fi
 
