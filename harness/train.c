@@ -1,0 +1,631 @@
+/* train.c — trains the byte-level transformer of model.c on the built-in corpus or a file,
+ * with AdamW or the articles' steepest descent, and measures every layer's stability with a
+ * stab_monitor every K steps (weights after the step, update of the step). Progress on
+ * stderr, results on stdout; the final weights as safetensors in --out. */
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include "stabmeter.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+  size_t width, depth, heads, context, batch, steps, warmup, metrics_every, corpus_bytes;
+  size_t checkpoint_every;
+  double lr, min_lr_frac;
+  double alarm; /* threshold on forward and dependency stability; 0 = none */
+  optim_kind optimizer;
+  int lr_given, warmup_given;
+  uint64_t seed;
+  int biases, untied;
+  int print_metrics; /* the last measurement of every layer, as a table on stdout */
+  const char *out, *data;
+  const char *resume; /* a safetensors checkpoint of this trainer to start from */
+} options;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- options --------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: train [OPTIONS]\n"
+          "Trains a byte-level decoder-only transformer and measures every layer's stability.\n\n"
+          "Model\n"
+          "  --width D            width (default 128)\n"
+          "  --depth L            blocks (default 4)\n"
+          "  --heads H            attention heads, dividing D (default 4)\n"
+          "  --context T          sequence length (default 64)\n"
+          "  --biases             biases in every linear layer\n"
+          "  --untied             an LM head of its own instead of the embedding\n"
+          "Training\n"
+          "  --batch B            sequences per step (default 16)\n"
+          "  --steps N            optimizer steps (default 300)\n"
+          "  --optimizer NAME     adamw (std 0.02 init, default) or steepest (the articles' init\n"
+          "                       and per-kind steepest descent: Muon, normalised SGD, SignSGD)\n"
+          "  --lr X               peak learning rate (default 3e-3 adamw, 0.1 steepest)\n"
+          "  --warmup N           linear warmup steps, then cosine to lr/10 (default N/10, <= 100)\n"
+          "  --seed S             seed of the init and of the batches (default 1)\n"
+          "  --resume FILE        start from a checkpoint of this program (weights and step;\n"
+          "                       AdamW's moments are not saved and restart at 0)\n"
+          "  --data FILE          train on FILE: bytes, or an llm.c .bin token file\n"
+          "                       (default: the built-in corpus)\n"
+          "  --corpus-bytes N     size of the built-in corpus (default 524288)\n"
+          "Measurement and output\n"
+          "  --metrics-every K    measure every layer every K steps, 0 = never (default 1)\n"
+          "  --out DIR            write DIR/model.safetensors at the end (default: nothing)\n"
+          "  --print-metrics      print every layer's last metrics as a table at the end\n"
+          "  --alarm X            report once per layer when its forward or dependency\n"
+          "                       stability exceeds X (LM head aside) or turns NaN\n"
+          "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never)\n"
+          "  --help, --version\n\n"
+          "Exit status: 0 success, 1 failure (e.g. the loss diverged), 2 bad usage or bad input.\n");
+}
+
+static int parse_size(const char *s, size_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-') return -1;
+  *out = (size_t)v;
+  return 0;
+}
+
+static int parse(int argc, char **argv, options *o) {
+  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT, O_RESUME };
+  static const struct option longs[] = {
+      {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
+      {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
+      {"batch", required_argument, 0, 'B'},     {"steps", required_argument, 0, 'n'},
+      {"lr", required_argument, 0, 'r'},        {"optimizer", required_argument, 0, 'o'},
+      {"seed", required_argument, 0, 'S'},      {"out", required_argument, 0, 'O'},
+      {"biases", no_argument, 0, O_BIASES},     {"untied", no_argument, 0, O_UNTIED},
+      {"warmup", required_argument, 0, O_WARMUP}, {"metrics-every", required_argument, 0, O_METRICS},
+      {"corpus-bytes", required_argument, 0, O_CORPUS}, {"data", required_argument, 0, O_DATA},
+      {"checkpoint-every", required_argument, 0, O_CKPT},
+      {"alarm", required_argument, 0, O_ALARM},
+      {"print-metrics", no_argument, 0, O_PRINT},
+      {"resume", required_argument, 0, O_RESUME},
+      {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
+      {0, 0, 0, 0}};
+  *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
+                 .metrics_every = 1, .corpus_bytes = 524288, .min_lr_frac = 0.1, .seed = 1};
+  int c;
+  while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+    int bad = 0;
+    size_t seed;
+    char *end;
+    switch (c) {
+    case 'w': bad = parse_size(optarg, &o->width); break;
+    case 'l': bad = parse_size(optarg, &o->depth); break;
+    case 'H': bad = parse_size(optarg, &o->heads); break;
+    case 'T': bad = parse_size(optarg, &o->context); break;
+    case 'B': bad = parse_size(optarg, &o->batch); break;
+    case 'n': bad = parse_size(optarg, &o->steps); break;
+    case O_WARMUP: bad = parse_size(optarg, &o->warmup), o->warmup_given = 1; break;
+    case O_METRICS: bad = parse_size(optarg, &o->metrics_every); break;
+    case O_CORPUS: bad = parse_size(optarg, &o->corpus_bytes); break;
+    case O_CKPT: bad = parse_size(optarg, &o->checkpoint_every); break;
+    case 'S': bad = parse_size(optarg, &seed), o->seed = seed; break;
+    case 'r':
+      o->lr = strtod(optarg, &end), o->lr_given = 1;
+      bad = *end || end == optarg || !(o->lr > 0 && o->lr < 10);
+      break;
+    case O_ALARM:
+      o->alarm = strtod(optarg, &end);
+      bad = *end || end == optarg || !(o->alarm > 0 && isfinite(o->alarm));
+      break;
+    case 'o':
+      if (!strcmp(optarg, "adamw")) o->optimizer = OPTIM_ADAMW;
+      else if (!strcmp(optarg, "steepest")) o->optimizer = OPTIM_STEEPEST;
+      else {
+        fprintf(stderr, "train: --optimizer must be adamw or steepest, not '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'O': o->out = optarg; break;
+    case O_DATA: o->data = optarg; break;
+    case O_RESUME: o->resume = optarg; break;
+    case O_BIASES: o->biases = 1; break;
+    case O_UNTIED: o->untied = 1; break;
+    case O_PRINT: o->print_metrics = 1; break;
+    case 'h': usage(stdout); exit(0);
+    case 'V': printf("train (stabmeter) %s\n", stab_version()); exit(0);
+    default: usage(stderr); return 2;
+    }
+    if (bad) {
+      fprintf(stderr, "train: bad value '%s' for an option\n", optarg);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!o->width || !o->depth || !o->heads || o->width % o->heads || o->width > 8192 ||
+      o->depth > 256 || !o->context || o->context > 4096 || !o->batch || o->batch > 4096 ||
+      !o->steps || o->steps > 100000000 || o->corpus_bytes > ((size_t)1 << 32)) {
+    fprintf(stderr, "train: need width in 1..8192 divisible by heads, depth in 1..256, context in "
+                    "1..4096, batch in 1..4096, steps >= 1, corpus-bytes <= 2^32\n");
+    return 2;
+  }
+  if (o->checkpoint_every && !o->out) {
+    fprintf(stderr, "train: --checkpoint-every needs --out DIR\n");
+    return 2;
+  }
+  if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 0.1;
+  if (!o->warmup_given) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
+  return 0;
+}
+
+/* Linear warmup to lr over `warmup` steps, then cosine down to lr * min_frac at the end. */
+static double lr_at(const options *o, size_t step) {
+  if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
+  double span = (double)(o->steps - o->warmup), x = span > 0 ? (double)(step - o->warmup) / span : 1;
+  double c = 0.5 * (1.0 + cos(M_PI * (x > 1 ? 1 : x)));
+  return o->lr * (o->min_lr_frac + (1.0 - o->min_lr_frac) * c);
+}
+
+/* ---- the monitor ----------------------------------------------------------------- */
+
+/* Registers every layer of the model: wte and wpe (embedding), per block ln_1 and ln_2
+ * (gain), attn.c_attn (linear 3D x D, with its bias), the attention logits of its q and k
+ * blocks, attn.c_proj, mlp.c_fc, mlp.c_proj (linear, with biases), ln_f (gain), lm_head (the
+ * wte table when tied). Layer names are the tensor names without ".weight". */
+static int register_layers(stab_monitor *mon, model *m) {
+  size_t D = m->c.width;
+  char nm[96];
+  stab_status st = STAB_OK;
+#define ADD(...)                                                                           \
+  do {                                                                                     \
+    stab_layer l_ = {__VA_ARGS__};                                                         \
+    if ((st = stab_monitor_add_layer(mon, &l_, NULL)) != STAB_OK) goto fail;                \
+  } while (0)
+  ADD(.name = "transformer.wte", .kind = STAB_KIND_EMBEDDING, .d_in = m->c.vocab, .d_out = D,
+      .weight = model_wte(m, m->params));
+  ADD(.name = "transformer.wpe", .kind = STAB_KIND_EMBEDDING, .d_in = m->c.context, .d_out = D,
+      .weight = model_wpe(m, m->params));
+  for (size_t l = 0; l < m->c.depth; l++) {
+    model_block w = model_block_at(m, m->params, l);
+#define NAME(s) (snprintf(nm, sizeof nm, "transformer.h.%zu.%s", l, s), nm)
+    ADD(.name = NAME("ln_1"), .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D, .weight = w.ln1w);
+    ADD(.name = NAME("attn.c_attn"), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 3 * D,
+        .weight = w.qkvw, .bias = w.qkvb);
+    ADD(.name = NAME("attn.logits"), .kind = STAB_KIND_ATTENTION, .d_in = D, .d_out = D,
+        .heads = m->c.heads, .weight = w.qkvw, .weight_k = w.qkvw + D * D);
+    ADD(.name = NAME("attn.c_proj"), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = D,
+        .weight = w.attprojw, .bias = w.attprojb);
+    ADD(.name = NAME("ln_2"), .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D, .weight = w.ln2w);
+    ADD(.name = NAME("mlp.c_fc"), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 4 * D,
+        .weight = w.fcw, .bias = w.fcb);
+    ADD(.name = NAME("mlp.c_proj"), .kind = STAB_KIND_LINEAR, .d_in = 4 * D, .d_out = D,
+        .weight = w.fcprojw, .bias = w.fcprojb);
+#undef NAME
+  }
+  ADD(.name = "transformer.ln_f", .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D,
+      .weight = model_lnf(m, m->params));
+  ADD(.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = m->c.vocab,
+      .weight = model_head(m, m->params));
+#undef ADD
+  return 0;
+fail:
+  fprintf(stderr, "train: registering a layer with the monitor: %s (%s)\n", stab_last_error(),
+          stab_strerror(st));
+  return 1;
+}
+
+/* The largest of one metric over the layers (0 forward, 1 dependency, 2 update), and
+ * where: the LM head is left out of forward and dependency (its headline values hold
+ * log V and 2 d R, a different scale). A NaN from non-finite weights wins. */
+static double worst(const stab_monitor *mon, int which, const char **name) {
+  double best = -INFINITY;
+  *name = "-";
+  for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+    const stab_layer *l = stab_monitor_layer(mon, i);
+    const stab_metrics *x = stab_monitor_metrics(mon, i);
+    if (which < 2 && l->kind == STAB_KIND_LM_HEAD) continue;
+    double v = which == 0 ? x->forward : which == 1 ? x->dependency : x->update;
+    int broken = x->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE);
+    if ((isnan(v) && broken) || v > best) {
+      best = isnan(v) ? INFINITY : v;
+      *name = l->name + (strncmp(l->name, "transformer.", 12) ? 0 : 12);
+      if (isnan(v)) return NAN;
+    }
+  }
+  return best;
+}
+
+/* Reports, once per layer, a forward or dependency stability above the threshold (the LM
+ * head aside) or a metric made NaN by non-finite weights or updates. */
+static void check_alarms(const stab_monitor *mon, double threshold, size_t step, int tty,
+                         unsigned char *alarmed) {
+  for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+    const stab_layer *l = stab_monitor_layer(mon, i);
+    const stab_metrics *x = stab_monitor_metrics(mon, i);
+    int nonfinite = x->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE);
+    int over = threshold > 0 && l->kind != STAB_KIND_LM_HEAD &&
+               (x->forward > threshold || x->dependency > threshold);
+    if (alarmed[i] || !(nonfinite || over)) continue;
+    alarmed[i] = 1;
+    fprintf(stderr, "%strain: alarm at step %zu: %s (%s) %s: forward %.4g, dependency %.4g, "
+                    "update %.4g\n", tty ? "\r\033[K" : "", step, l->name, stab_kind_name(l->kind),
+            nonfinite ? "has non-finite weights or update" : "exceeds the threshold",
+            x->forward, x->dependency, x->update);
+  }
+}
+
+/* Per block: RMS of the residual stream after it and |cos(h, 1)|, averaged over positions
+ * (the RMSNorm article's mean-drift signal). */
+static void block_stats(const model *m, size_t l, double *rms, double *cos1) {
+  const float *h = model_residual(m, (int)l);
+  size_t D = m->c.width, N = m->b * m->t;
+  double r = 0, c = 0;
+  for (size_t i = 0; i < N; i++) {
+    double ss = 0, s = 0;
+    for (size_t d = 0; d < D; d++) ss += (double)h[i * D + d] * h[i * D + d], s += h[i * D + d];
+    r += sqrt(ss / (double)D);
+    c += ss > 0 ? fabs(s) / sqrt(ss * (double)D) : 0;
+  }
+  *rms = r / (double)N, *cos1 = c / (double)N;
+}
+
+/* ---- checkpoint ------------------------------------------------------------------ */
+
+static int mkdirs(const char *path) {
+  char p[4096];
+  if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) return -1;
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = 0;
+      if (mkdir(p, 0777) && errno != EEXIST) return -1;
+      *s = '/';
+    }
+  return mkdir(p, 0777) && errno != EEXIST ? -1 : 0;
+}
+
+/* safetensors: 8-byte little-endian header length, the JSON header (name -> dtype, shape,
+ * data_offsets; padded with spaces to a multiple of 8), then the F32 data. A tied head is
+ * not stored (as in Hugging Face checkpoints: lm_head.weight is transformer.wte.weight). */
+static int save_safetensors(const model *m, const char *path, const options *o, size_t steps) {
+  size_t cap = 256 + m->n_tensors * 200, len = 0, off = 0;
+  char *h = malloc(cap);
+  if (!h) return -1;
+  len += (size_t)snprintf(h + len, cap - len,
+                          "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"stabmeter-train %s\","
+                          "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\"}",
+                          stab_version(), o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
+                          steps, m->c.untied ? "false" : "true");
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    char shape[64];
+    if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
+    else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
+    len += (size_t)snprintf(h + len, cap - len,
+                            ",\"%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                            t->name, shape, off, off + t->size * 4);
+    off += t->size * 4;
+  }
+  len += (size_t)snprintf(h + len, cap - len, "}");
+  while (len % 8) h[len++] = ' ';
+  /* Written beside and renamed over: a crash never leaves a half checkpoint under path. */
+  char tmp[4300];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  int rc = -1;
+  if (f) {
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    int ok = fwrite(n8, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
+    /* tensors are stored in table order, contiguous: exactly the flat buffer */
+    ok = ok && fwrite(m->params, sizeof(float), m->n_params, f) == m->n_params;
+    rc = (fclose(f) == 0 && ok && rename(tmp, path) == 0) ? 0 : -1;
+    if (rc) remove(tmp);
+  }
+  free(h);
+  return rc;
+}
+
+/* DIR/name, creating DIR; prints the path on success, the failure on stderr. */
+static int checkpoint(const model *m, const options *o, const char *name, size_t steps) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", o->out, name);
+  if (mkdirs(o->out) || save_safetensors(m, path, o, steps)) {
+    fprintf(stderr, "train: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+/* Reads a checkpoint written by save_safetensors into m: every tensor of the model must be
+ * there, F32, with its shape. *steps receives the metadata's step count. Returns 0, 2 for
+ * a file that does not fit the model (the message names the file and the tensor or field),
+ * 1 when it cannot be read. */
+static int load_safetensors(model *m, const char *path, size_t *steps, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return snprintf(err, errlen, "%s: %s", path, strerror(errno)), 1;
+  unsigned char n8[8];
+  uint64_t n = 0;
+  int rc = 2;
+  char *h = NULL;
+  if (fread(n8, 1, 8, f) != 8) {
+    snprintf(err, errlen, "%s: shorter than the 8-byte header length", path);
+    goto out;
+  }
+  for (int i = 0; i < 8; i++) n |= (uint64_t)n8[i] << (8 * i);
+  if (n == 0 || n > (1u << 26) || !(h = malloc(n + 1)) || fread(h, 1, n, f) != n) {
+    snprintf(err, errlen, "%s: header length %llu does not fit the file", path, (unsigned long long)n);
+    goto out;
+  }
+  h[n] = 0;
+  const char *st = strstr(h, "\"steps\":\"");
+  if (!st || sscanf(st + 9, "%zu", steps) != 1) {
+    snprintf(err, errlen, "%s: no __metadata__ steps: not a checkpoint of this program", path);
+    goto out;
+  }
+  const char *tied = m->c.untied ? "\"tied\":\"false\"" : "\"tied\":\"true\"";
+  if (!strstr(h, tied)) {
+    snprintf(err, errlen, "%s: __metadata__ tied is not %s: the model has %s head", path,
+             m->c.untied ? "false" : "true", m->c.untied ? "an untied" : "a tied");
+    goto out;
+  }
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    char key[96], shape[64], want[160];
+    snprintf(key, sizeof key, "\"%s\":{", t->name);
+    if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
+    else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
+    snprintf(want, sizeof want, "\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[", shape);
+    const char *k = strstr(h, key);
+    unsigned long long a, b;
+    if (!k || strncmp(k + strlen(key), want, strlen(want)) ||
+        sscanf(k + strlen(key) + strlen(want), "%llu,%llu", &a, &b) != 2 ||
+        b - a != t->size * sizeof(float)) {
+      snprintf(err, errlen, "%s: tensor %s is missing or not F32 of shape %s", path, t->name, shape);
+      goto out;
+    }
+    if (fseek(f, (long)(8 + n + a), SEEK_SET) ||
+        fread(m->params + t->offset, sizeof(float), t->size, f) != t->size) {
+      snprintf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu] beyond the file", path,
+               t->name, a, b);
+      goto out;
+    }
+  }
+  rc = 0;
+out:
+  free(h);
+  fclose(f);
+  return rc;
+}
+
+/* ---- main ------------------------------------------------------------------------ */
+
+static void fmt_time(char *buf, size_t n, double s) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+/* Mean loss over `batches` fixed batches of [lo, hi). */
+static double eval_loss(model *m, const data_set *d, size_t lo, size_t hi, size_t B, size_t T,
+                        int32_t *tok, int32_t *tgt, size_t batches) {
+  data_rng r = {12345};
+  double s = 0;
+  for (size_t i = 0; i < batches; i++) {
+    data_batch(d, &r, lo, hi, B, T, tok, tgt);
+    s += model_forward(m, tok, tgt, B, T);
+  }
+  return s / (double)batches;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  int rc = parse(argc, argv, &o);
+  if (rc) return rc;
+  data_set data;
+  char err[1024];
+  if (o.data) {
+    rc = data_load(&data, o.data, err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "train: %s\n", err);
+      return rc;
+    }
+  } else if (data_builtin(&data, o.corpus_bytes, 1)) {
+    fprintf(stderr, "train: out of memory for the corpus\n");
+    return 1;
+  }
+  /* The last tenth is held out for the final evaluation. */
+  size_t split = data.n - data.n / 10, B = o.batch, T = o.context;
+  if (data.n / 10 < T + 1 || split < T + 1) {
+    fprintf(stderr, "train: %s is too short for context %zu (needs %zu tokens)\n", data.what, T,
+            10 * (T + 1));
+    data_free(&data);
+    return 2;
+  }
+  model m;
+  model_config mc = {.vocab = data.vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
+                     .context = T, .biases = o.biases, .untied = o.untied};
+  optim opt = {0};
+  stab_monitor *mon = NULL;
+  unsigned char *alarmed = NULL; /* per monitor layer: reported already */
+  int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
+  if ((rc = model_create(&m, &mc)) || model_reserve(&m, B, T) || !tok || !tgt) {
+    fprintf(stderr, "train: %s\n", rc == -1 ? "bad model shape" : "out of memory for the model");
+    data_free(&data), free(tok), free(tgt), model_free(&m);
+    return 1;
+  }
+  rc = 1;
+  model_init_params(&m, o.seed, o.optimizer == OPTIM_ADAMW);
+  size_t start = 0;
+  if (o.resume) {
+    char msg[1024];
+    int lrc = load_safetensors(&m, o.resume, &start, msg, sizeof msg);
+    if (!lrc && start >= o.steps)
+      snprintf(msg, sizeof msg, "%s is at step %zu, not before --steps %zu", o.resume, start,
+               o.steps), lrc = 2;
+    if (lrc) {
+      fprintf(stderr, "train: cannot resume: %s\n", msg);
+      rc = lrc;
+      goto out;
+    }
+    fprintf(stderr, "train: resuming from %s at step %zu%s\n", o.resume, start,
+            o.optimizer == OPTIM_ADAMW ? " (AdamW moments start again from 0)" : "");
+  }
+  optim_params op = optim_default_params(o.optimizer);
+  if (optim_create(&opt, &op, m.tensors, m.n_tensors, m.n_params)) {
+    fprintf(stderr, "train: out of memory for the optimizer\n");
+    goto out;
+  }
+  if (o.metrics_every) {
+    stab_monitor_params mp = stab_monitor_default_params();
+    if (stab_monitor_create(&mp, &mon) != STAB_OK || register_layers(mon, &m)) {
+      fprintf(stderr, "train: monitor: %s\n", stab_last_error());
+      goto out;
+    }
+  }
+  fprintf(stderr,
+          "train: %s\ntrain: model V=%zu D=%zu L=%zu H=%zu T=%zu, %zu parameters (%s head%s); "
+          "%s, lr %g, warmup %zu, batch %zu x %zu, %zu steps\n",
+          data.what, m.c.vocab, o.width, o.depth, o.heads, T, m.n_params,
+          o.untied ? "untied" : "tied", o.biases ? ", biases" : "",
+          o.optimizer == OPTIM_ADAMW ? "adamw (init std 0.02)" : "steepest (articles' init)",
+          o.lr, o.warmup, B, T, o.steps);
+  if (mon)
+    fprintf(stderr, "train: monitor: %zu layers every %zu steps, %.1f MB\n",
+            stab_monitor_layer_count(mon), o.metrics_every, stab_monitor_memory(mon) / 1e6);
+  if (o.optimizer == OPTIM_STEEPEST && !o.untied)
+    fprintf(stderr, "train: warning: steepest with a tied head: the head is the embedding (init "
+                    "std 1, not the articles' 1/d), so the first logits are large; --untied "
+                    "follows the articles\n");
+  int tty = isatty(STDERR_FILENO);
+  alarmed = mon ? calloc(stab_monitor_layer_count(mon), 1) : NULL;
+  if (mon && !alarmed) {
+    fprintf(stderr, "train: out of memory\n");
+    goto out;
+  }
+  size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
+  data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};
+  int measured = 0;
+  double t0 = now(), last_draw = 0, first_loss = NAN, loss = NAN, measure_time = 0;
+  for (size_t step = 0; step < start; step++) /* the batches of the steps already taken */
+    data_batch(&data, &rng, 0, split, B, T, tok, tgt);
+  for (size_t step = start; step < o.steps; step++) {
+    double lr = lr_at(&o, step);
+    data_batch(&data, &rng, 0, split, B, T, tok, tgt);
+    loss = model_forward(&m, tok, tgt, B, T);
+    if (step == start) first_loss = loss;
+    if (!isfinite(loss)) {
+      fprintf(stderr, "%strain: the loss is %g at step %zu: stopping\n", tty ? "\n" : "", loss, step);
+      goto out;
+    }
+    model_zero_grad(&m);
+    model_backward(&m);
+    int measure = mon && (step + 1) % o.metrics_every == 0;
+    double tm = now();
+    if (measure && stab_monitor_snapshot(mon) != STAB_OK) {
+      fprintf(stderr, "train: snapshot: %s\n", stab_last_error());
+      goto out;
+    }
+    measure_time += now() - tm;
+    int st = optim_step(&opt, m.params, m.grads, (float)lr);
+    if (st != STAB_OK) {
+      fprintf(stderr, "%strain: optimizer step %zu: %s\n", tty ? "\n" : "", step, stab_last_error());
+      goto out;
+    }
+    if (measure) {
+      measured = 1;
+      tm = now();
+      if (stab_monitor_measure(mon, 1) != STAB_OK) {
+        fprintf(stderr, "train: measure: %s\n", stab_last_error());
+        goto out;
+      }
+      check_alarms(mon, o.alarm, step + 1, tty, alarmed);
+      double act_rms[256], act_cos1[256]; /* depth <= 256 */
+      for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act_rms[l], &act_cos1[l]);
+      measure_time += now() - tm;
+      /* ==== TRACE: append one row here (issue 3, HDF5 trace writer, SPEC.md) ============
+       * At this measured step the trace gets: /step = step + 1 (steps done), /wall_time =
+       * now() - t0, /scalars/loss = loss (of the batch before this update), /scalars/lr = lr,
+       * for every monitor layer i its stab_monitor_metrics(mon, i) (forward, dependency,
+       * update and the extras), attention per-head bounds from stab_monitor_head_bounds,
+       * and per block act_rms[l], act_cos1[l]. Nothing is written here yet. */
+      (void)act_rms, (void)act_cos1;
+    }
+    if (o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
+      char name[64];
+      snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
+      if (checkpoint(&m, &o, name, step + 1)) goto out;
+    }
+    double t = now(), el = t - t0;
+    int last = step + 1 == o.steps;
+    if ((tty && (t - last_draw > 0.1 || last)) || (!tty && ((step + 1) % every_line == 0 || last))) {
+      char eta[32], worst_s[256] = "";
+      fmt_time(eta, sizeof eta, el / (double)(step + 1 - start) * (double)(o.steps - step - 1));
+      if (mon && measured) {
+        const char *nf, *nd, *nu;
+        double f = worst(mon, 0, &nf), dp = worst(mon, 1, &nd), u = worst(mon, 2, &nu);
+        snprintf(worst_s, sizeof worst_s, " | max fwd %.3g %s, dep %.3g %s, upd %.3g %s", f, nf,
+                 dp, nd, u, nu);
+      }
+      fprintf(stderr, "%sstep %zu/%zu | loss %.4f | lr %.2e | %.0f tok/s%s | ETA %s%s",
+              tty ? "\r\033[K" : "", step + 1, o.steps, loss, lr,
+              (double)(step + 1 - start) * B * T / el, worst_s, eta, tty ? "" : "\n");
+      last_draw = t;
+    }
+  }
+  double elapsed = now() - t0;
+  if (tty) fputc('\n', stderr);
+  double val = eval_loss(&m, &data, split, data.n, B, T, tok, tgt, 8);
+  printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",
+         first_loss, loss, val, val / log(2.0));
+  printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed,
+         o.steps - start, (double)(o.steps - start) * B * T / elapsed,
+         100.0 * measure_time / elapsed);
+  if (mon && measured && o.print_metrics) {
+    printf("%-28s %-9s %10s %10s %10s %10s\n", "layer", "kind", "forward", "dependency", "update",
+           "rel_update");
+    for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+      const stab_metrics *x = stab_monitor_metrics(mon, i);
+      const stab_layer *l = stab_monitor_layer(mon, i);
+      printf("%-28s %-9s %10.4g %10.4g %10.4g %10.3g\n", l->name, stab_kind_name(l->kind),
+             x->forward, x->dependency, x->update, x->rel_update);
+    }
+  }
+  if (mon && measured) {
+    /* Where the measuring time goes: passes over the weights of the last measurement. */
+    size_t pi = 0, ui = 0;
+    for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+      if (stab_monitor_metrics(mon, i)->passes > stab_monitor_metrics(mon, pi)->passes) pi = i;
+      if (stab_monitor_metrics(mon, i)->update_passes > stab_monitor_metrics(mon, ui)->update_passes)
+        ui = i;
+    }
+    printf("monitor: %zu layers, %.1f MB; last measurement: most passes %d (%s), most update "
+           "passes %d (%s)\n", stab_monitor_layer_count(mon), stab_monitor_memory(mon) / 1e6,
+           stab_monitor_metrics(mon, pi)->passes, stab_monitor_layer(mon, pi)->name,
+           stab_monitor_metrics(mon, ui)->update_passes, stab_monitor_layer(mon, ui)->name);
+  }
+  if (o.out) {
+    if (checkpoint(&m, &o, "model.safetensors", o.steps)) goto out;
+    printf("checkpoint: %s/model.safetensors\n", o.out);
+  }
+  rc = 0;
+out:
+  free(alarmed);
+  stab_monitor_free(mon);
+  optim_free(&opt);
+  model_free(&m);
+  data_free(&data);
+  free(tok), free(tgt);
+  return rc;
+}
