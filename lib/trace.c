@@ -15,9 +15,10 @@
  * flush cheaper, and a larger one makes long traces need fewer chunk-index entries. */
 enum { CHUNK_ROWS = 256 };
 
-/* Rows staged in memory before they are written, at most: between flushes nothing needs to
- * reach the file, and one write of many rows per dataset costs little more than one of a row. */
-enum { STAGE_ROWS = 64 };
+/* Rows are staged in memory and reach the file only at a flush: one write of many rows per
+ * dataset costs little more than one of a row, and rows written but not flushed could reach
+ * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. */
+enum { STAGE_ROWS = 256 };
 
 /* The stab_metrics fields every layer records, in file order. */
 enum { N_METRICS = 15 };
@@ -55,13 +56,12 @@ struct stab_trace {
                          metrics, head bounds and extras */
   size_t n_dsets;
   size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
-  size_t cap;         /* rows the stage holds: min(flush_every, STAGE_ROWS) */
+  size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS): a full stage is flushed */
   double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
                          column 0 unused (step is int64) */
   int64_t *stage_step;/* (cap) */
   size_t staged;      /* rows in the stage */
-  int64_t written;    /* rows in the file */
-  int flush_every, unflushed;
+  int64_t written;    /* rows in the file, all flushed */
   stab_trace_on_error on_error;
   stab_status error;  /* the write failure that stopped the trace, STAB_OK if none */
   char message[512];  /* its message, repeated by every later append in STOP mode */
@@ -106,6 +106,8 @@ static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *data) {
   const char *desc = e->desc && e->desc[0] ? e->desc : "(no description)";
   if (w->n == 0) snprintf(w->outer, sizeof w->outer, "%s: %s", e->func_name ? e->func_name : "?", desc);
   snprintf(w->inner, sizeof w->inner, "%s", desc);
+  for (char *c = w->inner; *c; c++) /* the file drivers' messages span lines */
+    if (*c == '\n') *c = ' ';
   w->n++;
   return 0;
 }
@@ -552,7 +554,6 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   t->n_layers = n_layers;
   t->n_scalars = p.n_scalars;
   t->n_extras = p.n_layer_extras;
-  t->flush_every = p.flush_every;
   t->on_error = p.on_error;
   t->n_dsets = 2 + p.n_scalars;
   t->path = malloc(strlen(path) + 1);
@@ -627,43 +628,49 @@ out:
 
 /* ---- appending ------------------------------------------------------------------------- */
 
-/* The staged rows of dataset k, written after the file's `written` rows. Returns < 0 with
- * HDF5's message on the error stack. */
-static herr_t write_column(stab_trace *t, size_t k) {
+/* The staged rows of dataset k, written after the file's `written` rows. */
+static stab_status write_column(stab_trace *t, size_t k, const char *who) {
   hid_t d = t->dsets[k];
   hsize_t at = (hsize_t)t->written, count = t->staged, n = at + count, zero = 0;
-  if (H5Dset_extent(d, &n) < 0) return -1;
+  if (H5Dset_extent(d, &n) < 0) return h5fail(who, t->path, "cannot extend a dataset");
   hid_t fs = H5Dget_space(d);
-  if (fs < 0) return -1;
+  if (fs < 0) return h5fail(who, t->path, "cannot write rows");
   herr_t rc = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &count, NULL);
   if (rc >= 0) rc = H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL);
   if (rc >= 0)
     rc = k == 0 ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
                 : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, t->stage + k * t->cap);
-  if (rc < 0) return rc; /* fs is left open: closing it would clear HDF5's message */
-  return H5Sclose(fs);
+  /* HDF5's message is taken before H5Sclose clears it. */
+  stab_status st = rc < 0 ? h5fail(who, t->path, "cannot write rows") : STAB_OK;
+  if (H5Sclose(fs) < 0 && st == STAB_OK) st = h5fail(who, t->path, "cannot write rows");
+  return st;
 }
 
-/* A write failed: the trace keeps the failure (STOP) or turns itself off (CONTINUE). */
+/* A write failed: the trace keeps the failure (STOP) or turns itself off (CONTINUE). The rows
+ * staged are dropped: the trace holds what reached the file. */
 static stab_status stop(stab_trace *t, stab_status st) {
   t->error = st;
+  t->staged = 0;
   snprintf(t->message, sizeof t->message, "%s", stab_last_error());
   return st;
 }
 
-/* Writes the staged rows, and flushes the file when `flush`. */
-static stab_status write_out(stab_trace *t, const char *who, int flush) {
-  if (t->staged) {
-    /* /step last: its length is the row count a reader (and a resume) trusts. */
-    for (size_t k = 1; k <= t->n_dsets; k++)
-      if (write_column(t, k % t->n_dsets) < 0) return stop(t, h5fail(who, t->path, "cannot write rows"));
-    t->written += (int64_t)t->staged;
-    t->staged = 0;
+/* Writes the staged rows and flushes them, in two steps: every dataset but /step, flush, then
+ * /step, flush. HDF5 writes a flush's metadata in its own order, so a writer killed during a
+ * single flush could leave /step longer than another dataset; this way the length of /step
+ * never counts a row that is not everywhere. */
+static stab_status write_out(stab_trace *t, const char *who) {
+  if (!t->staged) return STAB_OK;
+  for (size_t k = 1; k < t->n_dsets; k++) {
+    stab_status st = write_column(t, k, who);
+    if (st != STAB_OK) return stop(t, st);
   }
-  if (flush) {
-    if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
-    t->unflushed = 0;
-  }
+  if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
+  stab_status st = write_column(t, 0, who);
+  if (st != STAB_OK) return stop(t, st);
+  t->written += (int64_t)t->staged;
+  t->staged = 0;
+  if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
   return STAB_OK;
 }
 
@@ -692,13 +699,11 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
     for (size_t e = 0; e < t->n_extras; e++)
       col[k++ * cap] = layer_extras ? layer_extras[i * t->n_extras + e] : NAN;
   }
-  t->staged++;
-  const int flush = ++t->unflushed >= t->flush_every;
-  if (!flush && t->staged < cap) return STAB_OK;
+  if (++t->staged < cap) return STAB_OK;
 
   quiet q;
   quiet_begin(&q);
-  stab_status st = write_out(t, who, flush);
+  stab_status st = write_out(t, who);
   quiet_end(&q);
   return st;
 }
@@ -709,7 +714,7 @@ stab_status stab_trace_flush(stab_trace *t) {
     return t->on_error == STAB_TRACE_CONTINUE ? STAB_OK : stabi_fail(t->error, "%s", t->message);
   quiet q;
   quiet_begin(&q);
-  stab_status st = write_out(t, "stab_trace_flush", 1);
+  stab_status st = write_out(t, "stab_trace_flush");
   quiet_end(&q);
   return st;
 }
@@ -722,7 +727,7 @@ stab_status stab_trace_close(stab_trace *t) {
   if (!t) return STAB_OK;
   quiet q;
   quiet_begin(&q);
-  stab_status st = t->error == STAB_OK ? write_out(t, "stab_trace_close", 0) : STAB_OK;
+  stab_status st = t->error == STAB_OK ? write_out(t, "stab_trace_close") : STAB_OK;
   stab_status closed = destroy(t, "stab_trace_close");
   if (st == STAB_OK) st = closed;
   quiet_end(&q);
