@@ -341,7 +341,9 @@ size_t stab_monitor_memory(const stab_monitor *m);
  * Strings are variable-length UTF-8. The number of rows is the length of /step: every flush
  * writes the other datasets first and /step after, so a writer killed (or failing) in the
  * middle of one may leave other datasets longer than /step, never shorter. A reader takes
- * len(/step) rows; the next open with append cuts the others back.
+ * len(/step) rows; the next open with append cuts the others back. A new trace is built under
+ * a temporary name beside it ("<path>.<pid>.tmp") and renamed to path once complete, so a
+ * writer killed inside stab_trace_open leaves no half-made trace at path.
  *
  * Readers. While the writer runs the file is in SWMR mode (HDF5 >= 1.10): open it with
  * H5F_ACC_RDONLY | H5F_ACC_SWMR_READ (h5py: h5py.File(path, "r", swmr=True)) and refresh the
@@ -360,8 +362,11 @@ typedef struct stab_trace stab_trace;
 
 /* What the trace does after a write failure (disk full, file removed, permissions). Either way
  * the failing call returns the error, the rows staged but not yet written are dropped, and every
- * row flushed before stays in the file. HDF5 keeps the data it could not write: closing then
- * fails too, and HDF5 may only release the file (and print a line) when the process exits. */
+ * row flushed before stays in the file. HDF5 keeps the data it could not write, so closing
+ * fails too, and HDF5 1.10.8 itself then misbehaves when the process exits: it prints
+ * "infinite loop closing library", and after a failed open it can even crash (in
+ * H5F__close_cb; a plain HDF5 program does the same). A trainer that must survive a full disk
+ * at start-up can leave with _exit after such a failure, or free space before exiting. */
 typedef enum {
   STAB_TRACE_STOP = 0,    /* every later append returns the same error (default) */
   STAB_TRACE_CONTINUE = 1 /* the trace is disabled: later appends return STAB_OK and do nothing;
@@ -371,7 +376,8 @@ typedef enum {
 typedef struct {
   int flush_every;        /* rows are written and flushed every this many appends (>= 1; above 256,
                              every 256); a row is in the file, safe from a crash and seen by
-                             readers, once flushed. Staging takes flush_every x datasets x 8 bytes.
+                             readers, once flushed. Staging takes min(flush_every, 256) x datasets
+                             x 8 bytes.
                              Default 1 */
   const char *run_config; /* JSON text stored as the root attribute run_config, or NULL ("{}");
                              copied. Not changed when appending */
@@ -382,7 +388,8 @@ typedef struct {
                              "act_cos1"), n_layer_extras of them, copied */
   size_t n_layer_extras;
   stab_trace_on_error on_error; /* default STAB_TRACE_STOP */
-  int append;             /* 0: create the file, replacing any file there (default). 1: resume an
+  int append;             /* 0: create the file, replacing any file there once it is complete
+                             (default). 1: resume an
                              existing trace (created if missing), adding rows after its last; it is
                              refused if its layers (names, kinds, d_in, d_out, heads), scalars or
                              layer extras differ from these */
@@ -401,7 +408,8 @@ stab_trace_params stab_trace_default_params(void);
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
  * (the message names the first difference, e.g. the layer) STAB_EINVAL; any HDF5 failure
  * STAB_EIO with the path and HDF5's message; STAB_ENOMEM. On failure *out is NULL and nothing
- * is left open (a file being created may remain, incomplete). */
+ * is left open; a new trace's temporary file is removed and the file at path is untouched
+ * (with append, a trace whose writer was killed keeps the cleared mark and cut-back rows). */
 stab_status stab_trace_open(const char *path, const stab_monitor *m,
                             const stab_trace_params *params, stab_trace **out);
 

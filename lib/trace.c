@@ -5,11 +5,13 @@
 
 #include <hdf5.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Rows per chunk. A flush writes every dirty chunk whole, so a smaller chunk makes the per-step
  * flush cheaper, and a larger one makes long traces need fewer chunk-index entries. */
@@ -313,11 +315,15 @@ out:
   return st;
 }
 
-static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames) {
+/* The file is built under a temporary name (tmp) and renamed to the trace's path once in SWMR
+ * mode: a writer killed while creating it leaves no half-made trace, and a failed open does not
+ * replace the file that was there. */
+static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames,
+                               const char *tmp) {
   const stab_trace_params *p = b->p;
   stab_status st = STAB_OK;
   hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
-  t->file = H5Fcreate(b->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  t->file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (t->file < 0) return h5fail(b->who, b->path, "cannot create the file");
 
   char created[32];
@@ -543,6 +549,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   char **gnames = n_layers ? calloc(n_layers, sizeof *gnames) : NULL;
   builder b = {who, path, &p, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID};
   hid_t fapl = H5I_INVALID_HID;
+  char *tmp = NULL;
   quiet q;
   quiet_begin(&q);
   if (!t || (n_layers && !gnames)) {
@@ -604,11 +611,23 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
     goto out;
   }
   struct stat sb;
-  if (p.append && stat(path, &sb) == 0) st = open_file(t, &b, fapl, gnames);
-  else st = create_file(t, &b, fapl, gnames);
+  if (p.append && stat(path, &sb) == 0) {
+    st = open_file(t, &b, fapl, gnames);
+  } else {
+    if (!(tmp = malloc(strlen(path) + 32))) {
+      st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+      goto out;
+    }
+    sprintf(tmp, "%s.%ld.tmp", path, (long)getpid());
+    st = create_file(t, &b, fapl, gnames, tmp);
+  }
   if (st != STAB_OK) goto out;
   if (H5Fstart_swmr_write(t->file) < 0) {
     st = h5fail(who, path, "cannot start SWMR writing");
+    goto out;
+  }
+  if (tmp && rename(tmp, path) != 0) {
+    st = stabi_fail(STAB_EIO, "%s: %s: cannot rename %s to it: %s", who, path, tmp, strerror(errno));
     goto out;
   }
 out:
@@ -620,8 +639,13 @@ out:
   if (b.dcpl_f >= 0) H5Pclose(b.dcpl_f);
   if (b.dcpl_i >= 0) H5Pclose(b.dcpl_i);
   if (b.space0 >= 0) H5Sclose(b.space0);
-  if (st == STAB_OK) *out = t;
-  else destroy(t, NULL);
+  if (st == STAB_OK) {
+    *out = t;
+  } else {
+    destroy(t, NULL);
+    if (tmp) unlink(tmp); /* fails harmlessly if the file was never created or is renamed */
+  }
+  free(tmp);
   quiet_end(&q);
   return st;
 }

@@ -741,6 +741,56 @@ START_TEST(test_write_failure) {
 }
 END_TEST
 
+/* A trace that cannot be created (the disk fills while HDF5 writes it) leaves the file that was
+ * at its path as it was, and no temporary file. */
+START_TEST(test_create_failure) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 19, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_trace *t = NULL;
+  const char *path = tmp_path("kept.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
+  TU_ASSERT_OK(stab_trace_append(t, 42, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  /* In a child that leaves with _exit: HDF5 1.10.8 crashes at exit (in H5F__close_cb) in a
+   * process where closing a file failed, with or without this library. */
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char msg[600];
+    disk_limit = 4096;
+    stab_status st = stab_trace_open(path, m, NULL, &t);
+    snprintf(msg, sizeof msg, "%d %d %s", (int)st, t == NULL, stab_last_error());
+    _exit(write(fds[1], msg, strlen(msg) + 1) > 0 ? 0 : 1);
+  }
+  close(fds[1]);
+  char msg[600] = "";
+  ck_assert_int_gt(read(fds[0], msg, sizeof msg - 1), 0);
+  close(fds[0]);
+  int status = 0, st = 0, null_out = 0, used = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(sscanf(msg, "%d %d %n", &st, &null_out, &used) == 2, "child said: %s", msg);
+  ck_assert_msg(st == STAB_EIO && null_out, "open on a full disk: status %d, out %s NULL", st, null_out ? "" : "not");
+  ck_assert_msg(strstr(msg + used, path) && strstr(msg + used, "No space left on device"), "message: %s", msg + used);
+  hid_t f = open_read(path, 0);
+  int64_t *steps;
+  ck_assert(read_dataset(f, "step", 1, (void **)&steps) == 1);
+  ck_assert_int_eq(steps[0], 42);
+  free(steps);
+  H5Fclose(f);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "test $(ls '%s' | wc -l) -eq 1", tmpdir);
+  ck_assert_msg(system(cmd) == 0, "a temporary file was left in %s", tmpdir);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(test_arguments) {
   make_tmpdir();
   model md;
@@ -804,6 +854,7 @@ static Suite *trace_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_no_directory);
   tcase_add_loop_test(tc, test_write_failure, 0, 2);
+  tcase_add_test(tc, test_create_failure);
   tcase_add_test(tc, test_arguments);
   suite_add_tcase(s, tc);
   return s;
