@@ -351,7 +351,9 @@ size_t stab_monitor_memory(const stab_monitor *m);
  * disk) the file keeps every step flushed before, and the same SWMR-read open reads it as is,
  * with nothing to repair. A plain (non-SWMR) open of a file whose writer did not close it
  * fails in HDF5 1.10 with "file is already open for write"; `h5clear -s FILE` clears that mark,
- * and stab_trace_open with append clears it itself (so no other writer may have the file open).
+ * and stab_trace_open with append clears it itself. One writer at a time: an open trace holds a
+ * lock (fcntl, open-file-description) on its file, and another stab_trace_open of it, to
+ * resume or to replace it, fails with STAB_EIO until it is closed or its writer dies.
  *
  * Cost. Rows are staged in memory and written at a flush, one hyperslab per dataset; a flush
  * writes every dataset's header, index and last chunk, mostly CPU time inside HDF5, about

@@ -1,11 +1,13 @@
 /* trace.c — the HDF5 trace writer: every measured step of a monitor appended as one row of
  * one-dimensional extendable datasets (SPEC.md, "Trace"), written in SWMR mode so that a reader
  * can follow the file while training runs and a killed writer loses nothing it had flushed. */
+#define _GNU_SOURCE /* F_OFD_SETLK */
 #include "internal.h"
 
 #include <hdf5.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,7 @@ struct stab_trace {
   const stab_monitor *m;
   size_t n_layers, n_scalars, n_extras;
   hid_t file;
+  int lock_fd;        /* holds the writer's lock on the file (see take_lock), -1 if none */
   hid_t mem;          /* a memory dataspace of `cap` elements, shared by every write */
   hid_t *dsets;       /* (n_dsets) [0] /step, [1] /wall_time, the scalars, then per layer its
                          metrics, head bounds and extras */
@@ -264,6 +267,53 @@ static herr_t get_int(hid_t obj, const char *name, int64_t *value) {
   return rc;
 }
 
+/* ---- one writer per trace ------------------------------------------------------------- */
+
+/* HDF5 1.10 gives up its own file lock once SWMR writing starts, and a resume clears the mark a
+ * killed writer leaves: without a lock of our own, a second writer could open a trace that is
+ * being written. An open-file-description lock (Linux) is not dropped when HDF5 closes another
+ * descriptor of the file, as a POSIX record lock would be; it does not touch HDF5's flock. */
+#ifdef F_OFD_SETLK
+#define LOCK_SET F_OFD_SETLK
+#define LOCK_GET F_OFD_GETLK
+#else
+#define LOCK_SET F_SETLK
+#define LOCK_GET F_GETLK
+#endif
+
+/* Locks path for writing. Returns STAB_OK, or STAB_EIO naming the path (busy or unreadable). */
+static stab_status take_lock(stab_trace *t, const char *who, const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return stabi_fail(STAB_EIO, "%s: %s: cannot open it to lock it: %s", who, t->path, strerror(errno));
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET; /* l_start = l_len = 0: the whole file */
+  if (fcntl(fd, LOCK_SET, &fl) != 0) {
+    int e = errno;
+    close(fd);
+    if (e == EAGAIN || e == EACCES)
+      return stabi_fail(STAB_EIO, "%s: %s: another process is writing this trace (it holds its lock)", who,
+                        t->path);
+    return stabi_fail(STAB_EIO, "%s: %s: cannot lock it: %s", who, t->path, strerror(e));
+  }
+  t->lock_fd = fd;
+  return STAB_OK;
+}
+
+/* 1 when another process holds the lock of the file at path (a trace being written). */
+static int locked_by_other(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  int busy = fcntl(fd, LOCK_GET, &fl) == 0 && fl.l_type != F_UNLCK;
+  close(fd);
+  return busy;
+}
+
 /* ---- creating and checking the file ---------------------------------------------------- */
 
 typedef struct {
@@ -325,6 +375,7 @@ static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char
   hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
   t->file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (t->file < 0) return h5fail(b->who, b->path, "cannot create the file");
+  if ((st = take_lock(t, b->who, tmp)) != STAB_OK) return st;
 
   char created[32];
   time_t now = time(NULL);
@@ -439,6 +490,7 @@ static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *
   const char *who = b->who, *path = b->path;
   stab_status st = STAB_OK;
   hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
+  if ((st = take_lock(t, who, path)) != STAB_OK) return st;
   t->file = H5Fopen(path, H5F_ACC_RDWR, fapl);
   if (t->file < 0) {
     /* A writer killed in SWMR mode leaves the file marked as open for writing. Its data are
@@ -520,6 +572,7 @@ static stab_status destroy(stab_trace *t, const char *who) {
   /* Closing the file flushes it. */
   if (t->file >= 0 && H5Fclose(t->file) < 0 && who && st == STAB_OK)
     st = h5fail(who, t->path, "cannot close the file");
+  if (t->lock_fd >= 0) close(t->lock_fd); /* after the close: the file is complete */
   free(t->dsets);
   free(t->layer_first);
   free(t->stage);
@@ -557,6 +610,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
     goto out;
   }
   t->file = t->mem = H5I_INVALID_HID;
+  t->lock_fd = -1;
   t->m = m;
   t->n_layers = n_layers;
   t->n_scalars = p.n_scalars;
@@ -614,6 +668,11 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   if (p.append && stat(path, &sb) == 0) {
     st = open_file(t, &b, fapl, gnames);
   } else {
+    /* Replacing a trace that is being written would leave its writer writing a deleted file. */
+    if (stat(path, &sb) == 0 && locked_by_other(path)) {
+      st = stabi_fail(STAB_EIO, "%s: %s: another process is writing this trace (it holds its lock)", who, path);
+      goto out;
+    }
     if (!(tmp = malloc(strlen(path) + 32))) {
       st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
       goto out;

@@ -555,6 +555,52 @@ START_TEST(test_append_mismatch) {
 }
 END_TEST
 
+/* While a trace is being written, another process can neither resume it nor replace it. */
+START_TEST(test_one_writer) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 20, D);
+  stab_monitor *m = make_monitor(&md);
+  stab_trace_params p = trace_params(1);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("busy.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  for (int append = 0; append < 2; append++) {
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      /* Refused before HDF5 is called, so this child's copy of the writer's state is not used. */
+      stab_trace *t2 = NULL;
+      p.append = append;
+      char msg[600];
+      stab_status st = stab_trace_open(path, m, &p, &t2);
+      snprintf(msg, sizeof msg, "%d %s", (int)st, stab_last_error());
+      _exit(write(fds[1], msg, strlen(msg) + 1) > 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    char msg[600] = "";
+    ck_assert_int_gt(read(fds[0], msg, sizeof msg - 1), 0);
+    close(fds[0]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(atoi(msg) == STAB_EIO && strstr(msg, "another process is writing"),
+                  "a second writer (append %d) was not refused: %s", append, msg);
+  }
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_OK(stab_trace_append(t, 0, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  p.append = 1; /* closed: it can be resumed */
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 1);
+  TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
 /* ---- kill -9 ----------------------------------------------------------------------------- */
 
 enum { KILL_AFTER = 12 };
@@ -848,6 +894,7 @@ static Suite *trace_suite(void) {
   tcase_add_test(tc, test_flush_visible);
   tcase_add_test(tc, test_append_resume);
   tcase_add_test(tc, test_append_mismatch);
+  tcase_add_test(tc, test_one_writer);
   tcase_add_test(tc, test_kill9);
   suite_add_tcase(s, tc);
   tc = tcase_create("failures");
