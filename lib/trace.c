@@ -533,8 +533,8 @@ static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *
                     (unsigned long long)have, t->n_layers);
   if (st != STAB_OK) goto out;
 
-  /* /step is written last in a row, so its length is the row count; a row cut short by a
-   * failure left some datasets one longer, and they are cut back to it here. */
+  /* Every flush writes /step last, so its length is the row count; a flush cut short by a kill
+   * or a failure may have left other datasets longer, and they are cut back to it here. */
   hsize_t rows;
   if ((st = dataset_rows(b, t->dsets[0], &rows)) != STAB_OK) goto out;
   for (size_t k = 1; k < t->n_dsets; k++) {
