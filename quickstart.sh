@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
-          liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check)
+          liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py)
 
 install_missing() {
   local missing=() p

@@ -22,6 +22,7 @@ const char *stab_strerror(stab_status status) {
   case STAB_ESTATE: return "call out of order";
   case STAB_ELAPACK: return "LAPACK failure";
   case STAB_ERANGE: return "value out of range";
+  case STAB_EIO: return "file input/output error";
   }
   return "unknown status";
 }

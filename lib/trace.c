@@ -1,0 +1,818 @@
+/* trace.c — the HDF5 trace writer: every measured step of a monitor appended as one row of
+ * one-dimensional extendable datasets (SPEC.md, "Trace"), written in SWMR mode so that a reader
+ * can follow the file while training runs and a killed writer loses nothing it had flushed. */
+#define _GNU_SOURCE /* F_OFD_SETLK */
+#include "internal.h"
+
+#include <hdf5.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Rows per chunk. A flush writes every dirty chunk whole, so a smaller chunk makes the per-step
+ * flush cheaper, and a larger one makes long traces need fewer chunk-index entries. */
+enum { CHUNK_ROWS = 256 };
+
+/* Rows are staged in memory and reach the file only at a flush: one write of many rows per
+ * dataset costs little more than one of a row, and rows written but not flushed could reach
+ * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. */
+enum { STAGE_ROWS = 256 };
+
+/* The stab_metrics fields every layer records, in file order. */
+enum { N_METRICS = 15 };
+static const char *const metric_names[N_METRICS] = {
+    "forward",       "dependency",    "update",         "forward_tight",
+    "dependency_tight", "update_tight", "spread",        "sigma",
+    "sigma_rel_err", "sigma_update",  "sigma_update_rel_err", "rel_update",
+    "passes",        "update_passes", "flags"};
+
+static void metric_values(const stab_metrics *m, double *v) {
+  v[0] = m->forward;
+  v[1] = m->dependency;
+  v[2] = m->update;
+  v[3] = m->forward_tight;
+  v[4] = m->dependency_tight;
+  v[5] = m->update_tight;
+  v[6] = m->spread;
+  v[7] = m->sigma;
+  v[8] = m->sigma_rel_err;
+  v[9] = m->sigma_update;
+  v[10] = m->sigma_update_rel_err;
+  v[11] = m->rel_update;
+  v[12] = m->passes;
+  v[13] = m->update_passes;
+  v[14] = m->flags;
+}
+
+struct stab_trace {
+  char *path;
+  const stab_monitor *m;
+  size_t n_layers, n_scalars, n_extras;
+  hid_t file;
+  int lock_fd;        /* holds the writer's lock on the file (see take_lock), -1 if none */
+  hid_t mem;          /* a memory dataspace of `cap` elements, shared by every write */
+  hid_t *dsets;       /* (n_dsets) [0] /step, [1] /wall_time, the scalars, then per layer its
+                         metrics, head bounds and extras */
+  size_t n_dsets;
+  size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
+  size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS): a full stage is flushed */
+  double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
+                         column 0 unused (step is int64) */
+  int64_t *stage_step;/* (cap) */
+  size_t staged;      /* rows in the stage */
+  int64_t written;    /* rows in the file, all flushed */
+  stab_trace_on_error on_error;
+  stab_status error;  /* the write failure that stopped the trace, STAB_OK if none */
+  char message[512];  /* its message, repeated by every later append in STOP mode */
+};
+
+stab_trace_params stab_trace_default_params(void) {
+  stab_trace_params p;
+  memset(&p, 0, sizeof p);
+  p.flush_every = 1;
+  p.on_error = STAB_TRACE_STOP;
+  return p;
+}
+
+/* ---- HDF5 errors --------------------------------------------------------------------- */
+
+/* The library never prints: HDF5's automatic error printing is off while we call it, and the
+ * caller's own setting is back when we return. */
+typedef struct {
+  H5E_auto2_t fn;
+  void *data;
+} quiet;
+
+static void quiet_begin(quiet *q) {
+  q->fn = NULL;
+  q->data = NULL;
+  H5Eget_auto2(H5E_DEFAULT, &q->fn, &q->data);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static void quiet_end(const quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->fn, q->data); }
+
+typedef struct {
+  int n;
+  char outer[160], inner[240];
+} walk_state;
+
+/* Walked from the API call down: the first record says what was asked, the last (deepest) says
+ * why it failed, e.g. the errno text of a file that cannot be created. */
+static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *data) {
+  walk_state *w = data;
+  (void)n;
+  const char *desc = e->desc && e->desc[0] ? e->desc : "(no description)";
+  if (w->n == 0) snprintf(w->outer, sizeof w->outer, "%s: %s", e->func_name ? e->func_name : "?", desc);
+  snprintf(w->inner, sizeof w->inner, "%s", desc);
+  for (char *c = w->inner; *c; c++) /* the file drivers' messages span lines */
+    if (*c == '\n') *c = ' ';
+  w->n++;
+  return 0;
+}
+
+/* Records an HDF5 failure as STAB_EIO with the path and HDF5's own message. Called at the
+ * failure, before any other HDF5 call: each API call clears the error stack on entry. */
+static stab_status h5fail(const char *who, const char *path, const char *what) {
+  walk_state w;
+  memset(&w, 0, sizeof w);
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &w);
+  if (w.n == 0) return stabi_fail(STAB_EIO, "%s: %s: %s (no HDF5 message)", who, path, what);
+  if (w.n == 1) return stabi_fail(STAB_EIO, "%s: %s: %s: %s", who, path, what, w.outer);
+  return stabi_fail(STAB_EIO, "%s: %s: %s: %s (%s)", who, path, what, w.inner, w.outer);
+}
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+/* A layer's group name: '/' is HDF5's path separator, so it becomes '.'. */
+static char *group_name(const char *name) {
+  size_t n = strlen(name) + 1;
+  char *g = malloc(n);
+  if (!g) return NULL;
+  for (size_t i = 0; i < n; i++) g[i] = name[i] == '/' ? '.' : name[i];
+  return g;
+}
+
+static const char *layout_name(const stab_layer *l) {
+  switch (l->kind) {
+  case STAB_KIND_LINEAR:
+  case STAB_KIND_ATTENTION: return l->layout == STAB_LAYOUT_IN_MAJOR ? "in_major" : "out_major";
+  case STAB_KIND_EMBEDDING: return l->layout == STAB_LAYOUT_OUT_MAJOR ? "out_major" : "rows";
+  case STAB_KIND_LM_HEAD: return l->layout == STAB_LAYOUT_IN_MAJOR ? "in_major" : "rows";
+  case STAB_KIND_GAIN:
+  case STAB_KIND_BIAS: break;
+  }
+  return "rows";
+}
+
+static int64_t param_count(const stab_layer *l) {
+  int64_t io = (int64_t)l->d_in * (int64_t)l->d_out;
+  switch (l->kind) {
+  case STAB_KIND_LINEAR: return io + (l->bias ? (int64_t)l->d_out : 0);
+  case STAB_KIND_ATTENTION: return 2 * io;
+  case STAB_KIND_EMBEDDING:
+  case STAB_KIND_LM_HEAD: return io;
+  case STAB_KIND_GAIN:
+  case STAB_KIND_BIAS: break;
+  }
+  return (int64_t)l->d_in;
+}
+
+static size_t layer_dsets(const stab_layer *l, size_t n_extras) {
+  return N_METRICS + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) + n_extras;
+}
+
+/* The name of dataset k of a layer (k < layer_dsets) into buf. */
+static const char *layer_dset_name(const stab_layer *l, size_t k, const char *const *extras,
+                                   char *buf, size_t len) {
+  if (k < N_METRICS) return metric_names[k];
+  k -= N_METRICS;
+  size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
+  if (k < heads) {
+    snprintf(buf, len, "head%zu_bound", k);
+    return buf;
+  }
+  return extras[k - heads];
+}
+
+/* A declared name is one link name: not empty, no '/', not "." and unique in its list. */
+static stab_status check_names(const char *who, const char *what, const char *const *names,
+                               size_t n, int not_metric) {
+  if (n && !names) return stabi_fail(STAB_EINVAL, "%s: %s is NULL but its count is %zu", who, what, n);
+  for (size_t i = 0; i < n; i++) {
+    const char *s = names[i];
+    if (!s || !s[0]) return stabi_fail(STAB_EINVAL, "%s: %s[%zu] is empty", who, what, i);
+    if (strchr(s, '/') || strcmp(s, ".") == 0)
+      return stabi_fail(STAB_EINVAL, "%s: %s[%zu] '%s' is not a valid dataset name", who, what, i, s);
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(names[j], s) == 0)
+        return stabi_fail(STAB_EINVAL, "%s: %s '%s' is declared twice", who, what, s);
+    if (!not_metric) continue;
+    for (size_t k = 0; k < N_METRICS; k++)
+      if (strcmp(metric_names[k], s) == 0)
+        return stabi_fail(STAB_EINVAL, "%s: %s '%s' is the name of a metric", who, what, s);
+    if (strncmp(s, "head", 4) == 0 && strstr(s, "_bound"))
+      return stabi_fail(STAB_EINVAL, "%s: %s '%s' may clash with an attention head's dataset", who, what, s);
+  }
+  return STAB_OK;
+}
+
+/* ---- attributes ------------------------------------------------------------------------ */
+
+static hid_t string_type(void) {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  if (t < 0) return t;
+  if (H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+    H5Tclose(t);
+    return H5I_INVALID_HID;
+  }
+  return t;
+}
+
+/* An attribute holding one value of type `mem` (stored as `file_type`). Returns < 0 on failure
+ * with HDF5's message still on the error stack. */
+static herr_t put_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem, const void *value) {
+  herr_t rc = -1;
+  hid_t space = H5I_INVALID_HID, a = H5I_INVALID_HID;
+  if ((space = H5Screate(H5S_SCALAR)) < 0) goto out;
+  if ((a = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT)) < 0) goto out;
+  if (H5Awrite(a, mem, value) < 0) goto out;
+  rc = 0;
+out:
+  /* On failure, closing would clear the error stack before h5fail reads it. */
+  if (rc == 0) {
+    rc = H5Aclose(a);
+    if (H5Sclose(space) < 0) rc = -1;
+  }
+  return rc;
+}
+
+static herr_t put_string(hid_t obj, const char *name, hid_t str, const char *value) {
+  return put_attr(obj, name, str, str, &value);
+}
+
+static herr_t put_int(hid_t obj, const char *name, int64_t value) {
+  return put_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+
+/* Reads a string attribute into buf (truncated to len). Returns < 0 when missing or unreadable. */
+static herr_t get_string(hid_t obj, const char *name, hid_t str, char *buf, size_t len) {
+  herr_t rc = -1;
+  char *value = NULL;
+  buf[0] = '\0';
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  if (H5Aread(a, str, &value) >= 0 && value) {
+    snprintf(buf, len, "%s", value);
+    H5free_memory(value);
+    rc = 0;
+  }
+  H5Aclose(a);
+  return rc;
+}
+
+static herr_t get_int(hid_t obj, const char *name, int64_t *value) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  herr_t rc = H5Aread(a, H5T_NATIVE_INT64, value);
+  H5Aclose(a);
+  return rc;
+}
+
+/* ---- one writer per trace ------------------------------------------------------------- */
+
+/* HDF5 1.10 gives up its own file lock once SWMR writing starts, and a resume clears the mark a
+ * killed writer leaves: without a lock of our own, a second writer could open a trace that is
+ * being written. An open-file-description lock (Linux) is not dropped when HDF5 closes another
+ * descriptor of the file, as a POSIX record lock would be; it does not touch HDF5's flock. */
+#ifdef F_OFD_SETLK
+#define LOCK_SET F_OFD_SETLK
+#define LOCK_GET F_OFD_GETLK
+#else
+#define LOCK_SET F_SETLK
+#define LOCK_GET F_GETLK
+#endif
+
+/* Locks path for writing. Returns STAB_OK, or STAB_EIO naming the path (busy or unreadable). */
+static stab_status take_lock(stab_trace *t, const char *who, const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return stabi_fail(STAB_EIO, "%s: %s: cannot open it to lock it: %s", who, t->path, strerror(errno));
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET; /* l_start = l_len = 0: the whole file */
+  if (fcntl(fd, LOCK_SET, &fl) != 0) {
+    int e = errno;
+    close(fd);
+    if (e == EAGAIN || e == EACCES)
+      return stabi_fail(STAB_EIO, "%s: %s: another process is writing this trace (it holds its lock)", who,
+                        t->path);
+    return stabi_fail(STAB_EIO, "%s: %s: cannot lock it: %s", who, t->path, strerror(e));
+  }
+  t->lock_fd = fd;
+  return STAB_OK;
+}
+
+/* 1 when another process holds the lock of the file at path (a trace being written). */
+static int locked_by_other(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  int busy = fcntl(fd, LOCK_GET, &fl) == 0 && fl.l_type != F_UNLCK;
+  close(fd);
+  return busy;
+}
+
+/* ---- creating and checking the file ---------------------------------------------------- */
+
+typedef struct {
+  const char *who, *path;
+  const stab_trace_params *p;
+  hid_t str;          /* variable-length UTF-8 string type */
+  hid_t dcpl_f, dcpl_i; /* chunked creation properties: float64 (fill NaN), int64 */
+  hid_t space0;       /* [0] of [unlimited] */
+} builder;
+
+static stab_status new_dataset(stab_trace *t, const builder *b, hid_t loc, const char *name,
+                               size_t k, int is_int) {
+  t->dsets[k] = H5Dcreate2(loc, name, is_int ? H5T_STD_I64LE : H5T_IEEE_F64LE, b->space0,
+                           H5P_DEFAULT, is_int ? b->dcpl_i : b->dcpl_f, H5P_DEFAULT);
+  if (t->dsets[k] < 0) {
+    char what[160];
+    snprintf(what, sizeof what, "cannot create dataset '%s'", name);
+    return h5fail(b->who, b->path, what);
+  }
+  return STAB_OK;
+}
+
+static stab_status create_layer(stab_trace *t, const builder *b, hid_t layers, size_t i,
+                                const char *gname) {
+  const stab_layer *l = stab_monitor_layer(t->m, i);
+  stab_status st = STAB_OK;
+  hid_t g = H5Gcreate2(layers, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (g < 0) {
+    char what[160];
+    snprintf(what, sizeof what, "cannot create the group of layer '%s'", l->name);
+    return h5fail(b->who, b->path, what);
+  }
+  if (put_string(g, "name", b->str, l->name) < 0 || put_string(g, "kind", b->str, stab_kind_name(l->kind)) < 0 ||
+      put_int(g, "d_in", (int64_t)l->d_in) < 0 || put_int(g, "d_out", (int64_t)l->d_out) < 0 ||
+      put_string(g, "layout", b->str, layout_name(l)) < 0 || put_int(g, "param_count", param_count(l)) < 0) {
+    char what[160];
+    snprintf(what, sizeof what, "cannot write the attributes of layer '%s'", l->name);
+    st = h5fail(b->who, b->path, what);
+    goto out;
+  }
+  size_t n = layer_dsets(l, t->n_extras);
+  for (size_t k = 0; k < n && st == STAB_OK; k++) {
+    char buf[64];
+    const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
+    st = new_dataset(t, b, g, name, t->layer_first[i] + k, 0);
+  }
+out:
+  H5Gclose(g);
+  return st;
+}
+
+/* The file is built under a temporary name (tmp) and renamed to the trace's path once in SWMR
+ * mode: a writer killed while creating it leaves no half-made trace, and a failed open does not
+ * replace the file that was there. */
+static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames,
+                               const char *tmp) {
+  const stab_trace_params *p = b->p;
+  stab_status st = STAB_OK;
+  hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
+  t->file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  if (t->file < 0) return h5fail(b->who, b->path, "cannot create the file");
+  if ((st = take_lock(t, b->who, tmp)) != STAB_OK) return st;
+
+  char created[32];
+  time_t now = time(NULL);
+  struct tm tm;
+  if (gmtime_r(&now, &tm)) strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  else snprintf(created, sizeof created, "unknown");
+  if (put_string(t->file, "format", b->str, "stabmeter-trace") < 0 || put_int(t->file, "format_version", 1) < 0 ||
+      put_string(t->file, "library_version", b->str, stab_version()) < 0 ||
+      put_string(t->file, "created_utc", b->str, created) < 0 ||
+      put_string(t->file, "run_config", b->str, p->run_config ? p->run_config : "{}") < 0)
+    return h5fail(b->who, b->path, "cannot write the root attributes");
+
+  if ((st = new_dataset(t, b, t->file, "step", 0, 1)) != STAB_OK) return st;
+  if ((st = new_dataset(t, b, t->file, "wall_time", 1, 0)) != STAB_OK) return st;
+  if ((scalars = H5Gcreate2(t->file, "scalars", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
+      (layers = H5Gcreate2(t->file, "layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
+    st = h5fail(b->who, b->path, "cannot create the groups /scalars and /layers");
+    goto out;
+  }
+  for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
+    st = new_dataset(t, b, scalars, p->scalars[s], 2 + s, 0);
+  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = create_layer(t, b, layers, i, gnames[i]);
+out:
+  if (scalars >= 0) H5Gclose(scalars);
+  if (layers >= 0) H5Gclose(layers);
+  return st;
+}
+
+/* Opens dataset `name` of loc into dsets[k], or says which one the trace lacks. */
+static stab_status open_dataset(stab_trace *t, const builder *b, hid_t loc, const char *where,
+                                const char *name, size_t k) {
+  if (H5Lexists(loc, name, H5P_DEFAULT) <= 0)
+    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has no dataset '%s'", b->who,
+                      b->path, where, name);
+  if ((t->dsets[k] = H5Dopen2(loc, name, H5P_DEFAULT)) < 0) {
+    char what[200];
+    snprintf(what, sizeof what, "cannot open %s/%s", where, name);
+    return h5fail(b->who, b->path, what);
+  }
+  return STAB_OK;
+}
+
+static stab_status link_count(const builder *b, hid_t g, const char *where, hsize_t *n) {
+  H5G_info_t info;
+  if (H5Gget_info(g, &info) < 0) {
+    char what[300];
+    snprintf(what, sizeof what, "cannot list %s", where);
+    return h5fail(b->who, b->path, what);
+  }
+  *n = info.nlinks;
+  return STAB_OK;
+}
+
+static stab_status check_layer(stab_trace *t, const builder *b, hid_t layers, size_t i,
+                               const char *gname) {
+  const stab_layer *l = stab_monitor_layer(t->m, i);
+  const char *who = b->who, *path = b->path;
+  if (H5Lexists(layers, gname, H5P_DEFAULT) <= 0)
+    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has no layer '%s'", who, path, l->name);
+  hid_t g = H5Gopen2(layers, gname, H5P_DEFAULT);
+  if (g < 0) return h5fail(who, path, "cannot open a layer's group");
+  stab_status st = STAB_OK;
+  char kind[32], where[256];
+  int64_t d_in = -1, d_out = -1;
+  snprintf(where, sizeof where, "layer '%s'", l->name);
+  if (get_string(g, "kind", b->str, kind, sizeof kind) < 0 || get_int(g, "d_in", &d_in) < 0 ||
+      get_int(g, "d_out", &d_out) < 0) {
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has no kind, d_in or d_out", who, path, where);
+    goto out;
+  }
+  if (strcmp(kind, stab_kind_name(l->kind)) != 0) {
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s is %s in the trace, %s in the monitor", who,
+                    path, where, kind, stab_kind_name(l->kind));
+    goto out;
+  }
+  if (d_in != (int64_t)l->d_in || d_out != (int64_t)l->d_out) {
+    st = stabi_fail(STAB_EINVAL,
+                    "%s: %s: the trace does not match: %s is %lld x %lld (d_in x d_out) in the trace, %zu x %zu in the monitor",
+                    who, path, where, (long long)d_in, (long long)d_out, l->d_in, l->d_out);
+    goto out;
+  }
+  size_t n = layer_dsets(l, t->n_extras);
+  hsize_t have = 0;
+  if ((st = link_count(b, g, where, &have)) != STAB_OK) goto out;
+  for (size_t k = 0; k < n && st == STAB_OK; k++) {
+    char buf[64];
+    const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
+    st = open_dataset(t, b, g, where, name, t->layer_first[i] + k);
+  }
+  if (st == STAB_OK && have != n)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has %llu datasets in the trace, %zu expected "
+                    "(other heads or layer extras)", who, path, where, (unsigned long long)have, n);
+out:
+  H5Gclose(g);
+  return st;
+}
+
+/* The rows of a dataset (its length). */
+static stab_status dataset_rows(const builder *b, hid_t d, hsize_t *n) {
+  hid_t s = H5Dget_space(d);
+  if (s < 0 || H5Sget_simple_extent_ndims(s) != 1 || H5Sget_simple_extent_dims(s, n, NULL) < 0) {
+    stab_status st = h5fail(b->who, b->path, "a dataset is not one-dimensional");
+    if (s >= 0) H5Sclose(s);
+    return st;
+  }
+  H5Sclose(s);
+  return STAB_OK;
+}
+
+static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames) {
+  const stab_trace_params *p = b->p;
+  const char *who = b->who, *path = b->path;
+  stab_status st = STAB_OK;
+  hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
+  if ((st = take_lock(t, who, path)) != STAB_OK) return st;
+  t->file = H5Fopen(path, H5F_ACC_RDWR, fapl);
+  if (t->file < 0) {
+    /* A writer killed in SWMR mode leaves the file marked as open for writing. Its data are
+     * consistent (SWMR orders every flush), so the mark is cleared as h5clear -s does. */
+    hbool_t clear = 1;
+    H5Eclear2(H5E_DEFAULT);
+    if (H5Pexist(fapl, "clear_status_flags") > 0 && H5Pset(fapl, "clear_status_flags", &clear) >= 0)
+      t->file = H5Fopen(path, H5F_ACC_RDWR, fapl);
+    if (t->file < 0) return h5fail(who, path, "cannot open the trace to append");
+  }
+
+  char format[64];
+  int64_t version = 0;
+  if (get_string(t->file, "format", b->str, format, sizeof format) < 0 || strcmp(format, "stabmeter-trace") != 0 ||
+      get_int(t->file, "format_version", &version) < 0)
+    return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no format = \"stabmeter-trace\")", who, path);
+  if (version != 1)
+    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes 1", who, path,
+                      (long long)version);
+  if ((st = open_dataset(t, b, t->file, "the root", "step", 0)) != STAB_OK) return st;
+  if ((st = open_dataset(t, b, t->file, "the root", "wall_time", 1)) != STAB_OK) return st;
+  if (H5Lexists(t->file, "scalars", H5P_DEFAULT) <= 0 || H5Lexists(t->file, "layers", H5P_DEFAULT) <= 0)
+    return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no /scalars or /layers)", who, path);
+  if ((scalars = H5Gopen2(t->file, "scalars", H5P_DEFAULT)) < 0 ||
+      (layers = H5Gopen2(t->file, "layers", H5P_DEFAULT)) < 0) {
+    st = h5fail(who, path, "cannot open /scalars or /layers");
+    goto out;
+  }
+  hsize_t have = 0;
+  for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
+    st = open_dataset(t, b, scalars, "/scalars", p->scalars[s], 2 + s);
+  if (st == STAB_OK) st = link_count(b, scalars, "/scalars", &have);
+  if (st == STAB_OK && have != t->n_scalars)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu scalars, %zu declared", who, path,
+                    (unsigned long long)have, t->n_scalars);
+  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = check_layer(t, b, layers, i, gnames[i]);
+  if (st == STAB_OK) st = link_count(b, layers, "/layers", &have);
+  if (st == STAB_OK && have != t->n_layers)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu layers, the monitor %zu", who, path,
+                    (unsigned long long)have, t->n_layers);
+  if (st != STAB_OK) goto out;
+
+  /* Every flush writes /step last, so its length is the row count; a flush cut short by a kill
+   * or a failure may have left other datasets longer, and they are cut back to it here. */
+  hsize_t rows;
+  if ((st = dataset_rows(b, t->dsets[0], &rows)) != STAB_OK) goto out;
+  for (size_t k = 1; k < t->n_dsets; k++) {
+    hsize_t n;
+    if ((st = dataset_rows(b, t->dsets[k], &n)) != STAB_OK) goto out;
+    if (n < rows) {
+      st = stabi_fail(STAB_EIO, "%s: %s: damaged trace: a dataset has %llu rows, /step %llu", who, path,
+                      (unsigned long long)n, (unsigned long long)rows);
+      goto out;
+    }
+    if (n > rows && H5Dset_extent(t->dsets[k], &rows) < 0) {
+      st = h5fail(who, path, "cannot cut back a row left incomplete");
+      goto out;
+    }
+  }
+  t->written = (int64_t)rows;
+out:
+  if (scalars >= 0) H5Gclose(scalars);
+  if (layers >= 0) H5Gclose(layers);
+  return st;
+}
+
+/* ---- the handle ------------------------------------------------------------------------ */
+
+/* Closes every HDF5 object of t (whatever was opened) and frees it. who NULL: silently (t is
+ * being dropped after another failure); else the first failing close becomes STAB_EIO. */
+static stab_status destroy(stab_trace *t, const char *who) {
+  stab_status st = STAB_OK;
+  if (!t) return st;
+  if (t->dsets)
+    for (size_t k = 0; k < t->n_dsets; k++)
+      if (t->dsets[k] >= 0 && H5Dclose(t->dsets[k]) < 0 && who && st == STAB_OK)
+        st = h5fail(who, t->path, "cannot close a dataset");
+  if (t->mem >= 0) H5Sclose(t->mem);
+  /* Closing the file flushes it. */
+  if (t->file >= 0 && H5Fclose(t->file) < 0 && who && st == STAB_OK)
+    st = h5fail(who, t->path, "cannot close the file");
+  if (t->lock_fd >= 0) close(t->lock_fd); /* after the close: the file is complete */
+  free(t->dsets);
+  free(t->layer_first);
+  free(t->stage);
+  free(t->stage_step);
+  free(t->path);
+  free(t);
+  return st;
+}
+
+stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_trace_params *params,
+                            stab_trace **out) {
+  static const char who[] = "stab_trace_open";
+  if (!out) return stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
+  *out = NULL;
+  if (!path || !path[0] || !m)
+    return stabi_fail(STAB_EINVAL, "%s: %s", who, !m ? "monitor is NULL" : "path is NULL or empty");
+  stab_trace_params p = params ? *params : stab_trace_default_params();
+  if (p.flush_every < 1) return stabi_fail(STAB_EINVAL, "%s: flush_every is %d, must be >= 1", who, p.flush_every);
+  if (p.on_error != STAB_TRACE_STOP && p.on_error != STAB_TRACE_CONTINUE)
+    return stabi_fail(STAB_EINVAL, "%s: unknown on_error %d", who, (int)p.on_error);
+  stab_status st = check_names(who, "scalars", p.scalars, p.n_scalars, 0);
+  if (st == STAB_OK) st = check_names(who, "layer_extras", p.layer_extras, p.n_layer_extras, 1);
+  if (st != STAB_OK) return st;
+
+  const size_t n_layers = stab_monitor_layer_count(m);
+  stab_trace *t = calloc(1, sizeof *t);
+  char **gnames = n_layers ? calloc(n_layers, sizeof *gnames) : NULL;
+  builder b = {who, path, &p, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID};
+  hid_t fapl = H5I_INVALID_HID;
+  char *tmp = NULL;
+  quiet q;
+  quiet_begin(&q);
+  if (!t || (n_layers && !gnames)) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+    goto out;
+  }
+  t->file = t->mem = H5I_INVALID_HID;
+  t->lock_fd = -1;
+  t->m = m;
+  t->n_layers = n_layers;
+  t->n_scalars = p.n_scalars;
+  t->n_extras = p.n_layer_extras;
+  t->on_error = p.on_error;
+  t->n_dsets = 2 + p.n_scalars;
+  t->path = malloc(strlen(path) + 1);
+  t->layer_first = malloc((n_layers ? n_layers : 1) * sizeof *t->layer_first);
+  if (!t->path || !t->layer_first) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+    goto out;
+  }
+  strcpy(t->path, path);
+  for (size_t i = 0; i < n_layers; i++) {
+    const stab_layer *l = stab_monitor_layer(m, i);
+    t->layer_first[i] = t->n_dsets;
+    t->n_dsets += layer_dsets(l, p.n_layer_extras);
+    if (!(gnames[i] = group_name(l->name))) {
+      st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+      goto out;
+    }
+    if (strcmp(gnames[i], ".") == 0) {
+      st = stabi_fail(STAB_EINVAL, "%s: layer '%s' cannot be a group name", who, l->name);
+      goto out;
+    }
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(gnames[j], gnames[i]) == 0) {
+        st = stabi_fail(STAB_EEXIST, "%s: layers '%s' and '%s' would both be /layers/%s", who,
+                        stab_monitor_layer(m, j)->name, l->name, gnames[i]);
+        goto out;
+      }
+  }
+  t->dsets = malloc(t->n_dsets * sizeof *t->dsets);
+  t->cap = p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
+  t->stage = malloc(t->n_dsets * t->cap * sizeof *t->stage);
+  t->stage_step = malloc(t->cap * sizeof *t->stage_step);
+  if (!t->dsets || !t->stage || !t->stage_step) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+    goto out;
+  }
+  for (size_t k = 0; k < t->n_dsets; k++) t->dsets[k] = H5I_INVALID_HID;
+
+  const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = CHUNK_ROWS, cap = t->cap;
+  const double nan = NAN;
+  if ((fapl = H5Pcreate(H5P_FILE_ACCESS)) < 0 ||
+      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0 || (b.str = string_type()) < 0 ||
+      (b.dcpl_f = H5Pcreate(H5P_DATASET_CREATE)) < 0 || H5Pset_chunk(b.dcpl_f, 1, &chunk) < 0 ||
+      H5Pset_fill_value(b.dcpl_f, H5T_NATIVE_DOUBLE, &nan) < 0 ||
+      (b.dcpl_i = H5Pcreate(H5P_DATASET_CREATE)) < 0 || H5Pset_chunk(b.dcpl_i, 1, &chunk) < 0 ||
+      (b.space0 = H5Screate_simple(1, &zero, &unlimited)) < 0 || (t->mem = H5Screate_simple(1, &cap, NULL)) < 0) {
+    st = h5fail(who, path, "cannot set up HDF5 properties");
+    goto out;
+  }
+  struct stat sb;
+  if (p.append && stat(path, &sb) == 0) {
+    st = open_file(t, &b, fapl, gnames);
+  } else {
+    /* Replacing a trace that is being written would leave its writer writing a deleted file. */
+    if (stat(path, &sb) == 0 && locked_by_other(path)) {
+      st = stabi_fail(STAB_EIO, "%s: %s: another process is writing this trace (it holds its lock)", who, path);
+      goto out;
+    }
+    if (!(tmp = malloc(strlen(path) + 32))) {
+      st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+      goto out;
+    }
+    sprintf(tmp, "%s.%ld.tmp", path, (long)getpid());
+    st = create_file(t, &b, fapl, gnames, tmp);
+  }
+  if (st != STAB_OK) goto out;
+  if (H5Fstart_swmr_write(t->file) < 0) {
+    st = h5fail(who, path, "cannot start SWMR writing");
+    goto out;
+  }
+  if (tmp && rename(tmp, path) != 0) {
+    st = stabi_fail(STAB_EIO, "%s: %s: cannot rename %s to it: %s", who, path, tmp, strerror(errno));
+    goto out;
+  }
+out:
+  if (gnames)
+    for (size_t i = 0; i < n_layers; i++) free(gnames[i]);
+  free(gnames);
+  if (fapl >= 0) H5Pclose(fapl);
+  if (b.str >= 0) H5Tclose(b.str);
+  if (b.dcpl_f >= 0) H5Pclose(b.dcpl_f);
+  if (b.dcpl_i >= 0) H5Pclose(b.dcpl_i);
+  if (b.space0 >= 0) H5Sclose(b.space0);
+  if (st == STAB_OK) {
+    *out = t;
+  } else {
+    destroy(t, NULL);
+    if (tmp) unlink(tmp); /* fails harmlessly if the file was never created or is renamed */
+  }
+  free(tmp);
+  quiet_end(&q);
+  return st;
+}
+
+/* ---- appending ------------------------------------------------------------------------- */
+
+/* The staged rows of dataset k, written after the file's `written` rows. */
+static stab_status write_column(stab_trace *t, size_t k, const char *who) {
+  hid_t d = t->dsets[k];
+  hsize_t at = (hsize_t)t->written, count = t->staged, n = at + count, zero = 0;
+  if (H5Dset_extent(d, &n) < 0) return h5fail(who, t->path, "cannot extend a dataset");
+  hid_t fs = H5Dget_space(d);
+  if (fs < 0) return h5fail(who, t->path, "cannot write rows");
+  herr_t rc = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &count, NULL);
+  if (rc >= 0) rc = H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL);
+  if (rc >= 0)
+    rc = k == 0 ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
+                : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, t->stage + k * t->cap);
+  /* HDF5's message is taken before H5Sclose clears it. */
+  stab_status st = rc < 0 ? h5fail(who, t->path, "cannot write rows") : STAB_OK;
+  if (H5Sclose(fs) < 0 && st == STAB_OK) st = h5fail(who, t->path, "cannot write rows");
+  return st;
+}
+
+/* A write failed: the trace keeps the failure (STOP) or turns itself off (CONTINUE). The rows
+ * staged are dropped: the trace holds what reached the file. */
+static stab_status stop(stab_trace *t, stab_status st) {
+  t->error = st;
+  t->staged = 0;
+  snprintf(t->message, sizeof t->message, "%s", stab_last_error());
+  return st;
+}
+
+/* Writes the staged rows and flushes them, in two steps: every dataset but /step, flush, then
+ * /step, flush. HDF5 writes a flush's metadata in its own order, so a writer killed during a
+ * single flush could leave /step longer than another dataset; this way the length of /step
+ * never counts a row that is not everywhere. */
+static stab_status write_out(stab_trace *t, const char *who) {
+  if (!t->staged) return STAB_OK;
+  for (size_t k = 1; k < t->n_dsets; k++) {
+    stab_status st = write_column(t, k, who);
+    if (st != STAB_OK) return stop(t, st);
+  }
+  if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
+  stab_status st = write_column(t, 0, who);
+  if (st != STAB_OK) return stop(t, st);
+  t->written += (int64_t)t->staged;
+  t->staged = 0;
+  if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
+  return STAB_OK;
+}
+
+stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
+                              const double *layer_extras) {
+  static const char who[] = "stab_trace_append";
+  if (!t) return stabi_fail(STAB_EINVAL, "%s: trace is NULL", who);
+  if (t->error != STAB_OK)
+    return t->on_error == STAB_TRACE_CONTINUE ? STAB_OK : stabi_fail(t->error, "%s", t->message);
+
+  const size_t r = t->staged, cap = t->cap;
+  double *col = t->stage + r; /* col[k * cap] is dataset k's value of this row */
+  t->stage_step[r] = step;
+  col[1 * cap] = wall_time;
+  for (size_t s = 0; s < t->n_scalars; s++) col[(2 + s) * cap] = scalars ? scalars[s] : NAN;
+  for (size_t i = 0; i < t->n_layers; i++) {
+    const stab_layer *l = stab_monitor_layer(t->m, i);
+    double v[N_METRICS];
+    size_t k = t->layer_first[i];
+    metric_values(stab_monitor_metrics(t->m, i), v);
+    for (size_t j = 0; j < N_METRICS; j++) col[k++ * cap] = v[j];
+    if (l->kind == STAB_KIND_ATTENTION) {
+      const double *h = stab_monitor_head_bounds(t->m, i);
+      for (size_t j = 0; j < l->heads; j++) col[k++ * cap] = h[j];
+    }
+    for (size_t e = 0; e < t->n_extras; e++)
+      col[k++ * cap] = layer_extras ? layer_extras[i * t->n_extras + e] : NAN;
+  }
+  if (++t->staged < cap) return STAB_OK;
+
+  quiet q;
+  quiet_begin(&q);
+  stab_status st = write_out(t, who);
+  quiet_end(&q);
+  return st;
+}
+
+stab_status stab_trace_flush(stab_trace *t) {
+  if (!t) return stabi_fail(STAB_EINVAL, "stab_trace_flush: trace is NULL");
+  if (t->error != STAB_OK)
+    return t->on_error == STAB_TRACE_CONTINUE ? STAB_OK : stabi_fail(t->error, "%s", t->message);
+  quiet q;
+  quiet_begin(&q);
+  stab_status st = write_out(t, "stab_trace_flush");
+  quiet_end(&q);
+  return st;
+}
+
+int64_t stab_trace_steps(const stab_trace *t) { return t ? t->written + (int64_t)t->staged : 0; }
+
+int stab_trace_failed(const stab_trace *t) { return t && t->error != STAB_OK; }
+
+stab_status stab_trace_close(stab_trace *t) {
+  if (!t) return STAB_OK;
+  quiet q;
+  quiet_begin(&q);
+  stab_status st = t->error == STAB_OK ? write_out(t, "stab_trace_close") : STAB_OK;
+  stab_status closed = destroy(t, "stab_trace_close");
+  if (st == STAB_OK) st = closed;
+  quiet_end(&q);
+  return st;
+}

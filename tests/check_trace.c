@@ -1,0 +1,916 @@
+/* check_trace.c — the HDF5 trace writer, every file read back with the HDF5 C API: the schema
+ * of SPEC.md (datasets, types, chunking, unlimited extents, attributes), values equal bit for
+ * bit to the monitor's metrics, staging and flushing, resume with a matching and a mismatched
+ * monitor, a writer killed with SIGKILL, and write failures (no directory, a full disk). */
+#define _GNU_SOURCE /* RTLD_NEXT */
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "stabmeter.h"
+#include "testutil.h"
+
+/* ---- a model with one layer of every kind, one name holding '/' ----------------------- */
+
+enum { MAXL = 8, D = 24, V = 40, HEADS = 3, DH = 8 };
+
+typedef struct {
+  size_t n;
+  stab_layer layers[MAXL];
+  float *buf[MAXL][2];  /* weight (or query) and bias (or key); NULL if unused */
+  size_t len[MAXL][2];
+} model;
+
+static void add(model *md, stab_layer l, size_t wlen, size_t blen, tu_rng *r, double std) {
+  size_t i = md->n++;
+  md->len[i][0] = wlen;
+  md->buf[i][0] = tu_floats(wlen);
+  tu_fill_gauss(md->buf[i][0], 1, wlen, wlen, std, r);
+  l.weight = md->buf[i][0];
+  if (blen) {
+    md->len[i][1] = blen;
+    md->buf[i][1] = tu_floats(blen);
+    tu_fill_gauss(md->buf[i][1], 1, blen, blen, std, r);
+    if (l.kind == STAB_KIND_ATTENTION) l.weight_k = md->buf[i][1];
+    else l.bias = md->buf[i][1];
+  }
+  md->layers[i] = l;
+}
+
+/* d_out_fc changes one layer's shape, for a monitor that does not match a trace. */
+static void model_init(model *md, uint64_t seed, size_t d_out_fc) {
+  memset(md, 0, sizeof *md);
+  tu_rng r;
+  tu_rng_init(&r, seed);
+  add(md, (stab_layer){.name = "blocks/0/fc", .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = d_out_fc},
+      D * d_out_fc, d_out_fc, &r, 0.1);
+  add(md, (stab_layer){.name = "proj", .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 16,
+                       .layout = STAB_LAYOUT_IN_MAJOR},
+      D * 16, 0, &r, 0.1);
+  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = D}, V * D, 0, &r, 1.0);
+  add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = V}, V * D, 0, &r,
+      1.0 / D);
+  add(md, (stab_layer){.name = "ln_f", .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D}, D, 0, &r, 1.0);
+  add(md, (stab_layer){.name = "b_out", .kind = STAB_KIND_BIAS, .d_in = D, .d_out = D}, D, 0, &r, 0.2);
+  add(md, (stab_layer){.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = D, .d_out = HEADS * DH,
+                       .heads = HEADS},
+      D * HEADS * DH, D * HEADS * DH, &r, 0.15);
+}
+
+static void model_free(model *md) {
+  for (size_t i = 0; i < md->n; i++) free(md->buf[i][0]), free(md->buf[i][1]);
+}
+
+static void model_step(model *md, tu_rng *r) {
+  for (size_t i = 0; i < md->n; i++)
+    for (int s = 0; s < 2; s++)
+      if (md->buf[i][s]) tu_add_relative_noise(md->buf[i][s], 1, md->len[i][s], md->len[i][s], 0.01, r);
+}
+
+static stab_monitor *make_monitor(const model *md) {
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  for (size_t i = 0; i < md->n; i++) TU_ASSERT_OK(stab_monitor_add_layer(m, &md->layers[i], NULL));
+  return m;
+}
+
+static const char *const scalar_names[] = {"loss", "lr"};
+static const char *const extra_names[] = {"act_rms", "act_cos1"};
+enum { NS = 2, NE = 2 };
+static const char run_config[] = "{\"model\": \"test\", \"seed\": 7}";
+
+static stab_trace_params trace_params(int flush_every) {
+  stab_trace_params p = stab_trace_default_params();
+  p.flush_every = flush_every;
+  p.run_config = run_config;
+  p.scalars = scalar_names, p.n_scalars = NS;
+  p.layer_extras = extra_names, p.n_layer_extras = NE;
+  return p;
+}
+
+/* The values a row should hold, taken from the monitor when the row was appended. */
+typedef struct {
+  int64_t step;
+  double wall, scalars[NS], extras[MAXL][NE];
+  stab_metrics metrics[MAXL];
+  double heads[MAXL][HEADS];
+} row_want;
+
+static void scalars_of(int64_t step, double *s) { s[0] = 2.0 / (double)(step + 1), s[1] = 1e-3 * (double)step; }
+static void extras_of(int64_t step, size_t n_layers, double *e) {
+  for (size_t i = 0; i < n_layers; i++) e[i * NE] = 0.25 * (double)i + (double)step, e[i * NE + 1] = NAN;
+}
+
+/* Appends one row and records what it should hold. */
+static void append_row(stab_trace *t, const stab_monitor *m, int64_t step, row_want *w) {
+  size_t n = stab_monitor_layer_count(m);
+  double e[MAXL * NE];
+  w->step = step;
+  w->wall = 0.5 * (double)step + 0.125;
+  scalars_of(step, w->scalars);
+  extras_of(step, n, e);
+  for (size_t i = 0; i < n; i++) {
+    w->metrics[i] = *stab_monitor_metrics(m, i);
+    memcpy(w->extras[i], e + i * NE, sizeof w->extras[i]);
+    const double *h = stab_monitor_head_bounds(m, i);
+    for (size_t k = 0; h && k < HEADS; k++) w->heads[i][k] = h[k];
+  }
+  TU_ASSERT_OK(stab_trace_append(t, step, w->wall, w->scalars, e), "append step %lld", (long long)step);
+}
+
+/* ---- files ------------------------------------------------------------------------------- */
+
+static char tmpdir[64];
+
+static void make_tmpdir(void) {
+  const char *base = getenv("TMPDIR");
+  snprintf(tmpdir, sizeof tmpdir, "%s/check_trace.XXXXXX", base && strlen(base) < 40 ? base : "/tmp");
+  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
+}
+
+static void remove_tmpdir(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/* A path in the test's directory (four live at a time). */
+static const char *tmp_path(const char *name) {
+  static char p[4][128];
+  static int next;
+  char *q = p[next++ % 4];
+  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
+  return q;
+}
+
+/* A full disk, simulated: HDF5's sec2 driver writes with pwrite, which this program defines
+ * over the C library's, so that while disk_limit is set every write ending past it fails with
+ * ENOSPC, as on a full disk where rewriting allocated blocks works and new blocks do not.
+ * Extending a file with ftruncate (no blocks needed) still works, as on a real full disk. */
+static off_t disk_limit;
+
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
+  static ssize_t (*real)(int, const void *, size_t, off_t);
+  if (!real) real = (ssize_t(*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite");
+  if (disk_limit && off + (off_t)n > disk_limit) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return real(fd, buf, n, off);
+}
+
+/* Opens a trace for reading. swmr: as a reader of a file whose writer may not have closed it. */
+static hid_t open_read(const char *path, int swmr) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY | (swmr ? H5F_ACC_SWMR_READ : 0), H5P_DEFAULT);
+  ck_assert_msg(f >= 0, "cannot open %s for reading%s", path, swmr ? " (SWMR)" : "");
+  return f;
+}
+
+static void attr_string(hid_t obj, const char *name, char *buf, size_t len) {
+  ck_assert_msg(H5Aexists(obj, name) > 0, "no attribute %s", name);
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT), type = H5Aget_type(a);
+  ck_assert_msg(H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) > 0,
+                "attribute %s is not a variable-length string", name);
+  char *v = NULL;
+  ck_assert_int_ge(H5Aread(a, type, &v), 0);
+  snprintf(buf, len, "%s", v);
+  H5free_memory(v);
+  H5Tclose(type);
+  H5Aclose(a);
+}
+
+static int64_t attr_int(hid_t obj, const char *name) {
+  ck_assert_msg(H5Aexists(obj, name) > 0, "no attribute %s", name);
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT), type = H5Aget_type(a);
+  ck_assert_msg(H5Tget_class(type) == H5T_INTEGER && H5Tget_size(type) == 8, "attribute %s is not int64", name);
+  int64_t v = -1;
+  ck_assert_int_ge(H5Aread(a, H5T_NATIVE_INT64, &v), 0);
+  H5Tclose(type);
+  H5Aclose(a);
+  return v;
+}
+
+/* Checks the schema of one dataset (1-D, chunked, unlimited, float64 or int64) and reads it
+ * whole into a new buffer (8 bytes per row). Returns its length. */
+static hsize_t read_dataset(hid_t f, const char *name, int is_int, void **out) {
+  ck_assert_msg(H5Lexists(f, name, H5P_DEFAULT) > 0, "no dataset %s", name);
+  hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  ck_assert_msg(d >= 0, "cannot open %s", name);
+  hid_t type = H5Dget_type(d), space = H5Dget_space(d), dcpl = H5Dget_create_plist(d);
+  ck_assert_msg(H5Tget_class(type) == (is_int ? H5T_INTEGER : H5T_FLOAT) && H5Tget_size(type) == 8,
+                "%s is not %s", name, is_int ? "int64" : "float64");
+  if (is_int) ck_assert_msg(H5Tget_sign(type) == H5T_SGN_2, "%s is not signed", name);
+  ck_assert_msg(H5Sget_simple_extent_ndims(space) == 1, "%s is not one-dimensional", name);
+  hsize_t n = 0, max = 0, chunk = 0;
+  H5Sget_simple_extent_dims(space, &n, &max);
+  ck_assert_msg(max == H5S_UNLIMITED, "%s is not extendable", name);
+  ck_assert_msg(H5Pget_layout(dcpl) == H5D_CHUNKED && H5Pget_chunk(dcpl, 1, &chunk) == 1 && chunk > 0,
+                "%s is not chunked", name);
+  void *buf = malloc((n ? n : 1) * 8);
+  ck_assert_ptr_nonnull(buf);
+  if (n) ck_assert_int_ge(H5Dread(d, is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf), 0);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Tclose(type);
+  H5Dclose(d);
+  *out = buf;
+  return n;
+}
+
+/* Bit for bit, so that a NaN is equal to the same NaN and -0 differs from 0. */
+static void assert_same(double got, double want, const char *what, size_t row) {
+  ck_assert_msg(memcmp(&got, &want, sizeof got) == 0, "%s row %zu: %.17g in the file, %.17g expected", what,
+                row, got, want);
+}
+
+static size_t link_count(hid_t f, const char *group) {
+  H5G_info_t info;
+  ck_assert_int_ge(H5Gget_info_by_name(f, group, &info, H5P_DEFAULT), 0);
+  return (size_t)info.nlinks;
+}
+
+static const char *const metric_names[] = {
+    "forward", "dependency", "update", "forward_tight", "dependency_tight", "update_tight", "spread", "sigma",
+    "sigma_rel_err", "sigma_update", "sigma_update_rel_err", "rel_update", "passes", "update_passes", "flags"};
+enum { NM = sizeof metric_names / sizeof metric_names[0] };
+
+static double metric_field(const stab_metrics *m, size_t k) {
+  const double v[NM] = {m->forward, m->dependency, m->update, m->forward_tight, m->dependency_tight,
+                        m->update_tight, m->spread, m->sigma, m->sigma_rel_err, m->sigma_update,
+                        m->sigma_update_rel_err, m->rel_update, m->passes, m->update_passes, m->flags};
+  return v[k];
+}
+
+/* The whole file against the rows expected: schema of every dataset and every value. */
+static void check_file(hid_t f, const model *md, const row_want *want, size_t rows) {
+  int64_t *steps;
+  double *v;
+  ck_assert_msg(read_dataset(f, "step", 1, (void **)&steps) == rows, "/step has the wrong length");
+  for (size_t r = 0; r < rows; r++) ck_assert_int_eq(steps[r], want[r].step);
+  free(steps);
+  ck_assert(read_dataset(f, "wall_time", 0, (void **)&v) == rows);
+  for (size_t r = 0; r < rows; r++) assert_same(v[r], want[r].wall, "wall_time", r);
+  free(v);
+  ck_assert_uint_eq(link_count(f, "/scalars"), NS);
+  for (size_t s = 0; s < NS; s++) {
+    char name[64];
+    snprintf(name, sizeof name, "scalars/%s", scalar_names[s]);
+    ck_assert(read_dataset(f, name, 0, (void **)&v) == rows);
+    for (size_t r = 0; r < rows; r++) assert_same(v[r], want[r].scalars[s], name, r);
+    free(v);
+  }
+  ck_assert_uint_eq(link_count(f, "/layers"), md->n);
+  for (size_t i = 0; i < md->n; i++) {
+    const stab_layer *l = &md->layers[i];
+    char g[64], name[128];
+    snprintf(g, sizeof g, "layers/%s", l->name);
+    for (char *c = g + 7; *c; c++)
+      if (*c == '/') *c = '.';
+    size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
+    ck_assert_msg(link_count(f, g) == NM + heads + NE, "%s holds %zu datasets", g, link_count(f, g));
+    for (size_t k = 0; k < NM + heads + NE; k++) {
+      if (k < NM) snprintf(name, sizeof name, "%s/%s", g, metric_names[k]);
+      else if (k < NM + heads) snprintf(name, sizeof name, "%s/head%zu_bound", g, k - NM);
+      else snprintf(name, sizeof name, "%s/%s", g, extra_names[k - NM - heads]);
+      ck_assert_msg(read_dataset(f, name, 0, (void **)&v) == rows, "%s has the wrong length", name);
+      for (size_t r = 0; r < rows; r++) {
+        double w = k < NM ? metric_field(&want[r].metrics[i], k)
+                           : k < NM + heads ? want[r].heads[i][k - NM] : want[r].extras[i][k - NM - heads];
+        assert_same(v[r], w, name, r);
+      }
+      free(v);
+    }
+  }
+}
+
+/* Attributes of the root and of every layer group. */
+static void check_attrs(hid_t f, const model *md) {
+  char s[256];
+  attr_string(f, "format", s, sizeof s);
+  ck_assert_str_eq(s, "stabmeter-trace");
+  ck_assert_int_eq(attr_int(f, "format_version"), 1);
+  attr_string(f, "library_version", s, sizeof s);
+  ck_assert_str_eq(s, stab_version());
+  attr_string(f, "run_config", s, sizeof s);
+  ck_assert_str_eq(s, run_config);
+  attr_string(f, "created_utc", s, sizeof s);
+  int y, mo, d, h, mi, sec;
+  char z = 0;
+  ck_assert_msg(strlen(s) == 20 && sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%c", &y, &mo, &d, &h, &mi, &sec, &z) == 7 &&
+                    z == 'Z' && y >= 2024,
+                "created_utc '%s' is not YYYY-MM-DDTHH:MM:SSZ", s);
+  static const struct {
+    const char *group, *name, *kind, *layout;
+    int64_t d_in, d_out, params;
+  } want[] = {
+      {"layers/blocks.0.fc", "blocks/0/fc", "linear", "out_major", D, D, D * D + D},
+      {"layers/proj", "proj", "linear", "in_major", D, 16, D * 16},
+      {"layers/wte", "wte", "embedding", "rows", V, D, V * D},
+      {"layers/lm_head", "lm_head", "lm_head", "rows", D, V, V * D},
+      {"layers/ln_f", "ln_f", "gain", "rows", D, D, D},
+      {"layers/b_out", "b_out", "bias", "rows", D, D, D},
+      {"layers/attn", "attn", "attention", "out_major", D, HEADS * DH, 2 * D * HEADS * DH},
+  };
+  ck_assert_uint_eq(md->n, sizeof want / sizeof want[0]);
+  for (size_t i = 0; i < md->n; i++) {
+    hid_t g = H5Gopen2(f, want[i].group, H5P_DEFAULT);
+    ck_assert_msg(g >= 0, "no group %s", want[i].group);
+    attr_string(g, "name", s, sizeof s);
+    ck_assert_str_eq(s, want[i].name);
+    attr_string(g, "kind", s, sizeof s);
+    ck_assert_str_eq(s, want[i].kind);
+    attr_string(g, "layout", s, sizeof s);
+    ck_assert_msg(strcmp(s, want[i].layout) == 0, "%s: layout %s, expected %s", want[i].group, s, want[i].layout);
+    ck_assert_int_eq(attr_int(g, "d_in"), want[i].d_in);
+    ck_assert_int_eq(attr_int(g, "d_out"), want[i].d_out);
+    ck_assert_int_eq(attr_int(g, "param_count"), want[i].params);
+    H5Gclose(g);
+  }
+}
+
+/* Writes `rows` rows: the first without an update (NaN), the rest each after a step. */
+static void write_rows(stab_trace *t, stab_monitor *m, model *md, tu_rng *r, row_want *want, size_t first,
+                       size_t rows) {
+  for (size_t s = first; s < first + rows; s++) {
+    if (s == 0) {
+      TU_ASSERT_OK(stab_monitor_measure(m, 0));
+    } else {
+      TU_ASSERT_OK(stab_monitor_snapshot(m));
+      model_step(md, r);
+      TU_ASSERT_OK(stab_monitor_measure(m, 1));
+    }
+    append_row(t, m, (int64_t)(10 * s), &want[s]);
+    ck_assert_int_eq(stab_trace_steps(t), (int64_t)(s + 1));
+  }
+}
+
+/* ---- schema and values ----------------------------------------------------------------- */
+
+enum { ROWS = 7 };
+
+/* flush_every 1, 3 (rows staged between flushes) and 100 (nothing flushed before close). */
+START_TEST(test_schema_and_values) {
+  const int flush_every[] = {1, 3, 100};
+  make_tmpdir();
+  model md;
+  model_init(&md, 11, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 5);
+  row_want want[ROWS];
+  stab_trace_params p = trace_params(flush_every[_i]);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("schema.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 0);
+  write_rows(t, m, &md, &r, want, 0, ROWS);
+  ck_assert_int_eq(stab_trace_failed(t), 0);
+  TU_ASSERT_OK(stab_trace_close(t));
+
+  /* The first row has no update: NaN in every layer; later rows have one but attention. */
+  for (size_t i = 0; i < md.n; i++) {
+    TU_ASSERT_NAN(want[0].metrics[i].update, "%s", md.layers[i].name);
+    if (md.layers[i].kind != STAB_KIND_ATTENTION)
+      ck_assert_msg(isfinite(want[1].metrics[i].update), "%s has no update", md.layers[i].name);
+  }
+  hid_t f = open_read(path, 0);
+  check_attrs(f, &md);
+  check_file(f, &md, want, ROWS);
+  /* The attention heads really differ, so head datasets are not one value copied. */
+  ck_assert(want[ROWS - 1].heads[6][0] != want[ROWS - 1].heads[6][1]);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Rows are visible to a SWMR reader once flushed, before the writer closes. The reader is
+ * another process, forked before this one touches HDF5: within one process HDF5 shares a file
+ * opened twice, and a child forked later would inherit the writer's open file. */
+START_TEST(test_flush_visible) {
+  make_tmpdir();
+  const char *path = tmp_path("flush.h5");
+  int go[2], done[2];
+  ck_assert_int_eq(pipe(go), 0);
+  ck_assert_int_eq(pipe(done), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char c, rows = 0;
+    if (read(go[0], &c, 1) != 1) _exit(2);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, H5P_DEFAULT);
+    if (f >= 0) {
+      hid_t d = H5Dopen2(f, "step", H5P_DEFAULT), sp = H5Dget_space(d);
+      hsize_t n = 0;
+      int64_t last = -1;
+      H5Sget_simple_extent_dims(sp, &n, NULL);
+      hsize_t at = n ? n - 1 : 0, one = 1;
+      hid_t mem = H5Screate_simple(1, &one, NULL);
+      if (n && H5Sselect_hyperslab(sp, H5S_SELECT_SET, &at, NULL, &one, NULL) >= 0 &&
+          H5Dread(d, H5T_NATIVE_INT64, mem, sp, H5P_DEFAULT, &last) >= 0 && last == 10 * ((int64_t)n - 1))
+        rows = (char)n;
+      H5Fclose(f);
+    }
+    if (write(done[1], &rows, 1) != 1) _exit(2);
+    _exit(0);
+  }
+  model md;
+  model_init(&md, 12, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 6);
+  row_want want[ROWS];
+  stab_trace_params p = trace_params(1000);
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  write_rows(t, m, &md, &r, want, 0, 4);
+  TU_ASSERT_OK(stab_trace_flush(t));
+  char rows = -1;
+  ck_assert_int_eq(write(go[1], "x", 1), 1);
+  ck_assert_int_eq(read(done[0], &rows, 1), 1);
+  ck_assert_msg(rows == 4, "the SWMR reader saw %d rows, 4 were flushed", (int)rows);
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- resume ------------------------------------------------------------------------------ */
+
+START_TEST(test_append_resume) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 13, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 7);
+  row_want want[ROWS];
+  stab_trace_params p = trace_params(2);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("resume.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  write_rows(t, m, &md, &r, want, 0, 3);
+  TU_ASSERT_OK(stab_trace_close(t));
+
+  p.append = 1;
+  p.run_config = "{\"resumed\": true}"; /* the original stays */
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 3);
+  write_rows(t, m, &md, &r, want, 3, ROWS - 3);
+  TU_ASSERT_OK(stab_trace_close(t));
+
+  hid_t f = open_read(path, 0);
+  check_attrs(f, &md);
+  check_file(f, &md, want, ROWS);
+  H5Fclose(f);
+
+  /* append on a missing file creates it */
+  TU_ASSERT_OK(stab_trace_open(tmp_path("new.h5"), m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 0);
+  TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* A monitor whose layers or names differ is refused, naming the difference, and the trace is
+ * left as it was. */
+START_TEST(test_append_mismatch) {
+  make_tmpdir();
+  model md, other;
+  model_init(&md, 14, D);
+  stab_monitor *m = make_monitor(&md);
+  stab_trace_params p = trace_params(1);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("mismatch.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_OK(stab_trace_append(t, 0, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  p.append = 1;
+
+  /* fc with another d_out */
+  model_init(&other, 14, D + 8);
+  stab_monitor *m2 = make_monitor(&other);
+  TU_ASSERT_STATUS(stab_trace_open(path, m2, &p, &t), STAB_EINVAL);
+  ck_assert_ptr_null(t);
+  ck_assert_msg(strstr(stab_last_error(), "blocks/0/fc") && strstr(stab_last_error(), path),
+                "message does not name the layer and path: %s", stab_last_error());
+  stab_monitor_free(m2);
+
+  /* one layer fewer */
+  stab_monitor *m3 = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m3));
+  for (size_t i = 0; i + 1 < md.n; i++) TU_ASSERT_OK(stab_monitor_add_layer(m3, &md.layers[i], NULL));
+  TU_ASSERT_STATUS(stab_trace_open(path, m3, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "layers"), "message: %s", stab_last_error());
+  /* a layer of another kind under a known name */
+  stab_layer l = md.layers[md.n - 1];
+  l.kind = STAB_KIND_LINEAR, l.heads = 0, l.weight_k = NULL, l.d_out = D;
+  TU_ASSERT_OK(stab_monitor_add_layer(m3, &l, NULL));
+  TU_ASSERT_STATUS(stab_trace_open(path, m3, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "'attn'") && strstr(stab_last_error(), "attention"), "message: %s",
+                stab_last_error());
+  stab_monitor_free(m3);
+
+  /* other scalars, other extras */
+  p.n_scalars = 1;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "scalars"), "message: %s", stab_last_error());
+  p.n_scalars = NS, p.n_layer_extras = 1;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "blocks/0/fc"), "message: %s", stab_last_error());
+
+  /* not a trace */
+  FILE *fp = fopen(tmp_path("junk.h5"), "w");
+  ck_assert_ptr_nonnull(fp);
+  fputs("not hdf5\n", fp);
+  fclose(fp);
+  p.n_layer_extras = NE;
+  TU_ASSERT_STATUS(stab_trace_open(tmp_path("junk.h5"), m, &p, &t), STAB_EIO);
+  ck_assert_msg(strstr(stab_last_error(), "junk.h5"), "message: %s", stab_last_error());
+
+  hid_t f = open_read(path, 0);
+  int64_t *steps;
+  ck_assert(read_dataset(f, "step", 1, (void **)&steps) == 1);
+  free(steps);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&other);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* While a trace is being written, another process can neither resume it nor replace it. */
+START_TEST(test_one_writer) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 20, D);
+  stab_monitor *m = make_monitor(&md);
+  stab_trace_params p = trace_params(1);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("busy.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  for (int append = 0; append < 2; append++) {
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      /* Refused before HDF5 is called, so this child's copy of the writer's state is not used. */
+      stab_trace *t2 = NULL;
+      p.append = append;
+      char msg[600];
+      stab_status st = stab_trace_open(path, m, &p, &t2);
+      snprintf(msg, sizeof msg, "%d %s", (int)st, stab_last_error());
+      _exit(write(fds[1], msg, strlen(msg) + 1) > 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    char msg[600] = "";
+    ck_assert_int_gt(read(fds[0], msg, sizeof msg - 1), 0);
+    close(fds[0]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(atoi(msg) == STAB_EIO && strstr(msg, "another process is writing"),
+                  "a second writer (append %d) was not refused: %s", append, msg);
+  }
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_OK(stab_trace_append(t, 0, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  p.append = 1; /* closed: it can be resumed */
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 1);
+  TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- kill -9 ----------------------------------------------------------------------------- */
+
+enum { KILL_AFTER = 12 };
+
+/* A writer appends one row per measurement of a fixed model (flush every step) and reports
+ * each on a pipe; the parent kills it after KILL_AFTER rows, then replays the measurements
+ * (deterministic) and checks every row the file holds, opening it as a SWMR reader with
+ * nothing repaired. Then append clears the writer's mark and adds rows. */
+START_TEST(test_kill9) {
+  make_tmpdir();
+  const char *path = tmp_path("killed.h5");
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    model md;
+    model_init(&md, 15, D);
+    stab_monitor *m = make_monitor(&md);
+    stab_trace_params p = trace_params(1);
+    stab_trace *t = NULL;
+    if (stab_trace_open(path, m, &p, &t) != STAB_OK) _exit(3);
+    double e[MAXL * NE], s[NS];
+    for (int64_t step = 0;; step++) {
+      if (stab_monitor_measure(m, 0) != STAB_OK) _exit(4);
+      scalars_of(step, s);
+      extras_of(step, md.n, e);
+      if (stab_trace_append(t, step, 0.5 * (double)step + 0.125, s, e) != STAB_OK) _exit(5);
+      if (write(fds[1], "x", 1) != 1) _exit(6);
+    }
+  }
+  close(fds[1]);
+  char c;
+  for (int k = 0; k < KILL_AFTER; k++)
+    ck_assert_msg(read(fds[0], &c, 1) == 1, "the writer stopped after %d rows", k);
+  ck_assert_int_eq(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  close(fds[0]);
+
+  hid_t f = open_read(path, 1);
+  int64_t *steps;
+  size_t rows = read_dataset(f, "step", 1, (void **)&steps);
+  free(steps);
+  ck_assert_msg(rows >= KILL_AFTER, "%zu rows after the kill, %d were flushed", rows, KILL_AFTER);
+  model md;
+  model_init(&md, 15, D);
+  stab_monitor *m = make_monitor(&md);
+  row_want *want = malloc((rows + 2) * sizeof *want);
+  ck_assert_ptr_nonnull(want);
+  for (size_t s = 0; s < rows; s++) {
+    TU_ASSERT_OK(stab_monitor_measure(m, 0));
+    size_t n = md.n;
+    want[s].step = (int64_t)s;
+    want[s].wall = 0.5 * (double)s + 0.125;
+    scalars_of((int64_t)s, want[s].scalars);
+    double e[MAXL * NE];
+    extras_of((int64_t)s, n, e);
+    for (size_t i = 0; i < n; i++) {
+      want[s].metrics[i] = *stab_monitor_metrics(m, i);
+      memcpy(want[s].extras[i], e + i * NE, sizeof want[s].extras[i]);
+      const double *h = stab_monitor_head_bounds(m, i);
+      for (size_t k = 0; h && k < HEADS; k++) want[s].heads[i][k] = h[k];
+    }
+  }
+  check_file(f, &md, want, rows);
+  H5Fclose(f);
+
+  /* Resume after the crash: append clears the mark a killed SWMR writer leaves. */
+  stab_trace_params p = trace_params(1);
+  p.append = 1;
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), (int64_t)rows);
+  for (size_t s = rows; s < rows + 2; s++) {
+    TU_ASSERT_OK(stab_monitor_measure(m, 0));
+    append_row(t, m, (int64_t)s, &want[s]);
+  }
+  TU_ASSERT_OK(stab_trace_close(t));
+  f = open_read(path, 0); /* closed cleanly now: a plain open works */
+  check_file(f, &md, want, rows + 2);
+  H5Fclose(f);
+  free(want);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- failures ---------------------------------------------------------------------------- */
+
+static int hdf5_printed;
+static herr_t count_prints(hid_t stack, void *data) {
+  (void)stack, (void)data;
+  hdf5_printed++;
+  return 0;
+}
+
+START_TEST(test_no_directory) {
+  model md;
+  model_init(&md, 16, D);
+  stab_monitor *m = make_monitor(&md);
+  /* The caller's HDF5 error printer is never called by the library, and is still set after. */
+  H5Eset_auto2(H5E_DEFAULT, count_prints, NULL);
+  stab_trace *t = (stab_trace *)&md;
+  const char *path = "/nonexistent-stabmeter-dir/sub/trace.h5";
+  TU_ASSERT_STATUS(stab_trace_open(path, m, NULL, &t), STAB_EIO);
+  ck_assert_ptr_null(t);
+  ck_assert_msg(strstr(stab_last_error(), path), "message does not name the path: %s", stab_last_error());
+  ck_assert_msg(strstr(stab_last_error(), "No such file or directory"), "no HDF5/errno text: %s",
+                stab_last_error());
+  ck_assert_int_eq(hdf5_printed, 0);
+  H5E_auto2_t fn = NULL;
+  void *data = (void *)1;
+  H5Eget_auto2(H5E_DEFAULT, &fn, &data);
+  ck_assert_msg(fn == count_prints && data == NULL, "the caller's HDF5 error handler was not restored");
+  ck_assert_str_eq(stab_strerror(STAB_EIO), "file input/output error");
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
+/* On a full disk the failing append returns STAB_EIO naming the path and the system's message,
+ * later ones follow on_error, and every row appended before the failure is in the file. */
+START_TEST(test_write_failure) {
+  const stab_trace_on_error mode = _i ? STAB_TRACE_CONTINUE : STAB_TRACE_STOP;
+  make_tmpdir();
+  model md;
+  model_init(&md, 17, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_trace_params p = trace_params(1);
+  p.on_error = mode;
+  stab_trace *t = NULL;
+  const char *path = tmp_path("full.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  for (int64_t s = 0; s < 3; s++) TU_ASSERT_OK(stab_trace_append(t, s, 0.0, NULL, NULL));
+  struct stat sb;
+  ck_assert_int_eq(stat(path, &sb), 0);
+  disk_limit = sb.st_size;
+  int64_t good = 3;
+  stab_status st = STAB_OK;
+  while (good < 2000 && (st = stab_trace_append(t, good, 0.0, NULL, NULL)) == STAB_OK) good++;
+  ck_assert_msg(st == STAB_EIO, "no write failure on a full disk (%lld rows), status %d", (long long)good, (int)st);
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), "No space left on device"),
+                "message does not name the path and the cause: %s", stab_last_error());
+  ck_assert_int_eq(stab_trace_failed(t), 1);
+  char first[512];
+  snprintf(first, sizeof first, "%s", stab_last_error());
+  if (mode == STAB_TRACE_STOP) {
+    TU_ASSERT_STATUS(stab_trace_append(t, good + 1, 0.0, NULL, NULL), STAB_EIO);
+    ck_assert_str_eq(stab_last_error(), first);
+    TU_ASSERT_STATUS(stab_trace_flush(t), STAB_EIO);
+  } else {
+    TU_ASSERT_OK(stab_trace_append(t, good + 1, 0.0, NULL, NULL));
+    TU_ASSERT_OK(stab_trace_flush(t));
+    ck_assert_int_eq(stab_trace_failed(t), 1);
+    ck_assert_int_eq(stab_trace_steps(t), good);
+  }
+  stab_status closed = stab_trace_close(t); /* may fail again: the disk is still full */
+  ck_assert_msg(closed == STAB_OK || (closed == STAB_EIO && strstr(stab_last_error(), path)), "close: %d %s",
+                (int)closed, stab_last_error());
+  disk_limit = 0;
+
+  /* Every row appended before the failure is there. */
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) f = open_read(path, 1); /* if the close could not clear the writer's mark */
+  int64_t *steps;
+  hsize_t n = read_dataset(f, "step", 1, (void **)&steps);
+  ck_assert_msg(n >= (hsize_t)good, "%llu rows after the failure, %lld were appended", (unsigned long long)n,
+                (long long)good);
+  for (int64_t s = 0; s < good; s++) ck_assert_int_eq(steps[s], s);
+  free(steps);
+  double *v;
+  ck_assert(read_dataset(f, "layers/ln_f/forward", 0, (void **)&v) >= (hsize_t)good);
+  for (int64_t s = 0; s < good; s++) assert_same(v[s], stab_monitor_metrics(m, 4)->forward, "ln_f/forward", (size_t)s);
+  free(v);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* A trace that cannot be created (the disk fills while HDF5 writes it) leaves the file that was
+ * at its path as it was, and no temporary file. */
+START_TEST(test_create_failure) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 19, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_trace *t = NULL;
+  const char *path = tmp_path("kept.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
+  TU_ASSERT_OK(stab_trace_append(t, 42, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  /* In a child that leaves with _exit: HDF5 1.10.8 crashes at exit (in H5F__close_cb) in a
+   * process where closing a file failed, with or without this library. */
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char msg[600];
+    disk_limit = 4096;
+    stab_status st = stab_trace_open(path, m, NULL, &t);
+    snprintf(msg, sizeof msg, "%d %d %s", (int)st, t == NULL, stab_last_error());
+    _exit(write(fds[1], msg, strlen(msg) + 1) > 0 ? 0 : 1);
+  }
+  close(fds[1]);
+  char msg[600] = "";
+  ck_assert_int_gt(read(fds[0], msg, sizeof msg - 1), 0);
+  close(fds[0]);
+  int status = 0, st = 0, null_out = 0, used = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(sscanf(msg, "%d %d %n", &st, &null_out, &used) == 2, "child said: %s", msg);
+  ck_assert_msg(st == STAB_EIO && null_out, "open on a full disk: status %d, out %s NULL", st, null_out ? "" : "not");
+  ck_assert_msg(strstr(msg + used, path) && strstr(msg + used, "No space left on device"), "message: %s", msg + used);
+  hid_t f = open_read(path, 0);
+  int64_t *steps;
+  ck_assert(read_dataset(f, "step", 1, (void **)&steps) == 1);
+  ck_assert_int_eq(steps[0], 42);
+  free(steps);
+  H5Fclose(f);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "test $(ls '%s' | wc -l) -eq 1", tmpdir);
+  ck_assert_msg(system(cmd) == 0, "a temporary file was left in %s", tmpdir);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(test_arguments) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 18, D);
+  stab_monitor *m = make_monitor(&md);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("args.h5");
+  stab_trace_params p = stab_trace_default_params();
+  ck_assert_int_eq(p.flush_every, 1);
+  ck_assert_int_eq(p.on_error, STAB_TRACE_STOP);
+  ck_assert_int_eq(p.append, 0);
+  TU_ASSERT_STATUS(stab_trace_open(path, m, NULL, NULL), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_trace_open(NULL, m, NULL, &t), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_trace_open(path, NULL, NULL, &t), STAB_EINVAL);
+  p.flush_every = 0;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  p = stab_trace_default_params();
+  const char *bad[][2] = {{"loss", "a/b"}, {"loss", "loss"}, {"loss", ""}};
+  for (size_t k = 0; k < 3; k++) {
+    p.scalars = bad[k], p.n_scalars = 2;
+    TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL, "scalars %zu", k);
+    ck_assert_ptr_null(t);
+  }
+  p = stab_trace_default_params();
+  const char *clash[] = {"sigma"};
+  p.layer_extras = clash, p.n_layer_extras = 1;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  p.layer_extras = NULL;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+
+  /* "a/b" and "a.b" would share a group */
+  stab_layer l = md.layers[4];
+  l.name = "blocks.0.fc";
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &l, NULL));
+  TU_ASSERT_STATUS(stab_trace_open(path, m, NULL, &t), STAB_EEXIST);
+  ck_assert_msg(strstr(stab_last_error(), "blocks/0/fc") && strstr(stab_last_error(), "blocks.0.fc"), "message: %s",
+                stab_last_error());
+
+  TU_ASSERT_OK(stab_trace_close(NULL));
+  ck_assert_int_eq(stab_trace_steps(NULL), 0);
+  ck_assert_int_eq(stab_trace_failed(NULL), 0);
+  TU_ASSERT_STATUS(stab_trace_append(NULL, 0, 0.0, NULL, NULL), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_trace_flush(NULL), STAB_EINVAL);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+static Suite *trace_suite(void) {
+  Suite *s = suite_create("trace");
+  TCase *tc = tcase_create("write");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_schema_and_values, 0, 3);
+  tcase_add_test(tc, test_flush_visible);
+  tcase_add_test(tc, test_append_resume);
+  tcase_add_test(tc, test_append_mismatch);
+  tcase_add_test(tc, test_one_writer);
+  tcase_add_test(tc, test_kill9);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("failures");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_no_directory);
+  tcase_add_loop_test(tc, test_write_failure, 0, 2);
+  tcase_add_test(tc, test_create_failure);
+  tcase_add_test(tc, test_arguments);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(trace_suite());
+  srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose names every test */
+  int failures = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failures ? 1 : 0;
+}
