@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # quickstart.sh — from a fresh Debian 12 machine to results, in one command.
-#   ./quickstart.sh [DEMO OPTIONS]   install what is missing, build, run the demo
+#   ./quickstart.sh [TRAIN OPTIONS]  install what is missing, build, train a small model for a
+#                                    minute or two, writing runs/demo/trace.h5 and a checkpoint
 #   ./quickstart.sh test             install what is missing, build, run every test
 # Installing packages needs root (or sudo); everything else runs as any user.
 set -euo pipefail
@@ -58,5 +59,11 @@ run_tests() {
 install_missing
 case "${1:-}" in
   test) build; run_tests ;;
-  *) build; ./harness/demo "$@" ;;
+  *)
+    build
+    # The main job: a short training on the built-in corpus, every layer measured every step.
+    ./harness/train --out runs/demo "$@"
+    echo "Look at it: h5ls -r runs/demo/trace.h5 | head, or in Python:"
+    echo "  import h5py; f = h5py.File('runs/demo/trace.h5', 'r', swmr=True); print(f['layers'].keys())"
+    ;;
 esac

@@ -27,6 +27,8 @@ typedef struct {
   uint64_t seed;
   int biases, untied;
   int print_metrics; /* the last measurement of every layer, as a table on stdout */
+  size_t flush_every; /* trace rows written and flushed every this many measurements */
+  stab_trace_on_error trace_errors;
   const char *out, *data;
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
 } options;
@@ -65,7 +67,12 @@ static void usage(FILE *f) {
           "  --corpus-bytes N     size of the built-in corpus (default 524288)\n"
           "Measurement and output\n"
           "  --metrics-every K    measure every layer every K steps, 0 = never (default 1)\n"
-          "  --out DIR            write DIR/model.safetensors at the end (default: nothing)\n"
+          "  --out DIR            write DIR/trace.h5 (every measured step, SPEC.md's trace) and\n"
+          "                       DIR/model.safetensors at the end (default: nothing)\n"
+          "  --flush-every N      write and flush the trace every N measurements (default 1:\n"
+          "                       a crash loses nothing measured)\n"
+          "  --trace-errors WHAT  after a trace write fails: stop (default) or continue without\n"
+          "                       the trace\n"
           "  --print-metrics      print every layer's last metrics as a table at the end\n"
           "  --alarm X            report once per layer when its forward or dependency\n"
           "                       stability exceeds X (LM head aside) or turns NaN\n"
@@ -84,7 +91,8 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT, O_RESUME };
+  enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
+         O_RESUME, O_FLUSH, O_TRACE_ERRORS };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -98,10 +106,13 @@ static int parse(int argc, char **argv, options *o) {
       {"alarm", required_argument, 0, O_ALARM},
       {"print-metrics", no_argument, 0, O_PRINT},
       {"resume", required_argument, 0, O_RESUME},
+      {"flush-every", required_argument, 0, O_FLUSH},
+      {"trace-errors", required_argument, 0, O_TRACE_ERRORS},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
-                 .metrics_every = 1, .corpus_bytes = 524288, .min_lr_frac = 0.1, .seed = 1};
+                 .metrics_every = 1, .corpus_bytes = 524288, .min_lr_frac = 0.1, .seed = 1,
+                 .flush_every = 1, .trace_errors = STAB_TRACE_STOP};
   int c;
   while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
     int bad = 0;
@@ -118,6 +129,15 @@ static int parse(int argc, char **argv, options *o) {
     case O_METRICS: bad = parse_size(optarg, &o->metrics_every); break;
     case O_CORPUS: bad = parse_size(optarg, &o->corpus_bytes); break;
     case O_CKPT: bad = parse_size(optarg, &o->checkpoint_every); break;
+    case O_FLUSH: bad = parse_size(optarg, &o->flush_every) || !o->flush_every || o->flush_every > 1000000; break;
+    case O_TRACE_ERRORS:
+      if (!strcmp(optarg, "stop")) o->trace_errors = STAB_TRACE_STOP;
+      else if (!strcmp(optarg, "continue")) o->trace_errors = STAB_TRACE_CONTINUE;
+      else {
+        fprintf(stderr, "train: --trace-errors must be stop or continue, not '%s'\n", optarg);
+        return 2;
+      }
+      break;
     case 'S': bad = parse_size(optarg, &seed), o->seed = seed; break;
     case 'r':
       o->lr = strtod(optarg, &end), o->lr_given = 1;
@@ -279,6 +299,32 @@ static void block_stats(const model *m, size_t l, double *rms, double *cos1) {
     c += ss > 0 ? fabs(s) / sqrt(ss * (double)D) : 0;
   }
   *rms = r / (double)N, *cos1 = c / (double)N;
+}
+
+/* ---- trace ----------------------------------------------------------------------- */
+
+/* The block a monitor layer belongs to ("transformer.h.<l>."), or -1 (embedding, final norm,
+ * head): its rows of act_rms and act_cos1 come from that block's residual stream. */
+static long layer_block(const char *name) {
+  size_t l;
+  int n = 0;
+  if (sscanf(name, "transformer.h.%zu.%n", &l, &n) == 1 && n > 0) return (long)l;
+  return -1;
+}
+
+/* The run's settings as the trace's run_config attribute (JSON). */
+static void run_config(char *buf, size_t n, const options *o, const model *m) {
+  snprintf(buf, n,
+           "{\"program\": \"stabmeter train\", \"model\": {\"vocab\": %zu, \"width\": %zu, "
+           "\"depth\": %zu, \"heads\": %zu, \"context\": %zu, \"biases\": %s, \"tied\": %s, "
+           "\"parameters\": %zu}, \"optimizer\": \"%s\", \"lr\": %g, \"warmup\": %zu, "
+           "\"min_lr_frac\": %g, \"batch\": %zu, \"steps\": %zu, \"seed\": %llu, "
+           "\"metrics_every\": %zu, \"data\": \"%s\"}",
+           m->c.vocab, o->width, o->depth, o->heads, o->context, o->biases ? "true" : "false",
+           o->untied ? "false" : "true", m->n_params,
+           o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", o->lr, o->warmup, o->min_lr_frac,
+           o->batch, o->steps, (unsigned long long)o->seed, o->metrics_every,
+           o->data ? "file" : "built-in");
 }
 
 /* ---- checkpoint ------------------------------------------------------------------ */
@@ -459,6 +505,10 @@ int main(int argc, char **argv) {
   optim opt = {0};
   stab_monitor *mon = NULL;
   unsigned char *alarmed = NULL; /* per monitor layer: reported already */
+  stab_trace *trace = NULL;      /* DIR/trace.h5, with --out and a monitor */
+  char trace_path[4096] = "";
+  long *blocks = NULL;           /* per monitor layer: its block, or -1 */
+  double *extras = NULL;         /* per monitor layer: act_rms, act_cos1 */
   int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
   if ((rc = model_create(&m, &mc)) || model_reserve(&m, B, T) || !tok || !tgt) {
     fprintf(stderr, "train: %s\n", rc == -1 ? "bad model shape" : "out of memory for the model");
@@ -501,6 +551,38 @@ int main(int argc, char **argv) {
           o.untied ? "untied" : "tied", o.biases ? ", biases" : "",
           o.optimizer == OPTIM_ADAMW ? "adamw (init std 0.02)" : "steepest (articles' init)",
           o.lr, o.warmup, B, T, o.steps);
+  if (mon && o.out) {
+    static const char *const scalars[] = {"loss", "lr"};
+    static const char *const layer_extras[] = {"act_rms", "act_cos1"};
+    char config[2048];
+    size_t nl = stab_monitor_layer_count(mon);
+    blocks = malloc(nl * sizeof *blocks);
+    extras = malloc(2 * nl * sizeof *extras);
+    if (!blocks || !extras) {
+      fprintf(stderr, "train: out of memory\n");
+      goto out;
+    }
+    for (size_t i = 0; i < nl; i++) blocks[i] = layer_block(stab_monitor_layer(mon, i)->name);
+    if (snprintf(trace_path, sizeof trace_path, "%s/trace.h5", o.out) >= (int)sizeof trace_path ||
+        mkdirs(o.out)) {
+      fprintf(stderr, "train: cannot create the directory %s: %s\n", o.out, strerror(errno));
+      goto out;
+    }
+    run_config(config, sizeof config, &o, &m);
+    stab_trace_params tp = stab_trace_default_params();
+    tp.flush_every = (int)o.flush_every;
+    tp.run_config = config;
+    tp.scalars = scalars;
+    tp.n_scalars = 2;
+    tp.layer_extras = layer_extras;
+    tp.n_layer_extras = 2;
+    tp.on_error = o.trace_errors;
+    tp.append = o.resume != NULL; /* a resumed run continues its trace */
+    if (stab_trace_open(trace_path, mon, &tp, &trace) != STAB_OK) {
+      fprintf(stderr, "train: trace: %s\n", stab_last_error());
+      goto out;
+    }
+  }
   if (mon)
     fprintf(stderr, "train: monitor: %zu layers every %zu steps, %.1f MB\n",
             stab_monitor_layer_count(mon), o.metrics_every, stab_monitor_memory(mon) / 1e6);
@@ -553,14 +635,26 @@ int main(int argc, char **argv) {
       check_alarms(mon, o.alarm, step + 1, tty, alarmed);
       double act_rms[256], act_cos1[256]; /* depth <= 256 */
       for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act_rms[l], &act_cos1[l]);
+      if (trace) {
+        /* /step counts the steps done; the loss is that of the batch before this update. */
+        const double scalars[2] = {loss, lr};
+        for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+          extras[2 * i] = blocks[i] >= 0 ? act_rms[blocks[i]] : NAN;
+          extras[2 * i + 1] = blocks[i] >= 0 ? act_cos1[blocks[i]] : NAN;
+        }
+        int was_failed = stab_trace_failed(trace);
+        if (stab_trace_append(trace, (int64_t)(step + 1), now() - t0, scalars, extras) != STAB_OK) {
+          fprintf(stderr, "%strain: trace: %s\ntrain: stopping; the rows written before are in "
+                          "%s (--trace-errors continue goes on without the trace)\n",
+                  tty ? "\n" : "", stab_last_error(), trace_path);
+          goto out;
+        }
+        if (!was_failed && stab_trace_failed(trace))
+          fprintf(stderr, "%strain: trace: %s\ntrain: going on without the trace; the rows "
+                          "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
+                  trace_path);
+      }
       measure_time += now() - tm;
-      /* ==== TRACE: append one row here (issue 3, HDF5 trace writer, SPEC.md) ============
-       * At this measured step the trace gets: /step = step + 1 (steps done), /wall_time =
-       * now() - t0, /scalars/loss = loss (of the batch before this update), /scalars/lr = lr,
-       * for every monitor layer i its stab_monitor_metrics(mon, i) (forward, dependency,
-       * update and the extras), attention per-head bounds from stab_monitor_head_bounds,
-       * and per block act_rms[l], act_cos1[l]. Nothing is written here yet. */
-      (void)act_rms, (void)act_cos1;
     }
     if (o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
       char name[64];
@@ -615,12 +709,28 @@ int main(int argc, char **argv) {
            stab_monitor_metrics(mon, pi)->passes, stab_monitor_layer(mon, pi)->name,
            stab_monitor_metrics(mon, ui)->update_passes, stab_monitor_layer(mon, ui)->name);
   }
+  if (trace) {
+    int64_t rows = stab_trace_steps(trace);
+    int failed = stab_trace_failed(trace);
+    stab_status ts = stab_trace_close(trace);
+    trace = NULL;
+    if (ts != STAB_OK && !failed) {
+      fprintf(stderr, "train: trace: %s\n", stab_last_error());
+      goto out;
+    }
+    printf("trace: %s, %lld measured steps%s (read it with h5py, or h5dump -d /step %s)\n",
+           trace_path, (long long)rows, failed ? " before a write failed" : "", trace_path);
+  }
   if (o.out) {
     if (checkpoint(&m, &o, "model.safetensors", o.steps)) goto out;
     printf("checkpoint: %s/model.safetensors\n", o.out);
   }
   rc = 0;
 out:
+  if (trace && stab_trace_close(trace) != STAB_OK)
+    fprintf(stderr, "train: trace: %s\n", stab_last_error());
+  free(blocks);
+  free(extras);
   free(alarmed);
   stab_monitor_free(mon);
   optim_free(&opt);

@@ -1,13 +1,18 @@
 #!/bin/sh
 # The trainer as a program: exit codes (0 success, 1 failure, 2 bad usage or input), a short
-# run whose loss falls, and its safetensors checkpoint read back (header JSON, offsets that
-# tile the data, file size; with python3 when present).
+# run whose loss falls, its trace (rows per dataset, read with h5dump), and its safetensors
+# checkpoint read back (header JSON, offsets that tile the data, file size; with python3 when
+# present).
 set -u
 train=./harness/train
 tmp=$(mktemp -d /tmp/check_train.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 status=0
 fail() { echo "FAIL: $*"; status=1; }
+# rows FILE DATASET: the length of a trace dataset (h5dump, from hdf5-tools)
+rows() { h5dump -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
+# first FILE DATASET: its first value
+first() { h5dump -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
 expect() { # expected-status description command...
   want=$1; what=$2; shift 2
   "$@" >"$tmp/out" 2>"$tmp/err"; got=$?
@@ -36,6 +41,13 @@ for opt in adamw steepest; do
     fail "$opt: the loss did not fall by 0.5 nats: $(grep '^loss:' "$tmp/out")"
   grep -q "step 60/60" "$tmp/err" || fail "$opt: no progress line for the last step"
   [ -s "$tmp/run-$opt/model.safetensors" ] || fail "$opt: no checkpoint"
+  tr="$tmp/run-$opt/trace.h5"
+  [ "$(rows "$tr" /step)" = 60 ] || fail "$opt: trace /step has $(rows "$tr" /step) rows, not 60"
+  for d in /layers/transformer.h.0.mlp.c_fc/forward /layers/transformer.h.0.mlp.c_fc/act_rms \
+           /layers/transformer.h.0.attn.logits/head1_bound /scalars/loss /wall_time; do
+    [ "$(rows "$tr" $d)" = 60 ] || fail "$opt: trace $d has $(rows "$tr" $d) rows, not 60"
+  done
+  grep -q "^trace: $tr, 60 measured steps" "$tmp/out" || fail "$opt: the trace is not announced"
 done
 expect 2 "--checkpoint-every without --out" $train $small --steps 5 --checkpoint-every 2
 expect 0 "periodic checkpoints" $train $small --steps 5 --checkpoint-every 2 --metrics-every 2 \
@@ -44,6 +56,8 @@ for f in step-000002 step-000004 model; do
   [ -s "$tmp/ckpt/$f.safetensors" ] || fail "no $f.safetensors"
 done
 [ ! -e "$tmp/ckpt/step-000005.safetensors" ] || fail "the last step is saved twice"
+[ "$(rows "$tmp/ckpt/trace.h5" /step)" = 2 ] && [ "$(first "$tmp/ckpt/trace.h5" /step)" = 2 ] ||
+  fail "--metrics-every 2 over 5 steps: trace rows $(rows "$tmp/ckpt/trace.h5" /step), first step $(first "$tmp/ckpt/trace.h5" /step); expected 2 rows from step 2"
 ls "$tmp/ckpt" | grep -q tmp && fail "a temporary file is left over"
 expect 2 "bad alarm threshold" $train $small --alarm -1
 expect 0 "alarms" $train $small --steps 20 --alarm 0.5
@@ -63,6 +77,13 @@ expect 0 "resume at step 4" $train $small --steps 8 --optimizer steepest --untie
   --resume "$tmp/full/step-000004.safetensors" --out "$tmp/resumed"
 cmp -s "$tmp/full/model.safetensors" "$tmp/resumed/model.safetensors" ||
   fail "the resumed run differs from the straight one"
+[ "$(rows "$tmp/resumed/trace.h5" /step)" = 4 ] && [ "$(first "$tmp/resumed/trace.h5" /step)" = 5 ] ||
+  fail "the resumed run's trace: $(rows "$tmp/resumed/trace.h5" /step) rows from step $(first "$tmp/resumed/trace.h5" /step); expected 4 from step 5"
+mkdir -p "$tmp/ro" && chmod 555 "$tmp/ro"
+if [ ! -w "$tmp/ro" ]; then # root writes anywhere: the check needs another user
+  expect 1 "a trace that cannot be created" $train $small --steps 2 --out "$tmp/ro"
+  grep -q "trace.h5" "$tmp/err" || fail "the trace failure does not name the file: $(cat "$tmp/err")"
+fi
 expect 2 "resume at the end" $train $small --steps 8 --untied --resume "$tmp/full/model.safetensors"
 expect 2 "resume a tied model from an untied one" $train $small --steps 9 \
   --resume "$tmp/full/model.safetensors"
