@@ -45,7 +45,10 @@ typedef enum {
   STAB_EEXIST = -5,   /* a layer with that name is already registered */
   STAB_ESTATE = -6,   /* a call out of order, e.g. an update measured with no snapshot taken */
   STAB_ELAPACK = -7,  /* LAPACK reported a failure (the message has its info code) */
-  STAB_ERANGE = -8    /* a value is out of its valid range (e.g. heads not dividing d_out) */
+  STAB_ERANGE = -8,   /* a value is out of its valid range (e.g. heads not dividing d_out) */
+  STAB_EFORMAT = -9,  /* a checkpoint file breaks its format's rules (the message names the file
+                         and the field or byte offset at fault) */
+  STAB_EIO = -10      /* a file cannot be opened, sized or memory-mapped (the message has errno's text) */
 } stab_status;
 
 /* A static, human-readable name of a status, "unknown status" for anything else. */
@@ -315,6 +318,81 @@ const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index);
 
 /* Bytes the monitor has allocated (snapshots, warm vectors, workspaces). */
 size_t stab_monitor_memory(const stab_monitor *m);
+
+/* ---------------------------------------------------------------------------------- */
+/* Checkpoint readers                                                                  */
+/*
+ * A reader memory-maps a checkpoint read-only, validates its whole index up front (every
+ * rule of the format: offsets inside the data and covering it without overlap or holes,
+ * shapes agreeing with the byte ranges, known dtypes, unique names) and then hands out
+ * tensors as views into the mapping. Nothing is read from the data until asked for, and
+ * no allocation is larger than a small multiple of the file's index, so a hostile file
+ * cannot make the reader allocate without bound. A malformed file gives STAB_EFORMAT
+ * with a message naming the file and the field or byte offset at fault.
+ * A reader is read-only after open: any number of threads may use it at once.
+ */
+
+typedef enum {
+  STAB_DTYPE_F32 = 0,
+  STAB_DTYPE_F16 = 1,   /* IEEE binary16 */
+  STAB_DTYPE_BF16 = 2,  /* bfloat16: the high half of an f32 */
+  STAB_DTYPE_OTHER = 3  /* a valid type of the format that is not converted to f32 (integers,
+                           bool, F64, FP8): listed, never measured */
+} stab_dtype;
+
+/* Dimensions a tensor may have; a file with more is rejected (STAB_EFORMAT). */
+#define STAB_CKPT_MAX_DIMS 8
+
+/* One tensor of a checkpoint: a view into the reader's mapping, valid until it is closed. */
+typedef struct {
+  const char *name;          /* NUL-terminated; owned by the reader */
+  const char *dtype_name;    /* as the file spells it: "F32", "BF16", "I64", ... */
+  stab_dtype dtype;
+  size_t elem_size;          /* bytes per element */
+  size_t ndim;               /* 0 for a scalar */
+  uint64_t shape[STAB_CKPT_MAX_DIMS]; /* row-major, outermost first */
+  uint64_t count;            /* elements: the product of shape (1 for a scalar) */
+  const unsigned char *data; /* count * elem_size bytes, little-endian, no alignment promised */
+  uint64_t offset;           /* byte offset of data from the start of the file */
+} stab_ckpt_tensor;
+
+/* Elements [first, first + n) of t (flat, row-major) as f32, into out (n floats). F16 and
+ * BF16 convert exactly (subnormals, infinities and NaNs included); F32 is copied.
+ * Errors: NULL pointers STAB_EINVAL; a range outside the tensor STAB_ERANGE; dtype
+ * STAB_DTYPE_OTHER STAB_EINVAL. */
+stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out);
+
+/* The exact f32 value of one IEEE binary16 / bfloat16 (bit patterns as stored). */
+float stab_f16_to_f32(uint16_t h);
+float stab_bf16_to_f32(uint16_t b);
+
+/* A safetensors file: 8-byte little-endian header length N, N bytes of JSON (an object of
+ * name -> {"dtype", "shape", "data_offsets": [begin, end]} plus an optional "__metadata__"
+ * object of string -> string), then the data section the offsets are relative to. */
+typedef struct stab_safetensors stab_safetensors;
+
+/* Maps and validates path. Errors: STAB_EIO (cannot open, stat or map; not a regular file),
+ * STAB_EFORMAT (any rule broken), STAB_ENOMEM, STAB_EINVAL (NULL arguments). On failure
+ * *out is NULL. */
+stab_status stab_safetensors_open(const char *path, stab_safetensors **out);
+
+/* Unmaps and frees. NULL is a no-op. */
+void stab_safetensors_close(stab_safetensors *f);
+
+/* Tensors in the order of their data in the file; the pointer is NULL past the end. */
+size_t stab_safetensors_count(const stab_safetensors *f);
+const stab_ckpt_tensor *stab_safetensors_tensor(const stab_safetensors *f, size_t index);
+
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_safetensors_find(const stab_safetensors *f, const char *name, size_t *index);
+
+/* "__metadata__" entries in key order; STAB_ENOTFOUND past the end. */
+size_t stab_safetensors_metadata_count(const stab_safetensors *f);
+stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, const char **key,
+                                      const char **value);
+
+/* Bytes of the file (as mapped). */
+uint64_t stab_safetensors_file_size(const stab_safetensors *f);
 
 #ifdef __cplusplus
 }

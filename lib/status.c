@@ -22,6 +22,8 @@ const char *stab_strerror(stab_status status) {
   case STAB_ESTATE: return "call out of order";
   case STAB_ELAPACK: return "LAPACK failure";
   case STAB_ERANGE: return "value out of range";
+  case STAB_EFORMAT: return "malformed file";
+  case STAB_EIO: return "input/output error";
   }
   return "unknown status";
 }
