@@ -394,6 +394,34 @@ stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, c
 /* Bytes of the file (as mapped). */
 uint64_t stab_safetensors_file_size(const stab_safetensors *f);
 
+/* An llm.c GPT-2 checkpoint (train_gpt2.c's write_checkpoint): 256 int32 of header (magic
+ * 20240326, version 3 = f32 or 5 = bf16, max_seq_len, vocab_size, num_layers, num_heads,
+ * channels, padded_vocab_size), then every parameter in llm.c's order. The reader hands out
+ * views named like the HF GPT-2 modules but split: wte (V, C; the padded rows V..Vp-1 left
+ * out), wpe (maxT, C), and per block l: h.l.ln_1.{weight,bias}, h.l.attn.{q,k,v}.{weight,bias}
+ * (the three (C, C) blocks of the fused qkv), h.l.attn.proj.*, h.l.ln_2.*, h.l.mlp.fc.* (4C, C),
+ * h.l.mlp.proj.* (C, 4C); then ln_f.{weight,bias}. Matrices are out-major. The file's size
+ * must be exactly the header plus the parameters its shapes describe. */
+typedef struct {
+  int version;          /* 3 (f32) or 5 (bf16) */
+  size_t max_t, vocab, padded_vocab, layers, heads, channels;
+} stab_llmc_config;
+
+typedef struct stab_llmc stab_llmc;
+
+/* Errors as stab_safetensors_open. */
+stab_status stab_llmc_open(const char *path, stab_llmc **out);
+/* NULL is a no-op. */
+void stab_llmc_close(stab_llmc *f);
+const stab_llmc_config *stab_llmc_config_of(const stab_llmc *f);
+/* The views in llm.c's order; NULL past the end. */
+size_t stab_llmc_count(const stab_llmc *f);
+const stab_ckpt_tensor *stab_llmc_tensor(const stab_llmc *f, size_t index);
+/* Index of a view by name, or STAB_ENOTFOUND. */
+stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index);
+/* 1 when path starts with the llm.c magic (a format sniff; no validation). */
+int stab_llmc_is(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

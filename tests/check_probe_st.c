@@ -320,6 +320,122 @@ START_TEST(test_corpus_replay) {
 }
 END_TEST
 
+/* ---- llm.c ------------------------------------------------------------------------- */
+
+typedef struct {
+  const char *file;
+  int32_t h[8];      /* magic, version, maxT, V, L, NH, C, Vp */
+  long long delta;   /* bytes of parameters added (+) or cut (-) from the exact size */
+  const char *want;
+} llmc_case;
+
+static uint64_t llmc_bytes(const int32_t *h) {
+  uint64_t Vp = (uint64_t)h[7], T = (uint64_t)h[2], L = (uint64_t)h[4], C = (uint64_t)h[6];
+  return (Vp * C + T * C + L * (13 * C + 12 * C * C) + 2 * C) * (h[1] == 5 ? 2 : 4);
+}
+
+static void write_llmc(const char *path, const int32_t *h8, long long delta) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  int32_t h[256] = {0};
+  memcpy(h, h8, 8 * sizeof *h);
+  ck_assert_int_eq(fwrite(h, sizeof h, 1, f), 1);
+  uint64_t n = h8[4] < 100 && h8[6] < 100 && h8[7] < 1000 ? llmc_bytes(h8) : 0;
+  n = (uint64_t)((long long)n + delta);
+  for (uint64_t i = 0; i < n; i++) fputc(0, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+#define MG 20240326
+static const llmc_case llmc_cases[] = {
+    {"bad_version.bin", {MG, 4, 4, 6, 1, 2, 4, 8}, 0, "header int 1 (version) is 4"},
+    {"zero_layers.bin", {MG, 3, 4, 6, 0, 2, 4, 8}, 0, "header int 4 (num_layers) is 0"},
+    {"negative_channels.bin", {MG, 3, 4, 6, 1, 2, -4, 8}, 0, "header int 6 (channels) is -4"},
+    {"vocab_above_padded.bin", {MG, 3, 4, 9, 1, 2, 4, 8}, 0, "exceeds int 7 (padded_vocab_size 8)"},
+    {"heads_not_dividing.bin", {MG, 3, 4, 6, 1, 3, 4, 8}, 0, "not a multiple of int 5 (num_heads 3)"},
+    {"truncated.bin", {MG, 3, 4, 6, 1, 2, 4, 8}, -4, "truncated"},
+    {"truncated_bf16.bin", {MG, 5, 4, 6, 1, 2, 4, 8}, -2, "truncated"},
+    {"trailing.bin", {MG, 3, 4, 6, 1, 2, 4, 8}, 4, "4 bytes after the parameters"},
+    {"huge_shapes.bin", {MG, 3, 1 << 24, 1 << 24, 1 << 24, 1, 1 << 24, 1 << 24}, 0, "truncated"},
+};
+enum { NLLMC = sizeof llmc_cases / sizeof llmc_cases[0] };
+
+START_TEST(test_llmc_bad_files) {
+  make_tmpdir();
+  const char *corpus_out = getenv("STAB_WRITE_CORPUS_LLMC");
+  for (int k = 0; k < NLLMC; k++) {
+    const llmc_case *c = &llmc_cases[k];
+    const char *path = tmp_path(c->file);
+    write_llmc(path, c->h, c->delta);
+    if (corpus_out) {
+      char p[512];
+      snprintf(p, sizeof p, "%s/%s", corpus_out, c->file);
+      write_llmc(p, c->h, c->delta);
+    }
+    stab_llmc *f = NULL;
+    int st = stab_llmc_open(path, &f);
+    ck_assert_msg(st == STAB_EFORMAT, "%s: status %d (%s)", c->file, st, stab_last_error());
+    ck_assert_ptr_null(f);
+    ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), c->want), "%s: message '%s' lacks '%s'",
+                  c->file, stab_last_error(), c->want);
+    ck_assert_int_eq(stab_llmc_is(path), 1);
+  }
+  /* a short file and a wrong magic */
+  ck_assert_int_eq(stw_write_raw(tmp_path("short.bin"), 20240326, "", NULL, 100), 0);
+  TU_ASSERT_STATUS(stab_llmc_open(tmp_path("short.bin"), &(stab_llmc *){NULL}), STAB_EFORMAT);
+  int32_t h[8] = {1234, 3, 8, 50, 2, 2, 16, 64};
+  write_llmc(tmp_path("magic.bin"), h, 0);
+  stab_llmc *f = NULL;
+  TU_ASSERT_STATUS(stab_llmc_open(tmp_path("magic.bin"), &f), STAB_EFORMAT);
+  ck_assert(strstr(stab_last_error(), "magic") != NULL);
+  ck_assert_int_eq(stab_llmc_is(tmp_path("magic.bin")), 0);
+  remove_tmpdir();
+}
+END_TEST
+
+/* The views: names, shapes and offsets against llm.c's layout, padding rows left out. */
+START_TEST(test_llmc_views) {
+  make_tmpdir();
+  int32_t h[8] = {MG, 3, 8, 50, 2, 2, 16, 64};
+  write_llmc(tmp_path("ok.bin"), h, 0);
+  stab_llmc *f = NULL;
+  TU_ASSERT_OK(stab_llmc_open(tmp_path("ok.bin"), &f));
+  const stab_llmc_config *c = stab_llmc_config_of(f);
+  ck_assert_uint_eq(c->vocab, 50);
+  ck_assert_uint_eq(c->padded_vocab, 64);
+  ck_assert_uint_eq(stab_llmc_count(f), 2 + 2 * 16 + 2);
+  size_t i;
+  TU_ASSERT_OK(stab_llmc_find(f, "wte", &i));
+  ck_assert_uint_eq(stab_llmc_tensor(f, i)->shape[0], 50);
+  ck_assert_uint_eq(stab_llmc_tensor(f, i)->offset, 1024);
+  TU_ASSERT_OK(stab_llmc_find(f, "h.1.attn.k.weight", &i));
+  const stab_ckpt_tensor *t = stab_llmc_tensor(f, i);
+  /* wte 64*16, wpe 8*16, ln1w 2*16, ln1b 2*16, qkvw layer 1 block k */
+  uint64_t want = 1024 + 4 * (64 * 16 + 8 * 16 + 2 * 16 + 2 * 16 + (1 * 3 + 1) * 16 * 16);
+  ck_assert_uint_eq(t->offset, want);
+  ck_assert_uint_eq(t->shape[0], 16);
+  ck_assert_uint_eq(t->shape[1], 16);
+  TU_ASSERT_OK(stab_llmc_find(f, "ln_f.bias", &i));
+  t = stab_llmc_tensor(f, i);
+  ck_assert_uint_eq(t->offset + 4 * t->count, 1024 + llmc_bytes(h));
+  ck_assert_int_eq(stab_llmc_find(f, "lm_head", &i), STAB_ENOTFOUND);
+  stab_llmc_close(f);
+  stab_llmc_close(NULL);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(test_llmc_corpus_replay) {
+  const char *srcdir = getenv("srcdir");
+  char path[1024];
+  for (int k = 0; k < NLLMC; k++) {
+    snprintf(path, sizeof path, "%s/tests/corpus/llmc/%s", srcdir ? srcdir : ".", llmc_cases[k].file);
+    stab_llmc *f = NULL;
+    ck_assert_msg(stab_llmc_open(path, &f) == STAB_EFORMAT, "%s: %s", path, stab_last_error());
+  }
+}
+END_TEST
+
 static Suite *probe_st_suite(void) {
   Suite *s = suite_create("probe_st");
   TCase *tc = tcase_create("values");
@@ -332,6 +448,12 @@ static Suite *probe_st_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_bad_files);
   tcase_add_test(tc, test_corpus_replay);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("llmc");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_llmc_bad_files);
+  tcase_add_test(tc, test_llmc_views);
+  tcase_add_test(tc, test_llmc_corpus_replay);
   suite_add_tcase(s, tc);
   return s;
 }
