@@ -53,6 +53,11 @@ typedef struct {
 /* One row of the report: a layer to measure, or a tensor not measured (error set). */
 typedef struct {
   const stab_ckpt_tensor *t, *bias;
+  const stab_ckpt_tensor *tk; /* attention: the key projection (t is the query) */
+  const char *name;           /* the row's name: t->name, or owned_name */
+  char *owned_name;
+  size_t heads;               /* attention */
+  double *head_bounds;        /* attention: per head, owned */
   stab_kind kind;
   stab_layout layout;
   size_t d_in, d_out;
@@ -192,6 +197,28 @@ static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
   }
 }
 
+/* ---- checkpoints: safetensors or llm.c, by the file's first bytes ------------------- */
+
+typedef struct {
+  stab_safetensors *st;
+  stab_llmc *lc;
+} ckpt;
+
+static size_t ck_count(const ckpt *c) { return c->st ? stab_safetensors_count(c->st) : stab_llmc_count(c->lc); }
+static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
+  return c->st ? stab_safetensors_tensor(c->st, i) : stab_llmc_tensor(c->lc, i);
+}
+static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
+  size_t i;
+  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i) : stab_llmc_find(c->lc, name, &i);
+  return st == STAB_OK ? ck_tensor(c, i) : NULL;
+}
+static void ck_close(ckpt *c) {
+  stab_safetensors_close(c->st);
+  stab_llmc_close(c->lc);
+  c->st = NULL, c->lc = NULL;
+}
+
 /* ---- reading weights as f32 -------------------------------------------------------- */
 
 typedef struct {
@@ -250,7 +277,8 @@ static void json_number(double x) {
 }
 
 static const char *layout_name(const row *r) {
-  if (r->kind == STAB_KIND_LINEAR) return r->layout == STAB_LAYOUT_IN_MAJOR ? "in_major" : "out_major";
+  if (r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION)
+    return r->layout == STAB_LAYOUT_IN_MAJOR ? "in_major" : "out_major";
   return "rows";
 }
 
@@ -268,7 +296,7 @@ static void print_json(const options *o, row *rows, size_t n) {
     const stab_metrics *m = &r->m;
     printf("%s\n  {\"name\": ", first ? "" : ",");
     first = 0;
-    json_string(r->t->name);
+    json_string(r->name);
     printf(", \"kind\": \"%s\", \"shape\": [", stab_kind_name(r->kind));
     for (size_t d = 0; d < r->t->ndim; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)r->t->shape[d]);
     printf("], \"dtype\": \"%s\", \"layout\": \"%s\", \"d_in\": %zu, \"d_out\": %zu", r->t->dtype_name,
@@ -288,6 +316,14 @@ static void print_json(const options *o, row *rows, size_t n) {
            m->update_passes, m->tight_method == STAB_TIGHT_EXACT ? "exact" : m->tight_method == STAB_TIGHT_NONE ? "none" : "centred");
     if (r->bias) json_string(r->bias->name);
     else fputs("null", stdout);
+    if (r->kind == STAB_KIND_ATTENTION) {
+      printf(", \"heads\": %zu, \"head_bounds\": [", r->heads);
+      for (size_t h = 0; h < r->heads; h++) {
+        if (h) fputs(", ", stdout);
+        json_number(r->head_bounds[h]);
+      }
+      putchar(']');
+    }
     printf(", \"tied\": %s, \"flags\": [", r->tied ? "true" : "false");
     int f = 0;
     if (m->flags & STAB_FLAG_NONFINITE_WEIGHT) printf("%s\"nonfinite_weight\"", f++ ? ", " : "");
@@ -301,7 +337,7 @@ static void print_json(const options *o, row *rows, size_t n) {
     if (!rows[i].error) continue;
     printf("%s\n  {\"name\": ", first ? "" : ",");
     first = 0;
-    json_string(rows[i].t->name);
+    json_string(rows[i].name);
     printf(", \"message\": ");
     json_string(rows[i].error);
     printf("}");
@@ -314,17 +350,23 @@ static void fmt_num(char *buf, size_t cap, double x) {
   else snprintf(buf, cap, "%.5g", x);
 }
 
-static void print_table(const options *o, const stab_safetensors *f, row *rows, size_t n) {
+static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
   printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
          o->reference ? o->reference : "");
-  for (size_t i = 0; i < stab_safetensors_metadata_count(f); i++) {
+  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(f, i, &k, &v);
+    stab_safetensors_metadata(f->st, i, &k, &v);
     printf("metadata %s = %s\n", k, v);
+  }
+  if (f->lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(f->lc);
+    printf("llm.c checkpoint version %d (%s): max_seq_len %zu, vocab %zu (padded %zu, padding rows left out), "
+           "layers %zu, heads %zu, channels %zu\n", c->version, c->version == 5 ? "bf16" : "f32", c->max_t, c->vocab,
+           c->padded_vocab, c->layers, c->heads, c->channels);
   }
   int w = 5;
   for (size_t i = 0; i < n; i++)
-    if (rows[i].measured && (int)strlen(rows[i].t->name) > w) w = (int)strlen(rows[i].t->name);
+    if (rows[i].measured && (int)strlen(rows[i].name) > w) w = (int)strlen(rows[i].name);
   printf("\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, "layer", "kind", "shape", "dtype", "forward",
          "dependency", "update", "sigma", "rel_err", "notes");
   for (size_t i = 0; i < n; i++) {
@@ -346,14 +388,14 @@ static void print_table(const options *o, const stab_safetensors *f, row *rows, 
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
     if (r->m.flags & STAB_FLAG_NOT_CONVERGED) strcat(notes, "not-converged ");
-    printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, r->t->name, stab_kind_name(r->kind), shape,
+    printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, r->name, stab_kind_name(r->kind), shape,
            r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
   }
   int any = 0;
   for (size_t i = 0; i < n; i++)
     if (rows[i].error) {
       if (!any++) printf("\nnot measured:\n");
-      printf("  %s: %s\n", rows[i].t->name, rows[i].error);
+      printf("  %s: %s\n", rows[i].name, rows[i].error);
     }
 }
 
@@ -362,7 +404,9 @@ static void print_table(const options *o, const stab_safetensors *f, row *rows, 
 static void usage(FILE *f) {
   fprintf(f,
           "Usage: probe CHECKPOINT [OPTIONS]\n"
-          "Stability metrics of every layer of a safetensors checkpoint (see SPEC.md).\n\n"
+          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, or llm.c GPT-2\n"
+          "(magic 20240326, f32 or bf16; fused qkv split into q, k, v plus each block's attention\n"
+          "logit bound h.N.attn.logits; wte reported as embedding and tied lm_head, padding rows left out).\n\n"
           "  --prev OLDER        also the update metrics against OLDER (tensors matched by name)\n"
           "  --json              the SPEC probe report as JSON instead of the table\n"
           "  --tol X             relative tolerance of each spectral norm (default 1e-3)\n"
@@ -479,8 +523,8 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int open_checkpoint(const char *path, stab_safetensors **f) {
-  stab_status st = stab_safetensors_open(path, f);
+static int open_checkpoint(const char *path, ckpt *f) {
+  stab_status st = stab_llmc_is(path) ? stab_llmc_open(path, &f->lc) : stab_safetensors_open(path, &f->st);
   if (st == STAB_OK) return 0;
   fprintf(stderr, "probe: %s\n", stab_last_error());
   return st == STAB_ENOMEM ? 1 : 2;
@@ -492,25 +536,57 @@ int main(int argc, char **argv) {
   options o;
   int rc = parse(argc, argv, &o);
   if (rc) return rc;
-  stab_safetensors *f = NULL, *prev = NULL;
+  ckpt f = {0}, prevc = {0}, *prev = NULL;
   row *rows = NULL;
-  f32buf bw = {0}, bb = {0}, pw = {0}, pb = {0};
+  f32buf bw = {0}, bb = {0}, bk = {0}, pw = {0}, pb = {0};
   size_t n = 0;
   if ((rc = open_checkpoint(o.checkpoint, &f))) goto out;
-  if (o.reference && (rc = open_checkpoint(o.reference, &prev))) goto out;
+  if (o.reference) {
+    prev = &prevc;
+    if ((rc = open_checkpoint(o.reference, prev))) goto out;
+  }
 
-  size_t nt = stab_safetensors_count(f);
-  rows = calloc(nt + 1, sizeof *rows); /* + 1: a tied lm_head */
+  size_t nt = ck_count(&f);
+  rows = calloc(2 * nt + 1, sizeof *rows); /* + 1: a tied lm_head; attention rows (llm.c) */
   if (!rows) {
     fprintf(stderr, "probe: out of memory\n");
     rc = 1;
     goto out;
   }
   for (size_t i = 0; i < nt; i++) {
-    const stab_ckpt_tensor *t = stab_safetensors_tensor(f, i);
+    const stab_ckpt_tensor *t = ck_tensor(&f, i);
     int keep = o.nfilters == 0;
     for (size_t k = 0; k < o.nfilters && !keep; k++) keep = !fnmatch(o.filters[k], t->name, 0);
     if (keep) classify(&o, t, &rows[n++]);
+  }
+  for (size_t i = 0; i < n; i++) rows[i].name = rows[i].t->name;
+  /* llm.c: each block's attention logits, from its q and k (their name is the row name) */
+  if (f.lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(f.lc);
+    for (size_t l = 0; l < c->layers; l++) {
+      char q[64], k[64], nm[64];
+      snprintf(q, sizeof q, "h.%zu.attn.q.weight", l);
+      snprintf(k, sizeof k, "h.%zu.attn.k.weight", l);
+      snprintf(nm, sizeof nm, "h.%zu.attn.logits", l);
+      int keep = o.nfilters == 0;
+      for (size_t j = 0; j < o.nfilters && !keep; j++) keep = !fnmatch(o.filters[j], nm, 0);
+      if (!keep) continue;
+      row *r = &rows[n];
+      memset(r, 0, sizeof *r);
+      r->t = ck_find(&f, q), r->tk = ck_find(&f, k);
+      r->kind = STAB_KIND_ATTENTION, r->layout = STAB_LAYOUT_OUT_MAJOR;
+      r->d_in = r->d_out = c->channels, r->heads = c->heads;
+      r->owned_name = strdup(nm);
+      r->head_bounds = calloc(c->heads, sizeof *r->head_bounds);
+      if (!r->t || !r->tk || !r->owned_name || !r->head_bounds) {
+        free(r->owned_name), free(r->head_bounds);
+        fprintf(stderr, "probe: out of memory\n");
+        rc = 1;
+        goto out;
+      }
+      r->name = r->owned_name;
+      n++;
+    }
   }
   /* rule 8: fold X.bias into a linear X.weight of matching width */
   for (size_t i = 0; i < n; i++) {
@@ -546,6 +622,7 @@ int main(int argc, char **argv) {
     h->d_in = rows[i].d_out, h->d_out = rows[i].d_in;
     h->tied = 1;
     h->owned_error = NULL;
+    h->owned_name = NULL, h->head_bounds = NULL;
     has_head = 1;
   }
 
@@ -562,22 +639,23 @@ int main(int argc, char **argv) {
     double t = now();
     if (!o.quiet && t - t0 > 1.0 && t - last > 1.0) {
       double eta = done > 0 ? (t - t0) * (work - done) / done : 0;
-      fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", i + 1, n, r->t->name, t - t0, eta);
+      fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", i + 1, n, r->name, t - t0, eta);
       last = t;
     }
     const float *w = as_f32(r->t, &bw), *b = r->bias ? as_f32(r->bias, &bb) : NULL;
-    if (!w || (r->bias && !b)) {
+    const float *wk = r->tk ? as_f32(r->tk, &bk) : NULL;
+    if (!w || (r->bias && !b) || (r->tk && !wk)) {
       rc = 1;
       goto out;
     }
-    stab_layer L = {.name = r->t->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
-                    .layout = r->kind == STAB_KIND_LINEAR ? r->layout : STAB_LAYOUT_NATURAL, .weight = w, .bias = b};
+    stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
+                    .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
+                    .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
     stab_layer before = L, *bp = NULL;
-    if (prev) {
-      size_t j, jb;
+    if (prev && r->kind != STAB_KIND_ATTENTION) { /* SPEC defines no update of the logit bound */
       const stab_ckpt_tensor *pt = NULL, *pbias = NULL;
-      if (stab_safetensors_find(prev, r->t->name, &j) == STAB_OK) pt = stab_safetensors_tensor(prev, j);
-      if (r->bias && stab_safetensors_find(prev, r->bias->name, &jb) == STAB_OK) pbias = stab_safetensors_tensor(prev, jb);
+      pt = ck_find(prev, r->t->name);
+      if (r->bias) pbias = ck_find(prev, r->bias->name);
       int same = pt && pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
                  !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
                  (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
@@ -595,9 +673,9 @@ int main(int argc, char **argv) {
                   !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
       }
     }
-    stab_status st = stab_layer_metrics(&L, bp, &mp, &r->m, NULL);
+    stab_status st = stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
     if (st != STAB_OK) {
-      fprintf(stderr, "probe: %s: %s\n", r->t->name, stab_last_error());
+      fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
       rc = 1;
       goto out;
     }
@@ -607,18 +685,18 @@ int main(int argc, char **argv) {
   if (!o.quiet && now() - t0 > 1.0)
     fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);
   if (o.json) print_json(&o, rows, n);
-  else print_table(&o, f, rows, n);
+  else print_table(&o, &f, rows, n);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "probe: error writing the output\n");
     rc = 1;
   }
 out:
   for (size_t i = 0; rows && i < n; i++)
-    free(rows[i].owned_error);
+    free(rows[i].owned_error), free(rows[i].owned_name), free(rows[i].head_bounds);
   free(rows);
-  free(bw.buf), free(bb.buf), free(pw.buf), free(pb.buf);
-  stab_safetensors_close(f);
-  stab_safetensors_close(prev);
+  free(bw.buf), free(bb.buf), free(bk.buf), free(pw.buf), free(pb.buf);
+  ck_close(&f);
+  ck_close(&prevc);
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
   for (size_t i = 0; i < o.nlayouts; i++) free((char *)o.layouts[i].glob);
   free(o.kinds), free(o.layouts), free(o.filters);

@@ -86,6 +86,25 @@ for model in gpt2 llama; do
   done
 done
 
+# llm.c checkpoints: split qkv, attention logits, tied wte, padding rows (1e6) left out
+for dt in F32 BF16; do
+  p=$dir/llmc_$dt
+  "$gen" "$p" llmc $dt || { fail "st_gen llmc $dt"; continue; }
+  "$probe" "$p.bin" --prev "$p.prev.bin" >"$p.txt" 2>"$p.err" || fail "llmc $dt: table exit $?: $(cat "$p.err")"
+  while read -r name kind rest; do
+    grep -Eq "^$name +$kind +" "$p.txt" || fail "llmc $dt: table lacks '$name $kind'"
+  done <"$p.ref"
+  grep -q "llm.c checkpoint version $([ $dt = F32 ] && echo 3 || echo 5)" "$p.txt" || fail "llmc $dt: header line"
+  grep -Eq '^wte +lm_head .*tied' "$p.txt" || fail "llmc $dt: tied head"
+  "$probe" "$p.bin" --prev "$p.prev.bin" --json --exact >"$p.json" 2>"$p.err" || fail "llmc $dt: json exit $?"
+  if [ $have_py = 1 ]; then
+    compare "$p.json" "$p.ref" 1e-9 || fail "llmc $dt: exact values differ from stab_layer_metrics"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); a=[l for l in r["layers"] if l["kind"]=="attention"]; assert len(a)==2 and all(len(l["head_bounds"])==2 and max(l["head_bounds"])==l["forward"] for l in a); assert not r["errors"]' "$p.json" ||
+      fail "llmc $dt: attention entries"
+  fi
+  ok
+done
+
 # a NaN in a weight: that layer's metrics are NaN (null) and flagged, the others stand
 p=$dir/nan
 "$gen" "$p" gpt2 F32 nan
@@ -138,6 +157,13 @@ for f in "$src"/tests/corpus/safetensors/*.safetensors; do
   n=$((n + 1))
 done
 [ $n -ge 40 ] || fail "corpus: only $n files"
+for f in "$src"/tests/corpus/llmc/*.bin; do
+  "$probe" "$f" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
+  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
+  n=$((n + 1))
+done
 ok
 
 echo "probe.sh: $checks groups checked, $fails failures (python3: $have_py, corpus files: $n)"
