@@ -16,8 +16,9 @@
  * Applied to every tensor in file order; the first rule that matches decides.
  *  1. --filter GLOB given and the name matches none: not probed (the user's choice).
  *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8): listed as not measured.
- *  3. --kind GLOB=KIND: that kind (KIND skip: listed as not measured).
- *  4. 0-D, or 3-D and up: listed as not measured (no rule for them).
+ *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
+ *     (linear, embedding, lm_head) or a 1-D one (gain, bias), else listed with the mismatch.
+ *  4. 0-D, or 3-D and up: listed as not measured (no rule for them), --kind or not.
  *  5. 2-D, module name (the name without a trailing .weight) ending in one of
  *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
  *     token_type_embeddings embed_positions: embedding, [V][d].
@@ -155,19 +156,26 @@ static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
     return;
   }
   if (t->ndim == 0 || t->ndim > 2) {
-    set_error(r, "%s tensor (%llu dimensions): no rule for it; --kind can name its kind if it is a matrix",
-              t->ndim ? "a 3-D or higher" : "a scalar", (unsigned long long)t->ndim);
-    if (!forced) return;
-    r->error = NULL;
+    set_error(r, "%s tensor (%llu dimensions): no rule for it", t->ndim ? "a 3-D or higher" : "a scalar",
+              (unsigned long long)t->ndim);
+    return;
   }
   if (t->count == 0) {
     r->error = "an empty tensor (a zero dimension): nothing to measure";
     return;
   }
+  if (forced) {
+    kind_from(forced, &r->kind);
+    int wants_matrix = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD;
+    if (wants_matrix != (t->ndim == 2)) {
+      set_error(r, "--kind %s does not fit a %llu-D tensor", forced, (unsigned long long)t->ndim);
+      return;
+    }
+  }
   int two_d = t->ndim == 2;
   size_t rows = two_d ? (size_t)t->shape[0] : 1, cols = two_d ? (size_t)t->shape[1] : (size_t)t->count;
   if (forced) {
-    kind_from(forced, &r->kind);
+    /* decided above */
   } else if (two_d && last_component_in(mod, embed_names)) {
     r->kind = STAB_KIND_EMBEDDING;
   } else if (two_d && last_component_in(mod, head_names)) {

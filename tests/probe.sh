@@ -130,6 +130,13 @@ grep -Eq '^h\.0\.mlp\.c_fc\.weight +linear' "$dir/f.txt" || fail "--filter dropp
 grep -Eq '^h\.0\.mlp\.c_fc\.weight +linear +16x64 .* \+bias' "$dir/o.txt" && grep -Eq '^h\.0\.mlp\.c_fc\.weight.*in-major' "$dir/o.txt" &&
   fail "--layout ignored"
 grep -q 'wpe.weight: skipped by --kind' "$dir/o.txt" || fail "--kind skip not listed"
+"$probe" "$p.safetensors" --kind 'ln_f.weight=linear' --kind 'h.0.attn.bias=linear' --kind 'wpe.weight=lm_head' \
+  --kind 'h.0.ln_1.bias=gain' >"$dir/k.txt" || fail "--kind exit"
+grep -q 'ln_f.weight: --kind linear does not fit a 1-D tensor' "$dir/k.txt" || fail "--kind linear on 1-D accepted"
+grep -q 'h.0.attn.bias: a 3-D or higher tensor (4 dimensions)' "$dir/k.txt" || fail "--kind on 4-D accepted"
+grep -Eq '^wpe\.weight +lm_head +8x16' "$dir/k.txt" || fail "--kind lm_head ignored"
+grep -Eq '^h\.0\.ln_1\.bias +gain' "$dir/k.txt" || fail "--kind gain ignored"
+grep -Eq '^wte\.weight +lm_head' "$dir/k.txt" && fail "tied head added although wpe was made the lm_head"
 ok
 
 # exit codes: 2 for bad usage and for malformed or missing files, with the message
