@@ -660,6 +660,7 @@ int main(int argc, char **argv) {
                     .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
                     .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
     stab_layer before = L, *bp = NULL;
+    const stab_ckpt_tensor *prev_t = NULL, *prev_bias = NULL;
     if (prev && r->kind != STAB_KIND_ATTENTION) { /* SPEC defines no update of the logit bound */
       const stab_ckpt_tensor *pt = NULL, *pbias = NULL;
       pt = ck_find(prev, r->t->name);
@@ -675,6 +676,7 @@ int main(int argc, char **argv) {
           goto out;
         }
         bp = &before;
+        prev_t = pt, prev_bias = pbias;
       } else {
         /* the layer stands without its update; the reason goes to errors */
         set_error(r, "no update: %s in the reference checkpoint",
@@ -689,6 +691,10 @@ int main(int argc, char **argv) {
     }
     r->measured = 1;
     done += (double)r->t->count;
+    /* the mapped pages of this layer are not needed again (a tied head re-reads them from the
+     * page cache): peak memory stays near the largest layer, not the file */
+    stab_ckpt_release(r->t), stab_ckpt_release(r->bias), stab_ckpt_release(r->tk);
+    if (bp) stab_ckpt_release(prev_t), stab_ckpt_release(prev_bias);
   }
   if (!o.quiet && now() - t0 > 1.0)
     fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);

@@ -362,6 +362,13 @@ typedef struct {
  * STAB_DTYPE_OTHER STAB_EINVAL. */
 stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out);
 
+/* Hands the mapped pages that lie wholly inside t back to the kernel (madvise
+ * MADV_DONTNEED): the process's resident memory drops by them, t stays valid, and a later
+ * read maps them again from the page cache. For a caller that reads a checkpoint tensor by
+ * tensor and wants its peak memory near the largest tensor rather than the file. NULL or
+ * an empty tensor is a no-op. */
+void stab_ckpt_release(const stab_ckpt_tensor *t);
+
 /* The exact f32 value of one IEEE binary16 / bfloat16 (bit patterns as stored). */
 float stab_f16_to_f32(uint16_t h);
 float stab_bf16_to_f32(uint16_t b);

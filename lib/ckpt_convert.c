@@ -3,6 +3,20 @@
 #include "internal.h"
 
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+void stab_ckpt_release(const stab_ckpt_tensor *t) {
+  if (!t || !t->data || !t->count) return;
+  long page = sysconf(_SC_PAGESIZE);
+  if (page <= 0) return;
+  uintptr_t begin = (uintptr_t)t->data, end = begin + (uintptr_t)(t->count * t->elem_size);
+  uintptr_t a = (begin + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+  uintptr_t b = end / (uintptr_t)page * (uintptr_t)page;
+  /* Only whole pages inside t: a neighbour sharing a page keeps it. The mapping is private and
+   * read-only, so dropping pages loses nothing; a failure only means nothing was released. */
+  if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
 
 float stab_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
