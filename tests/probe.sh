@@ -120,6 +120,28 @@ assert l["h.0.mlp.c_fc.weight"]["forward"] is not None and not l["h.0.mlp.c_fc.w
 fi
 ok
 
+# names that need escaping in the JSON report: quote, backslash, control character, UTF-8
+if [ $have_py = 1 ]; then
+  python3 - "$dir/esc.safetensors" <<'PY'
+import json, struct, sys
+names = ['we"ird\\name.weight', 'tab\tname.weight', 'caf\u00e9.weight']
+hdr = '{' + ', '.join('%s: {"dtype": "F32", "shape": [2, 2], "data_offsets": [%d, %d]}' % (json.dumps(n, ensure_ascii=False), 16 * i, 16 * i + 16)
+                      for i, n in enumerate(names)) + '}'
+data = struct.pack('<12f', *[1, 0, 0, 2, 3, 0, 0, 1, 1, 1, 1, 1])
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(hdr.encode())) + hdr.encode() + data)
+PY
+  "$probe" "$dir/esc.safetensors" --json --exact >"$dir/esc.json" || fail "escapes: exit $?"
+  python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1], encoding="utf-8"))
+got = {l["name"]: l for l in r["layers"]}
+assert set(got) == {"we\"ird\\name.weight", "tab\tname.weight", "caf\u00e9.weight"}, got.keys()
+assert abs(got["we\"ird\\name.weight"]["dependency"] - 2.0) < 1e-12   # sigma(diag(1, 2)), square
+assert abs(got["caf\u00e9.weight"]["dependency"] - 2.0) < 1e-12          # sigma(all ones 2x2) = 2
+' "$dir/esc.json" || fail "escapes: names or values wrong in the JSON"
+  ok
+fi
+
 # filters and overrides
 p=$dir/gpt2_F32
 "$probe" "$p.safetensors" --filter 'h.0.mlp.*' >"$dir/f.txt" || fail "filter exit"
