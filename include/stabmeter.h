@@ -46,8 +46,10 @@ typedef enum {
   STAB_ESTATE = -6,   /* a call out of order, e.g. an update measured with no snapshot taken */
   STAB_ELAPACK = -7,  /* LAPACK reported a failure (the message has its info code) */
   STAB_ERANGE = -8,   /* a value is out of its valid range (e.g. heads not dividing d_out) */
-  STAB_EIO = -9       /* a file could not be created, read or written (the message names the
-                         path and has HDF5's own message) */
+  STAB_EIO = -9,      /* a file could not be created, opened, sized, mapped, read or written (the
+                         message names the path, with HDF5's or errno's own text) */
+  STAB_EFORMAT = -10  /* a checkpoint file breaks its format's rules (the message names the file
+                         and the field or byte offset at fault) */
 } stab_status;
 
 /* A static, human-readable name of a status, "unknown status" for anything else. */
@@ -487,6 +489,116 @@ int stab_trace_failed(const stab_trace *t);
  * returning STAB_OK. Returns STAB_EIO if the last writes or the close failed; t is freed all the
  * same. */
 stab_status stab_trace_close(stab_trace *t);
+
+/* ---------------------------------------------------------------------------------- */
+/* Checkpoint readers                                                                  */
+/*
+ * A reader memory-maps a checkpoint read-only, validates its whole index up front (every
+ * rule of the format: offsets inside the data and covering it without overlap or holes,
+ * shapes agreeing with the byte ranges, known dtypes, unique names) and then hands out
+ * tensors as views into the mapping. Nothing is read from the data until asked for, and
+ * no allocation is larger than a small multiple of the file's index, so a hostile file
+ * cannot make the reader allocate without bound. A malformed file gives STAB_EFORMAT
+ * with a message naming the file and the field or byte offset at fault.
+ * A reader is read-only after open: any number of threads may use it at once.
+ */
+
+typedef enum {
+  STAB_DTYPE_F32 = 0,
+  STAB_DTYPE_F16 = 1,   /* IEEE binary16 */
+  STAB_DTYPE_BF16 = 2,  /* bfloat16: the high half of an f32 */
+  STAB_DTYPE_OTHER = 3  /* a valid type of the format that is not converted to f32 (integers,
+                           bool, F64, FP8): listed, never measured */
+} stab_dtype;
+
+/* Dimensions a tensor may have; a file with more is rejected (STAB_EFORMAT). */
+#define STAB_CKPT_MAX_DIMS 8
+
+/* One tensor of a checkpoint: a view into the reader's mapping, valid until it is closed. */
+typedef struct {
+  const char *name;          /* NUL-terminated; owned by the reader */
+  const char *dtype_name;    /* as the file spells it: "F32", "BF16", "I64", ... */
+  stab_dtype dtype;
+  size_t elem_size;          /* bytes per element */
+  size_t ndim;               /* 0 for a scalar */
+  uint64_t shape[STAB_CKPT_MAX_DIMS]; /* row-major, outermost first */
+  uint64_t count;            /* elements: the product of shape (1 for a scalar) */
+  const unsigned char *data; /* count * elem_size bytes, little-endian, no alignment promised */
+  uint64_t offset;           /* byte offset of data from the start of the file */
+} stab_ckpt_tensor;
+
+/* Elements [first, first + n) of t (flat, row-major) as f32, into out (n floats). F16 and
+ * BF16 convert exactly (subnormals, infinities and NaNs included); F32 is copied.
+ * Errors: NULL pointers STAB_EINVAL; a range outside the tensor STAB_ERANGE; dtype
+ * STAB_DTYPE_OTHER STAB_EINVAL. */
+stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out);
+
+/* Hands the mapped pages that lie wholly inside t back to the kernel (madvise
+ * MADV_DONTNEED): the process's resident memory drops by them, t stays valid, and a later
+ * read maps them again from the page cache. For a caller that reads a checkpoint tensor by
+ * tensor and wants its peak memory near the largest tensor rather than the file. NULL or
+ * an empty tensor is a no-op. */
+void stab_ckpt_release(const stab_ckpt_tensor *t);
+
+/* The exact f32 value of one IEEE binary16 / bfloat16 (bit patterns as stored). */
+float stab_f16_to_f32(uint16_t h);
+float stab_bf16_to_f32(uint16_t b);
+
+/* A safetensors file: 8-byte little-endian header length N, N bytes of JSON (an object of
+ * name -> {"dtype", "shape", "data_offsets": [begin, end]} plus an optional "__metadata__"
+ * object of string -> string), then the data section the offsets are relative to. */
+typedef struct stab_safetensors stab_safetensors;
+
+/* Maps and validates path. Errors: STAB_EIO (cannot open, stat or map; not a regular file),
+ * STAB_EFORMAT (any rule broken), STAB_ENOMEM, STAB_EINVAL (NULL arguments). On failure
+ * *out is NULL. */
+stab_status stab_safetensors_open(const char *path, stab_safetensors **out);
+
+/* Unmaps and frees. NULL is a no-op. */
+void stab_safetensors_close(stab_safetensors *f);
+
+/* Tensors in the order of their data in the file; the pointer is NULL past the end. */
+size_t stab_safetensors_count(const stab_safetensors *f);
+const stab_ckpt_tensor *stab_safetensors_tensor(const stab_safetensors *f, size_t index);
+
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_safetensors_find(const stab_safetensors *f, const char *name, size_t *index);
+
+/* "__metadata__" entries in key order; STAB_ENOTFOUND past the end. */
+size_t stab_safetensors_metadata_count(const stab_safetensors *f);
+stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, const char **key,
+                                      const char **value);
+
+/* Bytes of the file (as mapped). */
+uint64_t stab_safetensors_file_size(const stab_safetensors *f);
+
+/* An llm.c GPT-2 checkpoint (train_gpt2.c's write_checkpoint): 256 int32 of header (magic
+ * 20240326, version 3 = f32 or 5 = bf16, max_seq_len, vocab_size, num_layers, num_heads,
+ * channels, padded_vocab_size), then every parameter in llm.c's order. The reader hands out
+ * views named like the HF GPT-2 modules but split: wte (V, C; the padded rows V..Vp-1 left
+ * out), wpe (maxT, C), and per block l: h.l.ln_1.{weight,bias}, h.l.attn.{q,k,v}.{weight,bias}
+ * (the three (C, C) blocks of the fused qkv), h.l.attn.proj.*, h.l.ln_2.*, h.l.mlp.fc.* (4C, C),
+ * h.l.mlp.proj.* (C, 4C); then ln_f.{weight,bias}. Matrices are out-major. The file's size
+ * must be exactly the header plus the parameters its shapes describe. */
+typedef struct {
+  int version;          /* 3 (f32) or 5 (bf16) */
+  size_t max_t, vocab, padded_vocab, layers, heads, channels;
+} stab_llmc_config;
+
+typedef struct stab_llmc stab_llmc;
+
+/* Errors as stab_safetensors_open. */
+stab_status stab_llmc_open(const char *path, stab_llmc **out);
+/* NULL is a no-op. */
+void stab_llmc_close(stab_llmc *f);
+const stab_llmc_config *stab_llmc_config_of(const stab_llmc *f);
+/* The views in llm.c's order; NULL past the end. */
+size_t stab_llmc_count(const stab_llmc *f);
+const stab_ckpt_tensor *stab_llmc_tensor(const stab_llmc *f, size_t index);
+/* Index of a view by name, or STAB_ENOTFOUND. */
+stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index);
+/* 1 when path starts with the llm.c magic (a format sniff; no validation). */
+int stab_llmc_is(const char *path);
 
 #ifdef __cplusplus
 }

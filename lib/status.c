@@ -23,6 +23,7 @@ const char *stab_strerror(stab_status status) {
   case STAB_ELAPACK: return "LAPACK failure";
   case STAB_ERANGE: return "value out of range";
   case STAB_EIO: return "file input/output error";
+  case STAB_EFORMAT: return "malformed file";
   }
   return "unknown status";
 }

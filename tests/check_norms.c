@@ -275,7 +275,7 @@ END_TEST
 START_TEST(test_status_strings) {
   static const stab_status all[] = {STAB_OK,       STAB_EINVAL, STAB_EDIM,   STAB_ENOMEM,
                                     STAB_ENOTFOUND, STAB_EEXIST, STAB_ESTATE, STAB_ELAPACK,
-                                    STAB_ERANGE};
+                                    STAB_ERANGE, STAB_EFORMAT, STAB_EIO};
   enum { NS = sizeof all / sizeof all[0] };
   const char *unknown = stab_strerror((stab_status)42);
   ck_assert_ptr_nonnull(unknown);

@@ -1,0 +1,718 @@
+/* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors),
+ * optionally with the update against an older checkpoint: each tensor's kind inferred from
+ * its name and shape by the rule table below, the metrics computed by the library, printed
+ * as an aligned table or as the SPEC probe report (JSON). */
+#include "stabmeter.h"
+
+#include <fnmatch.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the rule table ----------------------------------------------------------------
+ * Applied to every tensor in file order; the first rule that matches decides.
+ *  1. --filter GLOB given and the name matches none: not probed (the user's choice).
+ *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8): listed as not measured.
+ *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
+ *     (linear, embedding, lm_head) or a 1-D one (gain, bias), else listed with the mismatch.
+ *  4. 0-D, or 3-D and up: listed as not measured (no rule for them), --kind or not.
+ *  5. 2-D, module name (the name without a trailing .weight) ending in one of
+ *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
+ *     token_type_embeddings embed_positions: embedding, [V][d].
+ *  6. 2-D, module name ending in lm_head, output, embed_out: lm_head, [V][d].
+ *  7. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear), except the HF
+ *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj,
+ *     which are in-major; --layout GLOB=in_major|out_major overrides.
+ *  8. 1-D X.bias where X.weight is a linear layer of d_out = its length: folded into it.
+ *  9. 1-D whose module name has a component containing "norm" (any case) or starting with
+ *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift).
+ * 10. 1-D X.bias otherwise: bias.
+ * 11. anything else: listed as not measured.
+ * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
+ * exists is tied: that embedding is reported a second time as lm_head. */
+
+typedef struct {
+  const char *glob;
+  char value[16];
+} override;
+
+typedef struct {
+  const char *checkpoint, *reference;
+  int json, quiet;
+  double tol;
+  int exact;
+  stab_tight_method tight;
+  const char **filters;
+  size_t nfilters;
+  override *kinds, *layouts;
+  size_t nkinds, nlayouts;
+} options;
+
+/* One row of the report: a layer to measure, or a tensor not measured (error set). */
+typedef struct {
+  const stab_ckpt_tensor *t, *bias;
+  const stab_ckpt_tensor *tk; /* attention: the key projection (t is the query) */
+  const char *name;           /* the row's name: t->name, or owned_name */
+  char *owned_name;
+  size_t heads;               /* attention */
+  double *head_bounds;        /* attention: per head, owned */
+  stab_kind kind;
+  stab_layout layout;
+  size_t d_in, d_out;
+  int tied;          /* a tied embedding reported as lm_head */
+  const char *error; /* not measured: why (static or owned by msgs) */
+  char *owned_error;
+  stab_metrics m;
+  int measured;
+} row;
+
+static const char *const embed_names[] = {"wte", "wpe", "embed_tokens", "tok_embeddings", "token_embd",
+                                          "word_embeddings", "position_embeddings", "token_type_embeddings",
+                                          "embed_positions", NULL};
+static const char *const position_names[] = {"wpe", "position_embeddings", "token_type_embeddings",
+                                             "embed_positions", NULL};
+static const char *const head_names[] = {"lm_head", "output", "embed_out", NULL};
+static const char *const conv1d_globs[] = {"h.*.attn.c_attn.weight", "*.h.*.attn.c_attn.weight",
+                                           "h.*.attn.c_proj.weight", "*.h.*.attn.c_proj.weight",
+                                           "h.*.mlp.c_fc.weight",    "*.h.*.mlp.c_fc.weight",
+                                           "h.*.mlp.c_proj.weight",  "*.h.*.mlp.c_proj.weight", NULL};
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The module name: the name without a trailing ".weight" or ".bias" (into buf). */
+static const char *module_of(const char *name, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s", name);
+  if (ends_with(buf, ".weight")) buf[strlen(buf) - 7] = '\0';
+  else if (ends_with(buf, ".bias")) buf[strlen(buf) - 5] = '\0';
+  return buf;
+}
+
+/* 1 when the last dot-separated component of module is one of the names. */
+static int last_component_in(const char *module, const char *const *names) {
+  const char *dot = strrchr(module, '.'), *last = dot ? dot + 1 : module;
+  for (size_t i = 0; names[i]; i++)
+    if (!strcmp(last, names[i])) return 1;
+  return 0;
+}
+
+static int matches_any(const char *name, const char *const *globs) {
+  for (size_t i = 0; globs[i]; i++)
+    if (!fnmatch(globs[i], name, 0)) return 1;
+  return 0;
+}
+
+static int is_norm_module(const char *module) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", module);
+  for (char *tok = strtok(buf, "."); tok; tok = strtok(NULL, ".")) {
+    if (!strncmp(tok, "ln", 2)) return 1;
+    for (char *p = tok; *p; p++)
+      if (!strncasecmp(p, "norm", 4)) return 1;
+  }
+  return 0;
+}
+
+static const char *override_for(const override *o, size_t n, const char *name) {
+  for (size_t i = 0; i < n; i++)
+    if (!fnmatch(o[i].glob, name, 0)) return o[i].value;
+  return NULL;
+}
+
+static void set_error(row *r, const char *fmt, const char *a, unsigned long long b) {
+  char buf[256];
+  snprintf(buf, sizeof buf, fmt, a, b);
+  free(r->owned_error);
+  r->owned_error = strdup(buf);
+  r->error = r->owned_error ? r->owned_error : "not measured";
+}
+
+static int kind_from(const char *s, stab_kind *k) {
+  static const stab_kind all[] = {STAB_KIND_LINEAR, STAB_KIND_EMBEDDING, STAB_KIND_LM_HEAD, STAB_KIND_GAIN,
+                                  STAB_KIND_BIAS};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (!strcmp(s, stab_kind_name(all[i]))) return *k = all[i], 1;
+  return 0;
+}
+
+/* Classifies tensor t into r (rules 2-7, 9-11; rule 8 is applied afterwards). */
+static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
+  char mod[512];
+  memset(r, 0, sizeof *r);
+  r->t = t;
+  module_of(t->name, mod, sizeof mod);
+  if (t->dtype == STAB_DTYPE_OTHER) {
+    set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
+    return;
+  }
+  const char *forced = override_for(o->kinds, o->nkinds, t->name);
+  if (forced && !strcmp(forced, "skip")) {
+    r->error = "skipped by --kind";
+    return;
+  }
+  if (t->ndim == 0 || t->ndim > 2) {
+    set_error(r, "%s tensor (%llu dimensions): no rule for it", t->ndim ? "a 3-D or higher" : "a scalar",
+              (unsigned long long)t->ndim);
+    return;
+  }
+  if (t->count == 0) {
+    r->error = "an empty tensor (a zero dimension): nothing to measure";
+    return;
+  }
+  if (forced) {
+    kind_from(forced, &r->kind);
+    int wants_matrix = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD;
+    if (wants_matrix != (t->ndim == 2)) {
+      set_error(r, "--kind %s does not fit a %llu-D tensor", forced, (unsigned long long)t->ndim);
+      return;
+    }
+  }
+  int two_d = t->ndim == 2;
+  size_t rows = two_d ? (size_t)t->shape[0] : 1, cols = two_d ? (size_t)t->shape[1] : (size_t)t->count;
+  if (forced) {
+    /* decided above */
+  } else if (two_d && last_component_in(mod, embed_names)) {
+    r->kind = STAB_KIND_EMBEDDING;
+  } else if (two_d && last_component_in(mod, head_names)) {
+    r->kind = STAB_KIND_LM_HEAD;
+  } else if (two_d) {
+    r->kind = STAB_KIND_LINEAR;
+  } else if (is_norm_module(mod) && !ends_with(t->name, ".bias")) {
+    r->kind = STAB_KIND_GAIN;
+  } else if (ends_with(t->name, ".bias")) {
+    r->kind = STAB_KIND_BIAS; /* folded later when it pairs with a linear weight */
+  } else {
+    r->error = "a 1-D tensor that is neither a norm gain nor a bias by name; --kind gain|bias names it";
+    return;
+  }
+  switch (r->kind) {
+  case STAB_KIND_LINEAR: {
+    const char *lay = override_for(o->layouts, o->nlayouts, t->name);
+    int in_major = lay ? !strcmp(lay, "in_major") : matches_any(t->name, conv1d_globs);
+    r->layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
+    r->d_in = in_major ? rows : cols;
+    r->d_out = in_major ? cols : rows;
+    break;
+  }
+  case STAB_KIND_EMBEDDING: r->d_in = rows, r->d_out = cols; break;
+  case STAB_KIND_LM_HEAD: r->d_in = cols, r->d_out = rows; break;
+  default: r->d_in = r->d_out = (size_t)t->count; break;
+  }
+}
+
+/* ---- checkpoints: safetensors or llm.c, by the file's first bytes ------------------- */
+
+typedef struct {
+  stab_safetensors *st;
+  stab_llmc *lc;
+} ckpt;
+
+static size_t ck_count(const ckpt *c) { return c->st ? stab_safetensors_count(c->st) : stab_llmc_count(c->lc); }
+static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
+  return c->st ? stab_safetensors_tensor(c->st, i) : stab_llmc_tensor(c->lc, i);
+}
+static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
+  size_t i;
+  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i) : stab_llmc_find(c->lc, name, &i);
+  return st == STAB_OK ? ck_tensor(c, i) : NULL;
+}
+static void ck_close(ckpt *c) {
+  stab_safetensors_close(c->st);
+  stab_llmc_close(c->lc);
+  c->st = NULL, c->lc = NULL;
+}
+
+/* ---- reading weights as f32 -------------------------------------------------------- */
+
+typedef struct {
+  float *buf;
+  size_t cap;
+} f32buf;
+
+static int little_endian(void) {
+  const uint16_t one = 1;
+  return *(const unsigned char *)&one == 1;
+}
+
+/* The tensor as f32: the mapping itself for aligned F32 on a little-endian host (no copy),
+ * else converted into b block by block (grown to the largest tensor, reused). NULL on
+ * failure with a message on stderr. */
+static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b) {
+  if (t->dtype == STAB_DTYPE_F32 && little_endian() && ((uintptr_t)t->data % sizeof(float)) == 0)
+    return (const float *)(const void *)t->data;
+  size_t n = (size_t)t->count;
+  if (n > b->cap) {
+    float *p = realloc(b->buf, n * sizeof *p);
+    if (!p) {
+      fprintf(stderr, "probe: out of memory converting '%s' (%zu floats)\n", t->name, n);
+      return NULL;
+    }
+    b->buf = p, b->cap = n;
+  }
+  enum { BLOCK = 1 << 16 };
+  for (size_t i = 0; i < n; i += BLOCK) {
+    size_t k = n - i < BLOCK ? n - i : BLOCK;
+    if (stab_ckpt_read_f32(t, i, k, b->buf + i) != STAB_OK) {
+      fprintf(stderr, "probe: %s\n", stab_last_error());
+      return NULL;
+    }
+  }
+  return b->buf;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+static void json_string(const char *s) {
+  putchar('"');
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\') printf("\\%c", *p);
+    else if (*p == '\n') fputs("\\n", stdout);
+    else if (*p == '\t') fputs("\\t", stdout);
+    else if (*p < 0x20 || *p == 0x7f) printf("\\u%04x", *p);
+    else putchar(*p);
+  }
+  putchar('"');
+}
+
+static void json_number(double x) {
+  if (isfinite(x)) printf("%.17g", x);
+  else fputs("null", stdout);
+}
+
+static const char *layout_name(const row *r) {
+  if (r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION)
+    return r->layout == STAB_LAYOUT_IN_MAJOR ? "in_major" : "out_major";
+  return "rows";
+}
+
+static void print_json(const options *o, row *rows, size_t n) {
+  printf("{\"format\": \"stabmeter-probe\", \"format_version\": 1, \"checkpoint\": ");
+  json_string(o->checkpoint);
+  printf(", \"reference\": ");
+  if (o->reference) json_string(o->reference);
+  else fputs("null", stdout);
+  printf(", \"layers\": [");
+  int first = 1;
+  for (size_t i = 0; i < n; i++) {
+    const row *r = &rows[i];
+    if (!r->measured) continue;
+    const stab_metrics *m = &r->m;
+    printf("%s\n  {\"name\": ", first ? "" : ",");
+    first = 0;
+    json_string(r->name);
+    printf(", \"kind\": \"%s\", \"shape\": [", stab_kind_name(r->kind));
+    for (size_t d = 0; d < r->t->ndim; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)r->t->shape[d]);
+    printf("], \"dtype\": \"%s\", \"layout\": \"%s\", \"d_in\": %zu, \"d_out\": %zu", r->t->dtype_name,
+           layout_name(r), r->d_in, r->d_out);
+    const struct { const char *k; double v; } vals[] = {
+        {"forward", m->forward},           {"dependency", m->dependency},
+        {"update", m->update},             {"sigma", m->sigma},
+        {"sigma_rel_err", m->sigma_rel_err}, {"sigma_update", m->sigma_update},
+        {"sigma_update_rel_err", m->sigma_update_rel_err}, {"rel_update", m->rel_update},
+        {"forward_tight", m->forward_tight}, {"dependency_tight", m->dependency_tight},
+        {"update_tight", m->update_tight}, {"spread", m->spread}};
+    for (size_t k = 0; k < sizeof vals / sizeof vals[0]; k++) {
+      printf(", \"%s\": ", vals[k].k);
+      json_number(vals[k].v);
+    }
+    printf(", \"passes\": %d, \"update_passes\": %d, \"tight_method\": \"%s\", \"bias\": ", m->passes,
+           m->update_passes, m->tight_method == STAB_TIGHT_EXACT ? "exact" : m->tight_method == STAB_TIGHT_NONE ? "none" : "centred");
+    if (r->bias) json_string(r->bias->name);
+    else fputs("null", stdout);
+    if (r->kind == STAB_KIND_ATTENTION) {
+      printf(", \"heads\": %zu, \"head_bounds\": [", r->heads);
+      for (size_t h = 0; h < r->heads; h++) {
+        if (h) fputs(", ", stdout);
+        json_number(r->head_bounds[h]);
+      }
+      putchar(']');
+    }
+    printf(", \"tied\": %s, \"flags\": [", r->tied ? "true" : "false");
+    int f = 0;
+    if (m->flags & STAB_FLAG_NONFINITE_WEIGHT) printf("%s\"nonfinite_weight\"", f++ ? ", " : "");
+    if (m->flags & STAB_FLAG_NONFINITE_UPDATE) printf("%s\"nonfinite_update\"", f++ ? ", " : "");
+    if (m->flags & STAB_FLAG_NOT_CONVERGED) printf("%s\"not_converged\"", f++ ? ", " : "");
+    printf("]}");
+  }
+  printf("],\n \"errors\": [");
+  first = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (!rows[i].error) continue;
+    printf("%s\n  {\"name\": ", first ? "" : ",");
+    first = 0;
+    json_string(rows[i].name);
+    printf(", \"message\": ");
+    json_string(rows[i].error);
+    printf("}");
+  }
+  printf("]}\n");
+}
+
+static void fmt_num(char *buf, size_t cap, double x) {
+  if (isnan(x)) snprintf(buf, cap, "-");
+  else snprintf(buf, cap, "%.5g", x);
+}
+
+static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
+  printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
+         o->reference ? o->reference : "");
+  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f->st, i, &k, &v);
+    printf("metadata %s = %s\n", k, v);
+  }
+  if (f->lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(f->lc);
+    printf("llm.c checkpoint version %d (%s): max_seq_len %zu, vocab %zu (padded %zu, padding rows left out), "
+           "layers %zu, heads %zu, channels %zu\n", c->version, c->version == 5 ? "bf16" : "f32", c->max_t, c->vocab,
+           c->padded_vocab, c->layers, c->heads, c->channels);
+  }
+  int w = 5;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].measured && (int)strlen(rows[i].name) > w) w = (int)strlen(rows[i].name);
+  printf("\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, "layer", "kind", "shape", "dtype", "forward",
+         "dependency", "update", "sigma", "rel_err", "notes");
+  for (size_t i = 0; i < n; i++) {
+    const row *r = &rows[i];
+    if (!r->measured) continue;
+    char shape[48], a[4][24], e[24], notes[128] = "";
+    if (r->t->ndim == 2)
+      snprintf(shape, sizeof shape, "%llux%llu", (unsigned long long)r->t->shape[0], (unsigned long long)r->t->shape[1]);
+    else snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
+    fmt_num(a[0], sizeof a[0], r->m.forward);
+    fmt_num(a[1], sizeof a[1], r->m.dependency);
+    fmt_num(a[2], sizeof a[2], r->m.update);
+    fmt_num(a[3], sizeof a[3], r->m.sigma);
+    if (isnan(r->m.sigma_rel_err)) snprintf(e, sizeof e, "-");
+    else snprintf(e, sizeof e, "%.1e", r->m.sigma_rel_err);
+    if (r->layout == STAB_LAYOUT_IN_MAJOR && r->kind == STAB_KIND_LINEAR) strcat(notes, "in-major ");
+    if (r->tied) strcat(notes, "tied ");
+    if (r->bias) strcat(notes, "+bias ");
+    if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
+    if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
+    if (r->m.flags & STAB_FLAG_NOT_CONVERGED) strcat(notes, "not-converged ");
+    printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, r->name, stab_kind_name(r->kind), shape,
+           r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
+  }
+  int any = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].error) {
+      if (!any++) printf("\nnot measured:\n");
+      printf("  %s: %s\n", rows[i].name, rows[i].error);
+    }
+}
+
+/* ---- options ----------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: probe CHECKPOINT [OPTIONS]\n"
+          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, or llm.c GPT-2\n"
+          "(magic 20240326, f32 or bf16; fused qkv split into q, k, v plus each block's attention\n"
+          "logit bound h.N.attn.logits; wte reported as embedding and tied lm_head, padding rows left out).\n\n"
+          "  --prev OLDER        also the update metrics against OLDER (tensors matched by name)\n"
+          "  --json              the SPEC probe report as JSON instead of the table\n"
+          "  --tol X             relative tolerance of each spectral norm (default 1e-3)\n"
+          "  --exact             spectral norms by LAPACK SVD in f64 (slow; the reference)\n"
+          "  --tight M           LM-head tight bound: centred (default, O(V d)), exact (all pairs,\n"
+          "                      O(V^2 d)) or none\n"
+          "  --filter GLOB       probe only tensors whose name matches (repeatable)\n"
+          "  --kind GLOB=KIND    force the kind: linear, embedding, lm_head, gain, bias or skip\n"
+          "  --layout GLOB=L     force a linear layout: in_major or out_major\n"
+          "  --quiet             no progress on stderr\n"
+          "  --help, --version\n\n"
+          "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
+          "word_embeddings, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
+          "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} (in-major); 1-D X.bias\n"
+          "with a linear X.weight folded into it; 1-D *norm*/ln* weights gain, their .bias bias; other\n"
+          "1-D .bias bias. Integer dtypes, scalars and 3-D+ tensors are listed as not measured. With no\n"
+          "lm_head tensor, the token embedding is reported also as lm_head (tied).\n"
+          "Exit status: 0 success, 1 failure, 2 bad usage or a malformed/unreadable checkpoint.\n");
+}
+
+static int add_override(override **list, size_t *n, const char *arg, const char *opt, const char *const *allowed) {
+  const char *eq = strrchr(arg, '=');
+  if (!eq || eq == arg) {
+    fprintf(stderr, "probe: %s needs GLOB=VALUE, not '%s'\n", opt, arg);
+    return 2;
+  }
+  size_t i = 0;
+  while (allowed[i] && strcmp(allowed[i], eq + 1)) i++;
+  if (!allowed[i]) {
+    fprintf(stderr, "probe: %s: unknown value '%s'\n", opt, eq + 1);
+    return 2;
+  }
+  override *p = realloc(*list, (*n + 1) * sizeof *p);
+  char *g = strndup(arg, (size_t)(eq - arg));
+  if (!p || !g) {
+    free(g);
+    if (p) *list = p;
+    fprintf(stderr, "probe: out of memory\n");
+    return 1;
+  }
+  *list = p;
+  p[*n].glob = g;
+  snprintf(p[*n].value, sizeof p[*n].value, "%s", eq + 1);
+  (*n)++;
+  return 0;
+}
+
+static int parse(int argc, char **argv, options *o) {
+  static const struct option longs[] = {
+      {"prev", required_argument, 0, 'p'},  {"json", no_argument, 0, 'j'},
+      {"tol", required_argument, 0, 't'},   {"exact", no_argument, 0, 'e'},
+      {"tight", required_argument, 0, 'T'}, {"filter", required_argument, 0, 'f'},
+      {"kind", required_argument, 0, 'k'},  {"layout", required_argument, 0, 'l'},
+      {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
+      {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
+  static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
+  static const char *const layouts[] = {"in_major", "out_major", NULL};
+  memset(o, 0, sizeof *o);
+  o->tol = 1e-3;
+  int c, rc;
+  while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+    char *end = NULL;
+    switch (c) {
+    case 'p': o->reference = optarg; break;
+    case 'j': o->json = 1; break;
+    case 'q': o->quiet = 1; break;
+    case 'e': o->exact = 1; break;
+    case 't':
+      o->tol = strtod(optarg, &end);
+      if (*end || !(o->tol > 0 && o->tol < 0.5)) {
+        fprintf(stderr, "probe: --tol must be a number in (0, 0.5), not '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'T':
+      if (!strcmp(optarg, "centred")) o->tight = STAB_TIGHT_CENTRED;
+      else if (!strcmp(optarg, "exact")) o->tight = STAB_TIGHT_EXACT;
+      else if (!strcmp(optarg, "none")) o->tight = STAB_TIGHT_NONE;
+      else {
+        fprintf(stderr, "probe: --tight must be centred, exact or none, not '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'f': {
+      const char **p = realloc(o->filters, (o->nfilters + 1) * sizeof *p);
+      if (!p) return 1;
+      o->filters = p;
+      p[o->nfilters++] = optarg;
+      break;
+    }
+    case 'k':
+      if ((rc = add_override(&o->kinds, &o->nkinds, optarg, "--kind", kinds))) return rc;
+      break;
+    case 'l':
+      if ((rc = add_override(&o->layouts, &o->nlayouts, optarg, "--layout", layouts))) return rc;
+      break;
+    case 'h': usage(stdout); exit(0);
+    case 'V': printf("probe (stabmeter) %s\n", stab_version()); exit(0);
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "probe: %s\n", optind >= argc ? "no checkpoint given" : "more than one checkpoint given");
+    usage(stderr);
+    return 2;
+  }
+  o->checkpoint = argv[optind];
+  return 0;
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int open_checkpoint(const char *path, ckpt *f) {
+  stab_status st = stab_llmc_is(path) ? stab_llmc_open(path, &f->lc) : stab_safetensors_open(path, &f->st);
+  if (st == STAB_OK) return 0;
+  fprintf(stderr, "probe: %s\n", stab_last_error());
+  return st == STAB_ENOMEM ? 1 : 2;
+}
+
+/* ---- main -------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  options o;
+  int rc = parse(argc, argv, &o);
+  if (rc) return rc;
+  ckpt f = {0}, prevc = {0}, *prev = NULL;
+  row *rows = NULL;
+  f32buf bw = {0}, bb = {0}, bk = {0}, pw = {0}, pb = {0};
+  size_t n = 0;
+  if ((rc = open_checkpoint(o.checkpoint, &f))) goto out;
+  if (o.reference) {
+    prev = &prevc;
+    if ((rc = open_checkpoint(o.reference, prev))) goto out;
+  }
+
+  size_t nt = ck_count(&f);
+  rows = calloc(2 * nt + 1, sizeof *rows); /* + 1: a tied lm_head; attention rows (llm.c) */
+  if (!rows) {
+    fprintf(stderr, "probe: out of memory\n");
+    rc = 1;
+    goto out;
+  }
+  for (size_t i = 0; i < nt; i++) {
+    const stab_ckpt_tensor *t = ck_tensor(&f, i);
+    int keep = o.nfilters == 0;
+    for (size_t k = 0; k < o.nfilters && !keep; k++) keep = !fnmatch(o.filters[k], t->name, 0);
+    if (keep) classify(&o, t, &rows[n++]);
+  }
+  for (size_t i = 0; i < n; i++) rows[i].name = rows[i].t->name;
+  /* llm.c: each block's attention logits, from its q and k (their name is the row name) */
+  if (f.lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(f.lc);
+    for (size_t l = 0; l < c->layers; l++) {
+      char q[64], k[64], nm[64];
+      snprintf(q, sizeof q, "h.%zu.attn.q.weight", l);
+      snprintf(k, sizeof k, "h.%zu.attn.k.weight", l);
+      snprintf(nm, sizeof nm, "h.%zu.attn.logits", l);
+      int keep = o.nfilters == 0;
+      for (size_t j = 0; j < o.nfilters && !keep; j++) keep = !fnmatch(o.filters[j], nm, 0);
+      if (!keep) continue;
+      row *r = &rows[n];
+      memset(r, 0, sizeof *r);
+      r->t = ck_find(&f, q), r->tk = ck_find(&f, k);
+      r->kind = STAB_KIND_ATTENTION, r->layout = STAB_LAYOUT_OUT_MAJOR;
+      r->d_in = r->d_out = c->channels, r->heads = c->heads;
+      r->owned_name = strdup(nm);
+      r->head_bounds = calloc(c->heads, sizeof *r->head_bounds);
+      if (!r->t || !r->tk || !r->owned_name || !r->head_bounds) {
+        free(r->owned_name), free(r->head_bounds);
+        fprintf(stderr, "probe: out of memory\n");
+        rc = 1;
+        goto out;
+      }
+      r->name = r->owned_name;
+      n++;
+    }
+  }
+  /* rule 8: fold X.bias into a linear X.weight of matching width */
+  for (size_t i = 0; i < n; i++) {
+    row *r = &rows[i];
+    if (r->error || r->kind != STAB_KIND_BIAS || !ends_with(r->t->name, ".bias")) continue;
+    char w[512];
+    snprintf(w, sizeof w, "%.*s.weight", (int)(strlen(r->t->name) - 5), r->t->name);
+    for (size_t j = 0; j < n; j++)
+      if (!rows[j].error && rows[j].kind == STAB_KIND_LINEAR && !strcmp(rows[j].t->name, w) &&
+          rows[j].d_out == r->t->count && !rows[j].bias) {
+        rows[j].bias = r->t;
+        r->kind = -1; /* folded: not a row of its own */
+        break;
+      }
+  }
+  {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+      if (rows[i].error || rows[i].kind != (stab_kind)-1) rows[k++] = rows[i];
+    n = k;
+  }
+  /* a tied model: no lm_head, one token embedding reported again as the head */
+  int has_head = 0;
+  for (size_t i = 0; i < n; i++) has_head |= !rows[i].error && rows[i].kind == STAB_KIND_LM_HEAD;
+  for (size_t i = 0; i < n && !has_head; i++) {
+    char mod[512];
+    if (rows[i].error || rows[i].kind != STAB_KIND_EMBEDDING) continue;
+    if (last_component_in(module_of(rows[i].t->name, mod, sizeof mod), position_names)) continue;
+    if (override_for(o.kinds, o.nkinds, rows[i].t->name)) continue; /* the user said what it is */
+    row *h = &rows[n++];
+    *h = rows[i];
+    h->kind = STAB_KIND_LM_HEAD;
+    h->d_in = rows[i].d_out, h->d_out = rows[i].d_in;
+    h->tied = 1;
+    h->owned_error = NULL;
+    h->owned_name = NULL, h->head_bounds = NULL;
+    has_head = 1;
+  }
+
+  stab_metrics_params mp = stab_metrics_default_params();
+  mp.spectral.tol = o.tol;
+  if (o.exact) mp.spectral.method = STAB_SPECTRAL_EXACT;
+  mp.tight = o.tight;
+  double work = 0, done = 0, t0 = now(), last = t0;
+  for (size_t i = 0; i < n; i++)
+    if (!rows[i].error) work += (double)rows[i].t->count;
+  for (size_t i = 0; i < n; i++) {
+    row *r = &rows[i];
+    if (r->error) continue;
+    double t = now();
+    if (!o.quiet && t - t0 > 1.0 && t - last > 1.0) {
+      double eta = done > 0 ? (t - t0) * (work - done) / done : 0;
+      fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", i + 1, n, r->name, t - t0, eta);
+      last = t;
+    }
+    const float *w = as_f32(r->t, &bw), *b = r->bias ? as_f32(r->bias, &bb) : NULL;
+    const float *wk = r->tk ? as_f32(r->tk, &bk) : NULL;
+    if (!w || (r->bias && !b) || (r->tk && !wk)) {
+      rc = 1;
+      goto out;
+    }
+    stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
+                    .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
+                    .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
+    stab_layer before = L, *bp = NULL;
+    const stab_ckpt_tensor *prev_t = NULL, *prev_bias = NULL;
+    if (prev && r->kind != STAB_KIND_ATTENTION) { /* SPEC defines no update of the logit bound */
+      const stab_ckpt_tensor *pt = NULL, *pbias = NULL;
+      pt = ck_find(prev, r->t->name);
+      if (r->bias) pbias = ck_find(prev, r->bias->name);
+      int same = pt && pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
+                 !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
+                 (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
+      if (same) {
+        before.weight = as_f32(pt, &pw);
+        before.bias = r->bias ? as_f32(pbias, &pb) : NULL;
+        if (!before.weight || (r->bias && !before.bias)) {
+          rc = 1;
+          goto out;
+        }
+        bp = &before;
+        prev_t = pt, prev_bias = pbias;
+      } else {
+        /* the layer stands without its update; the reason goes to errors */
+        set_error(r, "no update: %s in the reference checkpoint",
+                  !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
+      }
+    }
+    stab_status st = stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
+    if (st != STAB_OK) {
+      fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
+      rc = 1;
+      goto out;
+    }
+    r->measured = 1;
+    done += (double)r->t->count;
+    /* the mapped pages of this layer are not needed again (a tied head re-reads them from the
+     * page cache): peak memory stays near the largest layer, not the file */
+    stab_ckpt_release(r->t), stab_ckpt_release(r->bias), stab_ckpt_release(r->tk);
+    if (bp) stab_ckpt_release(prev_t), stab_ckpt_release(prev_bias);
+  }
+  if (!o.quiet && now() - t0 > 1.0)
+    fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);
+  if (o.json) print_json(&o, rows, n);
+  else print_table(&o, &f, rows, n);
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "probe: error writing the output\n");
+    rc = 1;
+  }
+out:
+  for (size_t i = 0; rows && i < n; i++)
+    free(rows[i].owned_error), free(rows[i].owned_name), free(rows[i].head_bounds);
+  free(rows);
+  free(bw.buf), free(bb.buf), free(bk.buf), free(pw.buf), free(pb.buf);
+  ck_close(&f);
+  ck_close(&prevc);
+  for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
+  for (size_t i = 0; i < o.nlayouts; i++) free((char *)o.layouts[i].glob);
+  free(o.kinds), free(o.layouts), free(o.filters);
+  return rc;
+}

@@ -1,0 +1,79 @@
+/* ckpt_convert.c — checkpoint element types to f32: exact F16 and BF16 conversion by bit
+ * manipulation, a range of a tensor at a time so that callers convert block by block. */
+#include "internal.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+void stab_ckpt_release(const stab_ckpt_tensor *t) {
+  if (!t || !t->data || !t->count) return;
+  long page = sysconf(_SC_PAGESIZE);
+  if (page <= 0) return;
+  uintptr_t begin = (uintptr_t)t->data, end = begin + (uintptr_t)(t->count * t->elem_size);
+  uintptr_t a = (begin + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+  uintptr_t b = end / (uintptr_t)page * (uintptr_t)page;
+  /* Only whole pages inside t: a neighbour sharing a page keeps it. The mapping is private and
+   * read-only, so dropping pages loses nothing; a failure only means nothing was released. */
+  if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+float stab_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    /* zero or subnormal: mant * 2^-24, exact in f32 */
+    f = (float)mant * 0x1p-24f;
+    return sign ? -f : f;
+  }
+  uint32_t bits;
+  if (exp == 31) bits = sign | 0x7f800000u | (mant << 13); /* inf, or NaN keeping its payload */
+  else bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+float stab_bf16_to_f32(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* Little-endian loads from unaligned bytes: the files are little-endian whatever the host. */
+static inline uint16_t load_le16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t load_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out) {
+  if (!t || !out || (!t->data && t->count))
+    return stabi_fail(STAB_EINVAL, "stab_ckpt_read_f32: NULL tensor, data or output");
+  if (first > t->count || n > t->count - first)
+    return stabi_fail(STAB_ERANGE, "stab_ckpt_read_f32: elements [%llu, %llu) outside '%s' (%llu elements)",
+                      (unsigned long long)first, (unsigned long long)(first + n), t->name ? t->name : "?",
+                      (unsigned long long)t->count);
+  switch (t->dtype) {
+  case STAB_DTYPE_F32: {
+    const unsigned char *p = t->data + first * 4;
+    for (size_t i = 0; i < n; i++) {
+      uint32_t bits = load_le32(p + 4 * i);
+      memcpy(&out[i], &bits, sizeof bits);
+    }
+    return STAB_OK;
+  }
+  case STAB_DTYPE_F16: {
+    const unsigned char *p = t->data + first * 2;
+    for (size_t i = 0; i < n; i++) out[i] = stab_f16_to_f32(load_le16(p + 2 * i));
+    return STAB_OK;
+  }
+  case STAB_DTYPE_BF16: {
+    const unsigned char *p = t->data + first * 2;
+    for (size_t i = 0; i < n; i++) out[i] = stab_bf16_to_f32(load_le16(p + 2 * i));
+    return STAB_OK;
+  }
+  case STAB_DTYPE_OTHER: break;
+  }
+  return stabi_fail(STAB_EINVAL, "stab_ckpt_read_f32: '%s' has dtype %s, which is not converted to f32",
+                    t->name ? t->name : "?", t->dtype_name ? t->dtype_name : "?");
+}

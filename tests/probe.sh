@@ -1,0 +1,199 @@
+#!/bin/sh
+# Runs harness/probe on checkpoints written by tests/st_gen (GPT-2 and Llama names; F32,
+# F16, BF16) and checks the table, the JSON report (valid JSON, values equal to
+# stab_layer_metrics in exact mode, --prev updates, the tied head, tensors not measured
+# listed with a reason), the exit codes, and replays the malformed-file corpus (exit 2).
+set -u
+top=$(pwd)
+src=${srcdir:-.}
+probe=$top/harness/probe
+gen=$top/tests/st_gen
+dir=$(mktemp -d "${TMPDIR:-/tmp}/probe_sh.XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT
+fails=0
+checks=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { checks=$((checks + 1)); }
+have_py=0
+command -v python3 >/dev/null 2>&1 && have_py=1
+
+# compare JSON REF TOL [NEED_UPDATE]: every ref line's layer (name, kind) is in the report
+# with forward, dependency and update within relative tolerance TOL (null where ref is nan).
+compare() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, math, sys
+rep = json.load(open(sys.argv[1]))
+tol = float(sys.argv[3])
+assert rep["format"] == "stabmeter-probe" and rep["format_version"] == 1, "header keys"
+layers = {(l["name"], l["kind"]): l for l in rep["layers"]}
+bad = 0
+for line in open(sys.argv[2]):
+    name, kind, *vals = line.split()
+    l = layers.get((name, kind))
+    if l is None:
+        print("missing layer", name, kind); bad += 1; continue
+    for key, want in zip(("forward", "dependency", "update"), map(float, vals)):
+        got = l[key]
+        if math.isnan(want):
+            if got is not None: print(name, kind, key, "want null, got", got); bad += 1
+        elif got is None or abs(got - want) > tol * abs(want):
+            print(name, kind, key, "got", got, "want", want); bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
+
+for model in gpt2 llama; do
+  for dt in F32 F16 BF16; do
+    p=$dir/${model}_$dt
+    "$gen" "$p" $model $dt || { fail "st_gen $model $dt"; continue; }
+    # the table: one line per layer, kinds and layouts by the rule table
+    "$probe" "$p.safetensors" --prev "$p.prev.safetensors" >"$p.txt" 2>"$p.err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "$model $dt: table exit $rc: $(cat "$p.err")"
+    while read -r name kind rest; do
+      grep -Eq "^$name +$kind +" "$p.txt" || fail "$model $dt: table lacks '$name $kind'"
+    done <"$p.ref"
+    ok
+    if [ $model = gpt2 ]; then
+      grep -Eq '^h\.0\.attn\.c_attn\.weight +linear +16x48 .*in-major \+bias' "$p.txt" || fail "gpt2 $dt: Conv1D row"
+      grep -Eq '^wte\.weight +lm_head .*tied' "$p.txt" || fail "gpt2 $dt: tied head row"
+      grep -q 'h.0.attn.bias: a 3-D or higher tensor (4 dimensions)' "$p.txt" || fail "gpt2 $dt: 4-D buffer not listed"
+      grep -q 'position_ids: dtype I64' "$p.txt" || fail "gpt2 $dt: I64 tensor not listed"
+      grep -q 'metadata source = st_gen' "$p.txt" || fail "gpt2 $dt: metadata not shown"
+      grep -q "^h.0.attn.c_attn.bias " "$p.txt" && fail "gpt2 $dt: folded bias has a row of its own"
+    else
+      grep -Eq '^lm_head\.weight +lm_head ' "$p.txt" || fail "llama $dt: lm_head row"
+      grep -Eq '^model\.embed_tokens\.weight +lm_head' "$p.txt" && fail "llama $dt: untied model reports a tied head"
+      grep -q 'model.layers.0.experts: a 3-D' "$p.txt" || fail "llama $dt: 3-D tensor not listed"
+    fi
+    ok
+    # the JSON: exact mode against the library's exact values
+    "$probe" "$p.safetensors" --prev "$p.prev.safetensors" --json --exact >"$p.json" 2>"$p.err" ||
+      fail "$model $dt: --json --exact exit $?: $(cat "$p.err")"
+    grep -q '"errors": \[' "$p.json" || fail "$model $dt: no errors array"
+    if [ $have_py = 1 ]; then
+      compare "$p.json" "$p.ref" 1e-9 || fail "$model $dt: exact values differ from stab_layer_metrics"
+      # default mode (Lanczos, tol 1e-3): the same values within the tolerance
+      "$probe" "$p.safetensors" --prev "$p.prev.safetensors" --json >"$p.lz.json" 2>/dev/null ||
+        fail "$model $dt: --json exit $?"
+      compare "$p.lz.json" "$p.ref" 2e-3 || fail "$model $dt: default-mode values off"
+      # without --prev every update is null
+      "$probe" "$p.safetensors" --json >"$p.noprev.json" || fail "$model $dt: no-prev exit"
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["reference"] is None; assert all(l["update"] is None for l in r["layers"]); assert any(e["name"] in ("position_ids","model.layers.0.experts") for e in r["errors"])' "$p.noprev.json" ||
+        fail "$model $dt: no-prev report"
+    fi
+    ok
+  done
+done
+
+# llm.c checkpoints: split qkv, attention logits, tied wte, padding rows (1e6) left out
+for dt in F32 BF16; do
+  p=$dir/llmc_$dt
+  "$gen" "$p" llmc $dt || { fail "st_gen llmc $dt"; continue; }
+  "$probe" "$p.bin" --prev "$p.prev.bin" >"$p.txt" 2>"$p.err" || fail "llmc $dt: table exit $?: $(cat "$p.err")"
+  while read -r name kind rest; do
+    grep -Eq "^$name +$kind +" "$p.txt" || fail "llmc $dt: table lacks '$name $kind'"
+  done <"$p.ref"
+  grep -q "llm.c checkpoint version $([ $dt = F32 ] && echo 3 || echo 5)" "$p.txt" || fail "llmc $dt: header line"
+  grep -Eq '^wte +lm_head .*tied' "$p.txt" || fail "llmc $dt: tied head"
+  "$probe" "$p.bin" --prev "$p.prev.bin" --json --exact >"$p.json" 2>"$p.err" || fail "llmc $dt: json exit $?"
+  if [ $have_py = 1 ]; then
+    compare "$p.json" "$p.ref" 1e-9 || fail "llmc $dt: exact values differ from stab_layer_metrics"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); a=[l for l in r["layers"] if l["kind"]=="attention"]; assert len(a)==2 and all(len(l["head_bounds"])==2 and max(l["head_bounds"])==l["forward"] for l in a); assert not r["errors"]' "$p.json" ||
+      fail "llmc $dt: attention entries"
+  fi
+  ok
+done
+
+# a NaN in a weight: that layer's metrics are NaN (null) and flagged, the others stand
+p=$dir/nan
+"$gen" "$p" gpt2 F32 nan
+"$probe" "$p.safetensors" --json >"$p.json" || fail "nan: exit $?"
+if [ $have_py = 1 ]; then
+  python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+l = {x["name"]: x for x in r["layers"] if x["kind"] != "lm_head"}
+assert l["h.0.attn.c_proj.weight"]["forward"] is None and "nonfinite_weight" in l["h.0.attn.c_proj.weight"]["flags"]
+assert l["h.0.mlp.c_fc.weight"]["forward"] is not None and not l["h.0.mlp.c_fc.weight"]["flags"]' "$p.json" ||
+    fail "nan: report"
+fi
+ok
+
+# names that need escaping in the JSON report: quote, backslash, control character, UTF-8
+if [ $have_py = 1 ]; then
+  python3 - "$dir/esc.safetensors" <<'PY'
+import json, struct, sys
+names = ['we"ird\\name.weight', 'tab\tname.weight', 'caf\u00e9.weight']
+hdr = '{' + ', '.join('%s: {"dtype": "F32", "shape": [2, 2], "data_offsets": [%d, %d]}' % (json.dumps(n, ensure_ascii=False), 16 * i, 16 * i + 16)
+                      for i, n in enumerate(names)) + '}'
+data = struct.pack('<12f', *[1, 0, 0, 2, 3, 0, 0, 1, 1, 1, 1, 1])
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(hdr.encode())) + hdr.encode() + data)
+PY
+  "$probe" "$dir/esc.safetensors" --json --exact >"$dir/esc.json" || fail "escapes: exit $?"
+  python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1], encoding="utf-8"))
+got = {l["name"]: l for l in r["layers"]}
+assert set(got) == {"we\"ird\\name.weight", "tab\tname.weight", "caf\u00e9.weight"}, got.keys()
+assert abs(got["we\"ird\\name.weight"]["dependency"] - 2.0) < 1e-12   # sigma(diag(1, 2)), square
+assert abs(got["caf\u00e9.weight"]["dependency"] - 2.0) < 1e-12          # sigma(all ones 2x2) = 2
+' "$dir/esc.json" || fail "escapes: names or values wrong in the JSON"
+  ok
+fi
+
+# filters and overrides
+p=$dir/gpt2_F32
+"$probe" "$p.safetensors" --filter 'h.0.mlp.*' >"$dir/f.txt" || fail "filter exit"
+grep -q '^wte.weight' "$dir/f.txt" && fail "--filter kept wte"
+grep -Eq '^h\.0\.mlp\.c_fc\.weight +linear' "$dir/f.txt" || fail "--filter dropped c_fc"
+"$probe" "$p.safetensors" --layout 'h.0.mlp.c_fc.weight=out_major' --kind 'wpe.weight=skip' >"$dir/o.txt" ||
+  fail "override exit"
+grep -Eq '^h\.0\.mlp\.c_fc\.weight +linear +16x64 .* \+bias' "$dir/o.txt" && grep -Eq '^h\.0\.mlp\.c_fc\.weight.*in-major' "$dir/o.txt" &&
+  fail "--layout ignored"
+grep -q 'wpe.weight: skipped by --kind' "$dir/o.txt" || fail "--kind skip not listed"
+"$probe" "$p.safetensors" --kind 'ln_f.weight=linear' --kind 'h.0.attn.bias=linear' --kind 'wpe.weight=lm_head' \
+  --kind 'h.0.ln_1.bias=gain' >"$dir/k.txt" || fail "--kind exit"
+grep -q 'ln_f.weight: --kind linear does not fit a 1-D tensor' "$dir/k.txt" || fail "--kind linear on 1-D accepted"
+grep -q 'h.0.attn.bias: a 3-D or higher tensor (4 dimensions)' "$dir/k.txt" || fail "--kind on 4-D accepted"
+grep -Eq '^wpe\.weight +lm_head +8x16' "$dir/k.txt" || fail "--kind lm_head ignored"
+grep -Eq '^h\.0\.ln_1\.bias +gain' "$dir/k.txt" || fail "--kind gain ignored"
+grep -Eq '^wte\.weight +lm_head' "$dir/k.txt" && fail "tied head added although wpe was made the lm_head"
+ok
+
+# exit codes: 2 for bad usage and for malformed or missing files, with the message
+"$probe" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no argument: not exit 2"
+"$probe" "$p.safetensors" --tol 7 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--tol 7: not exit 2"
+"$probe" "$p.safetensors" --kind 'x=banana' >/dev/null 2>&1; [ $? -eq 2 ] || fail "--kind banana: not exit 2"
+"$probe" "$dir/absent.safetensors" >/dev/null 2>&1; [ $? -eq 2 ] || fail "missing file: not exit 2"
+size=$(wc -c <"$p.safetensors")
+head -c $((size / 2)) "$p.safetensors" >"$dir/cut.safetensors"
+"$probe" "$dir/cut.safetensors" >"$dir/cut.out" 2>"$dir/cut.err"
+rc=$?
+[ $rc -eq 2 ] || fail "truncated file: exit $rc, want 2"
+grep -q "cut.safetensors" "$dir/cut.err" || fail "truncated file: message does not name the file"
+[ -s "$dir/cut.out" ] && fail "truncated file: output on stdout"
+"$probe" "$p.safetensors" --prev "$dir/cut.safetensors" >/dev/null 2>&1; [ $? -eq 2 ] || fail "truncated --prev: not exit 2"
+"$probe" --help | grep -q '^Usage: probe' || fail "--help"
+"$probe" --version | grep -q '^probe (stabmeter)' || fail "--version"
+ok
+n=0
+for f in "$src"/tests/corpus/safetensors/*.safetensors; do
+  "$probe" "$f" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
+  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
+  n=$((n + 1))
+done
+[ $n -ge 40 ] || fail "corpus: only $n files"
+for f in "$src"/tests/corpus/llmc/*.bin; do
+  "$probe" "$f" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
+  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
+  n=$((n + 1))
+done
+ok
+
+echo "probe.sh: $checks groups checked, $fails failures (python3: $have_py, corpus files: $n)"
+[ $fails -eq 0 ]
