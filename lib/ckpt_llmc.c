@@ -71,29 +71,8 @@ stab_status stab_llmc_open(const char *path, stab_llmc **out) {
     free(f);
     return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
   }
-  stab_status st = STAB_OK;
-  struct stat sb;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    st = stabi_fail(STAB_EIO, "%s: cannot open: %s", path, strerror(errno));
-    goto out;
-  }
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    st = stabi_fail(STAB_EIO, "%s: not a regular file, or cannot stat it", path);
-    goto out;
-  }
-  f->size = (uint64_t)sb.st_size;
-  if (f->size < HEADER_BYTES) {
-    st = stabi_fail(STAB_EFORMAT, "%s: truncated: %llu bytes, fewer than the 1024-byte llm.c header", path,
-                    (unsigned long long)f->size);
-    goto out;
-  }
-  void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (m == MAP_FAILED) {
-    st = stabi_fail(STAB_EIO, "%s: cannot map: %s", path, strerror(errno));
-    goto out;
-  }
-  f->map = m;
+  stab_status st = stabi_map_file(path, HEADER_BYTES, "the 1024-byte llm.c header", &f->map, &f->size);
+  if (st != STAB_OK) goto out;
   int32_t h[8];
   for (int k = 0; k < 8; k++) h[k] = load_i32(f->map + 4 * k);
   if (h[0] != LLMC_MAGIC) {
@@ -178,7 +157,6 @@ stab_status stab_llmc_open(const char *path, stab_llmc **out) {
   add_view(f, "ln_f.weight", lnfw, C, 0);
   add_view(f, "ln_f.bias", lnfb, C, 0);
 out:
-  if (fd >= 0) close(fd);
   if (st != STAB_OK) {
     stab_llmc_close(f);
     return st;

@@ -513,37 +513,8 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
     free(f);
     return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
   }
-  stab_status st = STAB_OK;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  struct stat sb;
-  if (fd < 0) {
-    st = stabi_fail(STAB_EIO, "%s: cannot open: %s", path, strerror(errno));
-    goto out;
-  }
-  if (fstat(fd, &sb) != 0) {
-    st = stabi_fail(STAB_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    goto out;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    st = stabi_fail(STAB_EIO, "%s: not a regular file", path);
-    goto out;
-  }
-  f->size = (uint64_t)sb.st_size;
-  if (f->size < 8) {
-    st = stabi_fail(STAB_EFORMAT, "%s: truncated: %llu bytes, fewer than the 8-byte header length", path,
-                    (unsigned long long)f->size);
-    goto out;
-  }
-  if (f->size > (uint64_t)SIZE_MAX) {
-    st = stabi_fail(STAB_EIO, "%s: too large to map", path);
-    goto out;
-  }
-  void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (m == MAP_FAILED) {
-    st = stabi_fail(STAB_EIO, "%s: cannot map: %s", path, strerror(errno));
-    goto out;
-  }
-  f->map = m;
+  stab_status st = stabi_map_file(path, 8, "the 8-byte header length", &f->map, &f->size);
+  if (st != STAB_OK) goto out;
   uint64_t hlen = 0;
   for (int k = 7; k >= 0; k--) hlen = (hlen << 8) | f->map[k];
   if (hlen > f->size - 8) {
@@ -565,7 +536,6 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
     f->tensors[i].offset += 8 + hlen;
   }
 out:
-  if (fd >= 0) close(fd);
   if (st != STAB_OK) {
     stab_safetensors_close(f);
     return st;

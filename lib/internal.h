@@ -123,4 +123,12 @@ stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const
                                 const stabi_delta *delta, double *warm, stab_metrics *out,
                                 double *heads_out);
 
+/* ---- checkpoint files (mapped_file.c) ---- */
+
+/* Maps the regular file at path read-only, whole: *map and *size (unmap with munmap). A file
+ * shorter than min_bytes is STAB_EFORMAT, "fewer than <what>"; open, stat or map failures are
+ * STAB_EIO with errno's text. The descriptor is closed either way. */
+stab_status stabi_map_file(const char *path, uint64_t min_bytes, const char *what,
+                           unsigned char **map, uint64_t *size);
+
 #endif /* STABMETER_INTERNAL_H */

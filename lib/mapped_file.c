@@ -1,0 +1,49 @@
+/* mapped_file.c — a whole checkpoint file mapped read-only, shared by the checkpoint readers
+ * so that opening, checking and mapping a file fail the same way with the same messages. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+stab_status stabi_map_file(const char *path, uint64_t min_bytes, const char *what,
+                           unsigned char **map, uint64_t *size) {
+  *map = NULL;
+  *size = 0;
+  stab_status st = STAB_OK;
+  struct stat sb;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return stabi_fail(STAB_EIO, "%s: cannot open: %s", path, strerror(errno));
+  if (fstat(fd, &sb) != 0) {
+    st = stabi_fail(STAB_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    goto out;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = stabi_fail(STAB_EIO, "%s: not a regular file", path);
+    goto out;
+  }
+  uint64_t n = (uint64_t)sb.st_size;
+  if (n < min_bytes || n == 0) {
+    st = stabi_fail(STAB_EFORMAT, "%s: truncated: %llu bytes, fewer than %s", path,
+                    (unsigned long long)n, what);
+    goto out;
+  }
+  if (n > (uint64_t)SIZE_MAX) {
+    st = stabi_fail(STAB_EIO, "%s: too large to map", path);
+    goto out;
+  }
+  void *m = mmap(NULL, (size_t)n, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (m == MAP_FAILED) {
+    st = stabi_fail(STAB_EIO, "%s: cannot map: %s", path, strerror(errno));
+    goto out;
+  }
+  *map = m;
+  *size = n;
+out:
+  close(fd);
+  return st;
+}
