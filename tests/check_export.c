@@ -1,0 +1,884 @@
+/* check_export.c — harness/export against traces written through the library: every value of
+ * the CSV and JSON-lines output parsed back (by the strict parsers below) and compared bit for
+ * bit with what the monitor and the caller handed to stab_trace_append, NaN, infinities, -0,
+ * subnormals and the extremes of double and int64 included; the filters; a trace read while
+ * its writer runs; and traces damaged with the HDF5 C API, each refused with exit status 2
+ * and a message naming the file and the dataset or attribute at fault. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "stabmeter.h"
+#include "testutil.h"
+
+/* ---- the program under test ------------------------------------------------------------ */
+
+static const char *export_program(void) {
+  const char *p = getenv("EXPORT_PROGRAM");
+  return p && p[0] ? p : "./harness/export";
+}
+
+static char tmpdir[64];
+
+static void make_tmpdir(void) {
+  const char *base = getenv("TMPDIR");
+  snprintf(tmpdir, sizeof tmpdir, "%s/check_export.XXXXXX", base && strlen(base) < 40 ? base : "/tmp");
+  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
+}
+
+static void remove_tmpdir(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static const char *tmp_path(const char *name) {
+  static char p[16][128]; /* sixteen live at a time */
+  static int next;
+  char *q = p[next++ % 16];
+  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
+  return q;
+}
+
+/* A whole file as a NUL-terminated string (the caller frees). */
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s: %s", path, strerror(errno));
+  size_t cap = 4096, n = 0;
+  char *s = malloc(cap);
+  ck_assert_ptr_nonnull(s);
+  size_t k;
+  while ((k = fread(s + n, 1, cap - n - 1, f)) > 0) {
+    n += k;
+    if (cap - n - 1 == 0) {
+      s = realloc(s, cap *= 2);
+      ck_assert_ptr_nonnull(s);
+    }
+  }
+  fclose(f);
+  s[n] = '\0';
+  if (len) *len = n;
+  return s;
+}
+
+/* Runs the export program with args (NULL-terminated), stdout to out, stderr to err (paths in
+ * the test's directory); returns its exit status. */
+static int run_export(const char *const *args, const char *out, const char *err) {
+  const char *argv[32];
+  size_t n = 0;
+  argv[n++] = export_program();
+  for (size_t i = 0; args[i]; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0) _exit(126);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFEXITED(status), "%s did not exit (signal %d)", argv[0], WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ck_assert_msg(WEXITSTATUS(status) != 127, "cannot run %s (set EXPORT_PROGRAM)", argv[0]);
+  return WEXITSTATUS(status);
+}
+
+/* run_export that must succeed; the failure message quotes the program's stderr. */
+static void export_ok(const char *const *args, const char *out) {
+  const char *err = tmp_path("stderr");
+  int rc = run_export(args, out, err);
+  if (rc != 0) {
+    char *msg = slurp(err, NULL);
+    ck_abort_msg("export exited %d: %s", rc, msg);
+  }
+}
+
+/* ---- the trace and what it must hold ------------------------------------------------------- */
+
+enum { D = 16, V = 24, HEADS = 3, DH = 4, NL = 7, NS = 3, NE = 1, MAXE = 8192 };
+
+/* Layer names: '/' becomes '.' in the file; the odd one needs CSV quoting and JSON escapes. */
+static const char *const names[NL] = {"blocks/0/fc", "h.10.fc", "h.2.fc", "wte", "ln_f", "attn",
+                                      "odd, \"name\"\twith\nbreaks"};
+static const char *const groups[NL] = {"blocks.0.fc", "h.10.fc", "h.2.fc", "wte", "ln_f", "attn",
+                                       "odd, \"name\"\twith\nbreaks"};
+/* The export's layer order: names, numbers compared as numbers. */
+static const char *const group_order[NL] = {"attn", "blocks.0.fc", "h.2.fc", "h.10.fc", "ln_f",
+                                            "odd, \"name\"\twith\nbreaks", "wte"};
+static const char *const scalar_names[NS] = {"loss", "lr", "odd"};
+static const char *const extra_names[NE] = {"act_rms"};
+static const char *const metric_names[15] = {
+    "forward", "dependency", "update", "forward_tight", "dependency_tight", "update_tight", "spread", "sigma",
+    "sigma_rel_err", "sigma_update", "sigma_update_rel_err", "rel_update", "passes", "update_passes", "flags"};
+
+/* Values that a decimal round trip could lose: signs of zero, subnormals, the extremes,
+ * numbers that need all 17 digits, infinities and NaN. */
+static double special(size_t i) {
+  static const double v[] = {NAN, INFINITY, -INFINITY, -0.0, 0.0, DBL_MAX, -DBL_MAX, DBL_MIN,
+                             4.9406564584124654e-324, -2.2250738585072009e-308, 0.1, 1.0 / 3.0,
+                             1e-300, 123456789012345678.0, 1.0000000000000002, 5e-324 * 3, -1e308,
+                             0.30000000000000004, 9007199254740993.0, 2.5};
+  return v[i % (sizeof v / sizeof v[0])];
+}
+
+typedef struct {
+  int64_t step;
+  const char *layer, *kind, *metric; /* layer "" and kind "scalar" for run-level values */
+  double v;
+  int seen;
+} entry;
+
+typedef struct {
+  entry e[MAXE];
+  size_t n;
+  int64_t steps[64];
+  size_t rows;
+} expected;
+
+static void expect(expected *x, int64_t step, const char *layer, const char *kind, const char *metric, double v) {
+  ck_assert_int_lt(x->n, MAXE);
+  x->e[x->n++] = (entry){step, layer, kind, metric, v, 0};
+}
+
+typedef struct {
+  float *w[NL], *b[NL];
+  size_t len[NL], blen[NL];
+  stab_monitor *m;
+} model;
+
+static void model_build(model *md, tu_rng *r) {
+  memset(md, 0, sizeof *md);
+  TU_ASSERT_OK(stab_monitor_create(NULL, &md->m));
+  for (size_t i = 0; i < NL; i++) {
+    stab_layer l = {.name = names[i]};
+    switch (i) {
+    case 0: l.kind = STAB_KIND_LINEAR, l.d_in = D, l.d_out = D, md->len[i] = D * D, md->blen[i] = D; break;
+    case 1: l.kind = STAB_KIND_LINEAR, l.d_in = D, l.d_out = 2 * D, md->len[i] = 2 * D * D; break;
+    case 2:
+      l.kind = STAB_KIND_LINEAR, l.d_in = 2 * D, l.d_out = D, l.layout = STAB_LAYOUT_IN_MAJOR;
+      md->len[i] = 2 * D * D;
+      break;
+    case 3: l.kind = STAB_KIND_EMBEDDING, l.d_in = V, l.d_out = D, md->len[i] = V * D; break;
+    case 4: l.kind = STAB_KIND_GAIN, l.d_in = l.d_out = D, md->len[i] = D; break;
+    case 5:
+      l.kind = STAB_KIND_ATTENTION, l.d_in = D, l.d_out = HEADS * DH, l.heads = HEADS;
+      md->len[i] = md->blen[i] = D * HEADS * DH;
+      break;
+    default: l.kind = STAB_KIND_BIAS, l.d_in = l.d_out = D, md->len[i] = D; break;
+    }
+    md->w[i] = tu_floats(md->len[i]);
+    tu_fill_gauss(md->w[i], 1, md->len[i], md->len[i], 0.2, r);
+    l.weight = md->w[i];
+    if (md->blen[i]) {
+      md->b[i] = tu_floats(md->blen[i]);
+      tu_fill_gauss(md->b[i], 1, md->blen[i], md->blen[i], 0.2, r);
+      if (l.kind == STAB_KIND_ATTENTION) l.weight_k = md->b[i];
+      else l.bias = md->b[i];
+    }
+    TU_ASSERT_OK(stab_monitor_add_layer(md->m, &l, NULL), "layer %s", names[i]);
+  }
+}
+
+static void model_free(model *md) {
+  stab_monitor_free(md->m);
+  for (size_t i = 0; i < NL; i++) free(md->w[i]), free(md->b[i]);
+}
+
+static stab_trace *open_trace(const char *path, const model *md, int flush_every) {
+  stab_trace_params p = stab_trace_default_params();
+  p.flush_every = flush_every;
+  p.scalars = scalar_names, p.n_scalars = NS;
+  p.layer_extras = extra_names, p.n_layer_extras = NE;
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(path, md->m, &p, &t));
+  return t;
+}
+
+/* One optimizer-like step, a measurement, and a row appended; the row's values are recorded
+ * in x as the monitor and this function handed them over. */
+static void step_and_append(model *md, stab_trace *t, tu_rng *r, int64_t step, size_t k, expected *x) {
+  TU_ASSERT_OK(stab_monitor_snapshot(md->m));
+  for (size_t i = 0; i < NL; i++) {
+    tu_add_relative_noise(md->w[i], 1, md->len[i], md->len[i], 0.01, r);
+    if (md->b[i]) tu_add_relative_noise(md->b[i], 1, md->blen[i], md->blen[i], 0.01, r);
+  }
+  TU_ASSERT_OK(stab_monitor_measure(md->m, 1));
+  double wall = k == 0 ? 0.0 : 0.001 * (double)k + 1.0 / 3.0;
+  double scalars[NS] = {2.0 / (double)(k + 1), 1e-3 * (double)k, special(k)};
+  double extras[NL * NE];
+  for (size_t i = 0; i < NL; i++) extras[i] = special(k + 3 * i);
+  TU_ASSERT_OK(stab_trace_append(t, step, wall, scalars, extras));
+  x->steps[x->rows++] = step;
+  expect(x, step, "", "scalar", "wall_time", wall);
+  for (size_t s = 0; s < NS; s++) expect(x, step, "", "scalar", scalar_names[s], scalars[s]);
+  for (size_t i = 0; i < NL; i++) {
+    const stab_metrics *mt = stab_monitor_metrics(md->m, i);
+    const stab_layer *l = stab_monitor_layer(md->m, i);
+    const char *kind = stab_kind_name(l->kind);
+    const double v[15] = {mt->forward, mt->dependency, mt->update, mt->forward_tight, mt->dependency_tight,
+                          mt->update_tight, mt->spread, mt->sigma, mt->sigma_rel_err, mt->sigma_update,
+                          mt->sigma_update_rel_err, mt->rel_update, mt->passes, mt->update_passes, mt->flags};
+    for (size_t j = 0; j < 15; j++) expect(x, step, groups[i], kind, metric_names[j], v[j]);
+    if (l->kind == STAB_KIND_ATTENTION) {
+      static const char *const hb[HEADS] = {"head0_bound", "head1_bound", "head2_bound"};
+      for (size_t h = 0; h < HEADS; h++) expect(x, step, groups[i], kind, hb[h], stab_monitor_head_bounds(md->m, i)[h]);
+    }
+    expect(x, step, groups[i], kind, extra_names[0], extras[i]);
+  }
+}
+
+/* Steps are not 0..N-1: gaps, a negative one, and the int64 extremes. */
+static int64_t step_number(size_t k, size_t rows) {
+  if (k == 0) return INT64_MIN;
+  if (k == rows - 1) return INT64_MAX;
+  return k == 1 ? -7 : (int64_t)(10 * k + 3);
+}
+
+enum { ROWS = 12 };
+
+static void write_trace(const char *path, expected *x) {
+  tu_rng r;
+  tu_rng_init(&r, 99);
+  model md;
+  model_build(&md, &r);
+  stab_trace *t = open_trace(path, &md, 5); /* rows flushed in batches, the last at close */
+  x->n = x->rows = 0;
+  for (size_t k = 0; k < ROWS; k++) step_and_append(&md, t, &r, step_number(k, ROWS), k, x);
+  TU_ASSERT_OK(stab_trace_close(t));
+  model_free(&md);
+}
+
+/* ---- matching parsed values against what was written ---------------------------------------- */
+
+static int same_bits(double a, double b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
+
+static void match(expected *x, int64_t step, const char *layer, const char *kind, const char *metric, double v,
+                  const char *where) {
+  for (size_t i = 0; i < x->n; i++) {
+    entry *e = &x->e[i];
+    if (e->step != step || strcmp(e->layer, layer) || strcmp(e->metric, metric)) continue;
+    ck_assert_msg(!e->seen, "%s: step %lld layer '%s' metric %s exported twice", where, (long long)step, layer, metric);
+    ck_assert_msg(!strcmp(e->kind, kind), "%s: layer '%s' has kind %s, expected %s", where, layer, kind, e->kind);
+    ck_assert_msg(same_bits(e->v, v), "%s: step %lld layer '%s' %s = %.17g, written %.17g", where, (long long)step,
+                  layer, metric, v, e->v);
+    e->seen = 1;
+    return;
+  }
+  ck_abort_msg("%s: step %lld layer '%s' metric '%s' was never written (or filtered out)", where, (long long)step,
+               layer, metric);
+}
+
+/* Every entry that `keep` selects was seen, and nothing else; resets the marks. */
+typedef int (*keep_fn)(const entry *e);
+static int keep_all(const entry *e) { (void)e; return 1; }
+
+static void all_seen(expected *x, keep_fn keep, const char *where) {
+  for (size_t i = 0; i < x->n; i++) {
+    entry *e = &x->e[i];
+    ck_assert_msg(e->seen == keep(e), "%s: step %lld layer '%s' metric %s %s", where, (long long)e->step, e->layer,
+                  e->metric, e->seen ? "exported though filtered out" : "missing from the export");
+    e->seen = 0;
+  }
+}
+
+/* ---- a strict CSV reader (RFC 4180) ---------------------------------------------------------- */
+
+/* The next record's fields (at most max) from *p; returns their count, 0 at the end. A field is
+ * copied into out[i] (cap bytes each), quotes removed. */
+static size_t csv_record(const char **p, char out[][256], size_t max) {
+  const char *s = *p;
+  size_t n = 0;
+  if (!*s) return 0;
+  for (;;) {
+    ck_assert_int_lt(n, max);
+    char *o = out[n++];
+    size_t k = 0;
+    if (*s == '"') {
+      s++;
+      for (;;) {
+        ck_assert_msg(*s, "CSV: a quoted field does not end");
+        if (*s == '"' && s[1] == '"') o[k++] = '"', s += 2;
+        else if (*s == '"') break;
+        else o[k++] = *s++;
+        ck_assert_int_lt(k, 255);
+      }
+      s++;
+      ck_assert_msg(*s == ',' || *s == '\n', "CSV: text after a closing quote");
+    } else {
+      while (*s && *s != ',' && *s != '\n') {
+        ck_assert_msg(*s != '"' && *s != '\r', "CSV: a quote or CR in an unquoted field");
+        o[k++] = *s++;
+        ck_assert_int_lt(k, 255);
+      }
+    }
+    o[k] = '\0';
+    if (*s == ',') {
+      s++;
+      continue;
+    }
+    ck_assert_msg(*s == '\n', "CSV: a record does not end with a line break");
+    *p = s + 1;
+    return n;
+  }
+}
+
+static double parse_double(const char *s, const char *where) {
+  char *end;
+  double v = strtod(s, &end);
+  ck_assert_msg(end != s && *end == '\0', "%s: '%s' is not a number", where, s);
+  return v;
+}
+
+static int64_t parse_step(const char *s, const char *where) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  ck_assert_msg(end != s && *end == '\0' && errno == 0, "%s: step '%s' is not an int64", where, s);
+  return v;
+}
+
+/* Parses a CSV export and matches every value; returns the data rows. fields_seen collects the
+ * distinct layers of the first step in order (for the order check), if not NULL. */
+static size_t check_csv(const char *path, expected *x, char (*layer_order)[256], size_t *n_order) {
+  char *text = slurp(path, NULL);
+  const char *p = text;
+  char f[5][256];
+  ck_assert_int_eq(csv_record(&p, f, 5), 5);
+  static const char *const header[5] = {"step", "layer", "kind", "metric", "value"};
+  for (size_t i = 0; i < 5; i++) ck_assert_str_eq(f[i], header[i]);
+  size_t n, rows = 0, order = 0;
+  int64_t first_step = 0;
+  while ((n = csv_record(&p, f, 5)) > 0) {
+    ck_assert_msg(n == 5, "CSV: a record of %zu fields", n);
+    int64_t step = parse_step(f[0], "CSV");
+    if (rows == 0) first_step = step;
+    double v = parse_double(f[4], "CSV");
+    if (isnan(v)) ck_assert_msg(!strcmp(f[4], "nan"), "CSV: NaN written '%s', not 'nan'", f[4]);
+    match(x, step, f[1], f[2], f[3], v, "CSV");
+    if (layer_order && step == first_step && f[1][0] && (order == 0 || strcmp(layer_order[order - 1], f[1])))
+      snprintf(layer_order[order++], 256, "%s", f[1]);
+    rows++;
+  }
+  if (n_order) *n_order = order;
+  free(text);
+  return rows;
+}
+
+/* ---- a strict JSON reader -------------------------------------------------------------------- */
+
+typedef struct jv jv;
+struct jv {
+  enum { J_NULL, J_NUM, J_STR, J_OBJ, J_TRUE, J_FALSE } type;
+  double num;
+  int integral;   /* the number had no fraction or exponent */
+  long long inum; /* its value then */
+  char *str;
+  char **keys;
+  jv *vals;
+  size_t n;
+};
+
+static void jv_free(jv *v) {
+  free(v->str);
+  for (size_t i = 0; i < v->n; i++) free(v->keys[i]), jv_free(&v->vals[i]);
+  free(v->keys);
+  free(v->vals);
+}
+
+static void skip_ws(const char **p) {
+  while (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r') (*p)++;
+}
+
+static char *j_string(const char **p) {
+  const char *s = *p;
+  ck_assert_msg(*s == '"', "JSON: a string expected at '%.20s'", s);
+  s++;
+  char *o = malloc(strlen(s) + 1);
+  size_t k = 0;
+  while (*s != '"') {
+    unsigned char c = (unsigned char)*s;
+    ck_assert_msg(c >= 0x20, "JSON: a raw control character 0x%02x in a string", c);
+    if (c != '\\') {
+      o[k++] = *s++;
+      continue;
+    }
+    s++;
+    switch (*s) {
+    case '"': case '\\': case '/': o[k++] = *s; break;
+    case 'b': o[k++] = '\b'; break;
+    case 'f': o[k++] = '\f'; break;
+    case 'n': o[k++] = '\n'; break;
+    case 'r': o[k++] = '\r'; break;
+    case 't': o[k++] = '\t'; break;
+    case 'u': {
+      unsigned u = 0;
+      for (int i = 1; i <= 4; i++) {
+        char h = s[i];
+        ck_assert_msg(isxdigit((unsigned char)h), "JSON: a bad \\u escape");
+        u = u * 16 + (unsigned)(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
+      }
+      ck_assert_msg(u > 0 && u < 0x80, "JSON: \\u%04x outside the test's ASCII", u);
+      o[k++] = (char)u;
+      s += 4;
+      break;
+    }
+    default: ck_abort_msg("JSON: a bad escape \\%c", *s);
+    }
+    s++;
+  }
+  o[k] = '\0';
+  *p = s + 1;
+  return o;
+}
+
+static void j_value(const char **p, jv *v);
+
+static void j_number(const char **p, jv *v) {
+  const char *s = *p, *start = s;
+  if (*s == '-') s++;
+  ck_assert_msg(isdigit((unsigned char)*s), "JSON: a value expected at '%.20s'", start);
+  if (*s == '0') s++;
+  else
+    while (isdigit((unsigned char)*s)) s++;
+  int integral = 1;
+  if (*s == '.') {
+    s++, integral = 0;
+    ck_assert_msg(isdigit((unsigned char)*s), "JSON: no digit after '.'");
+    while (isdigit((unsigned char)*s)) s++;
+  }
+  if (*s == 'e' || *s == 'E') {
+    s++, integral = 0;
+    if (*s == '+' || *s == '-') s++;
+    ck_assert_msg(isdigit((unsigned char)*s), "JSON: no digit in an exponent");
+    while (isdigit((unsigned char)*s)) s++;
+  }
+  char buf[64];
+  ck_assert_int_lt(s - start, 63);
+  snprintf(buf, sizeof buf, "%.*s", (int)(s - start), start);
+  v->type = J_NUM;
+  v->num = strtod(buf, NULL); /* 1e999 overflows to inf, as the export documents */
+  v->integral = integral;
+  if (integral) {
+    errno = 0;
+    v->inum = strtoll(buf, NULL, 10);
+    ck_assert_msg(errno == 0, "JSON: integer %s out of int64", buf);
+  }
+  *p = s;
+}
+
+static void j_object(const char **p, jv *v) {
+  const char *s = *p + 1;
+  v->type = J_OBJ;
+  skip_ws(&s);
+  if (*s == '}') {
+    *p = s + 1;
+    return;
+  }
+  for (;;) {
+    skip_ws(&s);
+    v->keys = realloc(v->keys, (v->n + 1) * sizeof *v->keys);
+    v->vals = realloc(v->vals, (v->n + 1) * sizeof *v->vals);
+    v->keys[v->n] = j_string(&s);
+    for (size_t i = 0; i < v->n; i++) ck_assert_msg(strcmp(v->keys[i], v->keys[v->n]), "JSON: key '%s' twice", v->keys[i]);
+    memset(&v->vals[v->n], 0, sizeof v->vals[0]);
+    v->n++;
+    skip_ws(&s);
+    ck_assert_msg(*s == ':', "JSON: ':' expected");
+    s++;
+    j_value(&s, &v->vals[v->n - 1]);
+    skip_ws(&s);
+    if (*s == ',') {
+      s++;
+      continue;
+    }
+    ck_assert_msg(*s == '}', "JSON: ',' or '}' expected at '%.20s'", s);
+    *p = s + 1;
+    return;
+  }
+}
+
+static void j_value(const char **p, jv *v) {
+  skip_ws(p);
+  memset(v, 0, sizeof *v);
+  const char *s = *p;
+  if (*s == '{') j_object(p, v);
+  else if (*s == '"') v->type = J_STR, v->str = j_string(p);
+  else if (!strncmp(s, "null", 4)) v->type = J_NULL, *p += 4;
+  else if (!strncmp(s, "true", 4)) v->type = J_TRUE, *p += 4;
+  else if (!strncmp(s, "false", 5)) v->type = J_FALSE, *p += 5;
+  else j_number(p, v); /* NaN, Infinity and arrays are refused here */
+}
+
+static const jv *j_get(const jv *o, const char *key) {
+  for (size_t i = 0; i < o->n; i++)
+    if (!strcmp(o->keys[i], key)) return &o->vals[i];
+  return NULL;
+}
+
+static double j_double(const jv *v, const char *what) {
+  ck_assert_msg(v->type == J_NUM || v->type == J_NULL, "JSON: %s is not a number or null", what);
+  return v->type == J_NULL ? NAN : v->num;
+}
+
+/* Parses a JSON-lines export and matches every value; returns the lines. */
+static size_t check_jsonl(const char *path, expected *x, int want_wall) {
+  char *text = slurp(path, NULL), *save = NULL;
+  size_t lines = 0;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    const char *p = line;
+    jv o;
+    j_value(&p, &o);
+    skip_ws(&p);
+    ck_assert_msg(*p == '\0' && o.type == J_OBJ, "JSONL: line %zu is not one object", lines + 1);
+    const jv *step = j_get(&o, "step"), *wall = j_get(&o, "wall_time"), *sc = j_get(&o, "scalars"),
+             *ly = j_get(&o, "layers");
+    ck_assert_msg(step && step->type == J_NUM && step->integral, "JSONL: no integer step");
+    ck_assert_msg(sc && sc->type == J_OBJ && ly && ly->type == J_OBJ, "JSONL: no scalars or layers object");
+    ck_assert_int_eq(o.n, 3 + (wall != NULL));
+    ck_assert_int_eq(wall != NULL, want_wall);
+    int64_t s = step->inum;
+    if (wall) match(x, s, "", "scalar", "wall_time", j_double(wall, "wall_time"), "JSONL");
+    for (size_t i = 0; i < sc->n; i++) match(x, s, "", "scalar", sc->keys[i], j_double(&sc->vals[i], "a scalar"), "JSONL");
+    for (size_t l = 0; l < ly->n; l++) {
+      const jv *layer = &ly->vals[l], *kind = j_get(layer, "kind");
+      ck_assert_msg(layer->type == J_OBJ && kind && kind->type == J_STR, "JSONL: layer '%s' has no kind", ly->keys[l]);
+      for (size_t k = 0; k < layer->n; k++)
+        if (strcmp(layer->keys[k], "kind"))
+          match(x, s, ly->keys[l], kind->str, layer->keys[k], j_double(&layer->vals[k], layer->keys[k]), "JSONL");
+    }
+    jv_free(&o);
+    lines++;
+  }
+  free(text);
+  return lines;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+static expected want; /* large: static */
+
+START_TEST(test_round_trip) {
+  make_tmpdir();
+  const char *trace = tmp_path("t.h5"), *csv = tmp_path("t.csv"), *jsonl = tmp_path("t.jsonl");
+  write_trace(trace, &want);
+  /* every special value is among those written, in a scalar and in an extra */
+  size_t specials = 0;
+  for (size_t i = 0; i < want.n; i++) specials += same_bits(want.e[i].v, -0.0) || same_bits(want.e[i].v, 4.9406564584124654e-324);
+  ck_assert_int_ge(specials, 4);
+
+  const char *a1[] = {"-o", csv, trace, NULL};
+  export_ok(a1, tmp_path("out"));
+  char order[NL][256];
+  size_t n_order = 0;
+  size_t per_row = 1 + NS + NL * (15 + NE) + HEADS;
+  ck_assert_int_eq(check_csv(csv, &want, order, &n_order), ROWS * per_row);
+  all_seen(&want, keep_all, "CSV");
+  ck_assert_int_eq(n_order, NL);
+  for (size_t i = 0; i < NL; i++) ck_assert_str_eq(order[i], group_order[i]);
+
+  const char *a2[] = {"--format", "jsonl", trace, NULL};
+  export_ok(a2, jsonl);
+  ck_assert_int_eq(check_jsonl(jsonl, &want, 1), ROWS);
+  all_seen(&want, keep_all, "JSONL");
+
+  /* a layer's metrics come in the writer's order: forward, dependency, update first */
+  char *text = slurp(csv, NULL);
+  const char *fwd = strstr(text, ",blocks.0.fc,linear,forward,"), *dep = strstr(text, ",blocks.0.fc,linear,dependency,"),
+             *upd = strstr(text, ",blocks.0.fc,linear,update,"), *ft = strstr(text, ",blocks.0.fc,linear,forward_tight,");
+  ck_assert_msg(fwd && dep && upd && ft && fwd < dep && dep < upd && upd < ft, "metric order");
+  free(text);
+  remove_tmpdir();
+}
+END_TEST
+
+/* The filters, against the same selection made here on what was written. */
+static int keep_filtered(const entry *e) {
+  if (e->step < -7 || e->step > 63) return 0; /* --steps -7:63 */
+  if (strcmp(e->metric, "forward") && strcmp(e->metric, "update") && strcmp(e->metric, "loss")) return 0;
+  return !e->layer[0] || !fnmatch("h.*", e->layer, 0) || !strcmp(e->layer, "attn");
+}
+
+static int keep_one_step(const entry *e) { return e->step == 23 && (!e->layer[0] || !strcmp(e->layer, "wte")); }
+
+static int keep_open_range(const entry *e) { return e->step >= 53; }
+
+START_TEST(test_filters) {
+  make_tmpdir();
+  const char *trace = tmp_path("t.h5"), *out = tmp_path("out");
+  write_trace(trace, &want);
+  const char *a1[] = {"--layers", "h.*", "--layers", "attn", "--metrics", "forward,update,loss", "--steps", "-7:63", trace, NULL};
+  export_ok(a1, out);
+  check_csv(out, &want, NULL, NULL);
+  all_seen(&want, keep_filtered, "CSV filtered");
+  const char *a2[] = {"--format", "jsonl", "--layers", "h.*", "--layers", "attn", "--metrics", "forward,update,loss",
+                      "--steps", "-7:63", trace, NULL};
+  export_ok(a2, out);
+  ck_assert_int_eq(check_jsonl(out, &want, 0), 6); /* steps -7, 23, 33, 43, 53, 63 */
+  all_seen(&want, keep_filtered, "JSONL filtered");
+  /* a layer none of whose datasets is asked for is left out of JSON lines, not listed empty */
+  char *text = slurp(out, NULL);
+  ck_assert_ptr_null(strstr(text, "\"wte\""));
+  free(text);
+
+  const char *a3[] = {"--steps", "23", "--layers", "wte", trace, NULL};
+  export_ok(a3, out);
+  check_csv(out, &want, NULL, NULL);
+  all_seen(&want, keep_one_step, "--steps 23");
+  const char *a4[] = {"--format", "jsonl", "--steps", "53:", trace, NULL};
+  export_ok(a4, out);
+  ck_assert_int_eq(check_jsonl(out, &want, 1), 7); /* 53, 63, ..., 103, INT64_MAX */
+  all_seen(&want, keep_open_range, "--steps 53:");
+  /* steps that select nothing: the header alone */
+  const char *a5[] = {"--steps", "24:32", trace, NULL};
+  export_ok(a5, out);
+  text = slurp(out, NULL);
+  ck_assert_str_eq(text, "step,layer,kind,metric,value\n");
+  free(text);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Read while the writer has the trace open: every flushed row, nothing staged. */
+START_TEST(test_live_writer) {
+  make_tmpdir();
+  const char *trace = tmp_path("live.h5"), *out = tmp_path("out");
+  tu_rng r;
+  tu_rng_init(&r, 5);
+  model md;
+  model_build(&md, &r);
+  stab_trace *t = open_trace(trace, &md, 3);
+  want.n = want.rows = 0;
+  const char *args[] = {"--format", "jsonl", trace, NULL};
+  size_t expect_lines[] = {0, 0, 0, 3, 3, 3, 6};
+  for (size_t k = 0; k <= 6; k++) {
+    if (k) step_and_append(&md, t, &r, (int64_t)k, k, &want);
+    export_ok(args, out);
+    size_t n = check_jsonl(out, &want, 1);
+    ck_assert_msg(n == expect_lines[k], "after %zu appends (flush every 3): %zu rows exported, %zu flushed", k, n,
+                  expect_lines[k]);
+    for (size_t i = 0; i < want.n; i++) want.e[i].seen = 0;
+  }
+  TU_ASSERT_OK(stab_trace_close(t));
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- damaged traces ---------------------------------------------------------------------------- */
+
+typedef enum {
+  DAMAGE_NO_STEP, DAMAGE_STEP_FLOAT, DAMAGE_FORMAT, DAMAGE_NO_FORMAT, DAMAGE_VERSION, DAMAGE_SHORT_DATASET,
+  DAMAGE_SHORT_WALL, DAMAGE_NO_FORWARD, DAMAGE_NO_KIND, DAMAGE_2D, DAMAGE_NO_LAYERS, DAMAGE_STRING_DATASET,
+  N_DAMAGE
+} damage;
+
+static const struct {
+  const char *what;    /* for messages */
+  const char *mention; /* the message must name this */
+} damages[N_DAMAGE] = {
+    {"/step deleted", "/step"},
+    {"/step float64", "/step"},
+    {"format = \"other-trace\"", "format"},
+    {"no format attribute", "format"},
+    {"format_version 2", "format_version"},
+    {"a layer dataset shorter than /step", "/layers/wte/update"},
+    {"/wall_time shorter than /step", "/wall_time"},
+    {"a layer without forward", "/layers/ln_f/forward"},
+    {"a layer group without kind", "/layers/h.2.fc"},
+    {"a two-dimensional scalar", "/scalars/lr"},
+    {"no /layers", "/layers"},
+    {"a string dataset", "/layers/attn/head1_bound"},
+};
+
+static void put_string_attr(hid_t obj, const char *name, const char *value) {
+  if (H5Aexists(obj, name) > 0) ck_assert_int_ge(H5Adelete(obj, name), 0);
+  hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR);
+  H5Tset_size(type, strlen(value) + 1);
+  hid_t a = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+  ck_assert_int_ge(a, 0);
+  ck_assert_int_ge(H5Awrite(a, type, value), 0);
+  H5Aclose(a), H5Sclose(space), H5Tclose(type);
+}
+
+static void replace_dataset(hid_t f, const char *path, hid_t type, int rank) {
+  ck_assert_int_ge(H5Ldelete(f, path, H5P_DEFAULT), 0);
+  hsize_t dims[2] = {ROWS, 2};
+  hid_t space = H5Screate_simple(rank, dims, NULL), d = H5Dcreate2(f, path, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  H5Dclose(d), H5Sclose(space);
+}
+
+static void shorten(hid_t f, const char *path, hsize_t rows) {
+  hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  ck_assert_int_ge(H5Dset_extent(d, &rows), 0);
+  H5Dclose(d);
+}
+
+static void apply_damage(const char *path, damage k) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  switch (k) {
+  case DAMAGE_NO_STEP: ck_assert_int_ge(H5Ldelete(f, "step", H5P_DEFAULT), 0); break;
+  case DAMAGE_STEP_FLOAT: replace_dataset(f, "step", H5T_IEEE_F64LE, 1); break;
+  case DAMAGE_FORMAT: put_string_attr(f, "format", "other-trace"); break;
+  case DAMAGE_NO_FORMAT: ck_assert_int_ge(H5Adelete(f, "format"), 0); break;
+  case DAMAGE_VERSION: {
+    int64_t v = 2;
+    hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+    ck_assert_int_ge(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
+    H5Aclose(a);
+    break;
+  }
+  case DAMAGE_SHORT_DATASET: shorten(f, "layers/wte/update", ROWS - 1); break;
+  case DAMAGE_SHORT_WALL: shorten(f, "wall_time", 3); break;
+  case DAMAGE_NO_FORWARD: ck_assert_int_ge(H5Ldelete(f, "layers/ln_f/forward", H5P_DEFAULT), 0); break;
+  case DAMAGE_NO_KIND: ck_assert_int_ge(H5Adelete_by_name(f, "layers/h.2.fc", "kind", H5P_DEFAULT), 0); break;
+  case DAMAGE_2D: replace_dataset(f, "scalars/lr", H5T_IEEE_F64LE, 2); break;
+  case DAMAGE_NO_LAYERS: ck_assert_int_ge(H5Ldelete(f, "layers", H5P_DEFAULT), 0); break;
+  case DAMAGE_STRING_DATASET: {
+    hid_t s = H5Tcopy(H5T_C_S1);
+    H5Tset_size(s, 8);
+    replace_dataset(f, "layers/attn/head1_bound", s, 1);
+    H5Tclose(s);
+    break;
+  }
+  case N_DAMAGE: break;
+  }
+  ck_assert_int_ge(H5Fclose(f), 0);
+}
+
+START_TEST(test_damaged) {
+  make_tmpdir();
+  const char *trace = tmp_path("bad.h5"), *out = tmp_path("out"), *err = tmp_path("err");
+  write_trace(trace, &want);
+  apply_damage(trace, (damage)_i);
+  { /* both formats share the reading: each damage is tried with one, in turn */
+    const char *args[] = {"--format", _i % 2 ? "jsonl" : "csv", trace, NULL};
+    int rc = run_export(args, out, err);
+    char *msg = slurp(err, NULL), *o = slurp(out, NULL);
+    ck_assert_msg(rc == 2, "%s: exit %d, expected 2 (stderr: %s)", damages[_i].what, rc, msg);
+    ck_assert_msg(strstr(msg, trace) && strstr(msg, damages[_i].mention),
+                  "%s: the message does not name the file and %s: %s", damages[_i].what, damages[_i].mention, msg);
+    ck_assert_msg(strchr(msg, '\n') == msg + strlen(msg) - 1,
+                  "%s: not one line of message (HDF5 printing its stack?): %s", damages[_i].what, msg);
+    ck_assert_msg(o[0] == '\0', "%s: something was written to stdout", damages[_i].what);
+    free(msg), free(o);
+  }
+  remove_tmpdir();
+}
+END_TEST
+
+/* A writer killed in the middle of a flush leaves datasets longer than /step: they are read to
+ * the length of /step, the rows every dataset has. */
+START_TEST(test_longer_than_step) {
+  make_tmpdir();
+  const char *trace = tmp_path("t.h5"), *out = tmp_path("out");
+  write_trace(trace, &want);
+  hid_t f = H5Fopen(trace, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  shorten(f, "step", ROWS - 2);
+  H5Fclose(f);
+  const char *args[] = {"--format", "jsonl", trace, NULL};
+  export_ok(args, out);
+  ck_assert_int_eq(check_jsonl(out, &want, 1), ROWS - 2);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(test_bad_usage) {
+  make_tmpdir();
+  const char *trace = tmp_path("t.h5"), *out = tmp_path("out"), *err = tmp_path("err"), *text = tmp_path("text.h5");
+  write_trace(trace, &want);
+  FILE *tf = fopen(text, "w");
+  ck_assert_ptr_nonnull(tf);
+  fputs("step,layer\n1,x\n", tf);
+  fclose(tf);
+  static const struct {
+    const char *args[6];
+    int rc;
+    const char *mention;
+  } cases[] = {
+      {{"--format", "xml", "T", NULL}, 2, "--format"},
+      {{"--steps", "5:1", "T", NULL}, 2, "--steps"},
+      {{"--steps", "x:", "T", NULL}, 2, "--steps"},
+      {{"--metrics", "forward,,update", "T", NULL}, 2, "--metrics"},
+      {{"--metrics", "forwardd", "T", NULL}, 2, "forwardd"},
+      {{"--layers", "nope*", "T", NULL}, 2, "nope*"},
+      {{"--bogus", "T", NULL}, 2, "Usage"},
+      {{NULL}, 2, "no trace"},
+      {{"T", "T", NULL}, 2, "more than one"},
+      {{"NOFILE", NULL}, 2, "NOFILE"},
+      {{"TEXT", NULL}, 2, "not an HDF5 file"},
+      {{"-o", "NODIR", "T", NULL}, 1, "NODIR"},
+  };
+  char nofile[128], nodir[128];
+  snprintf(nofile, sizeof nofile, "%s/missing.h5", tmpdir);
+  snprintf(nodir, sizeof nodir, "%s/no/such/dir/out.csv", tmpdir);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *args[6];
+    const char *mention = cases[c].mention;
+    for (size_t i = 0; i < 6; i++) {
+      const char *a = cases[c].args[i];
+      args[i] = !a ? NULL : !strcmp(a, "T") ? trace : !strcmp(a, "NOFILE") ? nofile : !strcmp(a, "TEXT") ? text
+                          : !strcmp(a, "NODIR") ? nodir : a;
+      if (!a) break;
+    }
+    if (!strcmp(mention, "NOFILE")) mention = nofile;
+    if (!strcmp(mention, "NODIR")) mention = nodir;
+    int rc = run_export(args, out, err);
+    char *msg = slurp(err, NULL);
+    ck_assert_msg(rc == cases[c].rc, "case %zu: exit %d, expected %d (%s)", c, rc, cases[c].rc, msg);
+    ck_assert_msg(strstr(msg, mention), "case %zu: the message does not say '%s': %s", c, mention, msg);
+    if (!strstr(msg, "Usage")) /* one line, the usage aside: HDF5 prints none of its own */
+      ck_assert_msg(strchr(msg, '\n') == msg + strlen(msg) - 1, "case %zu: not one line: %s", c, msg);
+    free(msg);
+  }
+  const char *help[] = {"--help", NULL}, *version[] = {"--version", NULL};
+  export_ok(help, out);
+  char *o = slurp(out, NULL);
+  ck_assert_ptr_nonnull(strstr(o, "Usage: export"));
+  free(o);
+  export_ok(version, out);
+  o = slurp(out, NULL);
+  ck_assert_ptr_nonnull(strstr(o, stab_version()));
+  free(o);
+  remove_tmpdir();
+}
+END_TEST
+
+static Suite *export_suite(void) {
+  Suite *s = suite_create("export");
+  TCase *tc = tcase_create("values");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_round_trip);
+  tcase_add_test(tc, test_filters);
+  tcase_add_test(tc, test_live_writer);
+  tcase_add_test(tc, test_longer_than_step);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("bad input");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_damaged, 0, N_DAMAGE);
+  tcase_add_test(tc, test_bad_usage);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(export_suite());
+  srunner_run_all(sr, CK_ENV);
+  int failures = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failures ? 1 : 0;
+}
