@@ -9,6 +9,8 @@ cd "$(dirname "$0")"
 
 packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py)
+# The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
+packages+=(python3-pandas gnuplot-nox)
 
 install_missing() {
   local missing=() p
