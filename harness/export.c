@@ -408,14 +408,21 @@ static int new_column(const trace *t, hid_t g, const char *where, const char *na
   return open_1d(t, g, name, path, H5T_FLOAT, t->rows, 1, &c->d, &n);
 }
 
+/* Opens the group /name of the file into *g and lists its links. */
+static int open_group(const trace *t, const char *name, hid_t *g, char ***names, size_t *n) {
+  char where[32];
+  snprintf(where, sizeof where, "/%s", name);
+  if (H5Lexists(t->file, name, H5P_DEFAULT) <= 0) return bad(t, "the group %s is missing", where);
+  if ((*g = H5Gopen2(t->file, name, H5P_DEFAULT)) < 0) return bad(t, "%s is not a group", where);
+  return list_links(t, *g, where, names, n);
+}
+
 static int open_scalars(trace *t, const options *o) {
   hid_t g = H5I_INVALID_HID;
   char **names = NULL;
   size_t n = 0;
   int rc = 0;
-  if (H5Lexists(t->file, "scalars", H5P_DEFAULT) <= 0) return bad(t, "the group /scalars is missing");
-  if ((g = H5Gopen2(t->file, "scalars", H5P_DEFAULT)) < 0) return bad(t, "/scalars is not a group");
-  if ((rc = list_links(t, g, "/scalars", &names, &n))) goto out;
+  if ((rc = open_group(t, "scalars", &g, &names, &n))) goto out;
   if (n && !(t->scalars = calloc(n, sizeof *t->scalars))) {
     rc = oom();
     goto out;
@@ -425,7 +432,7 @@ static int open_scalars(trace *t, const options *o) {
   if (!rc) qsort(t->scalars, t->n_scalars, sizeof *t->scalars, column_name_cmp);
 out:
   free_names(names, n);
-  H5Gclose(g);
+  if (g >= 0) H5Gclose(g);
   return rc;
 }
 
@@ -473,9 +480,7 @@ static int open_layers(trace *t, const options *o) {
   char **names = NULL;
   size_t n = 0;
   int rc = 0;
-  if (H5Lexists(t->file, "layers", H5P_DEFAULT) <= 0) return bad(t, "the group /layers is missing");
-  if ((g = H5Gopen2(t->file, "layers", H5P_DEFAULT)) < 0) return bad(t, "/layers is not a group");
-  if ((rc = list_links(t, g, "/layers", &names, &n))) goto out;
+  if ((rc = open_group(t, "layers", &g, &names, &n))) goto out;
   for (size_t k = 0; k < o->n_layer_globs; k++) { /* a pattern that matches nothing is a typo */
     size_t i = 0;
     while (i < n && fnmatch(o->layer_globs[k], names[i], 0)) i++;
@@ -501,7 +506,7 @@ static int open_layers(trace *t, const options *o) {
   if (!rc) qsort(t->layers, t->n_layers, sizeof *t->layers, layer_cmp);
 out:
   free_names(names, n);
-  H5Gclose(g);
+  if (g >= 0) H5Gclose(g);
   return rc;
 }
 

@@ -29,17 +29,9 @@ static const char *export_program(void) {
 
 static char tmpdir[64];
 
-static void make_tmpdir(void) {
-  const char *base = getenv("TMPDIR");
-  snprintf(tmpdir, sizeof tmpdir, "%s/check_export.XXXXXX", base && strlen(base) < 40 ? base : "/tmp");
-  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
-}
+static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_export"); }
 
-static void remove_tmpdir(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
+static void remove_tmpdir(void) { tu_tmpdir_remove(tmpdir); }
 
 static const char *tmp_path(const char *name) {
   static char p[16][128]; /* sixteen live at a time */

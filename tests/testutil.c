@@ -3,6 +3,7 @@
  * them calling into the library under test. */
 #include "testutil.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,4 +353,18 @@ const char *tu_ctx_fmt(const char *fmt, ...) {
   vsnprintf(buf, sizeof bufs[0], fmt, ap);
   va_end(ap);
   return buf[0] ? buf : "-";
+}
+
+void tu_tmpdir_make(char *dir, size_t len, const char *tag) {
+  const char *base = getenv("TMPDIR");
+  if (!base || !base[0] || strlen(base) + strlen(tag) + 9 > len) base = "/tmp";
+  snprintf(dir, len, "%s/%s.XXXXXX", base, tag);
+  ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+}
+
+void tu_tmpdir_remove(const char *dir) {
+  char cmd[600];
+  ck_assert_msg(strlen(dir) < 500 && !strchr(dir, '\''), "tu_tmpdir_remove: odd path %s", dir);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(cmd), 0);
 }

@@ -163,6 +163,14 @@ double tu_round_slack(size_t rows, size_t cols);
                   stab_last_error());                                                       \
   } while (0)
 
+/* ---- temporary directories ------------------------------------------------------- */
+
+/* A new empty directory $TMPDIR/<tag>.XXXXXX (/tmp when TMPDIR is unset or long) into dir
+ * (len bytes); fails the running test when it cannot be made. */
+void tu_tmpdir_make(char *dir, size_t len, const char *tag);
+/* Removes dir and everything in it. */
+void tu_tmpdir_remove(const char *dir);
+
 /* The optional trailing arguments of the assertions: a printf-style context string (for
  * loop tests and tables), "" when absent. Returns a thread-local buffer. */
 const char *tu_ctx_fmt(const char *fmt, ...);
