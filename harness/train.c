@@ -31,6 +31,7 @@ typedef struct {
   stab_trace_on_error trace_errors;
   const char *out, *data;
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
+  size_t sweep[16], n_sweep; /* --sweep-widths: train once per width, each into out/width-W */
 } options;
 
 static double now(void) {
@@ -60,8 +61,10 @@ static void usage(FILE *f) {
           "  --lr X               peak learning rate (default 3e-3 adamw, 0.1 steepest)\n"
           "  --warmup N           linear warmup steps, then cosine to lr/10 (default N/10, <= 100)\n"
           "  --seed S             seed of the init and of the batches (default 1)\n"
-          "  --resume FILE        start from a checkpoint of this program (weights and step;\n"
-          "                       AdamW's moments are not saved and restart at 0)\n"
+          "  --resume FILE        start from a checkpoint of this program: weights, step, and\n"
+          "                       with adamw the moments saved beside it (FILE without\n"
+          "                       .safetensors, plus .adamw), so the run goes on as if never\n"
+          "                       stopped; the trace's rows after the step are replaced\n"
           "  --data FILE          train on FILE: bytes, or an llm.c .bin token file\n"
           "                       (default: the built-in corpus)\n"
           "  --corpus-bytes N     size of the built-in corpus (default 524288)\n"
@@ -76,7 +79,12 @@ static void usage(FILE *f) {
           "  --print-metrics      print every layer's last metrics as a table at the end\n"
           "  --alarm X            report once per layer when its forward or dependency\n"
           "                       stability exceeds X (LM head aside) or turns NaN\n"
-          "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never)\n"
+          "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never);\n"
+          "                       with adamw each checkpoint has its moments in step-N.adamw\n"
+          "  --sweep-widths LIST  train the same model once per width (e.g. 64,128,256,512),\n"
+          "                       each into DIR/width-W/, and print each layer kind's metrics\n"
+          "                       against width with the fitted log-log slope (muP's\n"
+          "                       coordinate check); needs --out DIR\n"
           "  --help, --version\n\n"
           "Exit status: 0 success, 1 failure (e.g. the loss diverged), 2 bad usage or bad input.\n");
 }
@@ -90,9 +98,26 @@ static int parse_size(const char *s, size_t *out) {
   return 0;
 }
 
+/* "64,128,256": up to 16 widths, each in 1..8192, increasing. */
+static int parse_widths(const char *s, options *o) {
+  o->n_sweep = 0;
+  for (const char *p = s;;) {
+    char *end;
+    errno = 0;
+    unsigned long long w = strtoull(p, &end, 10);
+    if (errno || end == p || *p == '-' || !w || w > 8192 || o->n_sweep == 16 ||
+        (o->n_sweep && w <= o->sweep[o->n_sweep - 1]))
+      return -1;
+    o->sweep[o->n_sweep++] = (size_t)w;
+    if (!*end) return o->n_sweep < 2 ? -1 : 0;
+    if (*end != ',') return -1;
+    p = end + 1;
+  }
+}
+
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
-         O_RESUME, O_FLUSH, O_TRACE_ERRORS };
+         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -108,6 +133,7 @@ static int parse(int argc, char **argv, options *o) {
       {"resume", required_argument, 0, O_RESUME},
       {"flush-every", required_argument, 0, O_FLUSH},
       {"trace-errors", required_argument, 0, O_TRACE_ERRORS},
+      {"sweep-widths", required_argument, 0, O_SWEEP},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -158,6 +184,13 @@ static int parse(int argc, char **argv, options *o) {
     case 'O': o->out = optarg; break;
     case O_DATA: o->data = optarg; break;
     case O_RESUME: o->resume = optarg; break;
+    case O_SWEEP:
+      if (parse_widths(optarg, o)) {
+        fprintf(stderr, "train: --sweep-widths wants 2 to 16 increasing widths in 1..8192, "
+                        "comma-separated, not '%s'\n", optarg);
+        return 2;
+      }
+      break;
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
     case O_PRINT: o->print_metrics = 1; break;
@@ -185,6 +218,16 @@ static int parse(int argc, char **argv, options *o) {
     fprintf(stderr, "train: --checkpoint-every needs --out DIR\n");
     return 2;
   }
+  if (o->n_sweep && (!o->out || o->resume)) {
+    fprintf(stderr, "train: --sweep-widths needs --out DIR (and cannot --resume)\n");
+    return 2;
+  }
+  for (size_t i = 0; i < o->n_sweep; i++)
+    if (o->sweep[i] % o->heads) {
+      fprintf(stderr, "train: --sweep-widths: width %zu is not divisible by --heads %zu\n",
+              o->sweep[i], o->heads);
+      return 2;
+    }
   if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 0.1;
   if (!o->warmup_given) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
   return 0;
@@ -341,11 +384,21 @@ static int mkdirs(const char *path) {
   return mkdir(p, 0777) && errno != EEXIST ? -1 : 0;
 }
 
+/* A checkpoint holds one or more copies of the model's tensor table: the weights (prefix ""),
+ * or AdamW's moments ("exp_avg." and "exp_avg_sq."), each a flat buffer laid out like
+ * m->params. */
+typedef struct {
+  const char *prefix;
+  float *data; /* (n_params) */
+} ckpt_part;
+
 /* safetensors: 8-byte little-endian header length, the JSON header (name -> dtype, shape,
- * data_offsets; padded with spaces to a multiple of 8), then the F32 data. A tied head is
- * not stored (as in Hugging Face checkpoints: lm_head.weight is transformer.wte.weight). */
-static int save_safetensors(const model *m, const char *path, const options *o, size_t steps) {
-  size_t cap = 256 + m->n_tensors * 200, len = 0, off = 0;
+ * data_offsets; padded with spaces to a multiple of 8), then the F32 data of each part in
+ * table order. A tied head is not stored (as in Hugging Face checkpoints: lm_head.weight is
+ * transformer.wte.weight). */
+static int save_safetensors(const model *m, const char *path, const options *o, size_t steps,
+                            const ckpt_part *parts, size_t n_parts) {
+  size_t cap = 256 + n_parts * m->n_tensors * 220, len = 0, off = 0;
   char *h = malloc(cap);
   if (!h) return -1;
   len += (size_t)snprintf(h + len, cap - len,
@@ -353,16 +406,17 @@ static int save_safetensors(const model *m, const char *path, const options *o, 
                           "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\"}",
                           stab_version(), o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
                           steps, m->c.untied ? "false" : "true");
-  for (size_t i = 0; i < m->n_tensors; i++) {
-    const model_tensor *t = &m->tensors[i];
-    char shape[64];
-    if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
-    else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
-    len += (size_t)snprintf(h + len, cap - len,
-                            ",\"%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
-                            t->name, shape, off, off + t->size * 4);
-    off += t->size * 4;
-  }
+  for (size_t p = 0; p < n_parts; p++)
+    for (size_t i = 0; i < m->n_tensors; i++) {
+      const model_tensor *t = &m->tensors[i];
+      char shape[64];
+      if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
+      else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
+      len += (size_t)snprintf(h + len, cap - len,
+                              ",\"%s%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                              parts[p].prefix, t->name, shape, off, off + t->size * 4);
+      off += t->size * 4;
+    }
   len += (size_t)snprintf(h + len, cap - len, "}");
   while (len % 8) h[len++] = ' ';
   /* Written beside and renamed over: a crash never leaves a half checkpoint under path. */
@@ -375,7 +429,8 @@ static int save_safetensors(const model *m, const char *path, const options *o, 
     for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)len >> (8 * i));
     int ok = fwrite(n8, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
     /* tensors are stored in table order, contiguous: exactly the flat buffer */
-    ok = ok && fwrite(m->params, sizeof(float), m->n_params, f) == m->n_params;
+    for (size_t p = 0; p < n_parts && ok; p++)
+      ok = fwrite(parts[p].data, sizeof(float), m->n_params, f) == m->n_params;
     rc = (fclose(f) == 0 && ok && rename(tmp, path) == 0) ? 0 : -1;
     if (rc) remove(tmp);
   }
@@ -383,22 +438,38 @@ static int save_safetensors(const model *m, const char *path, const options *o, 
   return rc;
 }
 
-/* DIR/name, creating DIR; prints the path on success, the failure on stderr. */
-static int checkpoint(const model *m, const options *o, const char *name, size_t steps) {
-  char path[4200];
+/* The AdamW moments file of a checkpoint: "x/step-000100.safetensors" -> "x/step-000100.adamw". */
+static int moments_path(char *buf, size_t n, const char *checkpoint) {
+  size_t len = strlen(checkpoint), ext = strlen(".safetensors");
+  if (len > ext && !strcmp(checkpoint + len - ext, ".safetensors")) len -= ext;
+  return snprintf(buf, n, "%.*s.adamw", (int)len, checkpoint) < (int)n ? 0 : -1;
+}
+
+/* DIR/name (and, with adamw, its moments beside it), creating DIR; the failure on stderr. */
+static int checkpoint(const model *m, const optim *opt, const options *o, const char *name,
+                      size_t steps) {
+  char path[4200], mpath[4300];
   snprintf(path, sizeof path, "%s/%s", o->out, name);
-  if (mkdirs(o->out) || save_safetensors(m, path, o, steps)) {
+  ckpt_part weights = {"", m->params};
+  ckpt_part moments[2] = {{"exp_avg.", opt->m}, {"exp_avg_sq.", opt->v}};
+  if (mkdirs(o->out) || save_safetensors(m, path, o, steps, &weights, 1)) {
     fprintf(stderr, "train: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  if (opt->m && (moments_path(mpath, sizeof mpath, path) ||
+                 save_safetensors(m, mpath, o, steps, moments, 2))) {
+    fprintf(stderr, "train: cannot write %s: %s\n", mpath, strerror(errno));
     return 1;
   }
   return 0;
 }
 
-/* Reads a checkpoint written by save_safetensors into m: every tensor of the model must be
- * there, F32, with its shape. *steps receives the metadata's step count. Returns 0, 2 for
- * a file that does not fit the model (the message names the file and the tensor or field),
- * 1 when it cannot be read. */
-static int load_safetensors(model *m, const char *path, size_t *steps, char *err, size_t errlen) {
+/* Reads a file written by save_safetensors into the parts' buffers: every tensor of the model
+ * must be there under each part's prefix, F32, with its shape. *steps receives the metadata's
+ * step count. Returns 0, 2 for a file that does not fit the model (the message names the file
+ * and the tensor or field), 1 when it cannot be read. */
+static int load_safetensors(const model *m, const char *path, const ckpt_part *parts,
+                            size_t n_parts, size_t *steps, char *err, size_t errlen) {
   FILE *f = fopen(path, "rb");
   if (!f) return snprintf(err, errlen, "%s: %s", path, strerror(errno)), 1;
   unsigned char n8[8];
@@ -426,28 +497,30 @@ static int load_safetensors(model *m, const char *path, size_t *steps, char *err
              m->c.untied ? "false" : "true", m->c.untied ? "an untied" : "a tied");
     goto out;
   }
-  for (size_t i = 0; i < m->n_tensors; i++) {
-    const model_tensor *t = &m->tensors[i];
-    char key[96], shape[64], want[160];
-    snprintf(key, sizeof key, "\"%s\":{", t->name);
-    if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
-    else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
-    snprintf(want, sizeof want, "\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[", shape);
-    const char *k = strstr(h, key);
-    unsigned long long a, b;
-    if (!k || strncmp(k + strlen(key), want, strlen(want)) ||
-        sscanf(k + strlen(key) + strlen(want), "%llu,%llu", &a, &b) != 2 ||
-        b - a != t->size * sizeof(float)) {
-      snprintf(err, errlen, "%s: tensor %s is missing or not F32 of shape %s", path, t->name, shape);
-      goto out;
+  for (size_t p = 0; p < n_parts; p++)
+    for (size_t i = 0; i < m->n_tensors; i++) {
+      const model_tensor *t = &m->tensors[i];
+      char key[128], shape[64], want[160];
+      snprintf(key, sizeof key, "\"%s%s\":{", parts[p].prefix, t->name);
+      if (t->rows == 1) snprintf(shape, sizeof shape, "[%zu]", t->cols);
+      else snprintf(shape, sizeof shape, "[%zu,%zu]", t->rows, t->cols);
+      snprintf(want, sizeof want, "\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[", shape);
+      const char *k = strstr(h, key);
+      unsigned long long a, b;
+      if (!k || strncmp(k + strlen(key), want, strlen(want)) ||
+          sscanf(k + strlen(key) + strlen(want), "%llu,%llu", &a, &b) != 2 ||
+          b - a != t->size * sizeof(float)) {
+        snprintf(err, errlen, "%s: tensor %s%s is missing or not F32 of shape %s", path,
+                 parts[p].prefix, t->name, shape);
+        goto out;
+      }
+      if (fseek(f, (long)(8 + n + a), SEEK_SET) ||
+          fread(parts[p].data + t->offset, sizeof(float), t->size, f) != t->size) {
+        snprintf(err, errlen, "%s: tensor %s%s: data_offsets [%llu, %llu] beyond the file", path,
+                 parts[p].prefix, t->name, a, b);
+        goto out;
+      }
     }
-    if (fseek(f, (long)(8 + n + a), SEEK_SET) ||
-        fread(m->params + t->offset, sizeof(float), t->size, f) != t->size) {
-      snprintf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu] beyond the file", path,
-               t->name, a, b);
-      goto out;
-    }
-  }
   rc = 0;
 out:
   free(h);
@@ -475,32 +548,45 @@ static double eval_loss(model *m, const data_set *d, size_t lo, size_t hi, size_
   return s / (double)batches;
 }
 
-int main(int argc, char **argv) {
-  options o;
-  int rc = parse(argc, argv, &o);
-  if (rc) return rc;
-  data_set data;
-  char err[1024];
-  if (o.data) {
-    rc = data_load(&data, o.data, err, sizeof err);
-    if (rc) {
-      fprintf(stderr, "train: %s\n", err);
-      return rc;
-    }
-  } else if (data_builtin(&data, o.corpus_bytes, 1)) {
-    fprintf(stderr, "train: out of memory for the corpus\n");
-    return 1;
+/* Per layer kind and metric (forward, dependency, update): the sum of the logs and the count
+ * of the finite positive values over the kind's layers and the measured steps of the last
+ * quarter of a run; their geometric mean is what a width sweep compares across widths. */
+enum { N_KINDS = 6 };
+typedef struct {
+  double log_sum[N_KINDS][3];
+  size_t count[N_KINDS][3];
+} kind_means;
+
+static void kind_means_add(kind_means *k, const stab_monitor *mon) {
+  for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
+    const stab_metrics *x = stab_monitor_metrics(mon, i);
+    int kind = (int)stab_monitor_layer(mon, i)->kind;
+    const double v[3] = {x->forward, x->dependency, x->update};
+    for (int j = 0; j < 3; j++)
+      if (kind >= 0 && kind < N_KINDS && isfinite(v[j]) && v[j] > 0)
+        k->log_sum[kind][j] += log(v[j]), k->count[kind][j]++;
   }
+}
+
+static double kind_mean(const kind_means *k, int kind, int metric) {
+  return k->count[kind][metric] ? exp(k->log_sum[kind][metric] / (double)k->count[kind][metric])
+                                : NAN;
+}
+
+/* One training run with the options o; the sweep gives each run its width and directory.
+ * means, when not NULL, receives the last quarter's per-kind metrics. Returns the exit status. */
+static int train_run(const options *opts, const data_set *data, kind_means *means) {
+  const options o = *opts;
+  int rc;
   /* The last tenth is held out for the final evaluation. */
-  size_t split = data.n - data.n / 10, B = o.batch, T = o.context;
-  if (data.n / 10 < T + 1 || split < T + 1) {
-    fprintf(stderr, "train: %s is too short for context %zu (needs %zu tokens)\n", data.what, T,
+  size_t split = data->n - data->n / 10, B = o.batch, T = o.context;
+  if (data->n / 10 < T + 1 || split < T + 1) {
+    fprintf(stderr, "train: %s is too short for context %zu (needs %zu tokens)\n", data->what, T,
             10 * (T + 1));
-    data_free(&data);
     return 2;
   }
   model m;
-  model_config mc = {.vocab = data.vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
+  model_config mc = {.vocab = data->vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
                      .context = T, .biases = o.biases, .untied = o.untied};
   optim opt = {0};
   stab_monitor *mon = NULL;
@@ -512,7 +598,7 @@ int main(int argc, char **argv) {
   int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
   if ((rc = model_create(&m, &mc)) || model_reserve(&m, B, T) || !tok || !tgt) {
     fprintf(stderr, "train: %s\n", rc == -1 ? "bad model shape" : "out of memory for the model");
-    data_free(&data), free(tok), free(tgt), model_free(&m);
+    free(tok), free(tgt), model_free(&m);
     return 1;
   }
   rc = 1;
@@ -520,7 +606,8 @@ int main(int argc, char **argv) {
   size_t start = 0;
   if (o.resume) {
     char msg[1024];
-    int lrc = load_safetensors(&m, o.resume, &start, msg, sizeof msg);
+    ckpt_part weights = {"", m.params};
+    int lrc = load_safetensors(&m, o.resume, &weights, 1, &start, msg, sizeof msg);
     if (!lrc && start >= o.steps)
       snprintf(msg, sizeof msg, "%s is at step %zu, not before --steps %zu", o.resume, start,
                o.steps), lrc = 2;
@@ -529,13 +616,36 @@ int main(int argc, char **argv) {
       rc = lrc;
       goto out;
     }
-    fprintf(stderr, "train: resuming from %s at step %zu%s\n", o.resume, start,
-            o.optimizer == OPTIM_ADAMW ? " (AdamW moments start again from 0)" : "");
   }
   optim_params op = optim_default_params(o.optimizer);
   if (optim_create(&opt, &op, m.tensors, m.n_tensors, m.n_params)) {
     fprintf(stderr, "train: out of memory for the optimizer\n");
     goto out;
+  }
+  if (o.resume) {
+    /* AdamW goes on with the moments saved beside the checkpoint, as if never stopped;
+     * without them it starts its moments (and their bias correction) again from 0. */
+    char mpath[4300], msg[4600];
+    const char *how = "";
+    struct stat sb;
+    if (opt.m && (moments_path(mpath, sizeof mpath, o.resume) || stat(mpath, &sb))) {
+      how = " (no AdamW moments beside it: they start again from 0)";
+    } else if (opt.m) {
+      ckpt_part moments[2] = {{"exp_avg.", opt.m}, {"exp_avg_sq.", opt.v}};
+      size_t mstep = 0;
+      int lrc = load_safetensors(&m, mpath, moments, 2, &mstep, msg, sizeof msg);
+      if (!lrc && mstep != start)
+        snprintf(msg, sizeof msg, "%s is at step %zu, its checkpoint at %zu", mpath, mstep, start),
+            lrc = 2;
+      if (lrc) {
+        fprintf(stderr, "train: cannot resume: %s\n", msg);
+        rc = lrc;
+        goto out;
+      }
+      opt.step = (long)start;
+      how = " with its AdamW moments";
+    }
+    fprintf(stderr, "train: resuming from %s at step %zu%s\n", o.resume, start, how);
   }
   if (o.metrics_every) {
     stab_monitor_params mp = stab_monitor_default_params();
@@ -547,7 +657,7 @@ int main(int argc, char **argv) {
   fprintf(stderr,
           "train: %s\ntrain: model V=%zu D=%zu L=%zu H=%zu T=%zu, %zu parameters (%s head%s); "
           "%s, lr %g, warmup %zu, batch %zu x %zu, %zu steps\n",
-          data.what, m.c.vocab, o.width, o.depth, o.heads, T, m.n_params,
+          data->what, m.c.vocab, o.width, o.depth, o.heads, T, m.n_params,
           o.untied ? "untied" : "tied", o.biases ? ", biases" : "",
           o.optimizer == OPTIM_ADAMW ? "adamw (init std 0.02)" : "steepest (articles' init)",
           o.lr, o.warmup, B, T, o.steps);
@@ -577,7 +687,8 @@ int main(int argc, char **argv) {
     tp.layer_extras = layer_extras;
     tp.n_layer_extras = 2;
     tp.on_error = o.trace_errors;
-    tp.append = o.resume != NULL; /* a resumed run continues its trace */
+    tp.append = o.resume != NULL; /* a resumed run continues its trace, */
+    tp.resume_step = (int64_t)start; /* replacing the rows of the steps it redoes */
     if (stab_trace_open(trace_path, mon, &tp, &trace) != STAB_OK) {
       fprintf(stderr, "train: trace: %s\n", stab_last_error());
       goto out;
@@ -601,10 +712,10 @@ int main(int argc, char **argv) {
   int measured = 0;
   double t0 = now(), last_draw = 0, first_loss = NAN, loss = NAN, measure_time = 0;
   for (size_t step = 0; step < start; step++) /* the batches of the steps already taken */
-    data_batch(&data, &rng, 0, split, B, T, tok, tgt);
+    data_batch(data, &rng, 0, split, B, T, tok, tgt);
   for (size_t step = start; step < o.steps; step++) {
     double lr = lr_at(&o, step);
-    data_batch(&data, &rng, 0, split, B, T, tok, tgt);
+    data_batch(data, &rng, 0, split, B, T, tok, tgt);
     loss = model_forward(&m, tok, tgt, B, T);
     if (step == start) first_loss = loss;
     if (!isfinite(loss)) {
@@ -633,6 +744,7 @@ int main(int argc, char **argv) {
         goto out;
       }
       check_alarms(mon, o.alarm, step + 1, tty, alarmed);
+      if (means && step + 1 > o.steps - o.steps / 4) kind_means_add(means, mon);
       double act_rms[256], act_cos1[256]; /* depth <= 256 */
       for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act_rms[l], &act_cos1[l]);
       if (trace) {
@@ -659,7 +771,7 @@ int main(int argc, char **argv) {
     if (o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
       char name[64];
       snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
-      if (checkpoint(&m, &o, name, step + 1)) goto out;
+      if (checkpoint(&m, &opt, &o, name, step + 1)) goto out;
     }
     double t = now(), el = t - t0;
     int last = step + 1 == o.steps;
@@ -680,7 +792,7 @@ int main(int argc, char **argv) {
   }
   double elapsed = now() - t0;
   if (tty) fputc('\n', stderr);
-  double val = eval_loss(&m, &data, split, data.n, B, T, tok, tgt, 8);
+  double val = eval_loss(&m, data, split, data->n, B, T, tok, tgt, 8);
   printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",
          first_loss, loss, val, val / log(2.0));
   printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed,
@@ -722,7 +834,7 @@ int main(int argc, char **argv) {
            trace_path, (long long)rows, failed ? " before a write failed" : "", trace_path);
   }
   if (o.out) {
-    if (checkpoint(&m, &o, "model.safetensors", o.steps)) goto out;
+    if (checkpoint(&m, &opt, &o, "model.safetensors", o.steps)) goto out;
     printf("checkpoint: %s/model.safetensors\n", o.out);
   }
   rc = 0;
@@ -735,7 +847,78 @@ out:
   stab_monitor_free(mon);
   optim_free(&opt);
   model_free(&m);
-  data_free(&data);
   free(tok), free(tgt);
+  return rc;
+}
+
+/* The width sweep's result: per layer kind and metric, the last quarter's geometric mean at
+ * each width and the least-squares slope of log(metric) against log(width). A slope near 0
+ * means the metric does not change with width, which is what a stable parametrisation gives. */
+static void print_sweep(const options *o, const kind_means *means) {
+  static const char *const metric[3] = {"forward", "dependency", "update"};
+  printf("sweep (%s): geometric mean over each kind's layers and the measured steps of the last "
+         "quarter, against width\n%-10s %-10s", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
+         "kind", "metric");
+  for (size_t w = 0; w < o->n_sweep; w++) printf(" %9zu", o->sweep[w]);
+  printf("  log-log slope\n");
+  for (int k = 0; k < N_KINDS; k++)
+    for (int j = 0; j < 3; j++) {
+      double sx = 0, sy = 0, sxx = 0, sxy = 0;
+      size_t n = 0;
+      for (size_t w = 0; w < o->n_sweep; w++) {
+        double v = kind_mean(&means[w], k, j);
+        if (!isfinite(v)) continue;
+        double x = log((double)o->sweep[w]), y = log(v);
+        sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
+      }
+      if (!n) continue; /* no layer of this kind, or a metric it does not have */
+      printf("%-10s %-10s", stab_kind_name((stab_kind)k), metric[j]);
+      for (size_t w = 0; w < o->n_sweep; w++) printf(" %9.4g", kind_mean(&means[w], k, j));
+      double den = (double)n * sxx - sx * sx;
+      if (n >= 2 && den > 0) printf("  %+.3f\n", ((double)n * sxy - sx * sy) / den);
+      else printf("  -\n");
+    }
+}
+
+int main(int argc, char **argv) {
+  options o;
+  int rc = parse(argc, argv, &o);
+  if (rc) return rc;
+  data_set data;
+  char err[1024];
+  if (o.data) {
+    rc = data_load(&data, o.data, err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "train: %s\n", err);
+      return rc;
+    }
+  } else if (data_builtin(&data, o.corpus_bytes, 1)) {
+    fprintf(stderr, "train: out of memory for the corpus\n");
+    return 1;
+  }
+  if (!o.n_sweep) {
+    rc = train_run(&o, &data, NULL);
+  } else {
+    kind_means means[16];
+    char dir[4096];
+    memset(means, 0, sizeof means);
+    for (size_t w = 0; w < o.n_sweep && !rc; w++) {
+      options run = o;
+      run.width = o.sweep[w];
+      if (snprintf(dir, sizeof dir, "%s/width-%zu", o.out, run.width) >= (int)sizeof dir) {
+        fprintf(stderr, "train: --out is too long\n");
+        rc = 2;
+        break;
+      }
+      run.out = dir;
+      fprintf(stderr, "train: sweep: width %zu (%zu of %zu) into %s\n", run.width, w + 1,
+              o.n_sweep, dir);
+      printf("== width %zu: %s\n", run.width, dir);
+      fflush(stdout);
+      rc = train_run(&run, &data, &means[w]);
+    }
+    if (!rc) print_sweep(&o, means);
+  }
+  data_free(&data);
   return rc;
 }

@@ -444,6 +444,10 @@ typedef struct {
                              existing trace (created if missing), adding rows after its last; it is
                              refused if its layers (names, kinds, d_in, d_out, heads), scalars or
                              layer extras differ from these */
+  int64_t resume_step;    /* with append: when > 0, the rows whose step is greater than this are
+                             removed first, so a run resumed from an earlier checkpoint replaces
+                             the steps it redoes instead of repeating them; 0 keeps every row
+                             (default). Ignored without append */
 } stab_trace_params;
 
 /* The defaults above (no scalars, no extras, run_config NULL). */

@@ -485,6 +485,29 @@ static stab_status dataset_rows(const builder *b, hid_t d, hsize_t *n) {
   return STAB_OK;
 }
 
+/* Cuts every dataset back to the rows whose step is at most b->p->resume_step: the steps a
+ * resumed run is about to redo. Steps only grow along /step, so those rows are a prefix. */
+static stab_status drop_rows_after(stab_trace *t, const builder *b, hsize_t *rows) {
+  int64_t *steps = malloc(*rows * sizeof *steps);
+  if (!steps) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+  stab_status st = STAB_OK;
+  if (H5Dread(t->dsets[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0) {
+    st = h5fail(b->who, b->path, "cannot read /step");
+    goto out;
+  }
+  hsize_t keep = 0;
+  while (keep < *rows && steps[keep] <= b->p->resume_step) keep++;
+  for (size_t k = 0; keep < *rows && k < t->n_dsets; k++)
+    if (H5Dset_extent(t->dsets[k], &keep) < 0) {
+      st = h5fail(b->who, b->path, "cannot remove the rows after the resumed step");
+      goto out;
+    }
+  *rows = keep;
+out:
+  free(steps);
+  return st;
+}
+
 static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames) {
   const stab_trace_params *p = b->p;
   const char *who = b->who, *path = b->path;
@@ -550,6 +573,7 @@ static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *
       goto out;
     }
   }
+  if (p->resume_step > 0 && rows > 0 && (st = drop_rows_after(t, b, &rows)) != STAB_OK) goto out;
   t->written = (int64_t)rows;
 out:
   if (scalars >= 0) H5Gclose(scalars);

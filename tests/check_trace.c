@@ -486,6 +486,45 @@ START_TEST(test_append_resume) {
 }
 END_TEST
 
+/* A run resumed from an earlier checkpoint: the rows after its step are removed (steps 30 and
+ * 40 of five rows 0..40 when resuming at 25) and the new rows take their place; a resume_step
+ * past the last row keeps them all. */
+START_TEST(test_append_drops_redone_rows) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 13, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 11);
+  row_want want[ROWS];
+  stab_trace_params p = trace_params(1);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("redo.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  write_rows(t, m, &md, &r, want, 0, 5);
+  TU_ASSERT_OK(stab_trace_close(t));
+
+  p.append = 1;
+  p.resume_step = 1000; /* after the last row: nothing removed */
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 5);
+  TU_ASSERT_OK(stab_trace_close(t));
+
+  p.resume_step = 25;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 3);
+  write_rows(t, m, &md, &r, want, 3, ROWS - 3); /* steps 30..60 again, other values */
+  TU_ASSERT_OK(stab_trace_close(t));
+
+  hid_t f = open_read(path, 0);
+  check_file(f, &md, want, ROWS);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
 /* A monitor whose layers or names differ is refused, naming the difference, and the trace is
  * left as it was. */
 START_TEST(test_append_mismatch) {
@@ -893,6 +932,7 @@ static Suite *trace_suite(void) {
   tcase_add_loop_test(tc, test_schema_and_values, 0, 3);
   tcase_add_test(tc, test_flush_visible);
   tcase_add_test(tc, test_append_resume);
+  tcase_add_test(tc, test_append_drops_redone_rows);
   tcase_add_test(tc, test_append_mismatch);
   tcase_add_test(tc, test_one_writer);
   tcase_add_test(tc, test_kill9);

@@ -79,6 +79,36 @@ cmp -s "$tmp/full/model.safetensors" "$tmp/resumed/model.safetensors" ||
   fail "the resumed run differs from the straight one"
 [ "$(rows "$tmp/resumed/trace.h5" /step)" = 4 ] && [ "$(first "$tmp/resumed/trace.h5" /step)" = 5 ] ||
   fail "the resumed run's trace: $(rows "$tmp/resumed/trace.h5" /step) rows from step $(first "$tmp/resumed/trace.h5" /step); expected 4 from step 5"
+# AdamW keeps its moments beside each checkpoint (.adamw): resumed, it is the same run too.
+expect 0 "adamw to step 8" $train $small --steps 8 --untied --checkpoint-every 4 --out "$tmp/afull"
+[ -s "$tmp/afull/step-000004.adamw" ] && [ -s "$tmp/afull/model.adamw" ] || fail "no .adamw moments"
+cp "$tmp/afull/trace.h5" "$tmp/afull-trace.h5"
+# resumed into the same directory: the trace's steps 5..8 are replaced, not repeated
+expect 0 "adamw resume at step 4" $train $small --steps 8 --untied \
+  --resume "$tmp/afull/step-000004.safetensors" --out "$tmp/afull"
+grep -q "at step 4 with its AdamW moments" "$tmp/err" || fail "moments not announced: $(cat "$tmp/err")"
+cmp -s "$tmp/afull/model.safetensors" "$tmp/full/model.safetensors" &&
+  fail "adamw and steepest gave the same weights"
+[ "$(h5dump -d /step "$tmp/afull/trace.h5" | grep '(0):')" = "   (0): 1, 2, 3, 4, 5, 6, 7, 8" ] ||
+  fail "resumed trace steps: $(h5dump -d /step "$tmp/afull/trace.h5" | grep '(0):')"
+for d in /layers/transformer.h.0.mlp.c_fc/update /layers/lm_head/forward /scalars/loss; do
+  [ "$(h5dump -d $d "$tmp/afull/trace.h5" | grep -A3 DATA)" = \
+    "$(h5dump -d $d "$tmp/afull-trace.h5" | grep -A3 DATA)" ] ||
+    fail "resumed trace $d differs from the straight run's"
+done
+expect 0 "adamw straight to step 8, elsewhere" $train $small --steps 8 --untied --out "$tmp/astraight"
+cmp -s "$tmp/afull/model.safetensors" "$tmp/astraight/model.safetensors" ||
+  fail "the adamw run resumed with its moments differs from the straight one"
+cmp -s "$tmp/afull/model.adamw" "$tmp/astraight/model.adamw" || fail "the moments differ"
+mv "$tmp/afull/step-000004.adamw" "$tmp/moments"
+expect 0 "adamw resume without moments" $train $small --steps 8 --untied \
+  --resume "$tmp/afull/step-000004.safetensors" --out "$tmp/anomom"
+grep -q "no AdamW moments beside it" "$tmp/err" || fail "missing moments not said: $(cat "$tmp/err")"
+cp "$tmp/afull/model.adamw" "$tmp/afull/step-000004.adamw"
+expect 2 "moments of another step" $train $small --steps 8 --untied \
+  --resume "$tmp/afull/step-000004.safetensors" --out "$tmp/anomom"
+grep -q "step-000004.adamw is at step 8, its checkpoint at 4" "$tmp/err" ||
+  fail "moments step mismatch message: $(cat "$tmp/err")"
 mkdir -p "$tmp/ro" && chmod 555 "$tmp/ro"
 if [ ! -w "$tmp/ro" ]; then # root writes anywhere: the check needs another user
   expect 1 "a trace that cannot be created" $train $small --steps 2 --out "$tmp/ro"
@@ -93,6 +123,21 @@ grep -q "model.safetensors: tensor transformer.wte.weight is missing or not F32 
   "$tmp/err" || fail "width mismatch message: $(cat "$tmp/err")"
 expect 1 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
 unset OPENBLAS_NUM_THREADS
+# The width sweep: one run per width into DIR/width-W, then per kind the last quarter's
+# geometric mean against width and its log-log slope (recomputed below from the traces).
+expect 2 "sweep without --out" $train $small --sweep-widths 16,32
+expect 2 "sweep with one width" $train $small --sweep-widths 16 --out "$tmp/sw"
+expect 2 "sweep not increasing" $train $small --sweep-widths 32,16 --out "$tmp/sw"
+expect 2 "sweep width not divisible by heads" $train $small --sweep-widths 16,33 --out "$tmp/sw"
+expect 0 "width sweep" $train $small --steps 12 --sweep-widths 16,32,64 --optimizer steepest \
+  --untied --out "$tmp/sw"
+cp "$tmp/out" "$tmp/sweep.txt"
+for w in 16 32 64; do
+  [ "$(rows "$tmp/sw/width-$w/trace.h5" /step)" = 12 ] || fail "sweep: no 12-row trace at width $w"
+  [ -s "$tmp/sw/width-$w/model.safetensors" ] || fail "sweep: no checkpoint at width $w"
+done
+grep -Eq "^linear +update +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[-+][0-9.]+$" "$tmp/sweep.txt" ||
+  fail "sweep: no linear update row: $(cat "$tmp/sweep.txt")"
 expect 0 "no monitor" $train $small --steps 5 --metrics-every 0
 if grep -q "max fwd" "$tmp/err"; then fail "--metrics-every 0 still measured"; fi
 
@@ -127,5 +172,34 @@ print("safetensors: %d tensors, %d bytes of data: ok" % (len(h), end))
 PY
 else
   echo "python3 not found: the safetensors header is not parsed"
+fi
+if /usr/bin/python3 -c "import h5py, numpy" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp/sw" "$tmp/sweep.txt" <<'PY' || fail "sweep slopes against the traces"
+import sys, h5py, numpy as np
+root, table = sys.argv[1], open(sys.argv[2]).read().splitlines()
+widths = [16, 32, 64]
+printed = {}
+for line in table:
+    f = line.split()
+    if len(f) == 6 and f[0] in ("linear", "embedding", "lm_head", "gain", "attention"):
+        printed[(f[0], f[1])] = [float(x) for x in f[2:5]] + [float(f[5])]
+assert printed, table
+for (kind, metric), want in printed.items():
+    means = []
+    for w in widths:
+        with h5py.File("%s/width-%d/trace.h5" % (root, w), "r") as h:
+            step = h["step"][:]
+            tail = step > step.max() - step.max() // 4
+            vals = []
+            for g in h["layers"].values():
+                if g.attrs["kind"] == kind:
+                    v = g[metric][:][tail]
+                    vals += list(v[np.isfinite(v) & (v > 0)])
+            means.append(np.exp(np.mean(np.log(vals))))
+    slope = np.polyfit(np.log(widths), np.log(means), 1)[0]
+    assert np.allclose(means, want[:3], rtol=2e-3), (kind, metric, means, want)
+    assert abs(slope - want[3]) < 2e-3, (kind, metric, slope, want[3])
+print("sweep: %d kind/metric slopes match the traces" % len(printed))
+PY
 fi
 exit $status
