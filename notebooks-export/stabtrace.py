@@ -91,14 +91,28 @@ def output_dir():
     return out
 
 
-def save_figure(fig, name):
-    """Writes FIG as OUT/NAME.png at a fixed DPI (the size in pixels is the figure's size in
-    inches times DPI) and says where; returns the path."""
+def save_figure(fig, name, show=True):
+    """Writes FIG as OUT/NAME.png at DPI dots per inch and prints its path and size in pixels.
+    In a notebook (show=True) the cell then shows that very PNG and the figure is closed, so it
+    is drawn once, not again by the inline backend. Returns nothing (no Out[] line)."""
     path = os.path.join(output_dir(), name + ".png")
     fig.savefig(path, dpi=DPI, facecolor="white")
-    w, h = fig.get_size_inches() * DPI
-    print("figure: %s (%d x %d px)" % (path, round(w), round(h)))
-    return path
+    with open(path, "rb") as f:
+        w, h = struct.unpack(">II", f.read(24)[16:24])  # the PNG header's IHDR width and height
+    print("figure: %s (%d x %d px)" % (path, w, h))
+    if in_kernel() and show:
+        import matplotlib.pyplot as plt
+        from IPython.display import Image, display
+        display(Image(filename=path))
+        plt.close(fig)
+
+
+def png_bytes(fig):
+    """FIG rendered as PNG, as save_figure writes it."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
+    return buf.getvalue()
 
 
 def natural_key(name):
@@ -202,6 +216,8 @@ def run_title(config, path=None):
     """One line naming the run from its run_config: optimizer, model shape, steps, seed, file."""
     m = config.get("model", {})
     parts = [str(config.get("optimizer", "?"))]
+    if not isinstance(m, dict):  # a writer that names its model instead of describing it
+        parts, m = ["model %s" % m] + ([str(config["optimizer"])] if "optimizer" in config else []), {}
     if "width" in m:
         parts.append("width %s" % m["width"])
     if "depth" in m:

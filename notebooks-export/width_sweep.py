@@ -38,7 +38,8 @@ runs = {}  # (optimizer, width) -> trace path
 configs = []
 for path in st.sweep_traces(SWEEP):
     tr = st.read_trace(path, metrics=st.METRICS)
-    opt, width = tr.config.get("optimizer"), tr.config.get("model", {}).get("width")
+    model = tr.config.get("model")
+    opt, width = tr.config.get("optimizer"), model.get("width") if isinstance(model, dict) else None
     if opt is None or width is None:
         raise st.InputError("trace %s: run_config has no optimizer or model.width" % path)
     if (opt, width) in runs:
@@ -62,13 +63,13 @@ for opt in optimizers:
     print("%s: widths %s" % (opt, ", ".join(str(w) for o, w in sorted(runs) if o == opt)))
 
 # What the runs share (besides width and optimizer) names them in the title.
-shared = dict(configs[0], optimizer=None, model=dict(configs[0].get("model", {}), width=None))
+shared = dict(configs[0], optimizer=None, model=dict(configs[0]["model"], width=None))
 for c in configs[1:]:
     for key in list(shared):
         if key not in ("optimizer", "model") and c.get(key) != shared[key]:
             shared.pop(key)
     for key in list(shared["model"]):
-        if c.get("model", {}).get(key) != shared["model"].get(key):
+        if c["model"].get(key) != shared["model"].get(key):
             shared["model"].pop(key)
 shared["model"].pop("width", None)
 shared.pop("optimizer")
