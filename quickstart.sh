@@ -9,6 +9,8 @@ cd "$(dirname "$0")"
 
 packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py)
+# notebooks-export/ (make notebooks, tests/notebooks.sh)
+packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
 
 install_missing() {
   local missing=() p
