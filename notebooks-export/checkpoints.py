@@ -70,7 +70,10 @@ def series(key, metric):
 
 
 first = reports[0]
-title = "%d checkpoint%s, %s .. %s" % (len(reports), "s" if len(reports) > 1 else "", col_names[0], col_names[-1])
+if len(reports) > 1:
+    title = "%d checkpoints, %s .. %s" % (len(reports), col_names[0], col_names[-1])
+else:
+    title = "1 checkpoint, %s" % col_names[0]
 title += " · " + os.path.dirname(os.path.abspath(first.get("checkpoint") or ckpts[0][0]))
 print(title)
 
@@ -164,7 +167,9 @@ for col, (ax, metric) in enumerate(zip(axes, st.METRICS)):
     if np.isfinite([series(k, metric) for k in keys]).any():
         st.log_axis(ax, "x")
     else:
-        ax.text(0.5, 0.5, "no values", transform=ax.transAxes, ha="center", color="0.4")
+        ax.text(0.5, 0.5, "no values%s" % ("\n(update needs two checkpoints)" if metric == "update" else ""),
+                transform=ax.transAxes, ha="center", va="center", color="0.4")
+        ax.set_xticks([])
     ax.grid(alpha=0.3, which="both", axis="x")
     ax.set_title(metric + " stability", fontsize=11)
     ax.set_xlabel("%s (%s)" % (metric, st.METRIC_UNIT), fontsize=9)
