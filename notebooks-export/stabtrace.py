@@ -484,7 +484,7 @@ def _plain_log_formatter(minor_thresholds=None):
 
     class Plain(LogFormatter):
         def __call__(self, x, pos=None):
-            return "%.3g" % x if super().__call__(x, pos) else ""
+            return "%g" % x if super().__call__(x, pos) else ""
 
     if minor_thresholds is None:
         return Plain(labelOnlyBase=False)

@@ -90,9 +90,9 @@ for opt in optimizers:
             if not pts:
                 continue
             w = sorted(pts)
-            slopes[opt, kind, metric] = round(st.loglog_slope(w, [pts[x] for x in w]), 6) + 0.0  # no -0
+            slopes[opt, kind, metric] = st.loglog_slope(w, [pts[x] for x in w])
             print("slope %-9s %-10s %-10s %+.4f   (%s)" % (
-                opt, kind, metric, slopes[opt, kind, metric],
+                opt, kind, metric, round(slopes[opt, kind, metric], 4) + 0.0,  # + 0.0: no "-0.0000"
                 ", ".join("%d: %.4g" % (x, pts[x]) for x in w)))
 
 # %% [markdown]
@@ -121,7 +121,7 @@ for r, metric in enumerate(st.METRICS):
             w = sorted(pts)
             ax.plot(w, st.positive([pts[x] for x in w]), marker=st.KIND_MARKERS.get(kind, "o"),
                     color=st.KIND_COLORS.get(kind), lw=1.6, ms=7, mfc="none", mew=1.6,
-                    label="%s: slope %+.2f" % (kind, slopes[opt, kind, metric]))
+                    label="%s: slope %+.2f" % (kind, round(slopes[opt, kind, metric], 2) + 0.0))
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(widths))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
