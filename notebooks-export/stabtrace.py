@@ -41,11 +41,26 @@ class InputError(Exception):
     """An input the notebook cannot use; the message names it and what was wrong."""
 
 
+def _input_error_hook(kind, value, tb, _default=sys.excepthook):
+    """Run as a script, an InputError is a one-line message and exit status 2 (bad input), not
+    a traceback; anything else is reported as usual."""
+    if not issubclass(kind, InputError):
+        return _default(kind, value, tb)
+    sys.stdout.flush()
+    sys.stderr.write("%s: %s\n" % (os.path.basename(sys.argv[0]) or "stabtrace", value))
+    sys.stderr.flush()
+    os._exit(2)
+
+
 # ---- inputs -----------------------------------------------------------------------------------
 
 def in_kernel():
     """True when running inside a Jupyter kernel (sys.argv is then the kernel's, not ours)."""
     return "ipykernel" in sys.modules and "ipykernel_launcher" in (sys.argv[0] if sys.argv else "")
+
+
+if not in_kernel():
+    sys.excepthook = _input_error_hook
 
 
 def setting(env, default, position=None):

@@ -212,6 +212,12 @@ STAB_OUT="$tmp/plain" STAB_LIVE_IDLE=1 STAB_LIVE_EVERY=0.2 "$py" "$src/notebooks
 grep -q "stopped: no new step for 1 s" "$tmp/live.txt" && grep -q "^final rows: 24 (steps 1..24)" "$tmp/live.txt" ||
   fail "live.py on a finished 24-step trace: $(cat "$tmp/live.txt")"
 
+# Bad input, as a plain script: one line naming it, exit 2.
+"$py" "$src/notebooks-export/trace.py" "$tmp/none.h5" >"$tmp/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "^trace.py: trace $tmp/none.h5: no such file" "$tmp/bad.txt" ||
+  fail "trace.py on a missing file: exit $rc, $(cat "$tmp/bad.txt")"
+
 alarm=1.2
 STAB_OUT="$tmp/plain" STAB_ALARM=$alarm "$py" "$src/notebooks-export/trace.py" "$tmp/nan.h5" >"$tmp/nan.txt" 2>&1 ||
   { fail "trace.py on the trace with NaN steps"; cat "$tmp/nan.txt"; }
