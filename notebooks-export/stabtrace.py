@@ -24,9 +24,6 @@ KIND_COLORS = {"embedding": "tab:blue", "linear": "tab:orange", "attention": "ta
 KIND_MARKERS = {"embedding": "s", "linear": "o", "attention": "^", "gain": "D", "bias": "v",
                 "lm_head": "P"}
 # Every metric is a ratio of RMS norms (dimensionless); the LM head's are bounds on a loss, in nats.
-METRIC_AXIS = {"forward": "forward  max‖f(x)‖_RMS",
-               "dependency": "dependency  Lipschitz const.",
-               "update": "update  max‖Δf(x)‖_RMS"}
 METRIC_UNIT = "RMS ratio; LM head: nats"
 
 # STAB_FLAG_* of include/stabmeter.h, as recorded in /layers/<layer>/flags.
@@ -227,28 +224,27 @@ def read_trace(path, metrics=None):
         return trace_from_file(f, path, metrics)
 
 
+# How run_config fields read in a title: (section, key, format); section None is the top level.
+_TITLE_FIELDS = ((None, "optimizer", "%s"), ("model", "width", "width %s"), ("model", "depth", "depth %s"),
+                 ("model", "heads", "%s heads"), (None, "lr", "lr %g"), (None, "steps", "%s steps"),
+                 (None, "seed", "seed %s"))
+
+
 def run_title(config, path=None):
-    """One line naming the run from its run_config: optimizer, model shape, steps, seed, file."""
-    m = config.get("model", {})
-    parts = [str(config.get("optimizer", "?"))]
-    if not isinstance(m, dict):  # a writer that names its model instead of describing it
-        parts, m = ["model %s" % m] + ([str(config["optimizer"])] if "optimizer" in config else []), {}
-    if "width" in m:
-        parts.append("width %s" % m["width"])
-    if "depth" in m:
-        parts.append("depth %s" % m["depth"])
-    if "heads" in m:
-        parts.append("%s heads" % m["heads"])
-    if "tied" in m:
-        parts.append("tied head" if m["tied"] else "untied head")
-    if m.get("biases"):
-        parts.append("biases")
-    if "lr" in config:
-        parts.append("lr %g" % config["lr"])
-    if "steps" in config:
-        parts.append("%s steps" % config["steps"])
-    if "seed" in config:
-        parts.append("seed %s" % config["seed"])
+    """One line naming the run from its run_config: optimizer, model shape, steps, seed, file.
+    Fields the config lacks are left out."""
+    model = config.get("model", {})
+    parts = []
+    if not isinstance(model, dict):  # a writer that names its model instead of describing it
+        parts, model = ["model %s" % model], {}
+    for section, key, fmt in _TITLE_FIELDS:
+        where = model if section == "model" else config
+        if key in where:
+            parts.append(fmt % where[key])
+        if key == "heads" and "tied" in model:
+            parts.append("tied head" if model["tied"] else "untied head")
+        if key == "heads" and model.get("biases"):
+            parts.append("biases")
     if path:
         parts.append(path)
     return " · ".join(parts)

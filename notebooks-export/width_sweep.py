@@ -63,17 +63,12 @@ for opt in optimizers:
     print("%s: widths %s" % (opt, ", ".join(str(w) for o, w in sorted(runs) if o == opt)))
 
 # What the runs share (besides width and optimizer) names them in the title.
-shared = dict(configs[0], optimizer=None, model=dict(configs[0]["model"], width=None))
-for c in configs[1:]:
-    for key in list(shared):
-        if key not in ("optimizer", "model") and c.get(key) != shared[key]:
-            shared.pop(key)
-    for key in list(shared["model"]):
-        if c["model"].get(key) != shared["model"].get(key):
-            shared["model"].pop(key)
-shared["model"].pop("width", None)
-shared.pop("optimizer")
-title = "%s; widths %s" % (st.run_title(shared).split(" · ", 1)[-1], ", ".join(map(str, widths)))
+first = configs[0]
+shared = {k: v for k, v in first.items()
+          if k not in ("optimizer", "model") and all(c.get(k) == v for c in configs)}
+shared["model"] = {k: v for k, v in first["model"].items()
+                   if k != "width" and all(c["model"].get(k) == v for c in configs)}
+title = "%s; widths %s" % (st.run_title(shared), ", ".join(map(str, widths)))
 print(title)
 
 # %% [markdown]
