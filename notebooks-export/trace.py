@@ -21,7 +21,7 @@ import stabtrace as st
 plt = st.pyplot()
 
 TRACE = st.setting("STAB_TRACE", "runs/demo/trace.h5", position=1)
-tr = st.read_trace(TRACE)
+tr = st.read_trace(TRACE, metrics=st.METRICS + ("flags",))  # not every extra: traces can be long
 n = len(tr)
 if n == 0:
     raise st.InputError("trace %s has no measured steps yet" % TRACE)
