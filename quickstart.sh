@@ -11,6 +11,8 @@ packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py)
 # The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
 packages+=(python3-pandas gnuplot-nox)
+# notebooks-export/ (make notebooks, tests/notebooks.sh)
+packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
 
 install_missing() {
   local missing=() p

@@ -1,0 +1,574 @@
+"""stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces (SPEC.md,
+"Trace (HDF5)") and probe reports ("Probe report"), their inputs, and the plotting conventions
+(kind colours, axis labels with units, titles naming the run)."""
+
+import glob
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+METRICS = ("forward", "dependency", "update")
+# The order kinds appear in a model, so rows of a figure read from input to output.
+KINDS = ("embedding", "linear", "attention", "gain", "bias", "lm_head")
+KIND_COLORS = {"embedding": "tab:blue", "linear": "tab:orange", "attention": "tab:red",
+               "gain": "tab:green", "bias": "tab:purple", "lm_head": "tab:brown"}
+# Markers tell kinds apart where their lines coincide.
+KIND_MARKERS = {"embedding": "s", "linear": "o", "attention": "^", "gain": "D", "bias": "v",
+                "lm_head": "P"}
+# Every metric is a ratio of RMS norms (dimensionless); the LM head's are bounds on a loss, in nats.
+METRIC_UNIT = "RMS ratio; LM head: nats"
+
+# STAB_FLAG_* of include/stabmeter.h, as recorded in /layers/<layer>/flags.
+FLAG_NAMES = {1: "non-finite weight", 2: "non-finite update", 4: "sigma not converged"}
+FLAG_NONFINITE = 1 | 2
+
+FIG_WIDTH_IN = 14.0  # every figure is this wide; at DPI dots per inch: 1400 px
+DPI = 100
+
+
+class InputError(Exception):
+    """An input the notebook cannot use; the message names it and what was wrong."""
+
+
+def _input_error_hook(kind, value, tb, _default=sys.excepthook):
+    """Run as a script, an InputError is a one-line message and exit status 2 (bad input), not
+    a traceback; anything else is reported as usual."""
+    if not issubclass(kind, InputError):
+        return _default(kind, value, tb)
+    sys.stdout.flush()
+    sys.stderr.write("%s: %s\n" % (os.path.basename(sys.argv[0]) or "stabtrace", value))
+    sys.stderr.flush()
+    os._exit(2)
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+def in_kernel():
+    """True when running inside a Jupyter kernel (sys.argv is then the kernel's, not ours)."""
+    return "ipykernel" in sys.modules and "ipykernel_launcher" in (sys.argv[0] if sys.argv else "")
+
+
+if not in_kernel():
+    sys.excepthook = _input_error_hook
+
+
+def setting(env, default, position=None):
+    """An input: the script's positional argument `position` (1-based; plain-script runs only),
+    else the environment variable `env` when set and non-empty, else `default`."""
+    if position is not None and not in_kernel() and len(sys.argv) > position:
+        return sys.argv[position]
+    value = os.environ.get(env, "")
+    return value if value.strip() else default
+
+
+def number_setting(env, default):
+    """A float input from the environment variable `env`, `default` when unset or empty."""
+    text = os.environ.get(env, "").strip()
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError("%s=%r is not a number" % (env, text)) from None
+
+
+def pyplot():
+    """matplotlib.pyplot, drawing to files only (Agg) unless a Jupyter kernel shows figures inline."""
+    import matplotlib
+    if not matplotlib.get_backend().lower().startswith("module://matplotlib_inline"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def unit(kind, metric):
+    """The unit of a metric of a layer kind: RMS ratios, except the LM head's bounds on a loss."""
+    if kind != "lm_head":
+        return "RMS ratio"
+    return "nats per unit RMS" if metric == "dependency" else "nats"
+
+
+def output_dir():
+    """Where figures go: $STAB_OUT, default notebooks-out/ (created)."""
+    out = setting("STAB_OUT", "notebooks-out")
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
+def save_figure(fig, name, show=True):
+    """Writes FIG as OUT/NAME.png at DPI dots per inch and prints its path and size in pixels.
+    In a notebook (show=True) the cell then shows that very PNG and the figure is closed, so it
+    is drawn once, not again by the inline backend. Returns nothing (no Out[] line)."""
+    path = os.path.join(output_dir(), name + ".png")
+    fig.savefig(path, dpi=DPI, facecolor="white")
+    with open(path, "rb") as f:
+        w, h = struct.unpack(">II", f.read(24)[16:24])  # the PNG header's IHDR width and height
+    print("figure: %s (%d x %d px)" % (path, w, h))
+    if in_kernel() and show:
+        import matplotlib.pyplot as plt
+        from IPython.display import Image, display
+        display(Image(filename=path))
+        plt.close(fig)
+
+
+def png_bytes(fig):
+    """FIG rendered as PNG, as save_figure writes it."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
+    return buf.getvalue()
+
+
+def natural_key(name):
+    """Sort key that puts h.2 before h.10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# ---- traces ---------------------------------------------------------------------------------
+
+class Layer:
+    """One /layers/<name> group: kind, attributes, and every per-step series (float64 [N])."""
+
+    def __init__(self, name, kind, attrs, series):
+        self.name, self.kind, self.attrs, self.series = name, kind, attrs, series
+
+    def get(self, metric, n):
+        """The series `metric`, or NaN x n when this layer does not record it."""
+        s = self.series.get(metric)
+        return s if s is not None else np.full(n, np.nan)
+
+
+class Trace:
+    """A trace read into memory: steps, wall_time, scalars, layers (in kind order, then name)."""
+
+    def __init__(self, path, config, steps, wall_time, scalars, layers):
+        self.path, self.config = path, config
+        self.steps, self.wall_time, self.scalars, self.layers = steps, wall_time, scalars, layers
+
+    def __len__(self):
+        return len(self.steps)
+
+    def kinds(self):
+        """The kinds present, in KINDS order (unknown kinds last)."""
+        present = {l.kind for l in self.layers}
+        return [k for k in KINDS if k in present] + sorted(present - set(KINDS))
+
+    def of_kind(self, kind):
+        return [l for l in self.layers if l.kind == kind]
+
+
+def _fit(values, n):
+    """A dataset's first n values as float64; NaN-padded when a writer was cut short."""
+    a = np.asarray(values, dtype=np.float64)[:n]
+    if len(a) < n:
+        a = np.concatenate([a, np.full(n - len(a), np.nan)])
+    return a
+
+
+def _attr(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def open_trace_file(path):
+    """Opens a trace for reading, in SWMR mode (also a file still being written, or a killed
+    writer's), falling back to a plain open for files written without SWMR."""
+    if not os.path.exists(path):
+        raise InputError("trace %s: no such file" % path)
+    try:
+        return h5py.File(path, "r", swmr=True)
+    except OSError:
+        try:
+            return h5py.File(path, "r")
+        except OSError as e:
+            raise InputError("trace %s: not readable as HDF5 (%s)" % (path, e)) from None
+
+
+def trace_from_file(f, path, metrics=None):
+    """Reads an open trace file. `metrics` limits which per-layer series are read (None: all)."""
+    fmt = _attr(f.attrs.get("format", ""))
+    if fmt != "stabmeter-trace":
+        raise InputError("trace %s: attribute format is %r, not 'stabmeter-trace'" % (path, fmt))
+    for need in ("step", "layers"):
+        if need not in f:
+            raise InputError("trace %s: no /%s" % (path, need))
+    try:
+        config = json.loads(_attr(f.attrs.get("run_config", "{}")) or "{}")
+    except ValueError as e:
+        raise InputError("trace %s: run_config is not JSON (%s)" % (path, e)) from None
+    steps = np.asarray(f["step"][:], dtype=np.int64)
+    n = len(steps)  # SPEC: every dataset is index-aligned with /step; it sets the row count
+    wall = _fit(f["wall_time"][:], n) if "wall_time" in f else np.full(n, np.nan)
+    scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items()} if "scalars" in f else {}
+    layers = []
+    for name, g in f["layers"].items():
+        attrs = {k: _attr(v) for k, v in g.attrs.items()}
+        series = {k: _fit(d[:], n) for k, d in g.items()
+                  if isinstance(d, h5py.Dataset) and (metrics is None or k in metrics)}
+        layers.append(Layer(name, attrs.get("kind", "?"), attrs, series))
+    order = {k: i for i, k in enumerate(KINDS)}
+    layers.sort(key=lambda l: (order.get(l.kind, len(KINDS)), natural_key(l.name)))
+    return Trace(path, config, steps, wall, scalars, layers)
+
+
+def read_trace(path, metrics=None):
+    """The whole trace at `path` (see trace_from_file)."""
+    with open_trace_file(path) as f:
+        return trace_from_file(f, path, metrics)
+
+
+# How run_config fields read in a title: (section, key, format); section None is the top level.
+_TITLE_FIELDS = ((None, "optimizer", "%s"), ("model", "width", "width %s"), ("model", "depth", "depth %s"),
+                 ("model", "heads", "%s heads"), (None, "lr", "lr %g"), (None, "steps", "%s steps"),
+                 (None, "seed", "seed %s"))
+
+
+def run_title(config, path=None):
+    """One line naming the run from its run_config: optimizer, model shape, steps, seed, file.
+    Fields the config lacks are left out."""
+    model = config.get("model", {})
+    parts = []
+    if not isinstance(model, dict):  # a writer that names its model instead of describing it
+        parts, model = ["model %s" % model], {}
+    for section, key, fmt in _TITLE_FIELDS:
+        where = model if section == "model" else config
+        if key in where:
+            parts.append(fmt % where[key])
+        if key == "heads" and "tied" in model:
+            parts.append("tied head" if model["tied"] else "untied head")
+        if key == "heads" and model.get("biases"):
+            parts.append("biases")
+    if path:
+        parts.append(path)
+    return " · ".join(parts)
+
+
+# ---- what a trace says --------------------------------------------------------------------
+
+def defined(values):
+    """True when a series has any finite value (NaN-only series are metrics a kind lacks)."""
+    return bool(np.isfinite(values).any())
+
+
+def nan_steps(trace):
+    """Indices of rows where training or measuring went non-finite: the loss, any layer's
+    forward stability (defined for every kind), or a non-finite-weight/update flag."""
+    n = len(trace)
+    bad = np.zeros(n, dtype=bool)
+    if "loss" in trace.scalars:
+        bad |= ~np.isfinite(trace.scalars["loss"])
+    for l in trace.layers:
+        fwd = l.get("forward", n)
+        if defined(fwd):
+            bad |= ~np.isfinite(fwd)
+        flags = np.nan_to_num(l.get("flags", n)).astype(np.int64)
+        bad |= (flags & FLAG_NONFINITE) != 0
+    return np.flatnonzero(bad)
+
+
+def flag_events(trace):
+    """Every (layer, row, flag bits) with non-zero flags."""
+    out = []
+    for l in trace.layers:
+        flags = np.nan_to_num(l.get("flags", len(trace))).astype(np.int64)
+        for i in np.flatnonzero(flags):
+            out.append((l, int(i), int(flags[i])))
+    return out
+
+
+def flag_text(bits):
+    return ", ".join(v for k, v in FLAG_NAMES.items() if bits & k) or "flags %d" % bits
+
+
+def alarm_threshold(trace):
+    """The alarm threshold on forward/dependency stability: $STAB_ALARM, else run_config's
+    "alarm" when the run recorded one, else None (no alarms)."""
+    x = number_setting("STAB_ALARM", None)
+    if x is None:
+        x = trace.config.get("alarm")
+    return float(x) if x else None
+
+
+def alarm_events(trace, threshold):
+    """Per layer, the first row where forward or dependency stability exceeds `threshold`,
+    as (layer, row, metric, value). The LM head is left aside, as harness/train does: its
+    forward bound holds log V and grows with the vocabulary, not with instability."""
+    out = []
+    if threshold is None:
+        return out
+    for l in trace.layers:
+        if l.kind == "lm_head":
+            continue
+        first = None
+        for metric in ("forward", "dependency"):
+            v = l.get(metric, len(trace))
+            over = np.flatnonzero(np.nan_to_num(v, nan=-np.inf) > threshold)
+            if len(over) and (first is None or over[0] < first[1]):
+                first = (l, int(over[0]), metric, float(v[over[0]]))
+        if first:
+            out.append(first)
+    return out
+
+
+def worst_layers(layers, metric, n, count=3):
+    """The `count` layers with the largest value of `metric` over all steps, with that value
+    and its row: [(layer, value, row)], largest first; layers without the metric left out."""
+    ranked = []
+    for l in layers:
+        v = l.get(metric, n)
+        if defined(v):
+            i = int(np.nanargmax(v))
+            ranked.append((l, float(v[i]), i))
+    ranked.sort(key=lambda t: -t[1])
+    return ranked[:count]
+
+
+def positive(values):
+    """Values fit for a log axis: non-positive and non-finite ones become NaN (gaps)."""
+    v = np.array(values, dtype=np.float64)
+    v[~(v > 0)] = np.nan
+    return v
+
+
+def tail_median(values, fraction=0.25):
+    """The median of the last `fraction` of a series' rows (at least one row), ignoring NaN;
+    NaN when none is finite. The coordinate check compares widths by this one number."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return math.nan
+    k = max(1, int(math.ceil(len(v) * fraction)))
+    tail = v[-k:]
+    tail = tail[np.isfinite(tail)]
+    return float(np.median(tail)) if len(tail) else math.nan
+
+
+def loglog_slope(x, y):
+    """Least-squares slope of log y against log x over the points where both are positive
+    and finite; NaN with fewer than two such points."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    if ok.sum() < 2 or len(set(x[ok])) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+
+
+# ---- width sweeps ---------------------------------------------------------------------------
+
+def sweep_traces(dirs):
+    """The traces of one or more sweep directories (each holding width-W/trace.h5; a directory
+    holding such sweep directories counts as all of them), as a list of paths."""
+    found = []
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise InputError("sweep %s: no such directory" % d)
+        here = glob.glob(os.path.join(d, "width-*", "trace.h5"))
+        here += glob.glob(os.path.join(d, "*", "width-*", "trace.h5"))
+        if not here:
+            raise InputError("sweep %s: no width-W/trace.h5 in it (make one with harness/train "
+                             "--width W --out %s/width-W for each W)" % (d, d))
+        found += here
+    return sorted(set(found), key=natural_key)
+
+
+# ---- probe reports --------------------------------------------------------------------------
+
+def safetensors_metadata(path):
+    """The __metadata__ of a safetensors file (empty when absent or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            if n > 100 << 20:
+                return {}
+            return json.loads(f.read(n)).get("__metadata__", {}) or {}
+    except (OSError, ValueError, struct.error):
+        return {}
+
+
+def checkpoint_step(path):
+    """A checkpoint's training step: safetensors metadata "steps" (harness/train writes it),
+    else the digits of a step-NNNNNN name, else None."""
+    steps = safetensors_metadata(path).get("steps") if os.path.exists(path) else None
+    if steps is not None and str(steps).isdigit():
+        return int(steps)
+    m = re.search(r"step[-_]?(\d+)", os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_list(items):
+    """Checkpoints and reports named by `items` (files; a directory stands for its
+    step-*.safetensors and model.safetensors), ordered by step, as (path, step) pairs."""
+    paths = []
+    for it in items:
+        if os.path.isdir(it):
+            here = glob.glob(os.path.join(it, "step-*.safetensors"))
+            here += glob.glob(os.path.join(it, "model.safetensors"))
+            if not here:
+                raise InputError("checkpoints %s: no step-*.safetensors or model.safetensors in it" % it)
+            paths += here
+        elif os.path.exists(it):
+            paths.append(it)
+        else:
+            raise InputError("checkpoint %s: no such file or directory" % it)
+    out = []
+    for p in paths:
+        if p.endswith(".json"):
+            try:
+                with open(p) as f:
+                    ckpt = json.load(f).get("checkpoint") or p
+            except (OSError, ValueError) as e:
+                raise InputError("report %s: not readable as JSON (%s)" % (p, e)) from None
+            step = checkpoint_step(ckpt)
+        else:
+            step = checkpoint_step(p)
+        out.append((p, step))
+    # Without steps, keep the order given.
+    if all(s is not None for _, s in out):
+        out.sort(key=lambda t: t[1])
+    seen, unique = set(), []
+    for p, s in out:
+        key = os.path.realpath(p)
+        if key not in seen:
+            seen.add(key)
+            unique.append((p, s))
+    return unique
+
+
+def probe_program():
+    """harness/probe to run: $STAB_PROBE, else ./harness/probe, else stabmeter-probe on PATH."""
+    p = os.environ.get("STAB_PROBE", "").strip()
+    if p:
+        return p
+    if os.access("harness/probe", os.X_OK):
+        return "./harness/probe"
+    return "stabmeter-probe"
+
+
+def load_report(text, where):
+    """A probe report from JSON text, checked against SPEC's "Probe report" shape."""
+    try:
+        r = json.loads(text)
+    except ValueError as e:
+        raise InputError("%s: not JSON (%s)" % (where, e)) from None
+    if r.get("format") != "stabmeter-probe":
+        raise InputError("%s: format is %r, not 'stabmeter-probe'" % (where, r.get("format")))
+    if not isinstance(r.get("layers"), list):
+        raise InputError("%s: no layers list" % where)
+    return r
+
+
+def probe_report(path, prev=None):
+    """The probe report of one checkpoint: read when `path` is a .json report, else the output
+    of `probe --json path [--prev prev]`."""
+    if path.endswith(".json"):
+        with open(path) as f:
+            return load_report(f.read(), path)
+    cmd = [probe_program(), "--json", "--quiet", path] + (["--prev", prev] if prev else [])
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise InputError("cannot run %s (%s); set STAB_PROBE to harness/probe" % (cmd[0], e)) from None
+    if p.returncode != 0:
+        raise InputError("%s failed (exit %d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()))
+    return load_report(p.stdout, " ".join(cmd))
+
+
+# ---- plotting -----------------------------------------------------------------------------
+
+def mark_rows(ax, steps, rows, color="red", label=None):
+    """Shades the given rows' steps across `ax` (vertical bands one step wide)."""
+    for j, i in enumerate(rows):
+        ax.axvspan(steps[i] - 0.5, steps[i] + 0.5, color=color, alpha=0.25, lw=0,
+                   label=label if j == 0 else None)
+
+
+def _plain_log_formatter(minor_thresholds=None):
+    """A log-axis tick formatter writing 0.3, 1, 20 and 1e-05 instead of 3x10^-1: matplotlib's
+    choice of which ticks to label, with plain numbers."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def __call__(self, x, pos=None):
+            return "%g" % x if super().__call__(x, pos) else ""
+
+    if minor_thresholds is None:
+        return Plain(labelOnlyBase=False)
+    return Plain(labelOnlyBase=False, minor_thresholds=minor_thresholds)
+
+
+def log_axis(ax, axis="y"):
+    """A log scale labelled in plain numbers, minor ticks labelled too when the data span less
+    than about two decades."""
+    getattr(ax, "set_%sscale" % axis)("log")
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    a.set_major_formatter(_plain_log_formatter())
+    a.set_minor_formatter(_plain_log_formatter((2, 0.4)))
+    ax.tick_params(axis=axis, which="minor", labelsize=7)
+
+
+def legend_height(entries):
+    """Inches a legend_below with this many one-line entries needs at font size 8."""
+    return 0.25 + 0.165 * max(entries, 1)
+
+
+def legend_below(fig, cell, handles, labels, ncol=1):
+    """A legend in its own grid cell under a panel, so it never covers data and the panel keeps
+    its full width (the cell is an invisible axes; the legend is left out of the layout)."""
+    lax = fig.add_subplot(cell)
+    lax.axis("off")
+    if handles:
+        leg = lax.legend(handles, labels, loc="upper center", fontsize=8, frameon=False, ncol=ncol,
+                         borderaxespad=0)
+        leg.set_in_layout(False)
+    return lax
+
+
+def undefined_panel(ax, kind, metric):
+    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (SPEC.md)" % (metric, kind),
+            ha="center", va="center", transform=ax.transAxes, color="0.4", fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+class LiveTrace:
+    """Follows a trace while a writer appends to it (SWMR): poll() refreshes and says how many
+    rows there are now; snapshot() reads them. Waits for the file to appear and be opened."""
+
+    def __init__(self, path, metrics=("forward", "dependency", "update", "flags")):
+        self.path, self.metrics, self.f = path, metrics, None
+
+    def open(self, deadline):
+        while time.time() < deadline:
+            if os.path.exists(self.path):
+                try:
+                    self.f = h5py.File(self.path, "r", swmr=True)
+                    if "step" in self.f and "layers" in self.f:
+                        return True
+                    self.f.close()
+                    self.f = None
+                except OSError:
+                    pass  # the writer is still creating it
+            time.sleep(0.2)
+        return False
+
+    def poll(self):
+        def refresh(obj):
+            if isinstance(obj, h5py.Dataset):
+                obj.refresh()
+        self.f["step"].refresh()
+        self.f.visititems(lambda name, obj: refresh(obj))
+        return self.f["step"].shape[0]
+
+    def snapshot(self):
+        return trace_from_file(self.f, self.path, self.metrics)
+
+    def close(self):
+        if self.f is not None:
+            self.f.close()
+            self.f = None

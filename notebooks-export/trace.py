@@ -1,0 +1,173 @@
+# %% [markdown]
+# # One training run, layer by layer
+#
+# Every layer's forward, dependency and update stability (SPEC.md) at every measured step of one
+# stabmeter trace, one row of panels per layer kind, on log axes, under the training loss.
+# In each panel the three layers that reached the largest value are drawn in colour and named
+# below it; the others are grey. Red bands mark steps where the loss or a layer went
+# non-finite; crosses mark a layer's flags; with an alarm threshold (`STAB_ALARM`) a dashed
+# line shows it and a triangle marks each layer's first crossing.
+#
+# Inputs: `STAB_TRACE` (or the first argument; default `runs/demo/trace.h5`), `STAB_ALARM`
+# (optional), `STAB_OUT` (figure directory, default `notebooks-out/`).
+# Run as a script: `python3 notebooks-export/trace.py runs/demo/trace.h5`.
+
+# %%
+import matplotlib.ticker
+import numpy as np
+
+import stabtrace as st
+
+plt = st.pyplot()
+
+TRACE = st.setting("STAB_TRACE", "runs/demo/trace.h5", position=1)
+tr = st.read_trace(TRACE, metrics=st.METRICS + ("flags",))  # not every extra: traces can be long
+n = len(tr)
+if n == 0:
+    raise st.InputError("trace %s has no measured steps yet" % TRACE)
+title = st.run_title(tr.config, TRACE)
+print(title)
+print("%d measured steps (%d..%d), %d layers: %s" % (
+    n, tr.steps[0], tr.steps[-1], len(tr.layers),
+    ", ".join("%d %s" % (len(tr.of_kind(k)), k) for k in tr.kinds())))
+
+# %% [markdown]
+# ## What to look at first: NaN steps, flags, alarms, and the worst layers
+
+# %%
+bad_rows = st.nan_steps(tr)
+flags = st.flag_events(tr)
+threshold = st.alarm_threshold(tr)
+alarms = st.alarm_events(tr, threshold)
+
+if len(bad_rows):
+    print("NaN steps (%d): %s%s" % (len(bad_rows), ", ".join(str(tr.steps[i]) for i in bad_rows[:20]),
+                                    " ..." if len(bad_rows) > 20 else ""))
+else:
+    print("NaN steps: none")
+if flags:
+    by_layer = {}
+    for layer, i, bits in flags:
+        by_layer.setdefault((layer.name, st.flag_text(bits)), []).append(tr.steps[i])
+    for (name, what), steps in by_layer.items():
+        print("flag: %s: %s at %d step(s), first %d" % (name, what, len(steps), steps[0]))
+else:
+    print("flags: none")
+if threshold is None:
+    print("alarms: no threshold (set STAB_ALARM=X to mark forward/dependency stability above X)")
+elif alarms:
+    for layer, i, metric, value in alarms:
+        print("alarm: %s (%s) %s %.4g > %g first at step %d" % (layer.name, layer.kind, metric,
+                                                              value, threshold, tr.steps[i]))
+else:
+    print("alarms: no layer above %g" % threshold)
+
+print()
+print("%-10s %-4s %-40s %-10s %12s %8s %12s" % ("metric", "rank", "layer", "kind", "max", "at step",
+                                                 "last"))
+for metric in st.METRICS:
+    for rank, (layer, value, i) in enumerate(st.worst_layers(tr.layers, metric, n, 5), 1):
+        last = layer.get(metric, n)[-1]
+        print("%-10s %-4d %-40s %-10s %12.4g %8d %12.4g" % (metric, rank, layer.name, layer.kind,
+                                                            value, tr.steps[i], last))
+
+# %% [markdown]
+# ## Every layer over the run
+#
+# Rows: the layer kinds present; columns: the three stabilities. A well-parametrised model
+# keeps each of them Θ(1) (SPEC.md); the update stability follows the learning-rate schedule.
+
+# %%
+kinds = tr.kinds()
+
+
+def legend_entries(kind):
+    """The most legend lines any panel of this kind's row will have."""
+    layers = tr.of_kind(kind)
+    lines = min(3, len(layers)) + (len(layers) > 3) + any(l.kind == kind for l, _, _ in flags)
+    lines += bool(len(bad_rows))
+    if threshold is not None and kind != "lm_head":
+        lines += 1 + any(l.kind == kind for l, _, _, _ in alarms)
+    return lines
+
+
+# Per kind a row of panels and, under it, a row holding their legends (heights in inches).
+heights = [2.2]
+for kind in kinds:
+    heights += [2.6, st.legend_height(legend_entries(kind))]
+fig = plt.figure(figsize=(st.FIG_WIDTH_IN, 0.6 + sum(heights)), layout="constrained")
+grid = fig.add_gridspec(len(heights), 3, height_ratios=heights)
+fig.suptitle("Stability of every layer over steps\n" + title, fontsize=11)
+x = tr.steps
+
+# The loss, with the learning rate on a second axis.
+ax = fig.add_subplot(grid[0, :])
+if "loss" in tr.scalars:
+    ax.plot(x, tr.scalars["loss"], color="black", lw=1.2, label="training loss")
+ax.set_ylabel("loss (nats/token)")
+ax.set_xlabel("optimizer step")
+ax.grid(alpha=0.3)
+st.mark_rows(ax, x, bad_rows, label="NaN step")
+handles, labels = ax.get_legend_handles_labels()
+if "lr" in tr.scalars:
+    ax2 = ax.twinx()
+    ax2.plot(x, tr.scalars["lr"], color="tab:gray", lw=1, ls="--", label="learning rate")
+    ax2.set_ylabel("learning rate")
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    h2, l2 = ax2.get_legend_handles_labels()
+    handles, labels = handles + h2, labels + l2
+ax.legend(handles, labels, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(labels), fontsize=9,
+          frameon=False, borderaxespad=0.2)
+
+highlight = ["tab:red", "tab:blue", "tab:green"]
+for k, kind in enumerate(kinds):
+    layers = tr.of_kind(kind)
+    for col, metric in enumerate(st.METRICS):
+        ax = fig.add_subplot(grid[1 + 2 * k, col])
+        if k == 0:
+            ax.set_title(metric + " stability", fontsize=11)
+        if not any(st.defined(l.get(metric, n)) for l in layers):
+            st.undefined_panel(ax, kind, metric)
+            if col == 0:
+                ax.set_ylabel("%s\n%s" % (kind, metric), fontsize=9)
+            st.legend_below(fig, grid[2 + 2 * k, col], [], [])
+            continue
+        worst = st.worst_layers(layers, metric, n, 3)
+        named = {l.name for l, _, _ in worst}
+        for c, (l, value, i) in zip(highlight, worst):
+            ax.plot(x, st.positive(l.get(metric, n)), color=c, lw=1.6, zorder=3,
+                    label="%s  (max %.3g)" % (l.name, value))
+        for l in layers:
+            if l.name not in named:
+                ax.plot(x, st.positive(l.get(metric, n)), color="0.6", lw=0.8, alpha=0.7)
+        if len(layers) > len(worst):
+            others = len(layers) - len(worst)
+            ax.plot([], [], color="0.6", lw=0.8,
+                    label="%d other %s layer%s" % (others, kind, "s" if others > 1 else ""))
+        # Flags: crosses on the series (at the top edge where the value itself is NaN).
+        top = ax.get_xaxis_transform()
+        for l, i, bits in flags:
+            if l.kind != kind:
+                continue
+            v = l.get(metric, n)[i]
+            if np.isfinite(v) and v > 0:
+                ax.plot(x[i], v, "kx", ms=7, mew=1.5, zorder=4)
+            else:
+                ax.plot(x[i], 0.95, "kx", ms=7, mew=1.5, transform=top, zorder=4)
+        if any(l.kind == kind for l, _, _ in flags):
+            ax.plot([], [], "kx", ms=7, mew=1.5, label="flagged step (see table)")
+        if threshold is not None and metric in ("forward", "dependency") and kind != "lm_head":
+            ax.axhline(threshold, color="red", ls="--", lw=1, label="alarm threshold %g" % threshold)
+            for l, i, m, value in alarms:
+                if l.kind == kind and m == metric:
+                    ax.plot(x[i], value, marker="v", color="red", ms=8, ls="none", zorder=4)
+            if any(l.kind == kind and m == metric for l, _, m, _ in alarms):
+                ax.plot([], [], marker="v", color="red", ms=8, ls="none", label="first alarm of a layer")
+        st.mark_rows(ax, x, bad_rows, label="NaN step" if len(bad_rows) else None)
+        st.log_axis(ax)
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xlabel("optimizer step", fontsize=9)
+        ax.set_ylabel("%s\n%s (%s)" % (kind, metric, st.unit(kind, metric)), fontsize=9)
+        st.legend_below(fig, grid[2 + 2 * k, col], *ax.get_legend_handles_labels())
+
+st.save_figure(fig, "trace")

@@ -1,0 +1,263 @@
+#!/bin/sh
+# notebooks.sh — the notebooks of notebooks-export/ executed headless the way `make notebooks`
+# runs them (notebooks-export/run.sh) on a short training run with two checkpoints, a
+# two-optimizer width sweep and a trace still being written; their .ipynb, HTML and PNG outputs
+# checked; then, as plain scripts, on traces made here whose answers are known: a sweep whose
+# metrics are c * width^p (every printed slope must be p) and a trace with NaN steps, flags and
+# alarm crossings put in at known steps. Skipped (exit 77) when no python3 has the packages.
+set -u
+src=${srcdir:-.}
+run="$src/notebooks-export/run.sh"
+if ! py=$(sh "$run" --which-python); then
+  echo "SKIP: the notebooks need python3-h5py, -numpy, -matplotlib, -nbformat, -nbconvert, -ipykernel"
+  exit 77
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/check_notebooks.XXXXXX") || exit 1
+writer=
+trap '[ -n "$writer" ] && kill $writer 2>/dev/null; rm -rf "$tmp"' EXIT
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+t0=$(date +%s)
+
+# ---- inputs: a short run with a checkpoint half-way, and a sweep per optimizer -------------
+small="--depth 1 --heads 2 --context 16 --batch 8 --corpus-bytes 32768"
+./harness/train $small --width 32 --steps 24 --checkpoint-every 12 --out "$tmp/run" >"$tmp/train.log" 2>&1 ||
+  fail "training the short run: $(tail -n 3 "$tmp/train.log")"
+for opt in steepest adamw; do
+  for w in 16 32 64; do
+    ./harness/train $small --width $w --steps 12 --optimizer $opt --out "$tmp/sweep-$opt/width-$w" \
+      >"$tmp/train.log" 2>&1 || fail "training $opt at width $w: $(tail -n 3 "$tmp/train.log")"
+  done
+done
+
+# ---- headless, as make notebooks runs them -------------------------------------------------
+STAB_TRACE="$tmp/run/trace.h5" STAB_SWEEP="$tmp/sweep-steepest $tmp/sweep-adamw" \
+STAB_CHECKPOINTS="$tmp/run" STAB_PROBE="$PWD/harness/probe" \
+  sh "$run" --out "$tmp/out" trace width_sweep checkpoints || fail "run.sh trace width_sweep checkpoints"
+# live: a writer appends a step every 50 ms for as long as the notebook follows the file, which
+# it does for STAB_LIVE_LIMIT seconds from when its kernel is up: it must see the trace grow.
+./tests/trace_writer --steps 100000 --delay-ms 50 "$tmp/live.h5" &
+writer=$!
+STAB_TRACE="$tmp/live.h5" STAB_LIVE_IDLE=5 STAB_LIVE_EVERY=1 STAB_LIVE_LIMIT=5 \
+  sh "$run" --out "$tmp/out" live || fail "run.sh live"
+kill $writer 2>/dev/null
+wait $writer 2>/dev/null
+writer=
+
+"$py" - "$tmp" <<'PY' || status=1
+import json, re, subprocess, sys
+import h5py, nbformat, numpy as np
+from matplotlib import image
+
+tmp = sys.argv[1]
+out = tmp + "/out"
+bad = []
+def check(cond, what):
+    if not cond:
+        bad.append(what)
+
+def stdout_of(name):
+    nb = nbformat.read("%s/%s.ipynb" % (out, name), 4)
+    text = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            check(o.output_type != "error", "%s: an error output: %s" % (name, o.get("ename")))
+            if o.output_type == "stream":
+                check(o.name == "stdout", "%s: stderr output: %r" % (name, o.text[:300]))
+                text.append(o.text)
+    return "".join(text)
+
+figures = {"trace": ["trace"], "width_sweep": ["width_sweep"],
+           "checkpoints": ["checkpoints", "checkpoints_layers"], "live": ["live"]}
+printed = {}
+for name, pngs in figures.items():
+    text = printed[name] = stdout_of(name)
+    html = open("%s/%s.html" % (out, name), encoding="utf-8").read()
+    check('data-mime-type="application/vnd.jupyter.stderr"' not in html,
+          "%s.html shows an error or stderr output" % name)
+    check(html.count("data:image/png;base64") >= len(pngs), "%s.html: fewer images than figures" % name)
+    for png in pngs:
+        m = re.search(r"figure: \S*/%s\.png \((\d+) x (\d+) px\)" % png, text)
+        check(m is not None, "%s: no 'figure: .../%s.png' line" % (name, png))
+        if not m:
+            continue
+        img = image.imread("%s/%s.png" % (out, png))
+        w, h = int(m.group(1)), int(m.group(2))
+        check(img.shape[1] == w == 1400 and img.shape[0] == h and h >= 400,
+              "%s.png is %dx%d, printed %dx%d, expected 1400 wide" % (png, img.shape[1], img.shape[0], w, h))
+        rgb = img[..., :3]
+        inked = (rgb.min(axis=2) < 0.9).mean()
+        colours = len(np.unique((rgb * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+        check(0.02 < inked < 0.6 and colours > 50, "%s.png looks empty or flat: %.3f inked, %d colours"
+              % (png, inked, colours))
+
+# trace: the rows and the worst layers, against the file read here.
+f = h5py.File(tmp + "/run/trace.h5", "r", swmr=True)
+n = f["step"].shape[0]
+check("%d measured steps" % n in printed["trace"], "trace: row count %d not printed" % n)
+for metric in ("forward", "dependency", "update"):
+    best = max(((np.nanmax(g[metric][:]), name) for name, g in f["layers"].items()
+                if np.isfinite(g[metric][:]).any()))
+    m = re.search(r"^%s\s+1\s+(\S+)" % metric, printed["trace"], re.M)
+    check(m and m.group(1) == best[1], "trace: worst %s layer %s, expected %s" % (metric, m and m.group(1), best[1]))
+check("NaN steps: none" in printed["trace"] and "flags: none" in printed["trace"], "trace: NaN/flags in a clean run")
+
+# width sweep: both optimizers at the three widths, a slope for every kind and metric measured.
+for opt in ("steepest", "adamw"):
+    check("%s: widths 16, 32, 64" % opt in printed["width_sweep"], "width_sweep: %s widths" % opt)
+    for kind, metric in (("linear", "forward"), ("linear", "update"), ("gain", "dependency"),
+                         ("embedding", "forward"), ("lm_head", "update")):
+        check(re.search(r"^slope %s\s+%s\s+%s\s+[+-]\d\.\d{4}" % (opt, kind, metric), printed["width_sweep"], re.M),
+              "width_sweep: no %s %s %s slope" % (opt, kind, metric))
+
+# checkpoints: two, in step order; update only at the second (probe --prev the first).
+text = printed["checkpoints"]
+check(re.search(r"^step 12 .*step-000012\.safetensors", text, re.M) and
+      re.search(r"^step 24 .*model\.safetensors: \d+ layers \(update against .*step-000012", text, re.M),
+      "checkpoints: steps 12 and 24 not listed in order:\n" + text[:400])
+report = json.loads(subprocess.run(["./harness/probe", "--json", "--quiet", tmp + "/run/model.safetensors",
+                                    "--prev", tmp + "/run/step-000012.safetensors"],
+                                   capture_output=True, text=True, check=True).stdout)
+fc = [l for l in report["layers"] if l["name"].endswith("mlp.c_fc.weight")][0]
+upd = text[text.index("update stability"):]
+m = re.search(r"^%s\s+linear\s+-\s+(\S+)" % re.escape(fc["name"]), upd, re.M)
+check(m and abs(float(m.group(1)) - fc["update"]) <= 1e-3 * fc["update"],
+      "checkpoints: %s update %s, probe says %.4g" % (fc["name"], m and m.group(1), fc["update"]))
+
+# live: it followed the file as it grew, and stopped at its time limit (the writer ran on).
+m = re.search(r"row counts seen ([\d ]+);.*stopped: (.*)", printed["live"])
+seen = [int(x) for x in m.group(1).split()] if m else []
+check(len(set(seen)) >= 2 and seen == sorted(seen), "live: did not see the trace grow (row counts %s)" % seen)
+check(m and m.group(2).startswith("time limit"), "live: stopped for another reason: %s" % (m and m.group(2)))
+m = re.search(r"final rows: (\d+) \(steps (\d+)\.\.(\d+)\)", printed["live"])
+check(m and seen and int(m.group(1)) >= seen[-1] and int(m.group(3)) - int(m.group(2)) + 1 == int(m.group(1)),
+      "live: final rows inconsistent: %s" % printed["live"][-300:])
+
+if bad:
+    sys.exit("FAIL:\n  " + "\n  ".join(bad))
+print("4 notebooks executed headless: outputs, figures and printed values as expected")
+PY
+
+# ---- plain scripts on traces with known answers ------------------------------------------
+# A sweep with metric = c * width^p over the last 25% of steps (noise before), and a copy of
+# the short run with NaN steps, flags and alarm crossings put in.
+"$py" - "$tmp" <<'PY' || status=1
+import json, os, shutil, sys
+import h5py, numpy as np
+
+tmp = sys.argv[1]
+rng = np.random.default_rng(7)
+N = 40  # rows; the last 10 are the 25% the notebook takes the median of
+layers = {"emb": ("embedding", 0.5), "fc1": ("linear", 1.0), "fc2": ("linear", 1.7), "ln": ("gain", 1.2)}
+kind_index = {"embedding": 0, "linear": 1, "gain": 2}  # the exponent depends on kind, optimizer, metric
+expect = {}
+for o, opt in enumerate(("steepest", "adamw")):
+    for w in (16, 32, 64, 128):
+        path = "%s/synth-%s/width-%d/trace.h5" % (tmp, opt, w)
+        os.makedirs(os.path.dirname(path))
+        with h5py.File(path, "w", libver="latest") as f:
+            f.attrs["format"] = "stabmeter-trace"
+            f.attrs["format_version"] = 1
+            f.attrs["run_config"] = json.dumps({"optimizer": opt, "model": {"width": w, "depth": 1}, "steps": N})
+            f["step"] = np.arange(1, N + 1, dtype=np.int64)
+            f["scalars/loss"] = np.linspace(5, 1, N)
+            for name, (kind, c) in sorted(layers.items()):
+                k = kind_index[kind]
+                g = f.create_group("layers/" + name)
+                g.attrs["kind"] = kind
+                for m, metric in enumerate(("forward", "dependency", "update")):
+                    p = round(0.25 * (k - 1) + 0.1 * m - 0.3 * o, 2)
+                    v = c * w ** p * (1 + 9 * rng.random(N))
+                    v[-10:] = c * w ** p
+                    if kind == "embedding" and metric == "dependency":
+                        v[:] = np.nan
+                    else:
+                        expect[opt, kind, metric] = p
+                    g[metric] = v
+with open(tmp + "/synth-expect.json", "w") as f:
+    json.dump([[k[0], k[1], k[2], p] for k, p in expect.items()], f)
+
+shutil.copy(tmp + "/run/trace.h5", tmp + "/nan.h5")
+with h5py.File(tmp + "/nan.h5", "r+") as f:
+    f["scalars/loss"][4] = np.nan
+    names = sorted(f["layers"])
+    fc = [n for n in names if n.endswith("mlp.c_fc")][0]
+    proj = [n for n in names if n.endswith("attn.c_proj")][0]
+    f["layers/%s/forward" % fc][9] = np.nan
+    f["layers/%s/flags" % fc][9] = 1
+    f["layers/%s/flags" % proj][15] = 4
+PY
+STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/width_sweep.py" "$tmp/synth-steepest" "$tmp/synth-adamw" \
+  >"$tmp/sweep.txt" 2>&1 || { fail "width_sweep.py on the synthetic sweep"; cat "$tmp/sweep.txt"; }
+"$py" - "$tmp" <<'PY' || status=1
+import json, re, sys
+tmp = sys.argv[1]
+text = open(tmp + "/sweep.txt").read()
+expect = json.load(open(tmp + "/synth-expect.json"))
+bad = []
+for opt, kind, metric, p in expect:
+    m = re.search(r"^slope %s\s+%s\s+%s\s+([+-]\d+\.\d+)" % (opt, kind, metric), text, re.M)
+    if not m or abs(float(m.group(1)) - p) > 1e-4:
+        bad.append("%s %s %s: slope %s, closed form %+.4f" % (opt, kind, metric, m and m.group(1), p))
+if re.search(r"^slope \S+\s+embedding\s+dependency", text, re.M):
+    bad.append("a slope for the embedding's undefined dependency stability")
+if bad:
+    sys.exit("FAIL: width_sweep.py slopes:\n  " + "\n  ".join(bad) + "\n" + text)
+print("width_sweep.py: %d fitted slopes equal the exponents the sweep was made with" % len(expect))
+PY
+
+# live as a plain script on a finished trace: it stops once the trace has been idle, with every row.
+STAB_OUT="$tmp/plain" STAB_LIVE_IDLE=1 STAB_LIVE_EVERY=0.2 "$py" "$src/notebooks-export/live.py" "$tmp/run/trace.h5" \
+  >"$tmp/live.txt" 2>&1 || { fail "live.py on a finished trace"; cat "$tmp/live.txt"; }
+grep -q "stopped: no new step for 1 s" "$tmp/live.txt" && grep -q "^final rows: 24 (steps 1..24)" "$tmp/live.txt" ||
+  fail "live.py on a finished 24-step trace: $(cat "$tmp/live.txt")"
+
+# Bad input, as a plain script: one line naming it, exit 2.
+"$py" "$src/notebooks-export/trace.py" "$tmp/none.h5" >"$tmp/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "^trace.py: trace $tmp/none.h5: no such file" "$tmp/bad.txt" ||
+  fail "trace.py on a missing file: exit $rc, $(cat "$tmp/bad.txt")"
+
+alarm=1.2
+STAB_OUT="$tmp/plain" STAB_ALARM=$alarm "$py" "$src/notebooks-export/trace.py" "$tmp/nan.h5" >"$tmp/nan.txt" 2>&1 ||
+  { fail "trace.py on the trace with NaN steps"; cat "$tmp/nan.txt"; }
+"$py" - "$tmp" $alarm <<'PY' || status=1
+import re, sys
+import h5py, numpy as np
+tmp, alarm = sys.argv[1], float(sys.argv[2])
+text = open(tmp + "/nan.txt").read()
+f = h5py.File(tmp + "/nan.h5", "r")
+steps = f["step"][:]
+bad = []
+if "NaN steps (2): %d, %d\n" % (steps[4], steps[9]) not in text:
+    bad.append("NaN steps at %d and %d not reported" % (steps[4], steps[9]))
+names = sorted(f["layers"])
+fc = [n for n in names if n.endswith("mlp.c_fc")][0]
+proj = [n for n in names if n.endswith("attn.c_proj")][0]
+for name, what, row in ((fc, "non-finite weight", 9), (proj, "sigma not converged", 15)):
+    if "flag: %s: %s at 1 step(s), first %d" % (name, what, steps[row]) not in text:
+        bad.append("flag %s of %s at step %d not reported" % (what, name, steps[row]))
+# Alarms: each layer's first step above the threshold, LM head aside, computed here.
+want = set()
+for name in names:
+    g = f["layers"][name]
+    if g.attrs["kind"] == "lm_head":
+        continue
+    rows = [np.flatnonzero(np.nan_to_num(g[m][:], nan=-np.inf) > alarm) for m in ("forward", "dependency")]
+    rows = [r[0] for r in rows if len(r)]
+    if rows:
+        want.add((name, int(steps[min(rows)])))
+got = set((m.group(1), int(m.group(2))) for m in re.finditer(r"^alarm: (\S+) .* first at step (\d+)$", text, re.M))
+if not want:
+    bad.append("the threshold %g crosses nothing: the check would be empty" % alarm)
+if got != want:
+    bad.append("alarms %s, expected %s" % (sorted(got), sorted(want)))
+if not re.search(r"figure: \S+/trace\.png \(1400 x \d+ px\)", text):
+    bad.append("no trace.png")
+if bad:
+    sys.exit("FAIL: trace.py on the trace with NaN steps:\n  " + "\n  ".join(bad) + "\n" + text)
+print("trace.py: NaN steps, flags and %d alarm crossings as put in" % len(want))
+PY
+
+echo "notebooks.sh: $(($(date +%s) - t0)) s"
+exit $status
