@@ -1,4 +1,5 @@
-/* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors),
+/* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors,
+ * GGUF or llm.c),
  * optionally with the update against an older checkpoint: each tensor's kind inferred from
  * its name and shape by the rule table below, the metrics computed by the library, printed
  * as an aligned table or as the SPEC probe report (JSON). */
@@ -15,20 +16,24 @@
 /* ---- the rule table ----------------------------------------------------------------
  * Applied to every tensor in file order; the first rule that matches decides.
  *  1. --filter GLOB given and the name matches none: not probed (the user's choice).
- *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8): listed as not measured.
+ *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8; GGUF's quantized types): listed as
+ *     not measured, with the type's name.
  *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
  *     (linear, embedding, lm_head) or a 1-D one (gain, bias), else listed with the mismatch.
  *  4. 0-D, or 3-D and up: listed as not measured (no rule for them), --kind or not.
  *  5. 2-D, module name (the name without a trailing .weight) ending in one of
  *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
- *     token_type_embeddings embed_positions: embedding, [V][d].
- *  6. 2-D, module name ending in lm_head, output, embed_out: lm_head, [V][d].
+ *     token_type_embeddings embed_positions position_embd token_types: embedding, [V][d]
+ *     (GGUF's ne = {d, V} is that same [V][d]).
+ *  6. 2-D, module name ending in lm_head, output, embed_out: lm_head, [V][d] (llama.cpp's
+ *     output.weight; its blk.N.attn_output is a linear layer, the last component differs).
  *  7. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear), except the HF
  *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj,
  *     which are in-major; --layout GLOB=in_major|out_major overrides.
  *  8. 1-D X.bias where X.weight is a linear layer of d_out = its length: folded into it.
  *  9. 1-D whose module name has a component containing "norm" (any case) or starting with
- *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift).
+ *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift);
+ *     llama.cpp's attn_norm, ffn_norm, output_norm, attn_q_norm are such.
  * 10. 1-D X.bias otherwise: bias.
  * 11. anything else: listed as not measured.
  * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
@@ -71,9 +76,9 @@ typedef struct {
 
 static const char *const embed_names[] = {"wte", "wpe", "embed_tokens", "tok_embeddings", "token_embd",
                                           "word_embeddings", "position_embeddings", "token_type_embeddings",
-                                          "embed_positions", NULL};
+                                          "embed_positions", "position_embd", "token_types", NULL};
 static const char *const position_names[] = {"wpe", "position_embeddings", "token_type_embeddings",
-                                             "embed_positions", NULL};
+                                             "embed_positions", "position_embd", "token_types", NULL};
 static const char *const head_names[] = {"lm_head", "output", "embed_out", NULL};
 static const char *const conv1d_globs[] = {"h.*.attn.c_attn.weight", "*.h.*.attn.c_attn.weight",
                                            "h.*.attn.c_proj.weight", "*.h.*.attn.c_proj.weight",
@@ -141,13 +146,15 @@ static int kind_from(const char *s, stab_kind *k) {
 }
 
 /* Classifies tensor t into r (rules 2-7, 9-11; rule 8 is applied afterwards). */
-static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
+static void classify(const options *o, const stab_ckpt_tensor *t, int gguf_file, row *r) {
   char mod[512];
   memset(r, 0, sizeof *r);
   r->t = t;
   module_of(t->name, mod, sizeof mod);
   if (t->dtype == STAB_DTYPE_OTHER) {
-    set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
+    if (gguf_file)
+      set_error(r, "unsupported GGML type %s: the probe reads F32, F16 and BF16 tensors", t->dtype_name, 0);
+    else set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
     return;
   }
   const char *forced = override_for(o->kinds, o->nkinds, t->name);
@@ -205,26 +212,65 @@ static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
   }
 }
 
-/* ---- checkpoints: safetensors or llm.c, by the file's first bytes ------------------- */
+/* ---- checkpoints: safetensors, GGUF or llm.c, by the file's first bytes ------------- */
 
 typedef struct {
   stab_safetensors *st;
+  stab_gguf *gg;
   stab_llmc *lc;
 } ckpt;
 
-static size_t ck_count(const ckpt *c) { return c->st ? stab_safetensors_count(c->st) : stab_llmc_count(c->lc); }
+static size_t ck_count(const ckpt *c) {
+  return c->st ? stab_safetensors_count(c->st) : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
+}
 static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
-  return c->st ? stab_safetensors_tensor(c->st, i) : stab_llmc_tensor(c->lc, i);
+  return c->st ? stab_safetensors_tensor(c->st, i) : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
 }
 static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i) : stab_llmc_find(c->lc, name, &i);
+  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i)
+                   : c->gg ? stab_gguf_find(c->gg, name, &i)
+                           : stab_llmc_find(c->lc, name, &i);
   return st == STAB_OK ? ck_tensor(c, i) : NULL;
 }
 static void ck_close(ckpt *c) {
   stab_safetensors_close(c->st);
+  stab_gguf_close(c->gg);
   stab_llmc_close(c->lc);
-  c->st = NULL, c->lc = NULL;
+  c->st = NULL, c->gg = NULL, c->lc = NULL;
+}
+
+/* A GGUF metadata value as text: numbers and strings as they are (a long string cut, line
+ * breaks shown as \n), arrays by element type and length. */
+static void gguf_value_text(const stab_gguf_kv *kv, char *buf, size_t cap) {
+  switch (kv->type) {
+  case STAB_GGUF_STRING: {
+    size_t o = 0;
+    int cut = strlen(kv->s) < kv->len; /* a NUL inside ends the C string */
+    for (const char *p = kv->s; *p; p++) {
+      if (o + 6 >= cap) {
+        cut = 1;
+        break;
+      }
+      if (*p == '\n') buf[o++] = '\\', buf[o++] = 'n';
+      else if ((unsigned char)*p < 0x20) buf[o++] = '?';
+      else buf[o++] = *p;
+    }
+    if (cut) memcpy(buf + o, "...", 3), o += 3;
+    buf[o] = '\0';
+    break;
+  }
+  case STAB_GGUF_ARRAY:
+    snprintf(buf, cap, "[%llu x %s]", (unsigned long long)kv->len,
+             stab_gguf_value_type_name(kv->elem_type) ? stab_gguf_value_type_name(kv->elem_type) : "?");
+    break;
+  case STAB_GGUF_BOOL: snprintf(buf, cap, "%s", kv->u ? "true" : "false"); break;
+  case STAB_GGUF_FLOAT32: case STAB_GGUF_FLOAT64: snprintf(buf, cap, "%.9g", kv->f); break;
+  case STAB_GGUF_INT8: case STAB_GGUF_INT16: case STAB_GGUF_INT32: case STAB_GGUF_INT64:
+    snprintf(buf, cap, "%lld", (long long)kv->i);
+    break;
+  default: snprintf(buf, cap, "%llu", (unsigned long long)kv->u); break;
+  }
 }
 
 /* ---- reading weights as f32 -------------------------------------------------------- */
@@ -366,6 +412,12 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     stab_safetensors_metadata(f->st, i, &k, &v);
     printf("metadata %s = %s\n", k, v);
   }
+  for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
+    const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
+    char v[128];
+    gguf_value_text(kv, v, sizeof v);
+    printf("metadata %s = %s\n", kv->key, v);
+  }
   if (f->lc) {
     const stab_llmc_config *c = stab_llmc_config_of(f->lc);
     printf("llm.c checkpoint version %d (%s): max_seq_len %zu, vocab %zu (padded %zu, padding rows left out), "
@@ -412,7 +464,8 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
 static void usage(FILE *f) {
   fprintf(f,
           "Usage: probe CHECKPOINT [OPTIONS]\n"
-          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, or llm.c GPT-2\n"
+          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, GGUF v2/v3\n"
+          "(F32, F16, BF16 tensors; quantized ones listed as unsupported), or llm.c GPT-2\n"
           "(magic 20240326, f32 or bf16; fused qkv split into q, k, v plus each block's attention\n"
           "logit bound h.N.attn.logits; wte reported as embedding and tied lm_head, padding rows left out).\n\n"
           "  --prev OLDER        also the update metrics against OLDER (tensors matched by name)\n"
@@ -427,7 +480,7 @@ static void usage(FILE *f) {
           "  --quiet             no progress on stderr\n"
           "  --help, --version\n\n"
           "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
-          "word_embeddings, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
+          "word_embeddings, position_embd, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
           "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} (in-major); 1-D X.bias\n"
           "with a linear X.weight folded into it; 1-D *norm*/ln* weights gain, their .bias bias; other\n"
           "1-D .bias bias. Integer dtypes, scalars and 3-D+ tensors are listed as not measured. With no\n"
@@ -532,7 +585,10 @@ static double now(void) {
 }
 
 static int open_checkpoint(const char *path, ckpt *f) {
-  stab_status st = stab_llmc_is(path) ? stab_llmc_open(path, &f->lc) : stab_safetensors_open(path, &f->st);
+  /* by the magic; a .gguf file without it is a GGUF file with a bad magic */
+  stab_status st = stab_llmc_is(path)                           ? stab_llmc_open(path, &f->lc)
+                   : stab_gguf_is(path) || ends_with(path, ".gguf") ? stab_gguf_open(path, &f->gg)
+                                                                : stab_safetensors_open(path, &f->st);
   if (st == STAB_OK) return 0;
   fprintf(stderr, "probe: %s\n", stab_last_error());
   return st == STAB_ENOMEM ? 1 : 2;
@@ -565,7 +621,7 @@ int main(int argc, char **argv) {
     const stab_ckpt_tensor *t = ck_tensor(&f, i);
     int keep = o.nfilters == 0;
     for (size_t k = 0; k < o.nfilters && !keep; k++) keep = !fnmatch(o.filters[k], t->name, 0);
-    if (keep) classify(&o, t, &rows[n++]);
+    if (keep) classify(&o, t, f.gg != NULL, &rows[n++]);
   }
   for (size_t i = 0; i < n; i++) rows[i].name = rows[i].t->name;
   /* llm.c: each block's attention logits, from its q and k (their name is the row name) */

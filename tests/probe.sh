@@ -105,6 +105,32 @@ for dt in F32 BF16; do
   ok
 done
 
+# GGUF with llama.cpp names: ne[] order (attn_k ne = {16, 8} is 8x16, d_in 16), tied
+# token_embd, the Q8_0 tensor listed by its type, metadata shown; values as for safetensors
+for dt in F32 F16 BF16; do
+  p=$dir/gguf_$dt
+  "$gen" "$p" gguf $dt || { fail "st_gen gguf $dt"; continue; }
+  "$probe" "$p.gguf" --prev "$p.prev.gguf" >"$p.txt" 2>"$p.err" || fail "gguf $dt: table exit $?: $(cat "$p.err")"
+  while read -r name kind rest; do
+    grep -Eq "^$name +$kind +" "$p.txt" || fail "gguf $dt: table lacks '$name $kind'"
+  done <"$p.ref"
+  grep -Eq "^blk\.0\.attn_k\.weight +linear +8x16 +$dt " "$p.txt" || fail "gguf $dt: attn_k shape"
+  grep -Eq '^token_embd\.weight +lm_head .*tied' "$p.txt" || fail "gguf $dt: tied head"
+  grep -q 'blk.0.ffn_up.weight: unsupported GGML type Q8_0' "$p.txt" || fail "gguf $dt: Q8_0 tensor not listed"
+  grep -q 'rope_freqs.weight: a 1-D tensor' "$p.txt" || fail "gguf $dt: rope_freqs not listed"
+  grep -q 'metadata llama.attention.head_count = 4' "$p.txt" || fail "gguf $dt: metadata not shown"
+  grep -q 'metadata tokenizer.ggml.tokens = \[4 x string\]' "$p.txt" || fail "gguf $dt: array metadata"
+  "$probe" "$p.gguf" --prev "$p.prev.gguf" --json --exact >"$p.json" 2>"$p.err" || fail "gguf $dt: json exit $?"
+  if [ $have_py = 1 ]; then
+    compare "$p.json" "$p.ref" 1e-9 || fail "gguf $dt: exact values differ from stab_layer_metrics"
+    "$probe" "$p.gguf" --prev "$p.prev.gguf" --json >"$p.lz.json" 2>/dev/null || fail "gguf $dt: --json exit $?"
+    compare "$p.lz.json" "$p.ref" 2e-3 || fail "gguf $dt: default-mode values off"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); l=[x for x in r["layers"] if x["name"]=="blk.0.attn_k.weight"][0]; assert (l["d_in"], l["d_out"], l["shape"], l["layout"]) == (16, 8, [8, 16], "out_major"), l' "$p.json" ||
+      fail "gguf $dt: attn_k d_in/d_out"
+  fi
+  ok
+done
+
 # a NaN in a weight: that layer's metrics are NaN (null) and flagged, the others stand
 p=$dir/nan
 "$gen" "$p" gpt2 F32 nan
@@ -193,6 +219,16 @@ for f in "$src"/tests/corpus/llmc/*.bin; do
   grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
   n=$((n + 1))
 done
+# the GGUF corpus: each file's message names it and holds what EXPECTED says
+while IFS="$(printf '\t')" read -r file want; do
+  "$probe" "$src/tests/corpus/gguf/$file" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $file: exit $rc, want 2"
+  grep -qF "$file" "$dir/c.err" || fail "corpus $file: message lacks the file name"
+  grep -qF -- "$want" "$dir/c.err" || fail "corpus $file: message lacks '$want': $(cat "$dir/c.err")"
+  n=$((n + 1))
+done <"$src/tests/corpus/gguf/EXPECTED"
+[ $n -ge 80 ] || fail "corpus: only $n files"
 ok
 
 echo "probe.sh: $checks groups checked, $fails failures (python3: $have_py, corpus files: $n)"

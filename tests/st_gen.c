@@ -11,12 +11,17 @@
  * (OUT_PREFIX.bin, OUT_PREFIX.prev.bin, OUT_PREFIX.ref), V = 50 padded to 64 with padding
  * rows of 1e6 that must not reach any metric.
  * st_gen OUT_PREFIX gpt2-124m F32|F16|BF16 writes only OUT_PREFIX.safetensors: GPT-2 124M's
- * HF tensors (tied, 124,439,808 parameters) of i.i.d. N(0, 0.02^2), for timing the probe. */
+ * HF tensors (tied, 124,439,808 parameters) of i.i.d. N(0, 0.02^2), for timing the probe.
+ * st_gen OUT_PREFIX gguf F32|F16|BF16 writes OUT_PREFIX.gguf, OUT_PREFIX.prev.gguf and
+ * OUT_PREFIX.ref: a Llama-shaped GGUF with llama.cpp's tensor names (ne[] reversed from the
+ * shapes below), tied (no output.weight), 4 query heads and 2 key/value heads in the metadata,
+ * one Q8_0 tensor and one F32 rope_freqs that the probe must list as not measured. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf_writer.h"
 #include "st_writer.h"
 #include "stabmeter.h"
 
@@ -84,6 +89,38 @@ static int write_file(const char *path, spec *s, size_t n, const char *dtype, in
   for (size_t i = 0; i < n; i++) free(bufs[i]);
   free(bufs), free(t);
   return rc;
+}
+
+/* The same tensors as a GGUF file: shapes outermost first become ne[] fastest first. */
+static int write_gguf(const char *path, spec *s, size_t n, const char *dtype, int after) {
+  gw_file w;
+  gw_init(&w);
+  gw_kv_str(&w, "general.architecture", "llama");
+  gw_kv_str(&w, "general.name", "st_gen");
+  gw_kv_u32(&w, "llama.attention.head_count", 4);
+  gw_kv_u32(&w, "llama.attention.head_count_kv", 2);
+  gw_kv_f32(&w, "llama.rope.freq_base", 10000.0f);
+  const char *toks[] = {"<s>", "</s>", "a", "b"};
+  gw_kv_str_array(&w, "tokenizer.ggml.tokens", toks, 4);
+  gw_kv_bool(&w, "tokenizer.ggml.add_bos_token", 1);
+  for (size_t i = 0; i < n; i++) {
+    size_t c = count_of(&s[i]);
+    const char *dt = s[i].dtype ? s[i].dtype : dtype;
+    uint64_t ne[4];
+    for (size_t d = 0; d < s[i].ndim; d++) ne[d] = s[i].shape[s[i].ndim - 1 - d];
+    const float *x = after ? s[i].after : s[i].before;
+    if (!strcmp(dt, "Q8_0")) {
+      gw_tensor(&w, s[i].name, (uint32_t)s[i].ndim, ne, GW_Q8_0, NULL, c / 32 * 34);
+    } else if (!strcmp(dt, "F32")) {
+      gw_tensor(&w, s[i].name, (uint32_t)s[i].ndim, ne, GW_F32, x, c * 4);
+    } else {
+      uint16_t *v = malloc(c * 2);
+      stw_encode16(x, c, !strcmp(dt, "BF16"), v);
+      gw_tensor(&w, s[i].name, (uint32_t)s[i].ndim, ne, !strcmp(dt, "BF16") ? GW_BF16 : GW_F16, v, c * 2);
+      free(v);
+    }
+  }
+  return gw_write(&w, path);
 }
 
 static const spec *find(const spec *s, size_t n, const char *name) {
@@ -225,8 +262,8 @@ static int llmc(const char *prefix, const char *dtype) {
 int main(int argc, char **argv) {
   if (argc >= 4 && !strcmp(argv[2], "gpt2-124m")) return big(argv[1], argv[3]);
   if (argc >= 4 && !strcmp(argv[2], "llmc")) return llmc(argv[1], argv[3]);
-  if (argc < 4 || (strcmp(argv[2], "gpt2") && strcmp(argv[2], "llama"))) {
-    fprintf(stderr, "usage: st_gen OUT_PREFIX gpt2|llama F32|F16|BF16 [NONFINITE]\n");
+  if (argc < 4 || (strcmp(argv[2], "gpt2") && strcmp(argv[2], "llama") && strcmp(argv[2], "gguf"))) {
+    fprintf(stderr, "usage: st_gen OUT_PREFIX gpt2|llama|gguf F32|F16|BF16 [NONFINITE]\n");
     return 2;
   }
   const char *dtype = argv[3];
@@ -259,9 +296,25 @@ int main(int argc, char **argv) {
       {"model.norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
       {"lm_head.weight", NULL, 2, {V, D}, STAB_KIND_LM_HEAD, 0, NULL, NULL, NULL},
   };
-  int gpt2 = !strcmp(argv[2], "gpt2");
-  spec *s = gpt2 ? g : l;
-  size_t n = gpt2 ? sizeof g / sizeof g[0] : sizeof l / sizeof l[0];
+  /* llama.cpp names; shapes outermost first (attn_k: ne = {16, 8}, 2 heads of 4) */
+  spec q[] = {
+      {"token_embd.weight", NULL, 2, {V, D}, STAB_KIND_EMBEDDING, 0, NULL, NULL, NULL},
+      {"rope_freqs.weight", "F32", 1, {2}, -1, 0, NULL, NULL, NULL},
+      {"blk.0.attn_norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
+      {"blk.0.attn_q.weight", NULL, 2, {D, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.attn_k.weight", NULL, 2, {D / 2, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.attn_v.weight", NULL, 2, {D / 2, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.attn_output.weight", NULL, 2, {D, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_gate.weight", NULL, 2, {40, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_up.weight", "Q8_0", 2, {40, 32}, -1, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_down.weight", NULL, 2, {D, 40}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"output_norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
+  };
+  int gpt2 = !strcmp(argv[2], "gpt2"), gguf = !strcmp(argv[2], "gguf");
+  spec *s = gpt2 ? g : gguf ? q : l;
+  size_t n = gpt2 ? sizeof g / sizeof g[0] : gguf ? sizeof q / sizeof q[0] : sizeof l / sizeof l[0];
+  const char *tied_name = gpt2 ? "wte.weight" : gguf ? "token_embd.weight" : NULL;
   for (size_t i = 0; i < n; i++) {
     size_t c = count_of(&s[i]);
     const char *dt = s[i].dtype ? s[i].dtype : dtype;
@@ -277,10 +330,10 @@ int main(int argc, char **argv) {
   }
   if (nonfinite) s[gpt2 ? 7 : 2].after[3] = NAN; /* one linear layer holds a NaN */
   char path[1024];
-  snprintf(path, sizeof path, "%s.safetensors", argv[1]);
-  if (write_file(path, s, n, dtype, 1)) return perror(path), 1;
-  snprintf(path, sizeof path, "%s.prev.safetensors", argv[1]);
-  if (write_file(path, s, n, dtype, 0)) return perror(path), 1;
+  snprintf(path, sizeof path, "%s.%s", argv[1], gguf ? "gguf" : "safetensors");
+  if ((gguf ? write_gguf : write_file)(path, s, n, dtype, 1)) return perror(path), 1;
+  snprintf(path, sizeof path, "%s.prev.%s", argv[1], gguf ? "gguf" : "safetensors");
+  if ((gguf ? write_gguf : write_file)(path, s, n, dtype, 0)) return perror(path), 1;
   snprintf(path, sizeof path, "%s.ref", argv[1]);
   FILE *ref = fopen(path, "w");
   if (!ref) return perror(path), 1;
@@ -291,8 +344,8 @@ int main(int argc, char **argv) {
     for (int tied = 0; tied < 2; tied++) {
       int kind = s[i].kind;
       if (tied) {
-        if (!gpt2 || strcmp(s[i].name, "wte.weight")) break;
-        kind = STAB_KIND_LM_HEAD; /* the tied head of the GPT-2 model */
+        if (!tied_name || strcmp(s[i].name, tied_name)) break;
+        kind = STAB_KIND_LM_HEAD; /* the tied head of the GPT-2 and GGUF models */
       }
       stab_layer L = {.name = s[i].name, .kind = kind, .weight = s[i].after};
       stab_layer B = L;
