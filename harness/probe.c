@@ -5,12 +5,14 @@
  * as an aligned table or as the SPEC probe report (JSON). */
 #include "stabmeter.h"
 
+#include <errno.h>
 #include <fnmatch.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* ---- the rule table ----------------------------------------------------------------
@@ -46,6 +48,8 @@ typedef struct {
 
 typedef struct {
   const char *checkpoint, *reference;
+  const char *hdf5; /* --hdf5: the trace to append this checkpoint's step to */
+  int64_t step;     /* --step, or -1 */
   int json, quiet;
   double tol;
   int exact;
@@ -459,6 +463,81 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     }
 }
 
+/* ---- the trace (--hdf5) ------------------------------------------------------------ */
+
+/* The step in a checkpoint's file name: "step" (any case) followed by an optional '-', '_'
+ * or '.' and digits, the last such in the name (step-000100.safetensors, as harness/train
+ * names them); else digits after a '_' or '-' that end the name before its extension (llm.c's
+ * model_00005000.bin). -1 if neither. */
+static int64_t step_from_name(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  int64_t step = -1;
+  for (const char *p = base; *p; p++) {
+    if (strncasecmp(p, "step", 4)) continue;
+    const char *q = p + 4;
+    if (*q == '-' || *q == '_' || *q == '.') q++;
+    int64_t v = 0;
+    int digits = 0;
+    while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
+    if (digits && !(*q >= '0' && *q <= '9')) step = v;
+  }
+  if (step >= 0) return step;
+  size_t stem = strcspn(base, ".");
+  size_t k = stem;
+  while (k > 0 && base[k - 1] >= '0' && base[k - 1] <= '9') k--;
+  if (k == stem || stem - k > 18 || k == 0 || (base[k - 1] != '_' && base[k - 1] != '-')) return -1;
+  for (step = 0; k < stem; k++) step = step * 10 + (base[k] - '0');
+  return step;
+}
+
+/* Appends one step holding every measured row to the trace at o->hdf5 (created if missing):
+ * a monitor with the rows as its layers carries the metrics to stab_trace_append. The tied
+ * head's layer is "lm_head" (names must be unique in a trace). 0, or 2 for a trace that does
+ * not match these layers or names that clash, 1 for other failures, with a message. */
+static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
+  static const float never_read = 0; /* the monitor only carries metrics set from outside */
+  stab_monitor_params mp = stab_monitor_default_params();
+  mp.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *m = NULL;
+  stab_trace *t = NULL;
+  int rc = 0;
+  stab_status st = stab_monitor_create(&mp, &m);
+  int head_taken = 0;
+  for (size_t i = 0; i < n; i++) head_taken |= rows[i].measured && !rows[i].tied && !strcmp(rows[i].name, "lm_head");
+  for (size_t i = 0; i < n && st == STAB_OK; i++) {
+    const row *r = &rows[i];
+    if (!r->measured) continue;
+    char tied[600];
+    snprintf(tied, sizeof tied, "%s.lm_head", r->name);
+    stab_layer L = {.name = r->tied ? (head_taken ? tied : "lm_head") : r->name, .kind = r->kind, .d_in = r->d_in,
+                    .d_out = r->d_out, .weight = &never_read, .heads = r->heads,
+                    .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout
+                                                                                            : STAB_LAYOUT_NATURAL,
+                    .weight_k = r->kind == STAB_KIND_ATTENTION ? &never_read : NULL};
+    size_t idx;
+    if ((st = stab_monitor_add_layer(m, &L, &idx)) == STAB_OK) st = stab_monitor_set_metrics(m, idx, &r->m, r->head_bounds);
+  }
+  char config[512];
+  snprintf(config, sizeof config, "{\"producer\": \"stabmeter-probe %s\", \"tol\": %g, \"exact\": %s, \"tight\": \"%s\"}",
+           stab_version(), o->tol, o->exact ? "true" : "false",
+           o->tight == STAB_TIGHT_EXACT ? "exact" : o->tight == STAB_TIGHT_NONE ? "none" : "centred");
+  stab_trace_params tp = stab_trace_default_params();
+  tp.append = 1;
+  tp.run_config = config;
+  if (st == STAB_OK) st = stab_trace_open(o->hdf5, m, &tp, &t);
+  /* no wall time for a checkpoint on disk: NaN, as the schema has it for a missing value */
+  if (st == STAB_OK) st = stab_trace_append(t, step, NAN, NULL, NULL);
+  if (st == STAB_OK) st = stab_trace_close(t);
+  else stab_trace_close(t);
+  if (st != STAB_OK) {
+    fprintf(stderr, "probe: %s: %s\n", o->hdf5, stab_last_error());
+    rc = st == STAB_EINVAL || st == STAB_EEXIST ? 2 : 1;
+  }
+  stab_monitor_free(m);
+  return rc;
+}
+
 /* ---- options ----------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
@@ -477,6 +556,10 @@ static void usage(FILE *f) {
           "  --filter GLOB       probe only tensors whose name matches (repeatable)\n"
           "  --kind GLOB=KIND    force the kind: linear, embedding, lm_head, gain, bias or skip\n"
           "  --layout GLOB=L     force a linear layout: in_major or out_major\n"
+          "  --hdf5 FILE         also append the results to the trace FILE (SPEC trace schema, created\n"
+          "                      if missing) as one step: probing a series of checkpoints builds a trace\n"
+          "  --step N            that step's number (default: from the file name, e.g. step-000100.*\n"
+          "                      or model_00000100.bin)\n"
           "  --quiet             no progress on stderr\n"
           "  --help, --version\n\n"
           "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
@@ -522,17 +605,30 @@ static int parse(int argc, char **argv, options *o) {
       {"tight", required_argument, 0, 'T'}, {"filter", required_argument, 0, 'f'},
       {"kind", required_argument, 0, 'k'},  {"layout", required_argument, 0, 'l'},
       {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
+      {"hdf5", required_argument, 0, 'H'},  {"step", required_argument, 0, 'S'},
       {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
   memset(o, 0, sizeof *o);
   o->tol = 1e-3;
+  o->step = -1;
   int c, rc;
   while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
     char *end = NULL;
     switch (c) {
     case 'p': o->reference = optarg; break;
     case 'j': o->json = 1; break;
+    case 'H': o->hdf5 = optarg; break;
+    case 'S': {
+      errno = 0;
+      long long v = strtoll(optarg, &end, 10);
+      if (errno || end == optarg || *end || v < 0) {
+        fprintf(stderr, "probe: --step must be a whole number >= 0, not '%s'\n", optarg);
+        return 2;
+      }
+      o->step = v;
+      break;
+    }
     case 'q': o->quiet = 1; break;
     case 'e': o->exact = 1; break;
     case 't':
@@ -575,6 +671,15 @@ static int parse(int argc, char **argv, options *o) {
     return 2;
   }
   o->checkpoint = argv[optind];
+  if (o->step >= 0 && !o->hdf5) {
+    fprintf(stderr, "probe: --step is the step of the --hdf5 trace; give --hdf5 FILE too\n");
+    return 2;
+  }
+  if (o->hdf5 && o->step < 0 && (o->step = step_from_name(o->checkpoint)) < 0) {
+    fprintf(stderr, "probe: %s: no step number in the file name (e.g. step-000100.safetensors); give --step N\n",
+            o->checkpoint);
+    return 2;
+  }
   return 0;
 }
 
@@ -754,6 +859,7 @@ int main(int argc, char **argv) {
   }
   if (!o.quiet && now() - t0 > 1.0)
     fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);
+  if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
   if (o.json) print_json(&o, rows, n);
   else print_table(&o, &f, rows, n);
   if (fflush(stdout) != 0 || ferror(stdout)) {

@@ -317,6 +317,14 @@ const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index);
  * NULL for other kinds. */
 const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index);
 
+/* Records metrics measured elsewhere (stab_layer_metrics on weights that are not kept in
+ * memory, e.g. a checkpoint read tensor by tensor) as a layer's last measurement, for
+ * stab_monitor_metrics and stab_trace_append. head_bounds: attention, heads values (NULL
+ * sets them NaN); ignored for other kinds. Copies; allocates nothing. Errors: NULL monitor
+ * or metrics STAB_EINVAL, index out of range STAB_ERANGE. */
+stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_metrics *metrics,
+                                     const double *head_bounds);
+
 /* Bytes the monitor has allocated (snapshots, warm vectors, workspaces). */
 size_t stab_monitor_memory(const stab_monitor *m);
 

@@ -131,6 +131,50 @@ for dt in F32 F16 BF16; do
   ok
 done
 
+# --hdf5: checkpoints probed one by one build a trace (steps from the names or --step),
+# read back with h5py against each run's --json; a trace of other layers is refused
+p=$dir/gguf_F32
+cp "$p.prev.gguf" "$dir/step-000100.gguf" && cp "$p.gguf" "$dir/model_00000200.gguf" && cp "$p.gguf" "$dir/plain.gguf"
+tr=$dir/trace.h5
+"$probe" "$dir/step-000100.gguf" --hdf5 "$tr" --json >"$dir/t100.json" 2>"$dir/t.err" || fail "hdf5 step 100: exit $?: $(cat "$dir/t.err")"
+"$probe" "$dir/model_00000200.gguf" --prev "$dir/step-000100.gguf" --hdf5 "$tr" --json >"$dir/t200.json" 2>"$dir/t.err" ||
+  fail "hdf5 step 200: exit $?: $(cat "$dir/t.err")"
+"$probe" "$dir/plain.gguf" --hdf5 "$tr" --step 300 --json >"$dir/t300.json" 2>"$dir/t.err" || fail "hdf5 --step 300: exit $?"
+"$probe" "$dir/plain.gguf" --hdf5 "$dir/other.h5" >/dev/null 2>"$dir/t.err"
+rc=$?
+[ $rc -eq 2 ] || fail "hdf5 without a step: exit $rc, want 2"
+grep -q "plain.gguf: no step number in the file name" "$dir/t.err" || fail "hdf5 without a step: message: $(cat "$dir/t.err")"
+[ -e "$dir/other.h5" ] && fail "hdf5 without a step: a trace was written"
+"$probe" "$dir/plain.gguf" --step 5 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--step without --hdf5: not exit 2"
+"$probe" "$dir/plain.gguf" --step -5 --hdf5 "$tr" >/dev/null 2>&1; [ $? -eq 2 ] || fail "--step -5: not exit 2"
+"$probe" "$dir/gpt2_F32.safetensors" --hdf5 "$tr" --step 400 >"$dir/t.out" 2>"$dir/t.err"
+rc=$?
+[ $rc -eq 2 ] || fail "hdf5 other layers: exit $rc, want 2"
+grep -q "trace.h5: .*does not match" "$dir/t.err" || fail "hdf5 other layers: message: $(cat "$dir/t.err")"
+if [ $have_py = 1 ] && python3 -c 'import h5py' 2>/dev/null; then
+  python3 - "$tr" "$dir/t100.json" "$dir/t200.json" "$dir/t300.json" <<'PY' || fail "hdf5: the trace differs from --json"
+import h5py, json, math, sys
+f = h5py.File(sys.argv[1], "r", swmr=True)
+assert list(f["step"][:]) == [100, 200, 300], f["step"][:]
+assert f.attrs["format"] in (b"stabmeter-trace", "stabmeter-trace")
+assert all(math.isnan(x) for x in f["wall_time"][:])
+for row, path in enumerate(sys.argv[2:]):
+    rep = json.load(open(path))
+    assert rep["layers"], path
+    assert len(f["layers"]) == len(rep["layers"]), (len(f["layers"]), len(rep["layers"]))
+    for l in rep["layers"]:
+        g = f["layers"]["lm_head" if l["tied"] else l["name"]]
+        kind = g.attrs["kind"].decode() if isinstance(g.attrs["kind"], bytes) else g.attrs["kind"]
+        assert (kind, int(g.attrs["d_in"]), int(g.attrs["d_out"])) == (l["kind"], l["d_in"], l["d_out"]), l["name"]
+        for key in ("forward", "dependency", "update", "sigma", "sigma_update", "rel_update", "forward_tight"):
+            got, want = g[key][row], l[key]
+            assert (math.isnan(got) and want is None) or got == want, (path, l["name"], key, got, want)
+    # the update exists only in the run with --prev
+    assert any(l["update"] is not None for l in rep["layers"]) == (row == 1), path
+PY
+fi
+ok
+
 # a NaN in a weight: that layer's metrics are NaN (null) and flagged, the others stand
 p=$dir/nan
 "$gen" "$p" gpt2 F32 nan
