@@ -50,6 +50,8 @@ typedef struct {
   const char *checkpoint, *reference;
   const char *hdf5; /* --hdf5: the trace to append this checkpoint's step to */
   int64_t step;     /* --step, or -1 */
+  size_t heads;     /* --heads, or 0: from the file's metadata or config.json */
+  int per_head;     /* --per-head: a table row per attention head */
   int json, quiet;
   double tol;
   int exact;
@@ -67,6 +69,9 @@ typedef struct {
   const char *name;           /* the row's name: t->name, or owned_name */
   char *owned_name;
   size_t heads;               /* attention */
+  size_t kv_heads;            /* attention: key heads (fewer than heads: grouped-query) */
+  size_t ld, q_off, k_off;    /* attention: row stride and where q and k start inside t, tk
+                                 (a fused qkv tensor holds both) */
   double *head_bounds;        /* attention: per head, owned */
   stab_kind kind;
   stab_layout layout;
@@ -430,7 +435,8 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
   }
   int w = 5;
   for (size_t i = 0; i < n; i++)
-    if (rows[i].measured && (int)strlen(rows[i].name) > w) w = (int)strlen(rows[i].name);
+    if (rows[i].measured && (int)strlen(rows[i].name) + (o->per_head ? 8 : 0) > w)
+      w = (int)strlen(rows[i].name) + (o->per_head ? 8 : 0);
   printf("\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, "layer", "kind", "shape", "dtype", "forward",
          "dependency", "update", "sigma", "rel_err", "notes");
   for (size_t i = 0; i < n; i++) {
@@ -452,8 +458,21 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
     if (r->m.flags & STAB_FLAG_NOT_CONVERGED) strcat(notes, "not-converged ");
+    if (r->kind == STAB_KIND_ATTENTION) {
+      size_t k = strlen(notes);
+      if (r->kv_heads != r->heads) snprintf(notes + k, sizeof notes - k, "%zu heads, %zu key heads ", r->heads, r->kv_heads);
+      else snprintf(notes + k, sizeof notes - k, "%zu heads ", r->heads);
+    }
     printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, r->name, stab_kind_name(r->kind), shape,
            r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
+    for (size_t h = 0; o->per_head && r->kind == STAB_KIND_ATTENTION && h < r->heads; h++) {
+      char hn[600], b[24], hs[48];
+      snprintf(hn, sizeof hn, "%s.head%zu", r->name, h);
+      snprintf(hs, sizeof hs, "%zux%zu", r->d_out / r->heads, r->d_in);
+      fmt_num(b, sizeof b, r->head_bounds[h]);
+      printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  key head %zu\n", w, hn, "attention", hs,
+             r->t->dtype_name, b, "-", "-", "-", "-", h / (r->heads / r->kv_heads));
+    }
   }
   int any = 0;
   for (size_t i = 0; i < n; i++)
@@ -461,6 +480,185 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
       if (!any++) printf("\nnot measured:\n");
       printf("  %s: %s\n", rows[i].name, rows[i].error);
     }
+}
+
+/* ---- attention: query/key pairs and head counts -------------------------------------- */
+/* Query weights by name, and where their key is (first match):
+ *   X.q_proj.weight   X.k_proj.weight     (HF Llama, Mistral, OPT ...)     logits X.logits
+ *   X.query.weight    X.key.weight        (HF BERT)                        X.logits
+ *   X.wq.weight       X.wk.weight         (Meta Llama)                     X.logits
+ *   X.attn_q.weight   X.attn_k.weight     (llama.cpp GGUF)                 X.attn_logits
+ *   X.c_attn.weight   itself, fused: q, k, v in thirds of d_out (GPT-2)    X.logits
+ *   X.attn_qkv.weight, X.qkv.weight  itself, fused thirds (GGUF GPT-2, ViT) X.attn_logits, X.logits
+ * Heads: --heads, else the GGUF metadata <general.architecture>.attention.head_count, else a
+ * safetensors __metadata__ key heads, num_attention_heads or n_head, else the same keys in a
+ * config.json beside the checkpoint (Hugging Face's). Key heads (grouped-query attention)
+ * follow from the key's width: d_out(k) / d_h. */
+static const struct {
+  const char *q, *k, *logits; /* suffixes; k NULL: fused qkv */
+} attn_rules[] = {{".q_proj.weight", ".k_proj.weight", ".logits"}, {".query.weight", ".key.weight", ".logits"},
+                  {".wq.weight", ".wk.weight", ".logits"},         {".attn_q.weight", ".attn_k.weight", ".attn_logits"},
+                  {".c_attn.weight", NULL, ".logits"},             {".attn_qkv.weight", NULL, ".attn_logits"},
+                  {".qkv.weight", NULL, ".logits"}};
+
+/* A non-negative integer after "key": in JSON text (the first one), or 0. */
+static size_t json_uint(const char *text, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\"", key);
+  const char *p = strstr(text, pat);
+  if (!p) return 0;
+  p += strlen(pat);
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+  if (*p++ != ':') return 0;
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '"') p++;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(p, &end, 10);
+  return (errno || end == p || v > 1u << 20) ? 0 : (size_t)v;
+}
+
+static const char *const head_keys[] = {"heads", "num_attention_heads", "n_head", NULL};
+
+/* The attention head count of the checkpoint (see above), or 0; *from says where it came from. */
+static size_t heads_of(const options *o, const ckpt *f, const char **from) {
+  *from = "--heads";
+  if (o->heads) return o->heads;
+  if (f->gg) {
+    const stab_gguf_kv *arch = stab_gguf_find_metadata(f->gg, "general.architecture");
+    uint64_t h = 0;
+    char key[160];
+    if (arch && arch->type == STAB_GGUF_STRING) {
+      snprintf(key, sizeof key, "%s.attention.head_count", arch->s);
+      *from = "the GGUF metadata";
+      if (stab_gguf_get_uint(f->gg, key, &h) == STAB_OK && h > 0 && h <= 1u << 20) return (size_t)h;
+    }
+    return 0;
+  }
+  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f->st, i, &k, &v);
+    for (size_t j = 0; head_keys[j]; j++)
+      if (!strcmp(k, head_keys[j]) && strtoul(v, NULL, 10) > 0) {
+        *from = "__metadata__";
+        return (size_t)strtoul(v, NULL, 10);
+      }
+  }
+  /* config.json beside the checkpoint (read whole, at most 1 MiB) */
+  char path[4096];
+  const char *slash = strrchr(o->checkpoint, '/');
+  snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - o->checkpoint + 1) : 0, o->checkpoint);
+  FILE *fp = fopen(path, "r");
+  if (!fp) return 0;
+  char *text = malloc((1 << 20) + 1);
+  size_t n = text ? fread(text, 1, 1 << 20, fp) : 0, h = 0;
+  fclose(fp);
+  if (text) {
+    text[n] = '\0';
+    for (size_t j = 1; head_keys[j] && !h; j++) h = json_uint(text, head_keys[j]);
+  }
+  free(text);
+  *from = "config.json";
+  return h;
+}
+
+/* Adds an attention row for every query/key pair of the checkpoint (not llm.c's, which has
+ * its own), into rows[*n]. Pairs that cannot be measured (no head count, widths that heads
+ * do not divide) are rows with the reason. 0, or 1 when out of memory. */
+static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t *n) {
+  const char *from;
+  size_t heads = heads_of(o, f, &from);
+  for (size_t i = 0; i < ck_count(f); i++) {
+    const stab_ckpt_tensor *tq = ck_tensor(f, i), *tk = NULL;
+    size_t rule = 0, nr = sizeof attn_rules / sizeof attn_rules[0];
+    while (rule < nr && !ends_with(tq->name, attn_rules[rule].q)) rule++;
+    if (rule == nr) continue;
+    size_t stem = strlen(tq->name) - strlen(attn_rules[rule].q);
+    char kname[600], lname[600];
+    snprintf(lname, sizeof lname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].logits);
+    int keep = o->nfilters == 0;
+    for (size_t k = 0; k < o->nfilters && !keep; k++) keep = !fnmatch(o->filters[k], lname, 0);
+    if (!keep) continue;
+    row q, k;
+    classify(o, tq, f->gg != NULL, &q);
+    if (q.error || q.kind != STAB_KIND_LINEAR) {
+      free(q.owned_error);
+      continue; /* the query itself is listed with its reason */
+    }
+    int fused = attn_rules[rule].k == NULL;
+    if (fused) {
+      k = q;
+      tk = tq;
+    } else {
+      snprintf(kname, sizeof kname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].k);
+      if (!(tk = ck_find(f, kname))) continue; /* a lone query: no logits to bound */
+      classify(o, tk, f->gg != NULL, &k);
+      free(k.owned_error);
+      if (k.error || k.kind != STAB_KIND_LINEAR) continue;
+    }
+    row *r = &rows[(*n)++];
+    memset(r, 0, sizeof *r);
+    r->t = tq, r->tk = tk;
+    r->kind = STAB_KIND_ATTENTION, r->layout = q.layout;
+    r->d_in = q.d_in;
+    r->ld = (size_t)tq->shape[1]; /* the stored row, either layout */
+    size_t q_out = fused ? q.d_out / 3 : q.d_out, k_out = fused ? q_out : k.d_out;
+    /* q is the first third of a fused tensor, k the second: rows (out-major) or columns */
+    r->k_off = fused ? (q.layout == STAB_LAYOUT_IN_MAJOR ? q_out : q_out * r->ld) : 0;
+    r->d_out = q_out;
+    if (!(r->owned_name = strdup(lname))) return 1;
+    r->name = r->owned_name;
+    char why[300] = "";
+    if (fused && q.d_out % 3)
+      snprintf(why, sizeof why, "fused qkv '%s': d_out %zu is not three equal parts", tq->name, q.d_out);
+    else if (!fused && k.d_in != q.d_in)
+      snprintf(why, sizeof why, "query d_in %zu but key '%s' d_in %zu", q.d_in, tk->name, k.d_in);
+    else if (!fused && k.layout != q.layout)
+      snprintf(why, sizeof why, "query and key '%s' have different layouts", tk->name);
+    else if (!heads)
+      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
+    else if (q_out % heads)
+      snprintf(why, sizeof why, "%zu heads (from %s) do not divide the query width %zu", heads, from, q_out);
+    else if (k_out % (q_out / heads) || heads % (k_out / (q_out / heads)))
+      snprintf(why, sizeof why, "key width %zu is not a whole number of key heads of width %zu dividing %zu heads",
+               k_out, q_out / heads, heads);
+    else if (k_out != q_out && q.layout == STAB_LAYOUT_IN_MAJOR)
+      snprintf(why, sizeof why, "grouped-query attention with in-major weights (not supported)");
+    if (why[0]) {
+      set_error(r, "%s", why, 0);
+      continue;
+    }
+    r->heads = heads;
+    r->kv_heads = k_out / (q_out / heads);
+    if (!(r->head_bounds = calloc(heads, sizeof *r->head_bounds))) return 1;
+  }
+  return 0;
+}
+
+/* The logit bounds of attention row r, from q and k as f32 (r->q_off, r->k_off into them):
+ * the library's attention metrics when every query head has its own key head, else one
+ * single-head measurement per query head against its group's key head. */
+static stab_status measure_attention(row *r, const float *q, const float *k, const stab_metrics_params *mp) {
+  stab_layer L = {.name = r->name, .kind = STAB_KIND_ATTENTION, .d_in = r->d_in, .d_out = r->d_out,
+                  .layout = r->layout, .ld = r->ld, .weight = q + r->q_off, .weight_k = k + r->k_off,
+                  .heads = r->heads};
+  if (r->kv_heads == r->heads) return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
+  size_t dh = r->d_out / r->heads, group = r->heads / r->kv_heads;
+  size_t step = r->layout == STAB_LAYOUT_IN_MAJOR ? dh : dh * r->ld; /* one head's block */
+  double worst = 0;
+  for (size_t h = 0; h < r->heads; h++) {
+    stab_layer one = L;
+    stab_metrics m;
+    one.d_out = dh, one.heads = 1;
+    one.weight = L.weight + h * step;
+    one.weight_k = L.weight_k + (h / group) * step;
+    stab_status st = stab_layer_metrics(&one, NULL, mp, &m, &r->head_bounds[h]);
+    if (st != STAB_OK) return st;
+    if (h == 0) r->m = m;
+    else r->m.passes += m.passes, r->m.flags |= m.flags;
+    worst = isnan(worst) || isnan(r->head_bounds[h]) ? NAN : fmax(worst, r->head_bounds[h]);
+  }
+  r->m.forward = worst;
+  return STAB_OK;
 }
 
 /* ---- the trace (--hdf5) ------------------------------------------------------------ */
@@ -560,6 +758,9 @@ static void usage(FILE *f) {
           "                      if missing) as one step: probing a series of checkpoints builds a trace\n"
           "  --step N            that step's number (default: from the file name, e.g. step-000100.*\n"
           "                      or model_00000100.bin)\n"
+          "  --heads H           attention heads, for the logit bounds of query/key pairs (default:\n"
+          "                      GGUF metadata, safetensors __metadata__, or config.json beside the file)\n"
+          "  --per-head          a table row per attention head (the JSON always has head_bounds)\n"
           "  --quiet             no progress on stderr\n"
           "  --help, --version\n\n"
           "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
@@ -606,6 +807,7 @@ static int parse(int argc, char **argv, options *o) {
       {"kind", required_argument, 0, 'k'},  {"layout", required_argument, 0, 'l'},
       {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
       {"hdf5", required_argument, 0, 'H'},  {"step", required_argument, 0, 'S'},
+      {"heads", required_argument, 0, 'A'}, {"per-head", no_argument, 0, 'P'},
       {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
@@ -619,6 +821,17 @@ static int parse(int argc, char **argv, options *o) {
     case 'p': o->reference = optarg; break;
     case 'j': o->json = 1; break;
     case 'H': o->hdf5 = optarg; break;
+    case 'P': o->per_head = 1; break;
+    case 'A': {
+      errno = 0;
+      unsigned long long v = strtoull(optarg, &end, 10);
+      if (errno || end == optarg || *end || v == 0 || v > 1u << 20 || optarg[0] == '-') {
+        fprintf(stderr, "probe: --heads must be a whole number from 1 to 1048576, not '%s'\n", optarg);
+        return 2;
+      }
+      o->heads = (size_t)v;
+      break;
+    }
     case 'S': {
       errno = 0;
       long long v = strtoll(optarg, &end, 10);
@@ -744,7 +957,7 @@ int main(int argc, char **argv) {
       memset(r, 0, sizeof *r);
       r->t = ck_find(&f, q), r->tk = ck_find(&f, k);
       r->kind = STAB_KIND_ATTENTION, r->layout = STAB_LAYOUT_OUT_MAJOR;
-      r->d_in = r->d_out = c->channels, r->heads = c->heads;
+      r->d_in = r->d_out = c->channels, r->heads = r->kv_heads = c->heads;
       r->owned_name = strdup(nm);
       r->head_bounds = calloc(c->heads, sizeof *r->head_bounds);
       if (!r->t || !r->tk || !r->owned_name || !r->head_bounds) {
@@ -756,6 +969,12 @@ int main(int argc, char **argv) {
       r->name = r->owned_name;
       n++;
     }
+  }
+  /* safetensors, GGUF: attention logits of every query/key pair found by name */
+  if (!f.lc && add_attention_rows(&o, &f, rows, &n)) {
+    fprintf(stderr, "probe: out of memory\n");
+    rc = 1;
+    goto out;
   }
   /* rule 8: fold X.bias into a linear X.weight of matching width */
   for (size_t i = 0; i < n; i++) {
@@ -812,7 +1031,7 @@ int main(int argc, char **argv) {
       last = t;
     }
     const float *w = as_f32(r->t, &bw), *b = r->bias ? as_f32(r->bias, &bb) : NULL;
-    const float *wk = r->tk ? as_f32(r->tk, &bk) : NULL;
+    const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &bk) : NULL; /* a fused qkv: one tensor */
     if (!w || (r->bias && !b) || (r->tk && !wk)) {
       rc = 1;
       goto out;
@@ -844,7 +1063,8 @@ int main(int argc, char **argv) {
                   !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
       }
     }
-    stab_status st = stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
+    stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, &mp)
+                                                    : stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
     if (st != STAB_OK) {
       fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
       rc = 1;

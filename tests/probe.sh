@@ -42,6 +42,34 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# heads JSON HEADS TOL: each attention layer's head_bounds against st_gen's brute force
+# (per-head Gram matrices diagonalised by Jacobi rotations), and its forward is their max
+heads() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+tol = float(sys.argv[3])
+att = {l["name"]: l for l in rep["layers"] if l["kind"] == "attention"}
+want = {}
+for line in open(sys.argv[2]):
+    name, h, b = line.split()
+    want.setdefault(name, {})[int(h)] = float(b)
+bad = 0
+for name, hb in want.items():
+    l = att.get(name)
+    if l is None:
+        print("missing attention layer", name); bad += 1; continue
+    if len(l["head_bounds"]) != len(hb) or l["heads"] != len(hb):
+        print(name, "heads", l["heads"], len(l["head_bounds"]), "want", len(hb)); bad += 1; continue
+    for h, b in hb.items():
+        if abs(l["head_bounds"][h] - b) > tol * b:
+            print(name, "head", h, "got", l["head_bounds"][h], "want", b); bad += 1
+    if l["forward"] != max(l["head_bounds"]):
+        print(name, "forward is not the max over heads"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
+
 for model in gpt2 llama; do
   for dt in F32 F16 BF16; do
     p=$dir/${model}_$dt
@@ -73,6 +101,13 @@ for model in gpt2 llama; do
     grep -q '"errors": \[' "$p.json" || fail "$model $dt: no errors array"
     if [ $have_py = 1 ]; then
       compare "$p.json" "$p.ref" 1e-9 || fail "$model $dt: exact values differ from stab_layer_metrics"
+      # per-head attention bounds (GPT-2: fused c_attn, heads from --heads; Llama: q_proj and
+      # k_proj, grouped-query, heads from config.json) against the brute force
+      hopt=; [ $model = gpt2 ] && hopt="--heads 2"
+      "$probe" "$p.safetensors" $hopt --json --exact >"$p.h.json" 2>"$p.err" || fail "$model $dt: heads exit $?"
+      heads "$p.h.json" "$p.heads" 1e-9 || fail "$model $dt: exact per-head bounds differ from the brute force"
+      "$probe" "$p.safetensors" $hopt --json >"$p.h.json" 2>"$p.err" || fail "$model $dt: heads exit $?"
+      heads "$p.h.json" "$p.heads" 2e-3 || fail "$model $dt: default-mode per-head bounds off"
       # default mode (Lanczos, tol 1e-3): the same values within the tolerance
       "$probe" "$p.safetensors" --prev "$p.prev.safetensors" --json >"$p.lz.json" 2>/dev/null ||
         fail "$model $dt: --json exit $?"
@@ -118,11 +153,15 @@ for dt in F32 F16 BF16; do
   grep -Eq '^token_embd\.weight +lm_head .*tied' "$p.txt" || fail "gguf $dt: tied head"
   grep -q 'blk.0.ffn_up.weight: unsupported GGML type Q8_0' "$p.txt" || fail "gguf $dt: Q8_0 tensor not listed"
   grep -q 'rope_freqs.weight: a 1-D tensor' "$p.txt" || fail "gguf $dt: rope_freqs not listed"
+  grep -Eq '^blk\.0\.attn_logits +attention .* 4 heads, 2 key heads' "$p.txt" || fail "gguf $dt: attention row"
+  "$probe" "$p.gguf" --per-head >"$p.ph.txt" || fail "gguf $dt: --per-head exit $?"
+  [ "$(grep -Ec '^blk\.0\.attn_logits\.head[0-3] +attention +4x16 ' "$p.ph.txt")" = 4 ] || fail "gguf $dt: per-head rows"
   grep -q 'metadata llama.attention.head_count = 4' "$p.txt" || fail "gguf $dt: metadata not shown"
   grep -q 'metadata tokenizer.ggml.tokens = \[4 x string\]' "$p.txt" || fail "gguf $dt: array metadata"
   "$probe" "$p.gguf" --prev "$p.prev.gguf" --json --exact >"$p.json" 2>"$p.err" || fail "gguf $dt: json exit $?"
   if [ $have_py = 1 ]; then
     compare "$p.json" "$p.ref" 1e-9 || fail "gguf $dt: exact values differ from stab_layer_metrics"
+    heads "$p.json" "$p.heads" 1e-9 || fail "gguf $dt: exact per-head bounds differ from the brute force"
     "$probe" "$p.gguf" --prev "$p.prev.gguf" --json >"$p.lz.json" 2>/dev/null || fail "gguf $dt: --json exit $?"
     compare "$p.lz.json" "$p.ref" 2e-3 || fail "gguf $dt: default-mode values off"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); l=[x for x in r["layers"] if x["name"]=="blk.0.attn_k.weight"][0]; assert (l["d_in"], l["d_out"], l["shape"], l["layout"]) == (16, 8, [8, 16], "out_major"), l' "$p.json" ||
@@ -211,6 +250,17 @@ assert abs(got["caf\u00e9.weight"]["dependency"] - 2.0) < 1e-12          # sigma
 ' "$dir/esc.json" || fail "escapes: names or values wrong in the JSON"
   ok
 fi
+
+# attention without a head count is listed with the reason, not dropped; --heads that do not
+# divide the width are refused per layer, and bad --heads values are usage errors
+mkdir "$dir/nocfg" && cp "$dir/gpt2_F32.safetensors" "$dir/nocfg/m.safetensors"
+"$probe" "$dir/nocfg/m.safetensors" >"$dir/nh.txt" || fail "no heads: exit $?"
+grep -q '^  h.0.attn.logits: no head count (give --heads H' "$dir/nh.txt" || fail "no heads: not listed"
+"$probe" "$dir/nocfg/m.safetensors" --heads 3 >"$dir/nh.txt" || fail "--heads 3: exit $?"
+grep -q '^  h.0.attn.logits: 3 heads (from --heads) do not divide the query width 16' "$dir/nh.txt" || fail "--heads 3: not listed"
+"$probe" "$dir/nocfg/m.safetensors" --heads 0 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--heads 0: not exit 2"
+"$probe" "$dir/nocfg/m.safetensors" --heads x >/dev/null 2>&1; [ $? -eq 2 ] || fail "--heads x: not exit 2"
+ok
 
 # filters and overrides
 p=$dir/gpt2_F32

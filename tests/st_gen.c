@@ -123,6 +123,64 @@ static int write_gguf(const char *path, spec *s, size_t n, const char *dtype, in
   return gw_write(&w, path);
 }
 
+/* ---- attention logit bounds by brute force, independent of the library ---- */
+
+/* Largest eigenvalue of the symmetric n x n matrix a (destroyed), by cyclic Jacobi rotations
+ * until the off-diagonal part is below 1e-30 of the whole. */
+static double jacobi_max(double *a, size_t n) {
+  for (int sweep = 0; sweep < 100; sweep++) {
+    double off = 0, all = 0;
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < n; j++) all += a[i * n + j] * a[i * n + j], off += i != j ? a[i * n + j] * a[i * n + j] : 0;
+    if (off <= 1e-30 * all) break;
+    for (size_t p = 0; p < n; p++)
+      for (size_t q = p + 1; q < n; q++) {
+        if (a[p * n + q] == 0) continue;
+        double theta = (a[q * n + q] - a[p * n + p]) / (2 * a[p * n + q]);
+        double t = (theta >= 0 ? 1 : -1) / (fabs(theta) + sqrt(theta * theta + 1)), c = 1 / sqrt(t * t + 1), sn = t * c;
+        for (size_t k = 0; k < n; k++) { /* A <- J^T A J */
+          double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = c * akp - sn * akq, a[k * n + q] = sn * akp + c * akq;
+        }
+        for (size_t k = 0; k < n; k++) {
+          double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = c * apk - sn * aqk, a[q * n + k] = sn * apk + c * aqk;
+        }
+      }
+  }
+  double mx = a[0];
+  for (size_t i = 1; i < n; i++) mx = a[i * n + i] > mx ? a[i * n + i] : mx;
+  return mx;
+}
+
+/* sigma of one head's block: outputs first .. first + dh - 1 of a matrix with d inputs and
+ * row stride ld, stored out-major (rows are outputs) or in-major (columns are outputs). */
+static double head_sigma(const float *m, size_t ld, int in_major, size_t first, size_t dh, size_t d) {
+  double g[64] = {0}; /* dh <= 8 */
+  for (size_t a = 0; a < dh; a++)
+    for (size_t b = 0; b < dh; b++)
+      for (size_t i = 0; i < d; i++) {
+        double x = in_major ? m[i * ld + first + a] : m[(first + a) * ld + i];
+        double y = in_major ? m[i * ld + first + b] : m[(first + b) * ld + i];
+        g[a * dh + b] += x * y;
+      }
+  return sqrt(jacobi_max(g, dh));
+}
+
+/* SPEC's bound per head, s d_h F_q F_k with F = sqrt(d/d_h) sigma, s = 1/sqrt(d_h): lines
+ * "<name> <h> <bound>" in heads_out, and the max as a .ref line of kind attention. */
+static void attention_ref(FILE *ref, FILE *heads_out, const char *name, const float *q, const float *k, size_t ld,
+                          int in_major, size_t kfirst, size_t d, size_t heads, size_t kv, size_t dh) {
+  double worst = 0;
+  for (size_t h = 0; h < heads; h++) {
+    double sq = head_sigma(q, ld, in_major, h * dh, dh, d), sk = head_sigma(k, ld, in_major, kfirst + (h / (heads / kv)) * dh, dh, d);
+    double f = sqrt((double)d / (double)dh), bound = (1 / sqrt((double)dh)) * (double)dh * (f * sq) * (f * sk);
+    fprintf(heads_out, "%s %zu %.17g\n", name, h, bound);
+    worst = bound > worst ? bound : worst;
+  }
+  if (ref) fprintf(ref, "%s attention %.17g nan nan\n", name, worst);
+}
+
 static const spec *find(const spec *s, size_t n, const char *name) {
   for (size_t i = 0; i < n; i++)
     if (!strcmp(s[i].name, name)) return &s[i];
@@ -290,6 +348,7 @@ int main(int argc, char **argv) {
       {"model.embed_tokens.weight", NULL, 2, {V, D}, STAB_KIND_EMBEDDING, 0, NULL, NULL, NULL},
       {"model.layers.0.input_layernorm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
       {"model.layers.0.self_attn.q_proj.weight", NULL, 2, {24, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"model.layers.0.self_attn.k_proj.weight", NULL, 2, {12, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
       {"model.layers.0.mlp.down_proj.weight", NULL, 2, {D, 40}, STAB_KIND_LINEAR, 0, "model.layers.0.mlp.down_proj.bias", NULL, NULL},
       {"model.layers.0.mlp.down_proj.bias", NULL, 1, {D}, -1, 0, NULL, NULL, NULL},
       {"model.layers.0.experts", NULL, 3, {2, 4, 4}, -1, 0, NULL, NULL, NULL},
@@ -367,6 +426,30 @@ int main(int argc, char **argv) {
       fprintf(ref, "%s %s %.17g %.17g %.17g\n", s[i].name, stab_kind_name(kind), m.forward, m.dependency, m.update);
     }
   }
+  /* attention, as stored: GPT-2's fused in-major c_attn (2 heads of 8: the probe needs
+   * --heads 2), Llama's q_proj/k_proj (4 query heads of 6, 2 key heads; heads from the
+   * config.json written beside), GGUF's attn_q/attn_k (4 heads of 4, 2 key heads) */
+  snprintf(path, sizeof path, "%s.heads", argv[1]);
+  FILE *hf = fopen(path, "w");
+  if (!hf) return perror(path), 1;
+  if (gpt2) {
+    const float *w = find(s, n, "h.0.attn.c_attn.weight")->after;
+    attention_ref(NULL, hf, "h.0.attn.logits", w, w, 3 * D, 1, D, D, 2, 2, D / 2);
+  } else if (gguf) {
+    attention_ref(ref, hf, "blk.0.attn_logits", find(s, n, "blk.0.attn_q.weight")->after,
+                  find(s, n, "blk.0.attn_k.weight")->after, D, 0, 0, D, 4, 2, 4);
+  } else {
+    attention_ref(ref, hf, "model.layers.0.self_attn.logits", find(s, n, "model.layers.0.self_attn.q_proj.weight")->after,
+                  find(s, n, "model.layers.0.self_attn.k_proj.weight")->after, D, 0, 0, D, 4, 2, 6);
+    const char *slash = strrchr(argv[1], '/');
+    snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - argv[1] + 1) : 0, argv[1]);
+    FILE *cf = fopen(path, "w");
+    if (!cf) return perror(path), 1;
+    fprintf(cf, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"hidden_size\": %d,\n"
+                "  \"num_attention_heads\": 4,\n  \"num_key_value_heads\": 2\n}\n", D);
+    if (fclose(cf)) return perror(path), 1;
+  }
+  if (fclose(hf)) return perror(path), 1;
   fclose(ref);
   for (size_t i = 0; i < n; i++) free(s[i].after), free(s[i].before);
   return 0;
