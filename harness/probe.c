@@ -3,6 +3,7 @@
  * optionally with the update against an older checkpoint: each tensor's kind inferred from
  * its name and shape by the rule table below, the metrics computed by the library, printed
  * as an aligned table or as the SPEC probe report (JSON). */
+#include "ckpt_guard.h"
 #include "stabmeter.h"
 
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ---- the rule table ----------------------------------------------------------------
@@ -902,12 +904,42 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The message for a checkpoint that shrank under its mapping (the guard caught the SIGBUS):
+ * exit status 2, its data being gone. */
+static int shrank(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) == 0)
+    fprintf(stderr, "probe: %s: the file shrank to %lld bytes while it was being read (truncated or rewritten "
+            "by another process?): its data past that is gone; no report\n", path, (long long)sb.st_size);
+  else
+    fprintf(stderr, "probe: %s: the file changed while it was being read (now: %s): its data past the new end is "
+            "gone; no report\n", path, strerror(errno));
+  return 2;
+}
+
 static int open_checkpoint(const char *path, ckpt *f) {
   /* by the magic; a .gguf file without it is a GGUF file with a bad magic */
+  ckpt_guard_opening(path); /* the readers parse the index from the mapping */
   stab_status st = stab_llmc_is(path)                           ? stab_llmc_open(path, &f->lc)
                    : stab_gguf_is(path) || ends_with(path, ".gguf") ? stab_gguf_open(path, &f->gg)
                                                                 : stab_safetensors_open(path, &f->st);
-  if (st == STAB_OK) return 0;
+  ckpt_guard_opening(NULL);
+  if (ckpt_guard_tripped()) return shrank(path);
+  if (st == STAB_OK) {
+    /* from here on, the mapped bytes the tensors span */
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (size_t i = 0; i < ck_count(f); i++) {
+      const stab_ckpt_tensor *t = ck_tensor(f, i);
+      if (!t->count || !t->elem_size) continue; /* empty, or block-quantized: never read */
+      lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
+      hi = (uintptr_t)t->data + t->count * t->elem_size > hi ? (uintptr_t)t->data + t->count * t->elem_size : hi;
+    }
+    if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
+      fprintf(stderr, "probe: %s: too many checkpoints to guard\n", path);
+      return 1;
+    }
+    return 0;
+  }
   fprintf(stderr, "probe: %s\n", stab_last_error());
   return st == STAB_ENOMEM ? 1 : 2;
 }
@@ -918,6 +950,10 @@ int main(int argc, char **argv) {
   options o;
   int rc = parse(argc, argv, &o);
   if (rc) return rc;
+  if (ckpt_guard_install()) {
+    fprintf(stderr, "probe: cannot install the SIGBUS handler: %s\n", strerror(errno));
+    return 1;
+  }
   ckpt f = {0}, prevc = {0}, *prev = NULL;
   row *rows = NULL;
   f32buf bw = {0}, bb = {0}, bk = {0}, pw = {0}, pb = {0};
@@ -1065,6 +1101,10 @@ int main(int argc, char **argv) {
     }
     stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, &mp)
                                                     : stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
+    if (ckpt_guard_tripped()) { /* the numbers read were zeros: nothing of this run stands */
+      rc = shrank(ckpt_guard_tripped());
+      goto out;
+    }
     if (st != STAB_OK) {
       fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
       rc = 1;
@@ -1091,6 +1131,7 @@ out:
     free(rows[i].owned_error), free(rows[i].owned_name), free(rows[i].head_bounds);
   free(rows);
   free(bw.buf), free(bb.buf), free(bk.buf), free(pw.buf), free(pb.buf);
+  ckpt_guard_reset();
   ck_close(&f);
   ck_close(&prevc);
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
