@@ -190,8 +190,13 @@ grep -q "plain.gguf: no step number in the file name" "$dir/t.err" || fail "hdf5
 rc=$?
 [ $rc -eq 2 ] || fail "hdf5 other layers: exit $rc, want 2"
 grep -q "trace.h5: .*does not match" "$dir/t.err" || fail "hdf5 other layers: message: $(cat "$dir/t.err")"
-if [ $have_py = 1 ] && python3 -c 'import h5py' 2>/dev/null; then
-  python3 - "$tr" "$dir/t100.json" "$dir/t200.json" "$dir/t300.json" <<'PY' || fail "hdf5: the trace differs from --json"
+py5=
+for c in "${PYTHON:-python3}" /usr/bin/python3; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import h5py' 2>/dev/null; then py5=$c; break; fi
+done
+[ -n "$py5" ] || fail "hdf5: no python3 with h5py to read the trace back (apt-get install python3-h5py)"
+if [ -n "$py5" ]; then
+  "$py5" - "$tr" "$dir/t100.json" "$dir/t200.json" "$dir/t300.json" <<'PY' || fail "hdf5: the trace differs from --json"
 import h5py, json, math, sys
 f = h5py.File(sys.argv[1], "r", swmr=True)
 assert list(f["step"][:]) == [100, 200, 300], f["step"][:]
