@@ -33,7 +33,10 @@
  *     output.weight; its blk.N.attn_output is a linear layer, the last component differs).
  *  7. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear), except the HF
  *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj,
- *     which are in-major; --layout GLOB=in_major|out_major overrides.
+ *     which are in-major when their shape is Conv1D's (c_attn [d][3d], c_fc wider than tall,
+ *     mlp.c_proj taller than wide: nanoGPT and harness/train store these names out-major; a
+ *     file whose __metadata__ producer is stabmeter-train is out-major throughout);
+ *     --layout GLOB=in_major|out_major overrides.
  *  8. 1-D X.bias where X.weight is a linear layer of d_out = its length: folded into it.
  *  9. 1-D whose module name has a component containing "norm" (any case) or starting with
  *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift);
@@ -54,6 +57,7 @@ typedef struct {
   int64_t step;     /* --step, or -1 */
   size_t heads;     /* --heads, or 0: from the file's metadata or config.json */
   int per_head;     /* --per-head: a table row per attention head */
+  int out_major_file; /* the checkpoint is harness/train's: GPT-2 names, nn.Linear layouts */
   int json, quiet;
   double tol;
   int exact;
@@ -121,6 +125,16 @@ static int matches_any(const char *name, const char *const *globs) {
   for (size_t i = 0; globs[i]; i++)
     if (!fnmatch(globs[i], name, 0)) return 1;
   return 0;
+}
+
+/* 1 when a GPT-2-named matrix has Conv1D's in-major shape: c_attn [d][3d], c_fc [d][4d],
+ * mlp.c_proj [4d][d]. nanoGPT and harness/train store the same names out-major ([3d][d] ...);
+ * attn.c_proj is square, where the layout changes no metric. */
+static int conv1d_shape(const char *name, size_t rows, size_t cols) {
+  if (ends_with(name, "attn.c_attn.weight")) return cols == 3 * rows;
+  if (ends_with(name, "mlp.c_fc.weight")) return cols > rows;
+  if (ends_with(name, "mlp.c_proj.weight")) return rows > cols;
+  return 1;
 }
 
 static int is_norm_module(const char *module) {
@@ -211,7 +225,8 @@ static void classify(const options *o, const stab_ckpt_tensor *t, int gguf_file,
   switch (r->kind) {
   case STAB_KIND_LINEAR: {
     const char *lay = override_for(o->layouts, o->nlayouts, t->name);
-    int in_major = lay ? !strcmp(lay, "in_major") : matches_any(t->name, conv1d_globs);
+    int in_major = lay ? !strcmp(lay, "in_major")
+                       : !o->out_major_file && matches_any(t->name, conv1d_globs) && conv1d_shape(t->name, rows, cols);
     r->layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
     r->d_in = in_major ? rows : cols;
     r->d_out = in_major ? cols : rows;
@@ -767,7 +782,8 @@ static void usage(FILE *f) {
           "  --help, --version\n\n"
           "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
           "word_embeddings, position_embd, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
-          "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} (in-major); 1-D X.bias\n"
+          "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} in Conv1D's shape\n"
+          "(in-major; c_attn [d][3d], c_fc wider than tall, mlp.c_proj taller than wide); 1-D X.bias\n"
           "with a linear X.weight folded into it; 1-D *norm*/ln* weights gain, their .bias bias; other\n"
           "1-D .bias bias. Integer dtypes, scalars and 3-D+ tensors are listed as not measured. With no\n"
           "lm_head tensor, the token embedding is reported also as lm_head (tied).\n"
@@ -964,6 +980,11 @@ int main(int argc, char **argv) {
     if ((rc = open_checkpoint(o.reference, prev))) goto out;
   }
 
+  for (size_t i = 0; f.st && i < stab_safetensors_metadata_count(f.st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f.st, i, &k, &v);
+    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) o.out_major_file = 1;
+  }
   size_t nt = ck_count(&f);
   rows = calloc(2 * nt + 1, sizeof *rows); /* + 1: a tied lm_head; attention rows (llm.c) */
   if (!rows) {

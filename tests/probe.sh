@@ -256,6 +256,36 @@ assert abs(got["caf\u00e9.weight"]["dependency"] - 2.0) < 1e-12          # sigma
   ok
 fi
 
+# a checkpoint of harness/train (GPT-2 names stored out-major, tied, heads in __metadata__):
+# every layer's forward and dependency against the trainer's own trace of the same step,
+# whose layers train.c registers by hand, independently of the probe's rule table
+if [ -n "$py5" ]; then
+  ./harness/train --width 32 --depth 2 --heads 4 --steps 3 --out "$dir/trn" >/dev/null 2>"$dir/trn.err" ||
+    fail "train: exit $?: $(tail -3 "$dir/trn.err")"
+  "$probe" "$dir/trn/model.safetensors" --json >"$dir/trn.json" 2>"$dir/t.err" || fail "train checkpoint: exit $?"
+  "$py5" - "$dir/trn/trace.h5" "$dir/trn.json" <<'PY' || fail "train checkpoint: probe differs from the trainer's trace"
+import h5py, json, math, sys
+f = h5py.File(sys.argv[1], "r", swmr=True)
+rep = json.load(open(sys.argv[2]))
+got = {}
+for l in rep["layers"]:
+    name = "lm_head" if l["tied"] else l["name"][:-7] if l["name"].endswith(".weight") else l["name"]
+    got[name] = l
+assert set(got) == set(f["layers"]), (sorted(got), sorted(f["layers"]))
+bad = 0
+for name, l in got.items():
+    g = f["layers"][name]
+    for key in ("forward", "dependency"):
+        want = g[key][len(f["step"]) - 1]
+        if (l[key] is None) != math.isnan(want) or (l[key] is not None and abs(l[key] - want) > 2e-3 * abs(want)):
+            print(name, key, "probe", l[key], "trainer", want); bad += 1
+    if l["kind"] == "linear" and l["layout"] != "out_major":
+        print(name, "layout", l["layout"]); bad += 1
+sys.exit(1 if bad else 0)
+PY
+fi
+ok
+
 # attention without a head count is listed with the reason, not dropped; --heads that do not
 # divide the width are refused per layer, and bad --heads values are usage errors
 mkdir "$dir/nocfg" && cp "$dir/gpt2_F32.safetensors" "$dir/nocfg/m.safetensors"
