@@ -362,12 +362,55 @@ static const char *layout_name(const row *r) {
   return "rows";
 }
 
-static void print_json(const options *o, row *rows, size_t n) {
+/* The checkpoint's own metadata as a JSON object: safetensors' __metadata__ (strings), GGUF's
+ * pairs (numbers, strings, booleans; an array as {"array": type, "length": n}), llm.c's header. */
+static void print_json_metadata(const ckpt *f) {
+  fputs("{", stdout);
+  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f->st, i, &k, &v);
+    fputs(i ? ", " : "", stdout);
+    json_string(k);
+    fputs(": ", stdout);
+    json_string(v);
+  }
+  for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
+    const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
+    fputs(i ? ", " : "", stdout);
+    json_string(kv->key);
+    fputs(": ", stdout);
+    switch (kv->type) {
+    case STAB_GGUF_STRING: json_string(kv->s); break;
+    case STAB_GGUF_BOOL: fputs(kv->u ? "true" : "false", stdout); break;
+    case STAB_GGUF_ARRAY:
+      printf("{\"array\": \"%s\", \"length\": %llu}",
+             stab_gguf_value_type_name(kv->elem_type) ? stab_gguf_value_type_name(kv->elem_type) : "?",
+             (unsigned long long)kv->len);
+      break;
+    case STAB_GGUF_FLOAT32: case STAB_GGUF_FLOAT64: json_number(kv->f); break;
+    case STAB_GGUF_INT8: case STAB_GGUF_INT16: case STAB_GGUF_INT32: case STAB_GGUF_INT64:
+      printf("%lld", (long long)kv->i);
+      break;
+    default: printf("%llu", (unsigned long long)kv->u); break;
+    }
+  }
+  if (f->lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(f->lc);
+    printf("\"version\": %d, \"max_seq_len\": %zu, \"vocab_size\": %zu, \"padded_vocab_size\": %zu, "
+           "\"num_layers\": %zu, \"num_heads\": %zu, \"channels\": %zu", c->version, c->max_t, c->vocab,
+           c->padded_vocab, c->layers, c->heads, c->channels);
+  }
+  fputs("}", stdout);
+}
+
+static void print_json(const options *o, const ckpt *ck, row *rows, size_t n) {
   printf("{\"format\": \"stabmeter-probe\", \"format_version\": 1, \"checkpoint\": ");
   json_string(o->checkpoint);
   printf(", \"reference\": ");
   if (o->reference) json_string(o->reference);
   else fputs("null", stdout);
+  printf(", \"metadata\": ");
+  print_json_metadata(ck);
   printf(", \"layers\": [");
   int first = 1;
   for (size_t i = 0; i < n; i++) {
@@ -1141,7 +1184,7 @@ int main(int argc, char **argv) {
   if (!o.quiet && now() - t0 > 1.0)
     fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);
   if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
-  if (o.json) print_json(&o, rows, n);
+  if (o.json) print_json(&o, &f, rows, n);
   else print_table(&o, &f, rows, n);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "probe: error writing the output\n");

@@ -101,6 +101,8 @@ for model in gpt2 llama; do
     grep -q '"errors": \[' "$p.json" || fail "$model $dt: no errors array"
     if [ $have_py = 1 ]; then
       compare "$p.json" "$p.ref" 1e-9 || fail "$model $dt: exact values differ from stab_layer_metrics"
+      python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["metadata"]; assert m == {"format": "pt", "source": "st_gen"}, m' "$p.json" ||
+        fail "$model $dt: JSON metadata"
       # per-head attention bounds (GPT-2: fused c_attn, heads from --heads; Llama: q_proj and
       # k_proj, grouped-query, heads from config.json) against the brute force
       hopt=; [ $model = gpt2 ] && hopt="--heads 2"
@@ -162,6 +164,8 @@ for dt in F32 F16 BF16; do
   if [ $have_py = 1 ]; then
     compare "$p.json" "$p.ref" 1e-9 || fail "gguf $dt: exact values differ from stab_layer_metrics"
     heads "$p.json" "$p.heads" 1e-9 || fail "gguf $dt: exact per-head bounds differ from the brute force"
+    python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["metadata"]; assert m["general.architecture"] == "llama" and m["llama.attention.head_count"] == 4 and m["llama.rope.freq_base"] == 10000.0 and m["tokenizer.ggml.add_bos_token"] is True and m["tokenizer.ggml.tokens"] == {"array": "string", "length": 4}, m' "$p.json" ||
+      fail "gguf $dt: JSON metadata"
     "$probe" "$p.gguf" --prev "$p.prev.gguf" --json >"$p.lz.json" 2>/dev/null || fail "gguf $dt: --json exit $?"
     compare "$p.lz.json" "$p.ref" 2e-3 || fail "gguf $dt: default-mode values off"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); l=[x for x in r["layers"] if x["name"]=="blk.0.attn_k.weight"][0]; assert (l["d_in"], l["d_out"], l["shape"], l["layout"]) == (16, 8, [8, 16], "out_major"), l' "$p.json" ||
