@@ -1096,9 +1096,17 @@ int main(int argc, char **argv) {
       if (rows[i].error || rows[i].kind != (stab_kind)-1) rows[k++] = rows[i];
     n = k;
   }
-  /* a tied model: no lm_head, one token embedding reported again as the head */
+  /* a tied model: no lm_head, one token embedding reported again as the head. A head tensor
+   * that is not a row (filtered out, or of a type not read, e.g. a quantized GGUF output)
+   * still means the model is not tied. */
   int has_head = 0;
   for (size_t i = 0; i < n; i++) has_head |= !rows[i].error && rows[i].kind == STAB_KIND_LM_HEAD;
+  for (size_t i = 0; i < nt && !has_head; i++) {
+    char mod[512];
+    const stab_ckpt_tensor *t = ck_tensor(&f, i);
+    has_head = t->ndim == 2 && last_component_in(module_of(t->name, mod, sizeof mod), head_names) &&
+               !override_for(o.kinds, o.nkinds, t->name);
+  }
   for (size_t i = 0; i < n && !has_head; i++) {
     char mod[512];
     if (rows[i].error || rows[i].kind != STAB_KIND_EMBEDDING) continue;

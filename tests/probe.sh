@@ -318,6 +318,10 @@ grep -q 'h.0.attn.bias: a 3-D or higher tensor (4 dimensions)' "$dir/k.txt" || f
 grep -Eq '^wpe\.weight +lm_head +8x16' "$dir/k.txt" || fail "--kind lm_head ignored"
 grep -Eq '^h\.0\.ln_1\.bias +gain' "$dir/k.txt" || fail "--kind gain ignored"
 grep -Eq '^wte\.weight +lm_head' "$dir/k.txt" && fail "tied head added although wpe was made the lm_head"
+# an untied model whose head is not a row (filtered out here; a quantized GGUF output alike)
+"$probe" "$dir/llama_F32.safetensors" --filter 'model.embed_tokens.weight' >"$dir/u.txt" || fail "untied filter exit"
+grep -Eq '^model\.embed_tokens\.weight +embedding' "$dir/u.txt" || fail "untied filter: no embedding row"
+grep -Eq '^model\.embed_tokens\.weight +lm_head' "$dir/u.txt" && fail "untied model with its head filtered out reported as tied"
 ok
 
 # exit codes: 2 for bad usage and for malformed or missing files, with the message
