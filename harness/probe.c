@@ -652,8 +652,9 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
       snprintf(kname, sizeof kname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].k);
       if (!(tk = ck_find(f, kname))) continue; /* a lone query: no logits to bound */
       classify(o, tk, f->gg != NULL, &k);
+      int usable = !k.error && k.kind == STAB_KIND_LINEAR;
       free(k.owned_error);
-      if (k.error || k.kind != STAB_KIND_LINEAR) continue;
+      if (!usable) continue; /* the key itself is listed with its reason */
     }
     row *r = &rows[(*n)++];
     memset(r, 0, sizeof *r);
