@@ -1,34 +1,46 @@
-/* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors),
+/* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors,
+ * GGUF or llm.c),
  * optionally with the update against an older checkpoint: each tensor's kind inferred from
  * its name and shape by the rule table below, the metrics computed by the library, printed
  * as an aligned table or as the SPEC probe report (JSON). */
+#include "ckpt_guard.h"
 #include "stabmeter.h"
 
+#include <errno.h>
 #include <fnmatch.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ---- the rule table ----------------------------------------------------------------
  * Applied to every tensor in file order; the first rule that matches decides.
  *  1. --filter GLOB given and the name matches none: not probed (the user's choice).
- *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8): listed as not measured.
+ *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8; GGUF's quantized types): listed as
+ *     not measured, with the type's name.
  *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
  *     (linear, embedding, lm_head) or a 1-D one (gain, bias), else listed with the mismatch.
  *  4. 0-D, or 3-D and up: listed as not measured (no rule for them), --kind or not.
  *  5. 2-D, module name (the name without a trailing .weight) ending in one of
  *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
- *     token_type_embeddings embed_positions: embedding, [V][d].
- *  6. 2-D, module name ending in lm_head, output, embed_out: lm_head, [V][d].
+ *     token_type_embeddings embed_positions position_embd token_types: embedding, [V][d]
+ *     (GGUF's ne = {d, V} is that same [V][d]).
+ *  6. 2-D, module name ending in lm_head, output, embed_out: lm_head, [V][d] (llama.cpp's
+ *     output.weight; its blk.N.attn_output is a linear layer, the last component differs).
  *  7. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear), except the HF
  *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj,
- *     which are in-major; --layout GLOB=in_major|out_major overrides.
+ *     which are in-major when their shape is Conv1D's (c_attn [d][3d], c_fc wider than tall,
+ *     mlp.c_proj taller than wide: nanoGPT and harness/train store these names out-major; a
+ *     file whose __metadata__ producer is stabmeter-train is out-major throughout);
+ *     --layout GLOB=in_major|out_major overrides.
  *  8. 1-D X.bias where X.weight is a linear layer of d_out = its length: folded into it.
  *  9. 1-D whose module name has a component containing "norm" (any case) or starting with
- *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift).
+ *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift);
+ *     llama.cpp's attn_norm, ffn_norm, output_norm, attn_q_norm are such.
  * 10. 1-D X.bias otherwise: bias.
  * 11. anything else: listed as not measured.
  * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
@@ -41,6 +53,11 @@ typedef struct {
 
 typedef struct {
   const char *checkpoint, *reference;
+  const char *hdf5; /* --hdf5: the trace to append this checkpoint's step to */
+  int64_t step;     /* --step, or -1 */
+  size_t heads;     /* --heads, or 0: from the file's metadata or config.json */
+  int per_head;     /* --per-head: a table row per attention head */
+  int out_major_file; /* the checkpoint is harness/train's: GPT-2 names, nn.Linear layouts */
   int json, quiet;
   double tol;
   int exact;
@@ -58,6 +75,9 @@ typedef struct {
   const char *name;           /* the row's name: t->name, or owned_name */
   char *owned_name;
   size_t heads;               /* attention */
+  size_t kv_heads;            /* attention: key heads (fewer than heads: grouped-query) */
+  size_t ld, q_off, k_off;    /* attention: row stride and where q and k start inside t, tk
+                                 (a fused qkv tensor holds both) */
   double *head_bounds;        /* attention: per head, owned */
   stab_kind kind;
   stab_layout layout;
@@ -71,9 +91,9 @@ typedef struct {
 
 static const char *const embed_names[] = {"wte", "wpe", "embed_tokens", "tok_embeddings", "token_embd",
                                           "word_embeddings", "position_embeddings", "token_type_embeddings",
-                                          "embed_positions", NULL};
+                                          "embed_positions", "position_embd", "token_types", NULL};
 static const char *const position_names[] = {"wpe", "position_embeddings", "token_type_embeddings",
-                                             "embed_positions", NULL};
+                                             "embed_positions", "position_embd", "token_types", NULL};
 static const char *const head_names[] = {"lm_head", "output", "embed_out", NULL};
 static const char *const conv1d_globs[] = {"h.*.attn.c_attn.weight", "*.h.*.attn.c_attn.weight",
                                            "h.*.attn.c_proj.weight", "*.h.*.attn.c_proj.weight",
@@ -105,6 +125,16 @@ static int matches_any(const char *name, const char *const *globs) {
   for (size_t i = 0; globs[i]; i++)
     if (!fnmatch(globs[i], name, 0)) return 1;
   return 0;
+}
+
+/* 1 when a GPT-2-named matrix has Conv1D's in-major shape: c_attn [d][3d], c_fc [d][4d],
+ * mlp.c_proj [4d][d]. nanoGPT and harness/train store the same names out-major ([3d][d] ...);
+ * attn.c_proj is square, where the layout changes no metric. */
+static int conv1d_shape(const char *name, size_t rows, size_t cols) {
+  if (ends_with(name, "attn.c_attn.weight")) return cols == 3 * rows;
+  if (ends_with(name, "mlp.c_fc.weight")) return cols > rows;
+  if (ends_with(name, "mlp.c_proj.weight")) return rows > cols;
+  return 1;
 }
 
 static int is_norm_module(const char *module) {
@@ -141,13 +171,15 @@ static int kind_from(const char *s, stab_kind *k) {
 }
 
 /* Classifies tensor t into r (rules 2-7, 9-11; rule 8 is applied afterwards). */
-static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
+static void classify(const options *o, const stab_ckpt_tensor *t, int gguf_file, row *r) {
   char mod[512];
   memset(r, 0, sizeof *r);
   r->t = t;
   module_of(t->name, mod, sizeof mod);
   if (t->dtype == STAB_DTYPE_OTHER) {
-    set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
+    if (gguf_file)
+      set_error(r, "unsupported GGML type %s: the probe reads F32, F16 and BF16 tensors", t->dtype_name, 0);
+    else set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
     return;
   }
   const char *forced = override_for(o->kinds, o->nkinds, t->name);
@@ -193,7 +225,8 @@ static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
   switch (r->kind) {
   case STAB_KIND_LINEAR: {
     const char *lay = override_for(o->layouts, o->nlayouts, t->name);
-    int in_major = lay ? !strcmp(lay, "in_major") : matches_any(t->name, conv1d_globs);
+    int in_major = lay ? !strcmp(lay, "in_major")
+                       : !o->out_major_file && matches_any(t->name, conv1d_globs) && conv1d_shape(t->name, rows, cols);
     r->layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
     r->d_in = in_major ? rows : cols;
     r->d_out = in_major ? cols : rows;
@@ -205,26 +238,65 @@ static void classify(const options *o, const stab_ckpt_tensor *t, row *r) {
   }
 }
 
-/* ---- checkpoints: safetensors or llm.c, by the file's first bytes ------------------- */
+/* ---- checkpoints: safetensors, GGUF or llm.c, by the file's first bytes ------------- */
 
 typedef struct {
   stab_safetensors *st;
+  stab_gguf *gg;
   stab_llmc *lc;
 } ckpt;
 
-static size_t ck_count(const ckpt *c) { return c->st ? stab_safetensors_count(c->st) : stab_llmc_count(c->lc); }
+static size_t ck_count(const ckpt *c) {
+  return c->st ? stab_safetensors_count(c->st) : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
+}
 static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
-  return c->st ? stab_safetensors_tensor(c->st, i) : stab_llmc_tensor(c->lc, i);
+  return c->st ? stab_safetensors_tensor(c->st, i) : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
 }
 static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i) : stab_llmc_find(c->lc, name, &i);
+  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i)
+                   : c->gg ? stab_gguf_find(c->gg, name, &i)
+                           : stab_llmc_find(c->lc, name, &i);
   return st == STAB_OK ? ck_tensor(c, i) : NULL;
 }
 static void ck_close(ckpt *c) {
   stab_safetensors_close(c->st);
+  stab_gguf_close(c->gg);
   stab_llmc_close(c->lc);
-  c->st = NULL, c->lc = NULL;
+  c->st = NULL, c->gg = NULL, c->lc = NULL;
+}
+
+/* A GGUF metadata value as text: numbers and strings as they are (a long string cut, line
+ * breaks shown as \n), arrays by element type and length. */
+static void gguf_value_text(const stab_gguf_kv *kv, char *buf, size_t cap) {
+  switch (kv->type) {
+  case STAB_GGUF_STRING: {
+    size_t o = 0;
+    int cut = strlen(kv->s) < kv->len; /* a NUL inside ends the C string */
+    for (const char *p = kv->s; *p; p++) {
+      if (o + 6 >= cap) {
+        cut = 1;
+        break;
+      }
+      if (*p == '\n') buf[o++] = '\\', buf[o++] = 'n';
+      else if ((unsigned char)*p < 0x20) buf[o++] = '?';
+      else buf[o++] = *p;
+    }
+    if (cut) memcpy(buf + o, "...", 3), o += 3;
+    buf[o] = '\0';
+    break;
+  }
+  case STAB_GGUF_ARRAY:
+    snprintf(buf, cap, "[%llu x %s]", (unsigned long long)kv->len,
+             stab_gguf_value_type_name(kv->elem_type) ? stab_gguf_value_type_name(kv->elem_type) : "?");
+    break;
+  case STAB_GGUF_BOOL: snprintf(buf, cap, "%s", kv->u ? "true" : "false"); break;
+  case STAB_GGUF_FLOAT32: case STAB_GGUF_FLOAT64: snprintf(buf, cap, "%.9g", kv->f); break;
+  case STAB_GGUF_INT8: case STAB_GGUF_INT16: case STAB_GGUF_INT32: case STAB_GGUF_INT64:
+    snprintf(buf, cap, "%lld", (long long)kv->i);
+    break;
+  default: snprintf(buf, cap, "%llu", (unsigned long long)kv->u); break;
+  }
 }
 
 /* ---- reading weights as f32 -------------------------------------------------------- */
@@ -290,12 +362,55 @@ static const char *layout_name(const row *r) {
   return "rows";
 }
 
-static void print_json(const options *o, row *rows, size_t n) {
+/* The checkpoint's own metadata as a JSON object: safetensors' __metadata__ (strings), GGUF's
+ * pairs (numbers, strings, booleans; an array as {"array": type, "length": n}), llm.c's header. */
+static void print_json_metadata(const ckpt *f) {
+  fputs("{", stdout);
+  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f->st, i, &k, &v);
+    fputs(i ? ", " : "", stdout);
+    json_string(k);
+    fputs(": ", stdout);
+    json_string(v);
+  }
+  for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
+    const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
+    fputs(i ? ", " : "", stdout);
+    json_string(kv->key);
+    fputs(": ", stdout);
+    switch (kv->type) {
+    case STAB_GGUF_STRING: json_string(kv->s); break;
+    case STAB_GGUF_BOOL: fputs(kv->u ? "true" : "false", stdout); break;
+    case STAB_GGUF_ARRAY:
+      printf("{\"array\": \"%s\", \"length\": %llu}",
+             stab_gguf_value_type_name(kv->elem_type) ? stab_gguf_value_type_name(kv->elem_type) : "?",
+             (unsigned long long)kv->len);
+      break;
+    case STAB_GGUF_FLOAT32: case STAB_GGUF_FLOAT64: json_number(kv->f); break;
+    case STAB_GGUF_INT8: case STAB_GGUF_INT16: case STAB_GGUF_INT32: case STAB_GGUF_INT64:
+      printf("%lld", (long long)kv->i);
+      break;
+    default: printf("%llu", (unsigned long long)kv->u); break;
+    }
+  }
+  if (f->lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(f->lc);
+    printf("\"version\": %d, \"max_seq_len\": %zu, \"vocab_size\": %zu, \"padded_vocab_size\": %zu, "
+           "\"num_layers\": %zu, \"num_heads\": %zu, \"channels\": %zu", c->version, c->max_t, c->vocab,
+           c->padded_vocab, c->layers, c->heads, c->channels);
+  }
+  fputs("}", stdout);
+}
+
+static void print_json(const options *o, const ckpt *ck, row *rows, size_t n) {
   printf("{\"format\": \"stabmeter-probe\", \"format_version\": 1, \"checkpoint\": ");
   json_string(o->checkpoint);
   printf(", \"reference\": ");
   if (o->reference) json_string(o->reference);
   else fputs("null", stdout);
+  printf(", \"metadata\": ");
+  print_json_metadata(ck);
   printf(", \"layers\": [");
   int first = 1;
   for (size_t i = 0; i < n; i++) {
@@ -366,6 +481,12 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     stab_safetensors_metadata(f->st, i, &k, &v);
     printf("metadata %s = %s\n", k, v);
   }
+  for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
+    const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
+    char v[128];
+    gguf_value_text(kv, v, sizeof v);
+    printf("metadata %s = %s\n", kv->key, v);
+  }
   if (f->lc) {
     const stab_llmc_config *c = stab_llmc_config_of(f->lc);
     printf("llm.c checkpoint version %d (%s): max_seq_len %zu, vocab %zu (padded %zu, padding rows left out), "
@@ -374,7 +495,8 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
   }
   int w = 5;
   for (size_t i = 0; i < n; i++)
-    if (rows[i].measured && (int)strlen(rows[i].name) > w) w = (int)strlen(rows[i].name);
+    if (rows[i].measured && (int)strlen(rows[i].name) + (o->per_head ? 8 : 0) > w)
+      w = (int)strlen(rows[i].name) + (o->per_head ? 8 : 0);
   printf("\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, "layer", "kind", "shape", "dtype", "forward",
          "dependency", "update", "sigma", "rel_err", "notes");
   for (size_t i = 0; i < n; i++) {
@@ -396,8 +518,21 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
     if (r->m.flags & STAB_FLAG_NOT_CONVERGED) strcat(notes, "not-converged ");
+    if (r->kind == STAB_KIND_ATTENTION) {
+      size_t k = strlen(notes);
+      if (r->kv_heads != r->heads) snprintf(notes + k, sizeof notes - k, "%zu heads, %zu key heads ", r->heads, r->kv_heads);
+      else snprintf(notes + k, sizeof notes - k, "%zu heads ", r->heads);
+    }
     printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, r->name, stab_kind_name(r->kind), shape,
            r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
+    for (size_t h = 0; o->per_head && r->kind == STAB_KIND_ATTENTION && h < r->heads; h++) {
+      char hn[600], b[24], hs[48];
+      snprintf(hn, sizeof hn, "%s.head%zu", r->name, h);
+      snprintf(hs, sizeof hs, "%zux%zu", r->d_out / r->heads, r->d_in);
+      fmt_num(b, sizeof b, r->head_bounds[h]);
+      printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  key head %zu\n", w, hn, "attention", hs,
+             r->t->dtype_name, b, "-", "-", "-", "-", h / (r->heads / r->kv_heads));
+    }
   }
   int any = 0;
   for (size_t i = 0; i < n; i++)
@@ -407,12 +542,268 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     }
 }
 
+/* ---- attention: query/key pairs and head counts -------------------------------------- */
+/* Query weights by name, and where their key is (first match):
+ *   X.q_proj.weight   X.k_proj.weight     (HF Llama, Mistral, OPT ...)     logits X.logits
+ *   X.query.weight    X.key.weight        (HF BERT)                        X.logits
+ *   X.wq.weight       X.wk.weight         (Meta Llama)                     X.logits
+ *   X.attn_q.weight   X.attn_k.weight     (llama.cpp GGUF)                 X.attn_logits
+ *   X.c_attn.weight   itself, fused: q, k, v in thirds of d_out (GPT-2)    X.logits
+ *   X.attn_qkv.weight, X.qkv.weight  itself, fused thirds (GGUF GPT-2, ViT) X.attn_logits, X.logits
+ * Heads: --heads, else the GGUF metadata <general.architecture>.attention.head_count, else a
+ * safetensors __metadata__ key heads, num_attention_heads or n_head, else the same keys in a
+ * config.json beside the checkpoint (Hugging Face's). Key heads (grouped-query attention)
+ * follow from the key's width: d_out(k) / d_h. */
+static const struct {
+  const char *q, *k, *logits; /* suffixes; k NULL: fused qkv */
+} attn_rules[] = {{".q_proj.weight", ".k_proj.weight", ".logits"}, {".query.weight", ".key.weight", ".logits"},
+                  {".wq.weight", ".wk.weight", ".logits"},         {".attn_q.weight", ".attn_k.weight", ".attn_logits"},
+                  {".c_attn.weight", NULL, ".logits"},             {".attn_qkv.weight", NULL, ".attn_logits"},
+                  {".qkv.weight", NULL, ".logits"}};
+
+/* A non-negative integer after "key": in JSON text (the first one), or 0. */
+static size_t json_uint(const char *text, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\"", key);
+  const char *p = strstr(text, pat);
+  if (!p) return 0;
+  p += strlen(pat);
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+  if (*p++ != ':') return 0;
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '"') p++;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(p, &end, 10);
+  return (errno || end == p || v > 1u << 20) ? 0 : (size_t)v;
+}
+
+static const char *const head_keys[] = {"heads", "num_attention_heads", "n_head", NULL};
+
+/* The attention head count of the checkpoint (see above), or 0; *from says where it came from. */
+static size_t heads_of(const options *o, const ckpt *f, const char **from) {
+  *from = "--heads";
+  if (o->heads) return o->heads;
+  if (f->gg) {
+    const stab_gguf_kv *arch = stab_gguf_find_metadata(f->gg, "general.architecture");
+    uint64_t h = 0;
+    char key[160];
+    if (arch && arch->type == STAB_GGUF_STRING) {
+      snprintf(key, sizeof key, "%s.attention.head_count", arch->s);
+      *from = "the GGUF metadata";
+      if (stab_gguf_get_uint(f->gg, key, &h) == STAB_OK && h > 0 && h <= 1u << 20) return (size_t)h;
+    }
+    return 0;
+  }
+  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f->st, i, &k, &v);
+    for (size_t j = 0; head_keys[j]; j++)
+      if (!strcmp(k, head_keys[j]) && strtoul(v, NULL, 10) > 0) {
+        *from = "__metadata__";
+        return (size_t)strtoul(v, NULL, 10);
+      }
+  }
+  /* config.json beside the checkpoint (read whole, at most 1 MiB) */
+  char path[4096];
+  const char *slash = strrchr(o->checkpoint, '/');
+  snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - o->checkpoint + 1) : 0, o->checkpoint);
+  FILE *fp = fopen(path, "r");
+  if (!fp) return 0;
+  char *text = malloc((1 << 20) + 1);
+  size_t n = text ? fread(text, 1, 1 << 20, fp) : 0, h = 0;
+  fclose(fp);
+  if (text) {
+    text[n] = '\0';
+    for (size_t j = 1; head_keys[j] && !h; j++) h = json_uint(text, head_keys[j]);
+  }
+  free(text);
+  *from = "config.json";
+  return h;
+}
+
+/* Adds an attention row for every query/key pair of the checkpoint (not llm.c's, which has
+ * its own), into rows[*n]. Pairs that cannot be measured (no head count, widths that heads
+ * do not divide) are rows with the reason. 0, or 1 when out of memory. */
+static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t *n) {
+  const char *from;
+  size_t heads = heads_of(o, f, &from);
+  for (size_t i = 0; i < ck_count(f); i++) {
+    const stab_ckpt_tensor *tq = ck_tensor(f, i), *tk = NULL;
+    size_t rule = 0, nr = sizeof attn_rules / sizeof attn_rules[0];
+    while (rule < nr && !ends_with(tq->name, attn_rules[rule].q)) rule++;
+    if (rule == nr) continue;
+    size_t stem = strlen(tq->name) - strlen(attn_rules[rule].q);
+    char kname[600], lname[600];
+    snprintf(lname, sizeof lname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].logits);
+    int keep = o->nfilters == 0;
+    for (size_t k = 0; k < o->nfilters && !keep; k++) keep = !fnmatch(o->filters[k], lname, 0);
+    if (!keep) continue;
+    row q, k;
+    classify(o, tq, f->gg != NULL, &q);
+    if (q.error || q.kind != STAB_KIND_LINEAR) {
+      free(q.owned_error);
+      continue; /* the query itself is listed with its reason */
+    }
+    int fused = attn_rules[rule].k == NULL;
+    if (fused) {
+      k = q;
+      tk = tq;
+    } else {
+      snprintf(kname, sizeof kname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].k);
+      if (!(tk = ck_find(f, kname))) continue; /* a lone query: no logits to bound */
+      classify(o, tk, f->gg != NULL, &k);
+      int usable = !k.error && k.kind == STAB_KIND_LINEAR;
+      free(k.owned_error);
+      if (!usable) continue; /* the key itself is listed with its reason */
+    }
+    row *r = &rows[(*n)++];
+    memset(r, 0, sizeof *r);
+    r->t = tq, r->tk = tk;
+    r->kind = STAB_KIND_ATTENTION, r->layout = q.layout;
+    r->d_in = q.d_in;
+    r->ld = (size_t)tq->shape[1]; /* the stored row, either layout */
+    size_t q_out = fused ? q.d_out / 3 : q.d_out, k_out = fused ? q_out : k.d_out;
+    /* q is the first third of a fused tensor, k the second: rows (out-major) or columns */
+    r->k_off = fused ? (q.layout == STAB_LAYOUT_IN_MAJOR ? q_out : q_out * r->ld) : 0;
+    r->d_out = q_out;
+    if (!(r->owned_name = strdup(lname))) return 1;
+    r->name = r->owned_name;
+    char why[300] = "";
+    if (fused && q.d_out % 3)
+      snprintf(why, sizeof why, "fused qkv '%s': d_out %zu is not three equal parts", tq->name, q.d_out);
+    else if (!fused && k.d_in != q.d_in)
+      snprintf(why, sizeof why, "query d_in %zu but key '%s' d_in %zu", q.d_in, tk->name, k.d_in);
+    else if (!fused && k.layout != q.layout)
+      snprintf(why, sizeof why, "query and key '%s' have different layouts", tk->name);
+    else if (!heads)
+      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
+    else if (q_out % heads)
+      snprintf(why, sizeof why, "%zu heads (from %s) do not divide the query width %zu", heads, from, q_out);
+    else if (k_out % (q_out / heads) || heads % (k_out / (q_out / heads)))
+      snprintf(why, sizeof why, "key width %zu is not a whole number of key heads of width %zu dividing %zu heads",
+               k_out, q_out / heads, heads);
+    else if (k_out != q_out && q.layout == STAB_LAYOUT_IN_MAJOR)
+      snprintf(why, sizeof why, "grouped-query attention with in-major weights (not supported)");
+    if (why[0]) {
+      set_error(r, "%s", why, 0);
+      continue;
+    }
+    r->heads = heads;
+    r->kv_heads = k_out / (q_out / heads);
+    if (!(r->head_bounds = calloc(heads, sizeof *r->head_bounds))) return 1;
+  }
+  return 0;
+}
+
+/* The logit bounds of attention row r, from q and k as f32 (r->q_off, r->k_off into them):
+ * the library's attention metrics when every query head has its own key head, else one
+ * single-head measurement per query head against its group's key head. */
+static stab_status measure_attention(row *r, const float *q, const float *k, const stab_metrics_params *mp) {
+  stab_layer L = {.name = r->name, .kind = STAB_KIND_ATTENTION, .d_in = r->d_in, .d_out = r->d_out,
+                  .layout = r->layout, .ld = r->ld, .weight = q + r->q_off, .weight_k = k + r->k_off,
+                  .heads = r->heads};
+  if (r->kv_heads == r->heads) return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
+  size_t dh = r->d_out / r->heads, group = r->heads / r->kv_heads;
+  size_t step = r->layout == STAB_LAYOUT_IN_MAJOR ? dh : dh * r->ld; /* one head's block */
+  double worst = 0;
+  for (size_t h = 0; h < r->heads; h++) {
+    stab_layer one = L;
+    stab_metrics m;
+    one.d_out = dh, one.heads = 1;
+    one.weight = L.weight + h * step;
+    one.weight_k = L.weight_k + (h / group) * step;
+    stab_status st = stab_layer_metrics(&one, NULL, mp, &m, &r->head_bounds[h]);
+    if (st != STAB_OK) return st;
+    if (h == 0) r->m = m;
+    else r->m.passes += m.passes, r->m.flags |= m.flags;
+    worst = isnan(worst) || isnan(r->head_bounds[h]) ? NAN : fmax(worst, r->head_bounds[h]);
+  }
+  r->m.forward = worst;
+  return STAB_OK;
+}
+
+/* ---- the trace (--hdf5) ------------------------------------------------------------ */
+
+/* The step in a checkpoint's file name: "step" (any case) followed by an optional '-', '_'
+ * or '.' and digits, the last such in the name (step-000100.safetensors, as harness/train
+ * names them); else digits after a '_' or '-' that end the name before its extension (llm.c's
+ * model_00005000.bin). -1 if neither. */
+static int64_t step_from_name(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  int64_t step = -1;
+  for (const char *p = base; *p; p++) {
+    if (strncasecmp(p, "step", 4)) continue;
+    const char *q = p + 4;
+    if (*q == '-' || *q == '_' || *q == '.') q++;
+    int64_t v = 0;
+    int digits = 0;
+    while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
+    if (digits && !(*q >= '0' && *q <= '9')) step = v;
+  }
+  if (step >= 0) return step;
+  size_t stem = strcspn(base, ".");
+  size_t k = stem;
+  while (k > 0 && base[k - 1] >= '0' && base[k - 1] <= '9') k--;
+  if (k == stem || stem - k > 18 || k == 0 || (base[k - 1] != '_' && base[k - 1] != '-')) return -1;
+  for (step = 0; k < stem; k++) step = step * 10 + (base[k] - '0');
+  return step;
+}
+
+/* Appends one step holding every measured row to the trace at o->hdf5 (created if missing):
+ * a monitor with the rows as its layers carries the metrics to stab_trace_append. The tied
+ * head's layer is "lm_head" (names must be unique in a trace). 0, or 2 for a trace that does
+ * not match these layers or names that clash, 1 for other failures, with a message. */
+static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
+  static const float never_read = 0; /* the monitor only carries metrics set from outside */
+  stab_monitor_params mp = stab_monitor_default_params();
+  mp.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *m = NULL;
+  stab_trace *t = NULL;
+  int rc = 0;
+  stab_status st = stab_monitor_create(&mp, &m);
+  int head_taken = 0;
+  for (size_t i = 0; i < n; i++) head_taken |= rows[i].measured && !rows[i].tied && !strcmp(rows[i].name, "lm_head");
+  for (size_t i = 0; i < n && st == STAB_OK; i++) {
+    const row *r = &rows[i];
+    if (!r->measured) continue;
+    char tied[600];
+    snprintf(tied, sizeof tied, "%s.lm_head", r->name);
+    stab_layer L = {.name = r->tied ? (head_taken ? tied : "lm_head") : r->name, .kind = r->kind, .d_in = r->d_in,
+                    .d_out = r->d_out, .weight = &never_read, .heads = r->heads,
+                    .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout
+                                                                                            : STAB_LAYOUT_NATURAL,
+                    .weight_k = r->kind == STAB_KIND_ATTENTION ? &never_read : NULL};
+    size_t idx;
+    if ((st = stab_monitor_add_layer(m, &L, &idx)) == STAB_OK) st = stab_monitor_set_metrics(m, idx, &r->m, r->head_bounds);
+  }
+  char config[512];
+  snprintf(config, sizeof config, "{\"producer\": \"stabmeter-probe %s\", \"tol\": %g, \"exact\": %s, \"tight\": \"%s\"}",
+           stab_version(), o->tol, o->exact ? "true" : "false",
+           o->tight == STAB_TIGHT_EXACT ? "exact" : o->tight == STAB_TIGHT_NONE ? "none" : "centred");
+  stab_trace_params tp = stab_trace_default_params();
+  tp.append = 1;
+  tp.run_config = config;
+  if (st == STAB_OK) st = stab_trace_open(o->hdf5, m, &tp, &t);
+  /* no wall time for a checkpoint on disk: NaN, as the schema has it for a missing value */
+  if (st == STAB_OK) st = stab_trace_append(t, step, NAN, NULL, NULL);
+  if (st == STAB_OK) st = stab_trace_close(t);
+  else stab_trace_close(t);
+  if (st != STAB_OK) {
+    fprintf(stderr, "probe: %s: %s\n", o->hdf5, stab_last_error());
+    rc = st == STAB_EINVAL || st == STAB_EEXIST ? 2 : 1;
+  }
+  stab_monitor_free(m);
+  return rc;
+}
+
 /* ---- options ----------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
   fprintf(f,
           "Usage: probe CHECKPOINT [OPTIONS]\n"
-          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, or llm.c GPT-2\n"
+          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, GGUF v2/v3\n"
+          "(F32, F16, BF16 tensors; quantized ones listed as unsupported), or llm.c GPT-2\n"
           "(magic 20240326, f32 or bf16; fused qkv split into q, k, v plus each block's attention\n"
           "logit bound h.N.attn.logits; wte reported as embedding and tied lm_head, padding rows left out).\n\n"
           "  --prev OLDER        also the update metrics against OLDER (tensors matched by name)\n"
@@ -424,11 +815,19 @@ static void usage(FILE *f) {
           "  --filter GLOB       probe only tensors whose name matches (repeatable)\n"
           "  --kind GLOB=KIND    force the kind: linear, embedding, lm_head, gain, bias or skip\n"
           "  --layout GLOB=L     force a linear layout: in_major or out_major\n"
+          "  --hdf5 FILE         also append the results to the trace FILE (SPEC trace schema, created\n"
+          "                      if missing) as one step: probing a series of checkpoints builds a trace\n"
+          "  --step N            that step's number (default: from the file name, e.g. step-000100.*\n"
+          "                      or model_00000100.bin)\n"
+          "  --heads H           attention heads, for the logit bounds of query/key pairs (default:\n"
+          "                      GGUF metadata, safetensors __metadata__, or config.json beside the file)\n"
+          "  --per-head          a table row per attention head (the JSON always has head_bounds)\n"
           "  --quiet             no progress on stderr\n"
           "  --help, --version\n\n"
           "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
-          "word_embeddings, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
-          "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} (in-major); 1-D X.bias\n"
+          "word_embeddings, position_embd, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
+          "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} in Conv1D's shape\n"
+          "(in-major; c_attn [d][3d], c_fc wider than tall, mlp.c_proj taller than wide); 1-D X.bias\n"
           "with a linear X.weight folded into it; 1-D *norm*/ln* weights gain, their .bias bias; other\n"
           "1-D .bias bias. Integer dtypes, scalars and 3-D+ tensors are listed as not measured. With no\n"
           "lm_head tensor, the token embedding is reported also as lm_head (tied).\n"
@@ -469,17 +868,42 @@ static int parse(int argc, char **argv, options *o) {
       {"tight", required_argument, 0, 'T'}, {"filter", required_argument, 0, 'f'},
       {"kind", required_argument, 0, 'k'},  {"layout", required_argument, 0, 'l'},
       {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
+      {"hdf5", required_argument, 0, 'H'},  {"step", required_argument, 0, 'S'},
+      {"heads", required_argument, 0, 'A'}, {"per-head", no_argument, 0, 'P'},
       {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
   memset(o, 0, sizeof *o);
   o->tol = 1e-3;
+  o->step = -1;
   int c, rc;
   while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
     char *end = NULL;
     switch (c) {
     case 'p': o->reference = optarg; break;
     case 'j': o->json = 1; break;
+    case 'H': o->hdf5 = optarg; break;
+    case 'P': o->per_head = 1; break;
+    case 'A': {
+      errno = 0;
+      unsigned long long v = strtoull(optarg, &end, 10);
+      if (errno || end == optarg || *end || v == 0 || v > 1u << 20 || optarg[0] == '-') {
+        fprintf(stderr, "probe: --heads must be a whole number from 1 to 1048576, not '%s'\n", optarg);
+        return 2;
+      }
+      o->heads = (size_t)v;
+      break;
+    }
+    case 'S': {
+      errno = 0;
+      long long v = strtoll(optarg, &end, 10);
+      if (errno || end == optarg || *end || v < 0) {
+        fprintf(stderr, "probe: --step must be a whole number >= 0, not '%s'\n", optarg);
+        return 2;
+      }
+      o->step = v;
+      break;
+    }
     case 'q': o->quiet = 1; break;
     case 'e': o->exact = 1; break;
     case 't':
@@ -522,6 +946,15 @@ static int parse(int argc, char **argv, options *o) {
     return 2;
   }
   o->checkpoint = argv[optind];
+  if (o->step >= 0 && !o->hdf5) {
+    fprintf(stderr, "probe: --step is the step of the --hdf5 trace; give --hdf5 FILE too\n");
+    return 2;
+  }
+  if (o->hdf5 && o->step < 0 && (o->step = step_from_name(o->checkpoint)) < 0) {
+    fprintf(stderr, "probe: %s: no step number in the file name (e.g. step-000100.safetensors); give --step N\n",
+            o->checkpoint);
+    return 2;
+  }
   return 0;
 }
 
@@ -531,9 +964,42 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The message for a checkpoint that shrank under its mapping (the guard caught the SIGBUS):
+ * exit status 2, its data being gone. */
+static int shrank(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) == 0)
+    fprintf(stderr, "probe: %s: the file shrank to %lld bytes while it was being read (truncated or rewritten "
+            "by another process?): its data past that is gone; no report\n", path, (long long)sb.st_size);
+  else
+    fprintf(stderr, "probe: %s: the file changed while it was being read (now: %s): its data past the new end is "
+            "gone; no report\n", path, strerror(errno));
+  return 2;
+}
+
 static int open_checkpoint(const char *path, ckpt *f) {
-  stab_status st = stab_llmc_is(path) ? stab_llmc_open(path, &f->lc) : stab_safetensors_open(path, &f->st);
-  if (st == STAB_OK) return 0;
+  /* by the magic; a .gguf file without it is a GGUF file with a bad magic */
+  ckpt_guard_opening(path); /* the readers parse the index from the mapping */
+  stab_status st = stab_llmc_is(path)                           ? stab_llmc_open(path, &f->lc)
+                   : stab_gguf_is(path) || ends_with(path, ".gguf") ? stab_gguf_open(path, &f->gg)
+                                                                : stab_safetensors_open(path, &f->st);
+  ckpt_guard_opening(NULL);
+  if (ckpt_guard_tripped()) return shrank(path);
+  if (st == STAB_OK) {
+    /* from here on, the mapped bytes the tensors span */
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (size_t i = 0; i < ck_count(f); i++) {
+      const stab_ckpt_tensor *t = ck_tensor(f, i);
+      if (!t->count || !t->elem_size) continue; /* empty, or block-quantized: never read */
+      lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
+      hi = (uintptr_t)t->data + t->count * t->elem_size > hi ? (uintptr_t)t->data + t->count * t->elem_size : hi;
+    }
+    if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
+      fprintf(stderr, "probe: %s: too many checkpoints to guard\n", path);
+      return 1;
+    }
+    return 0;
+  }
   fprintf(stderr, "probe: %s\n", stab_last_error());
   return st == STAB_ENOMEM ? 1 : 2;
 }
@@ -544,6 +1010,10 @@ int main(int argc, char **argv) {
   options o;
   int rc = parse(argc, argv, &o);
   if (rc) return rc;
+  if (ckpt_guard_install()) {
+    fprintf(stderr, "probe: cannot install the SIGBUS handler: %s\n", strerror(errno));
+    return 1;
+  }
   ckpt f = {0}, prevc = {0}, *prev = NULL;
   row *rows = NULL;
   f32buf bw = {0}, bb = {0}, bk = {0}, pw = {0}, pb = {0};
@@ -554,6 +1024,11 @@ int main(int argc, char **argv) {
     if ((rc = open_checkpoint(o.reference, prev))) goto out;
   }
 
+  for (size_t i = 0; f.st && i < stab_safetensors_metadata_count(f.st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f.st, i, &k, &v);
+    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) o.out_major_file = 1;
+  }
   size_t nt = ck_count(&f);
   rows = calloc(2 * nt + 1, sizeof *rows); /* + 1: a tied lm_head; attention rows (llm.c) */
   if (!rows) {
@@ -565,7 +1040,7 @@ int main(int argc, char **argv) {
     const stab_ckpt_tensor *t = ck_tensor(&f, i);
     int keep = o.nfilters == 0;
     for (size_t k = 0; k < o.nfilters && !keep; k++) keep = !fnmatch(o.filters[k], t->name, 0);
-    if (keep) classify(&o, t, &rows[n++]);
+    if (keep) classify(&o, t, f.gg != NULL, &rows[n++]);
   }
   for (size_t i = 0; i < n; i++) rows[i].name = rows[i].t->name;
   /* llm.c: each block's attention logits, from its q and k (their name is the row name) */
@@ -583,7 +1058,7 @@ int main(int argc, char **argv) {
       memset(r, 0, sizeof *r);
       r->t = ck_find(&f, q), r->tk = ck_find(&f, k);
       r->kind = STAB_KIND_ATTENTION, r->layout = STAB_LAYOUT_OUT_MAJOR;
-      r->d_in = r->d_out = c->channels, r->heads = c->heads;
+      r->d_in = r->d_out = c->channels, r->heads = r->kv_heads = c->heads;
       r->owned_name = strdup(nm);
       r->head_bounds = calloc(c->heads, sizeof *r->head_bounds);
       if (!r->t || !r->tk || !r->owned_name || !r->head_bounds) {
@@ -595,6 +1070,12 @@ int main(int argc, char **argv) {
       r->name = r->owned_name;
       n++;
     }
+  }
+  /* safetensors, GGUF: attention logits of every query/key pair found by name */
+  if (!f.lc && add_attention_rows(&o, &f, rows, &n)) {
+    fprintf(stderr, "probe: out of memory\n");
+    rc = 1;
+    goto out;
   }
   /* rule 8: fold X.bias into a linear X.weight of matching width */
   for (size_t i = 0; i < n; i++) {
@@ -616,9 +1097,17 @@ int main(int argc, char **argv) {
       if (rows[i].error || rows[i].kind != (stab_kind)-1) rows[k++] = rows[i];
     n = k;
   }
-  /* a tied model: no lm_head, one token embedding reported again as the head */
+  /* a tied model: no lm_head, one token embedding reported again as the head. A head tensor
+   * that is not a row (filtered out, or of a type not read, e.g. a quantized GGUF output)
+   * still means the model is not tied. */
   int has_head = 0;
   for (size_t i = 0; i < n; i++) has_head |= !rows[i].error && rows[i].kind == STAB_KIND_LM_HEAD;
+  for (size_t i = 0; i < nt && !has_head; i++) {
+    char mod[512];
+    const stab_ckpt_tensor *t = ck_tensor(&f, i);
+    has_head = t->ndim == 2 && last_component_in(module_of(t->name, mod, sizeof mod), head_names) &&
+               !override_for(o.kinds, o.nkinds, t->name);
+  }
   for (size_t i = 0; i < n && !has_head; i++) {
     char mod[512];
     if (rows[i].error || rows[i].kind != STAB_KIND_EMBEDDING) continue;
@@ -651,7 +1140,7 @@ int main(int argc, char **argv) {
       last = t;
     }
     const float *w = as_f32(r->t, &bw), *b = r->bias ? as_f32(r->bias, &bb) : NULL;
-    const float *wk = r->tk ? as_f32(r->tk, &bk) : NULL;
+    const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &bk) : NULL; /* a fused qkv: one tensor */
     if (!w || (r->bias && !b) || (r->tk && !wk)) {
       rc = 1;
       goto out;
@@ -683,7 +1172,12 @@ int main(int argc, char **argv) {
                   !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
       }
     }
-    stab_status st = stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
+    stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, &mp)
+                                                    : stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
+    if (ckpt_guard_tripped()) { /* the numbers read were zeros: nothing of this run stands */
+      rc = shrank(ckpt_guard_tripped());
+      goto out;
+    }
     if (st != STAB_OK) {
       fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
       rc = 1;
@@ -698,7 +1192,8 @@ int main(int argc, char **argv) {
   }
   if (!o.quiet && now() - t0 > 1.0)
     fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);
-  if (o.json) print_json(&o, rows, n);
+  if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
+  if (o.json) print_json(&o, &f, rows, n);
   else print_table(&o, &f, rows, n);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "probe: error writing the output\n");
@@ -709,6 +1204,7 @@ out:
     free(rows[i].owned_error), free(rows[i].owned_name), free(rows[i].head_bounds);
   free(rows);
   free(bw.buf), free(bb.buf), free(bk.buf), free(pw.buf), free(pb.buf);
+  ckpt_guard_reset();
   ck_close(&f);
   ck_close(&prevc);
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);

@@ -403,9 +403,9 @@ static int save_safetensors(const model *m, const char *path, const options *o, 
   if (!h) return -1;
   len += (size_t)snprintf(h + len, cap - len,
                           "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"stabmeter-train %s\","
-                          "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\"}",
+                          "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\",\"heads\":\"%zu\"}",
                           stab_version(), o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
-                          steps, m->c.untied ? "false" : "true");
+                          steps, m->c.untied ? "false" : "true", m->c.heads);
   for (size_t p = 0; p < n_parts; p++)
     for (size_t i = 0; i < m->n_tensors; i++) {
       const model_tensor *t = &m->tensors[i];

@@ -317,6 +317,14 @@ const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index);
  * NULL for other kinds. */
 const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index);
 
+/* Records metrics measured elsewhere (stab_layer_metrics on weights that are not kept in
+ * memory, e.g. a checkpoint read tensor by tensor) as a layer's last measurement, for
+ * stab_monitor_metrics and stab_trace_append. head_bounds: attention, heads values (NULL
+ * sets them NaN); ignored for other kinds. Copies; allocates nothing. Errors: NULL monitor
+ * or metrics STAB_EINVAL, index out of range STAB_ERANGE. */
+stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_metrics *metrics,
+                                     const double *head_bounds);
+
 /* Bytes the monitor has allocated (snapshots, warm vectors, workspaces). */
 size_t stab_monitor_memory(const stab_monitor *m);
 
@@ -523,7 +531,7 @@ typedef struct {
   const char *name;          /* NUL-terminated; owned by the reader */
   const char *dtype_name;    /* as the file spells it: "F32", "BF16", "I64", ... */
   stab_dtype dtype;
-  size_t elem_size;          /* bytes per element */
+  size_t elem_size;          /* bytes per element; 0 for GGUF's block-quantized types */
   size_t ndim;               /* 0 for a scalar */
   uint64_t shape[STAB_CKPT_MAX_DIMS]; /* row-major, outermost first */
   uint64_t count;            /* elements: the product of shape (1 for a scalar) */
@@ -603,6 +611,70 @@ const stab_ckpt_tensor *stab_llmc_tensor(const stab_llmc *f, size_t index);
 stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index);
 /* 1 when path starts with the llm.c magic (a format sniff; no validation). */
 int stab_llmc_is(const char *path);
+
+/* A GGUF file (llama.cpp's format, versions 2 and 3, little-endian): "GGUF", uint32
+ * version, uint64 tensor count, uint64 metadata count, the metadata key/value pairs, the
+ * tensor infos (name, dimensions ne[] with ne[0] the fastest-varying, GGML type, offset),
+ * then, at a multiple of general.alignment (default 32), the data section the offsets are
+ * relative to. The reader hands tensors out with shape[] outermost first, i.e. reversed
+ * from ne[]: a matrix with ne = {d_in, d_out} comes out as shape {d_out, d_in}, out-major.
+ * F32, F16 and BF16 tensors convert to f32 (stab_ckpt_read_f32); every other GGML type
+ * (quantized Q4_0 ... IQ4_XS, TQ*, MXFP4, integers, F64) is STAB_DTYPE_OTHER with its GGML
+ * type name in dtype_name and, for block-quantized types, elem_size 0 (their bytes per
+ * element are not whole). Tensors come in file order. Every count, string length, array
+ * length, dimension, offset and byte range is checked against the file before anything is
+ * allocated for it; a malformed file is STAB_EFORMAT with a message naming the file, the
+ * field and its byte offset. Duplicate tensor names and duplicate keys are errors. */
+typedef struct stab_gguf stab_gguf;
+
+/* Types of metadata values, numbered as in the file. */
+typedef enum {
+  STAB_GGUF_UINT8 = 0, STAB_GGUF_INT8 = 1, STAB_GGUF_UINT16 = 2, STAB_GGUF_INT16 = 3,
+  STAB_GGUF_UINT32 = 4, STAB_GGUF_INT32 = 5, STAB_GGUF_FLOAT32 = 6, STAB_GGUF_BOOL = 7,
+  STAB_GGUF_STRING = 8, STAB_GGUF_ARRAY = 9, STAB_GGUF_UINT64 = 10, STAB_GGUF_INT64 = 11,
+  STAB_GGUF_FLOAT64 = 12
+} stab_gguf_type;
+
+/* One metadata pair. Scalars are decoded; arrays are not (only their element type and
+ * length are kept: tokenizer vocabularies are large and the probe needs none of them). */
+typedef struct {
+  const char *key;          /* NUL-terminated, owned by the reader */
+  stab_gguf_type type;
+  uint64_t u;               /* unsigned integer types and bool (0 or 1) */
+  int64_t i;                /* signed integer types */
+  double f;                 /* every numeric type and bool, as a double */
+  const char *s;            /* STRING: the bytes, NUL-terminated (a NUL inside ends it early) */
+  uint64_t len;             /* STRING: bytes in the file; ARRAY: elements */
+  stab_gguf_type elem_type; /* ARRAY: the element type */
+  uint64_t offset;          /* byte offset of the pair in the file */
+} stab_gguf_kv;
+
+/* Maps and validates path. Errors as stab_safetensors_open. On failure *out is NULL. */
+stab_status stab_gguf_open(const char *path, stab_gguf **out);
+/* Unmaps and frees. NULL is a no-op. */
+void stab_gguf_close(stab_gguf *f);
+/* The file's version (2 or 3) and data alignment in bytes. */
+uint32_t stab_gguf_version(const stab_gguf *f);
+uint64_t stab_gguf_alignment(const stab_gguf *f);
+/* Tensors in file order; NULL past the end. */
+size_t stab_gguf_count(const stab_gguf *f);
+const stab_ckpt_tensor *stab_gguf_tensor(const stab_gguf *f, size_t index);
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_gguf_find(const stab_gguf *f, const char *name, size_t *index);
+/* Metadata pairs in file order; NULL past the end. */
+size_t stab_gguf_metadata_count(const stab_gguf *f);
+const stab_gguf_kv *stab_gguf_metadata(const stab_gguf *f, size_t index);
+/* The pair with this key, or NULL. */
+const stab_gguf_kv *stab_gguf_find_metadata(const stab_gguf *f, const char *key);
+/* The value of key as a non-negative integer (any integer type). STAB_ENOTFOUND if absent
+ * (last error untouched), STAB_EINVAL if it is not an integer or is negative. */
+stab_status stab_gguf_get_uint(const stab_gguf *f, const char *key, uint64_t *out);
+/* The GGML name of a tensor type ("F32", "Q4_K", ...); NULL for a number it does not know. */
+const char *stab_gguf_type_name(uint32_t ggml_type);
+/* The name of a metadata value type ("uint32", "string", ...); NULL if unknown. */
+const char *stab_gguf_value_type_name(stab_gguf_type type);
+/* 1 when path starts with the GGUF magic (a format sniff; no validation). */
+int stab_gguf_is(const char *path);
 
 #ifdef __cplusplus
 }

@@ -252,6 +252,19 @@ const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index) {
   return m && index < m->count ? m->layers[index].heads : NULL;
 }
 
+stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_metrics *metrics,
+                                     const double *head_bounds) {
+  if (!m || !metrics)
+    return stabi_fail(STAB_EINVAL, "stab_monitor_set_metrics: %s is NULL", !m ? "monitor" : "metrics");
+  if (index >= m->count)
+    return stabi_fail(STAB_ERANGE, "stab_monitor_set_metrics: index %zu, the monitor has %zu layers", index,
+                      m->count);
+  entry *e = &m->layers[index];
+  e->metrics = *metrics;
+  for (size_t h = 0; e->heads && h < e->shape.heads; h++) e->heads[h] = head_bounds ? head_bounds[h] : NAN;
+  return STAB_OK;
+}
+
 size_t stab_monitor_memory(const stab_monitor *m) {
   if (!m) return 0;
   size_t b = m->bytes + m->cap * sizeof(entry) + m->work_len * sizeof(double);

@@ -606,6 +606,45 @@ START_TEST(test_states_and_arguments) {
 }
 END_TEST
 
+/* Metrics measured elsewhere are what the monitor hands back afterwards (the probe records
+ * a checkpoint's metrics this way for the trace); measuring again replaces them. */
+START_TEST(test_set_metrics) {
+  float w[4 * 6] = {0}, k[4 * 6] = {0};
+  for (int i = 0; i < 24; i++) w[i] = (float)(i % 5) - 2.0f, k[i] = (float)(i % 3);
+  stab_monitor_params p = stab_monitor_default_params();
+  p.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&p, &m));
+  stab_layer fc = {.name = "fc", .kind = STAB_KIND_LINEAR, .d_in = 6, .d_out = 4, .weight = w};
+  stab_layer at = {.name = "at", .kind = STAB_KIND_ATTENTION, .d_in = 6, .d_out = 4, .heads = 2, .weight = w,
+                   .weight_k = k};
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &fc, NULL));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &at, NULL));
+  stab_metrics x;
+  memset(&x, 0, sizeof x);
+  x.forward = 1.5, x.dependency = 2.5, x.update = NAN, x.sigma = 3.5, x.passes = 7, x.flags = STAB_FLAG_NOT_CONVERGED;
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, 0, &x, NULL));
+  const stab_metrics *got = stab_monitor_metrics(m, 0);
+  ck_assert(got->forward == 1.5 && got->dependency == 2.5 && isnan(got->update) && got->sigma == 3.5);
+  ck_assert_int_eq(got->passes, 7);
+  ck_assert_int_eq(got->flags, STAB_FLAG_NOT_CONVERGED);
+  const double hb[2] = {0.25, 0.75};
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, 1, &x, hb));
+  ck_assert(stab_monitor_head_bounds(m, 1)[0] == 0.25 && stab_monitor_head_bounds(m, 1)[1] == 0.75);
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, 1, &x, NULL));
+  ck_assert(isnan(stab_monitor_head_bounds(m, 1)[0]) && isnan(stab_monitor_head_bounds(m, 1)[1]));
+  TU_ASSERT_STATUS(stab_monitor_set_metrics(m, 2, &x, NULL), STAB_ERANGE);
+  TU_ASSERT_STATUS(stab_monitor_set_metrics(m, 0, NULL, NULL), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_monitor_set_metrics(NULL, 0, &x, NULL), STAB_EINVAL);
+  /* a measurement replaces them with the real ones */
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_metrics ref;
+  TU_ASSERT_OK(stab_layer_metrics(&fc, NULL, NULL, &ref, NULL));
+  ck_assert(fabs(stab_monitor_metrics(m, 0)->dependency - ref.dependency) <= 1e-3 * ref.dependency);
+  stab_monitor_free(m);
+}
+END_TEST
+
 static Suite *monitor_suite(void) {
   Suite *s = suite_create("monitor");
   TCase *tc = tcase_create("lifecycle");
@@ -614,6 +653,7 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_register_and_lookup);
   tcase_add_test(tc, test_states_and_arguments);
   tcase_add_test(tc, test_memory);
+  tcase_add_test(tc, test_set_metrics);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("measure");

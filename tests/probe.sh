@@ -42,6 +42,34 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# heads JSON HEADS TOL: each attention layer's head_bounds against st_gen's brute force
+# (per-head Gram matrices diagonalised by Jacobi rotations), and its forward is their max
+heads() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+tol = float(sys.argv[3])
+att = {l["name"]: l for l in rep["layers"] if l["kind"] == "attention"}
+want = {}
+for line in open(sys.argv[2]):
+    name, h, b = line.split()
+    want.setdefault(name, {})[int(h)] = float(b)
+bad = 0
+for name, hb in want.items():
+    l = att.get(name)
+    if l is None:
+        print("missing attention layer", name); bad += 1; continue
+    if len(l["head_bounds"]) != len(hb) or l["heads"] != len(hb):
+        print(name, "heads", l["heads"], len(l["head_bounds"]), "want", len(hb)); bad += 1; continue
+    for h, b in hb.items():
+        if abs(l["head_bounds"][h] - b) > tol * b:
+            print(name, "head", h, "got", l["head_bounds"][h], "want", b); bad += 1
+    if l["forward"] != max(l["head_bounds"]):
+        print(name, "forward is not the max over heads"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
+
 for model in gpt2 llama; do
   for dt in F32 F16 BF16; do
     p=$dir/${model}_$dt
@@ -73,6 +101,15 @@ for model in gpt2 llama; do
     grep -q '"errors": \[' "$p.json" || fail "$model $dt: no errors array"
     if [ $have_py = 1 ]; then
       compare "$p.json" "$p.ref" 1e-9 || fail "$model $dt: exact values differ from stab_layer_metrics"
+      python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["metadata"]; assert m == {"format": "pt", "source": "st_gen"}, m' "$p.json" ||
+        fail "$model $dt: JSON metadata"
+      # per-head attention bounds (GPT-2: fused c_attn, heads from --heads; Llama: q_proj and
+      # k_proj, grouped-query, heads from config.json) against the brute force
+      hopt=; [ $model = gpt2 ] && hopt="--heads 2"
+      "$probe" "$p.safetensors" $hopt --json --exact >"$p.h.json" 2>"$p.err" || fail "$model $dt: heads exit $?"
+      heads "$p.h.json" "$p.heads" 1e-9 || fail "$model $dt: exact per-head bounds differ from the brute force"
+      "$probe" "$p.safetensors" $hopt --json >"$p.h.json" 2>"$p.err" || fail "$model $dt: heads exit $?"
+      heads "$p.h.json" "$p.heads" 2e-3 || fail "$model $dt: default-mode per-head bounds off"
       # default mode (Lanczos, tol 1e-3): the same values within the tolerance
       "$probe" "$p.safetensors" --prev "$p.prev.safetensors" --json >"$p.lz.json" 2>/dev/null ||
         fail "$model $dt: --json exit $?"
@@ -104,6 +141,87 @@ for dt in F32 BF16; do
   fi
   ok
 done
+
+# GGUF with llama.cpp names: ne[] order (attn_k ne = {16, 8} is 8x16, d_in 16), tied
+# token_embd, the Q8_0 tensor listed by its type, metadata shown; values as for safetensors
+for dt in F32 F16 BF16; do
+  p=$dir/gguf_$dt
+  "$gen" "$p" gguf $dt || { fail "st_gen gguf $dt"; continue; }
+  "$probe" "$p.gguf" --prev "$p.prev.gguf" >"$p.txt" 2>"$p.err" || fail "gguf $dt: table exit $?: $(cat "$p.err")"
+  while read -r name kind rest; do
+    grep -Eq "^$name +$kind +" "$p.txt" || fail "gguf $dt: table lacks '$name $kind'"
+  done <"$p.ref"
+  grep -Eq "^blk\.0\.attn_k\.weight +linear +8x16 +$dt " "$p.txt" || fail "gguf $dt: attn_k shape"
+  grep -Eq '^token_embd\.weight +lm_head .*tied' "$p.txt" || fail "gguf $dt: tied head"
+  grep -q 'blk.0.ffn_up.weight: unsupported GGML type Q8_0' "$p.txt" || fail "gguf $dt: Q8_0 tensor not listed"
+  grep -q 'rope_freqs.weight: a 1-D tensor' "$p.txt" || fail "gguf $dt: rope_freqs not listed"
+  grep -Eq '^blk\.0\.attn_logits +attention .* 4 heads, 2 key heads' "$p.txt" || fail "gguf $dt: attention row"
+  "$probe" "$p.gguf" --per-head >"$p.ph.txt" || fail "gguf $dt: --per-head exit $?"
+  [ "$(grep -Ec '^blk\.0\.attn_logits\.head[0-3] +attention +4x16 ' "$p.ph.txt")" = 4 ] || fail "gguf $dt: per-head rows"
+  grep -q 'metadata llama.attention.head_count = 4' "$p.txt" || fail "gguf $dt: metadata not shown"
+  grep -q 'metadata tokenizer.ggml.tokens = \[4 x string\]' "$p.txt" || fail "gguf $dt: array metadata"
+  "$probe" "$p.gguf" --prev "$p.prev.gguf" --json --exact >"$p.json" 2>"$p.err" || fail "gguf $dt: json exit $?"
+  if [ $have_py = 1 ]; then
+    compare "$p.json" "$p.ref" 1e-9 || fail "gguf $dt: exact values differ from stab_layer_metrics"
+    heads "$p.json" "$p.heads" 1e-9 || fail "gguf $dt: exact per-head bounds differ from the brute force"
+    python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["metadata"]; assert m["general.architecture"] == "llama" and m["llama.attention.head_count"] == 4 and m["llama.rope.freq_base"] == 10000.0 and m["tokenizer.ggml.add_bos_token"] is True and m["tokenizer.ggml.tokens"] == {"array": "string", "length": 4}, m' "$p.json" ||
+      fail "gguf $dt: JSON metadata"
+    "$probe" "$p.gguf" --prev "$p.prev.gguf" --json >"$p.lz.json" 2>/dev/null || fail "gguf $dt: --json exit $?"
+    compare "$p.lz.json" "$p.ref" 2e-3 || fail "gguf $dt: default-mode values off"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); l=[x for x in r["layers"] if x["name"]=="blk.0.attn_k.weight"][0]; assert (l["d_in"], l["d_out"], l["shape"], l["layout"]) == (16, 8, [8, 16], "out_major"), l' "$p.json" ||
+      fail "gguf $dt: attn_k d_in/d_out"
+  fi
+  ok
+done
+
+# --hdf5: checkpoints probed one by one build a trace (steps from the names or --step),
+# read back with h5py against each run's --json; a trace of other layers is refused
+p=$dir/gguf_F32
+cp "$p.prev.gguf" "$dir/step-000100.gguf" && cp "$p.gguf" "$dir/model_00000200.gguf" && cp "$p.gguf" "$dir/plain.gguf"
+tr=$dir/trace.h5
+"$probe" "$dir/step-000100.gguf" --hdf5 "$tr" --json >"$dir/t100.json" 2>"$dir/t.err" || fail "hdf5 step 100: exit $?: $(cat "$dir/t.err")"
+"$probe" "$dir/model_00000200.gguf" --prev "$dir/step-000100.gguf" --hdf5 "$tr" --json >"$dir/t200.json" 2>"$dir/t.err" ||
+  fail "hdf5 step 200: exit $?: $(cat "$dir/t.err")"
+"$probe" "$dir/plain.gguf" --hdf5 "$tr" --step 300 --json >"$dir/t300.json" 2>"$dir/t.err" || fail "hdf5 --step 300: exit $?"
+"$probe" "$dir/plain.gguf" --hdf5 "$dir/other.h5" >/dev/null 2>"$dir/t.err"
+rc=$?
+[ $rc -eq 2 ] || fail "hdf5 without a step: exit $rc, want 2"
+grep -q "plain.gguf: no step number in the file name" "$dir/t.err" || fail "hdf5 without a step: message: $(cat "$dir/t.err")"
+[ -e "$dir/other.h5" ] && fail "hdf5 without a step: a trace was written"
+"$probe" "$dir/plain.gguf" --step 5 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--step without --hdf5: not exit 2"
+"$probe" "$dir/plain.gguf" --step -5 --hdf5 "$tr" >/dev/null 2>&1; [ $? -eq 2 ] || fail "--step -5: not exit 2"
+"$probe" "$dir/gpt2_F32.safetensors" --hdf5 "$tr" --step 400 >"$dir/t.out" 2>"$dir/t.err"
+rc=$?
+[ $rc -eq 2 ] || fail "hdf5 other layers: exit $rc, want 2"
+grep -q "trace.h5: .*does not match" "$dir/t.err" || fail "hdf5 other layers: message: $(cat "$dir/t.err")"
+py5=
+for c in "${PYTHON:-python3}" /usr/bin/python3; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import h5py' 2>/dev/null; then py5=$c; break; fi
+done
+[ -n "$py5" ] || fail "hdf5: no python3 with h5py to read the trace back (apt-get install python3-h5py)"
+if [ -n "$py5" ]; then
+  "$py5" - "$tr" "$dir/t100.json" "$dir/t200.json" "$dir/t300.json" <<'PY' || fail "hdf5: the trace differs from --json"
+import h5py, json, math, sys
+f = h5py.File(sys.argv[1], "r", swmr=True)
+assert list(f["step"][:]) == [100, 200, 300], f["step"][:]
+assert f.attrs["format"] in (b"stabmeter-trace", "stabmeter-trace")
+assert all(math.isnan(x) for x in f["wall_time"][:])
+for row, path in enumerate(sys.argv[2:]):
+    rep = json.load(open(path))
+    assert rep["layers"], path
+    assert len(f["layers"]) == len(rep["layers"]), (len(f["layers"]), len(rep["layers"]))
+    for l in rep["layers"]:
+        g = f["layers"]["lm_head" if l["tied"] else l["name"]]
+        kind = g.attrs["kind"].decode() if isinstance(g.attrs["kind"], bytes) else g.attrs["kind"]
+        assert (kind, int(g.attrs["d_in"]), int(g.attrs["d_out"])) == (l["kind"], l["d_in"], l["d_out"]), l["name"]
+        for key in ("forward", "dependency", "update", "sigma", "sigma_update", "rel_update", "forward_tight"):
+            got, want = g[key][row], l[key]
+            assert (math.isnan(got) and want is None) or got == want, (path, l["name"], key, got, want)
+    # the update exists only in the run with --prev
+    assert any(l["update"] is not None for l in rep["layers"]) == (row == 1), path
+PY
+fi
+ok
 
 # a NaN in a weight: that layer's metrics are NaN (null) and flagged, the others stand
 p=$dir/nan
@@ -142,6 +260,47 @@ assert abs(got["caf\u00e9.weight"]["dependency"] - 2.0) < 1e-12          # sigma
   ok
 fi
 
+# a checkpoint of harness/train (GPT-2 names stored out-major, tied, heads in __metadata__):
+# every layer's forward and dependency against the trainer's own trace of the same step,
+# whose layers train.c registers by hand, independently of the probe's rule table
+if [ -n "$py5" ]; then
+  ./harness/train --width 32 --depth 2 --heads 4 --steps 3 --out "$dir/trn" >/dev/null 2>"$dir/trn.err" ||
+    fail "train: exit $?: $(tail -3 "$dir/trn.err")"
+  "$probe" "$dir/trn/model.safetensors" --json >"$dir/trn.json" 2>"$dir/t.err" || fail "train checkpoint: exit $?"
+  "$py5" - "$dir/trn/trace.h5" "$dir/trn.json" <<'PY' || fail "train checkpoint: probe differs from the trainer's trace"
+import h5py, json, math, sys
+f = h5py.File(sys.argv[1], "r", swmr=True)
+rep = json.load(open(sys.argv[2]))
+got = {}
+for l in rep["layers"]:
+    name = "lm_head" if l["tied"] else l["name"][:-7] if l["name"].endswith(".weight") else l["name"]
+    got[name] = l
+assert set(got) == set(f["layers"]), (sorted(got), sorted(f["layers"]))
+bad = 0
+for name, l in got.items():
+    g = f["layers"][name]
+    for key in ("forward", "dependency"):
+        want = g[key][len(f["step"]) - 1]
+        if (l[key] is None) != math.isnan(want) or (l[key] is not None and abs(l[key] - want) > 2e-3 * abs(want)):
+            print(name, key, "probe", l[key], "trainer", want); bad += 1
+    if l["kind"] == "linear" and l["layout"] != "out_major":
+        print(name, "layout", l["layout"]); bad += 1
+sys.exit(1 if bad else 0)
+PY
+fi
+ok
+
+# attention without a head count is listed with the reason, not dropped; --heads that do not
+# divide the width are refused per layer, and bad --heads values are usage errors
+mkdir "$dir/nocfg" && cp "$dir/gpt2_F32.safetensors" "$dir/nocfg/m.safetensors"
+"$probe" "$dir/nocfg/m.safetensors" >"$dir/nh.txt" || fail "no heads: exit $?"
+grep -q '^  h.0.attn.logits: no head count (give --heads H' "$dir/nh.txt" || fail "no heads: not listed"
+"$probe" "$dir/nocfg/m.safetensors" --heads 3 >"$dir/nh.txt" || fail "--heads 3: exit $?"
+grep -q '^  h.0.attn.logits: 3 heads (from --heads) do not divide the query width 16' "$dir/nh.txt" || fail "--heads 3: not listed"
+"$probe" "$dir/nocfg/m.safetensors" --heads 0 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--heads 0: not exit 2"
+"$probe" "$dir/nocfg/m.safetensors" --heads x >/dev/null 2>&1; [ $? -eq 2 ] || fail "--heads x: not exit 2"
+ok
+
 # filters and overrides
 p=$dir/gpt2_F32
 "$probe" "$p.safetensors" --filter 'h.0.mlp.*' >"$dir/f.txt" || fail "filter exit"
@@ -159,6 +318,10 @@ grep -q 'h.0.attn.bias: a 3-D or higher tensor (4 dimensions)' "$dir/k.txt" || f
 grep -Eq '^wpe\.weight +lm_head +8x16' "$dir/k.txt" || fail "--kind lm_head ignored"
 grep -Eq '^h\.0\.ln_1\.bias +gain' "$dir/k.txt" || fail "--kind gain ignored"
 grep -Eq '^wte\.weight +lm_head' "$dir/k.txt" && fail "tied head added although wpe was made the lm_head"
+# an untied model whose head is not a row (filtered out here; a quantized GGUF output alike)
+"$probe" "$dir/llama_F32.safetensors" --filter 'model.embed_tokens.weight' >"$dir/u.txt" || fail "untied filter exit"
+grep -Eq '^model\.embed_tokens\.weight +embedding' "$dir/u.txt" || fail "untied filter: no embedding row"
+grep -Eq '^model\.embed_tokens\.weight +lm_head' "$dir/u.txt" && fail "untied model with its head filtered out reported as tied"
 ok
 
 # exit codes: 2 for bad usage and for malformed or missing files, with the message
@@ -193,6 +356,16 @@ for f in "$src"/tests/corpus/llmc/*.bin; do
   grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
   n=$((n + 1))
 done
+# the GGUF corpus: each file's message names it and holds what EXPECTED says
+while IFS="$(printf '\t')" read -r file want; do
+  "$probe" "$src/tests/corpus/gguf/$file" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $file: exit $rc, want 2"
+  grep -qF "$file" "$dir/c.err" || fail "corpus $file: message lacks the file name"
+  grep -qF -- "$want" "$dir/c.err" || fail "corpus $file: message lacks '$want': $(cat "$dir/c.err")"
+  n=$((n + 1))
+done <"$src/tests/corpus/gguf/EXPECTED"
+[ $n -ge 80 ] || fail "corpus: only $n files"
 ok
 
 echo "probe.sh: $checks groups checked, $fails failures (python3: $have_py, corpus files: $n)"

@@ -11,12 +11,17 @@
  * (OUT_PREFIX.bin, OUT_PREFIX.prev.bin, OUT_PREFIX.ref), V = 50 padded to 64 with padding
  * rows of 1e6 that must not reach any metric.
  * st_gen OUT_PREFIX gpt2-124m F32|F16|BF16 writes only OUT_PREFIX.safetensors: GPT-2 124M's
- * HF tensors (tied, 124,439,808 parameters) of i.i.d. N(0, 0.02^2), for timing the probe. */
+ * HF tensors (tied, 124,439,808 parameters) of i.i.d. N(0, 0.02^2), for timing the probe.
+ * st_gen OUT_PREFIX gguf F32|F16|BF16 writes OUT_PREFIX.gguf, OUT_PREFIX.prev.gguf and
+ * OUT_PREFIX.ref: a Llama-shaped GGUF with llama.cpp's tensor names (ne[] reversed from the
+ * shapes below), tied (no output.weight), 4 query heads and 2 key/value heads in the metadata,
+ * one Q8_0 tensor and one F32 rope_freqs that the probe must list as not measured. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf_writer.h"
 #include "st_writer.h"
 #include "stabmeter.h"
 
@@ -84,6 +89,96 @@ static int write_file(const char *path, spec *s, size_t n, const char *dtype, in
   for (size_t i = 0; i < n; i++) free(bufs[i]);
   free(bufs), free(t);
   return rc;
+}
+
+/* The same tensors as a GGUF file: shapes outermost first become ne[] fastest first. */
+static int write_gguf(const char *path, spec *s, size_t n, const char *dtype, int after) {
+  gw_file w;
+  gw_init(&w);
+  gw_kv_str(&w, "general.architecture", "llama");
+  gw_kv_str(&w, "general.name", "st_gen");
+  gw_kv_u32(&w, "llama.attention.head_count", 4);
+  gw_kv_u32(&w, "llama.attention.head_count_kv", 2);
+  gw_kv_f32(&w, "llama.rope.freq_base", 10000.0f);
+  const char *toks[] = {"<s>", "</s>", "a", "b"};
+  gw_kv_str_array(&w, "tokenizer.ggml.tokens", toks, 4);
+  gw_kv_bool(&w, "tokenizer.ggml.add_bos_token", 1);
+  for (size_t i = 0; i < n; i++) {
+    size_t c = count_of(&s[i]);
+    const char *dt = s[i].dtype ? s[i].dtype : dtype;
+    uint64_t ne[4];
+    for (size_t d = 0; d < s[i].ndim; d++) ne[d] = s[i].shape[s[i].ndim - 1 - d];
+    const float *x = after ? s[i].after : s[i].before;
+    if (!strcmp(dt, "Q8_0")) {
+      gw_tensor(&w, s[i].name, (uint32_t)s[i].ndim, ne, GW_Q8_0, NULL, c / 32 * 34);
+    } else if (!strcmp(dt, "F32")) {
+      gw_tensor(&w, s[i].name, (uint32_t)s[i].ndim, ne, GW_F32, x, c * 4);
+    } else {
+      uint16_t *v = malloc(c * 2);
+      stw_encode16(x, c, !strcmp(dt, "BF16"), v);
+      gw_tensor(&w, s[i].name, (uint32_t)s[i].ndim, ne, !strcmp(dt, "BF16") ? GW_BF16 : GW_F16, v, c * 2);
+      free(v);
+    }
+  }
+  return gw_write(&w, path);
+}
+
+/* ---- attention logit bounds by brute force, independent of the library ---- */
+
+/* Largest eigenvalue of the symmetric n x n matrix a (destroyed), by cyclic Jacobi rotations
+ * until the off-diagonal part is below 1e-30 of the whole. */
+static double jacobi_max(double *a, size_t n) {
+  for (int sweep = 0; sweep < 100; sweep++) {
+    double off = 0, all = 0;
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < n; j++) all += a[i * n + j] * a[i * n + j], off += i != j ? a[i * n + j] * a[i * n + j] : 0;
+    if (off <= 1e-30 * all) break;
+    for (size_t p = 0; p < n; p++)
+      for (size_t q = p + 1; q < n; q++) {
+        if (a[p * n + q] == 0) continue;
+        double theta = (a[q * n + q] - a[p * n + p]) / (2 * a[p * n + q]);
+        double t = (theta >= 0 ? 1 : -1) / (fabs(theta) + sqrt(theta * theta + 1)), c = 1 / sqrt(t * t + 1), sn = t * c;
+        for (size_t k = 0; k < n; k++) { /* A <- J^T A J */
+          double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = c * akp - sn * akq, a[k * n + q] = sn * akp + c * akq;
+        }
+        for (size_t k = 0; k < n; k++) {
+          double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = c * apk - sn * aqk, a[q * n + k] = sn * apk + c * aqk;
+        }
+      }
+  }
+  double mx = a[0];
+  for (size_t i = 1; i < n; i++) mx = a[i * n + i] > mx ? a[i * n + i] : mx;
+  return mx;
+}
+
+/* sigma of one head's block: outputs first .. first + dh - 1 of a matrix with d inputs and
+ * row stride ld, stored out-major (rows are outputs) or in-major (columns are outputs). */
+static double head_sigma(const float *m, size_t ld, int in_major, size_t first, size_t dh, size_t d) {
+  double g[64] = {0}; /* dh <= 8 */
+  for (size_t a = 0; a < dh; a++)
+    for (size_t b = 0; b < dh; b++)
+      for (size_t i = 0; i < d; i++) {
+        double x = in_major ? m[i * ld + first + a] : m[(first + a) * ld + i];
+        double y = in_major ? m[i * ld + first + b] : m[(first + b) * ld + i];
+        g[a * dh + b] += x * y;
+      }
+  return sqrt(jacobi_max(g, dh));
+}
+
+/* SPEC's bound per head, s d_h F_q F_k with F = sqrt(d/d_h) sigma, s = 1/sqrt(d_h): lines
+ * "<name> <h> <bound>" in heads_out, and the max as a .ref line of kind attention. */
+static void attention_ref(FILE *ref, FILE *heads_out, const char *name, const float *q, const float *k, size_t ld,
+                          int in_major, size_t kfirst, size_t d, size_t heads, size_t kv, size_t dh) {
+  double worst = 0;
+  for (size_t h = 0; h < heads; h++) {
+    double sq = head_sigma(q, ld, in_major, h * dh, dh, d), sk = head_sigma(k, ld, in_major, kfirst + (h / (heads / kv)) * dh, dh, d);
+    double f = sqrt((double)d / (double)dh), bound = (1 / sqrt((double)dh)) * (double)dh * (f * sq) * (f * sk);
+    fprintf(heads_out, "%s %zu %.17g\n", name, h, bound);
+    worst = bound > worst ? bound : worst;
+  }
+  if (ref) fprintf(ref, "%s attention %.17g nan nan\n", name, worst);
 }
 
 static const spec *find(const spec *s, size_t n, const char *name) {
@@ -225,8 +320,8 @@ static int llmc(const char *prefix, const char *dtype) {
 int main(int argc, char **argv) {
   if (argc >= 4 && !strcmp(argv[2], "gpt2-124m")) return big(argv[1], argv[3]);
   if (argc >= 4 && !strcmp(argv[2], "llmc")) return llmc(argv[1], argv[3]);
-  if (argc < 4 || (strcmp(argv[2], "gpt2") && strcmp(argv[2], "llama"))) {
-    fprintf(stderr, "usage: st_gen OUT_PREFIX gpt2|llama F32|F16|BF16 [NONFINITE]\n");
+  if (argc < 4 || (strcmp(argv[2], "gpt2") && strcmp(argv[2], "llama") && strcmp(argv[2], "gguf"))) {
+    fprintf(stderr, "usage: st_gen OUT_PREFIX gpt2|llama|gguf F32|F16|BF16 [NONFINITE]\n");
     return 2;
   }
   const char *dtype = argv[3];
@@ -253,15 +348,32 @@ int main(int argc, char **argv) {
       {"model.embed_tokens.weight", NULL, 2, {V, D}, STAB_KIND_EMBEDDING, 0, NULL, NULL, NULL},
       {"model.layers.0.input_layernorm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
       {"model.layers.0.self_attn.q_proj.weight", NULL, 2, {24, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"model.layers.0.self_attn.k_proj.weight", NULL, 2, {12, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
       {"model.layers.0.mlp.down_proj.weight", NULL, 2, {D, 40}, STAB_KIND_LINEAR, 0, "model.layers.0.mlp.down_proj.bias", NULL, NULL},
       {"model.layers.0.mlp.down_proj.bias", NULL, 1, {D}, -1, 0, NULL, NULL, NULL},
       {"model.layers.0.experts", NULL, 3, {2, 4, 4}, -1, 0, NULL, NULL, NULL},
       {"model.norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
       {"lm_head.weight", NULL, 2, {V, D}, STAB_KIND_LM_HEAD, 0, NULL, NULL, NULL},
   };
-  int gpt2 = !strcmp(argv[2], "gpt2");
-  spec *s = gpt2 ? g : l;
-  size_t n = gpt2 ? sizeof g / sizeof g[0] : sizeof l / sizeof l[0];
+  /* llama.cpp names; shapes outermost first (attn_k: ne = {16, 8}, 2 heads of 4) */
+  spec q[] = {
+      {"token_embd.weight", NULL, 2, {V, D}, STAB_KIND_EMBEDDING, 0, NULL, NULL, NULL},
+      {"rope_freqs.weight", "F32", 1, {2}, -1, 0, NULL, NULL, NULL},
+      {"blk.0.attn_norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
+      {"blk.0.attn_q.weight", NULL, 2, {D, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.attn_k.weight", NULL, 2, {D / 2, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.attn_v.weight", NULL, 2, {D / 2, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.attn_output.weight", NULL, 2, {D, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_gate.weight", NULL, 2, {40, D}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_up.weight", "Q8_0", 2, {40, 32}, -1, 0, NULL, NULL, NULL},
+      {"blk.0.ffn_down.weight", NULL, 2, {D, 40}, STAB_KIND_LINEAR, 0, NULL, NULL, NULL},
+      {"output_norm.weight", NULL, 1, {D}, STAB_KIND_GAIN, 0, NULL, NULL, NULL},
+  };
+  int gpt2 = !strcmp(argv[2], "gpt2"), gguf = !strcmp(argv[2], "gguf");
+  spec *s = gpt2 ? g : gguf ? q : l;
+  size_t n = gpt2 ? sizeof g / sizeof g[0] : gguf ? sizeof q / sizeof q[0] : sizeof l / sizeof l[0];
+  const char *tied_name = gpt2 ? "wte.weight" : gguf ? "token_embd.weight" : NULL;
   for (size_t i = 0; i < n; i++) {
     size_t c = count_of(&s[i]);
     const char *dt = s[i].dtype ? s[i].dtype : dtype;
@@ -277,10 +389,10 @@ int main(int argc, char **argv) {
   }
   if (nonfinite) s[gpt2 ? 7 : 2].after[3] = NAN; /* one linear layer holds a NaN */
   char path[1024];
-  snprintf(path, sizeof path, "%s.safetensors", argv[1]);
-  if (write_file(path, s, n, dtype, 1)) return perror(path), 1;
-  snprintf(path, sizeof path, "%s.prev.safetensors", argv[1]);
-  if (write_file(path, s, n, dtype, 0)) return perror(path), 1;
+  snprintf(path, sizeof path, "%s.%s", argv[1], gguf ? "gguf" : "safetensors");
+  if ((gguf ? write_gguf : write_file)(path, s, n, dtype, 1)) return perror(path), 1;
+  snprintf(path, sizeof path, "%s.prev.%s", argv[1], gguf ? "gguf" : "safetensors");
+  if ((gguf ? write_gguf : write_file)(path, s, n, dtype, 0)) return perror(path), 1;
   snprintf(path, sizeof path, "%s.ref", argv[1]);
   FILE *ref = fopen(path, "w");
   if (!ref) return perror(path), 1;
@@ -291,8 +403,8 @@ int main(int argc, char **argv) {
     for (int tied = 0; tied < 2; tied++) {
       int kind = s[i].kind;
       if (tied) {
-        if (!gpt2 || strcmp(s[i].name, "wte.weight")) break;
-        kind = STAB_KIND_LM_HEAD; /* the tied head of the GPT-2 model */
+        if (!tied_name || strcmp(s[i].name, tied_name)) break;
+        kind = STAB_KIND_LM_HEAD; /* the tied head of the GPT-2 and GGUF models */
       }
       stab_layer L = {.name = s[i].name, .kind = kind, .weight = s[i].after};
       stab_layer B = L;
@@ -314,6 +426,30 @@ int main(int argc, char **argv) {
       fprintf(ref, "%s %s %.17g %.17g %.17g\n", s[i].name, stab_kind_name(kind), m.forward, m.dependency, m.update);
     }
   }
+  /* attention, as stored: GPT-2's fused in-major c_attn (2 heads of 8: the probe needs
+   * --heads 2), Llama's q_proj/k_proj (4 query heads of 6, 2 key heads; heads from the
+   * config.json written beside), GGUF's attn_q/attn_k (4 heads of 4, 2 key heads) */
+  snprintf(path, sizeof path, "%s.heads", argv[1]);
+  FILE *hf = fopen(path, "w");
+  if (!hf) return perror(path), 1;
+  if (gpt2) {
+    const float *w = find(s, n, "h.0.attn.c_attn.weight")->after;
+    attention_ref(NULL, hf, "h.0.attn.logits", w, w, 3 * D, 1, D, D, 2, 2, D / 2);
+  } else if (gguf) {
+    attention_ref(ref, hf, "blk.0.attn_logits", find(s, n, "blk.0.attn_q.weight")->after,
+                  find(s, n, "blk.0.attn_k.weight")->after, D, 0, 0, D, 4, 2, 4);
+  } else {
+    attention_ref(ref, hf, "model.layers.0.self_attn.logits", find(s, n, "model.layers.0.self_attn.q_proj.weight")->after,
+                  find(s, n, "model.layers.0.self_attn.k_proj.weight")->after, D, 0, 0, D, 4, 2, 6);
+    const char *slash = strrchr(argv[1], '/');
+    snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - argv[1] + 1) : 0, argv[1]);
+    FILE *cf = fopen(path, "w");
+    if (!cf) return perror(path), 1;
+    fprintf(cf, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"hidden_size\": %d,\n"
+                "  \"num_attention_heads\": 4,\n  \"num_key_value_heads\": 2\n}\n", D);
+    if (fclose(cf)) return perror(path), 1;
+  }
+  if (fclose(hf)) return perror(path), 1;
   fclose(ref);
   for (size_t i = 0; i < n; i++) free(s[i].after), free(s[i].before);
   return 0;

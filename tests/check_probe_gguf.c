@@ -1,0 +1,471 @@
+/* check_probe_gguf.c — the GGUF reader: values read back exactly from files written by
+ * tests/gguf_writer (every F16 and BF16 bit pattern against its closed form, F32 bit for
+ * bit, shapes reversed from ne[]), metadata of every value type, arrays skipped, alignment,
+ * quantized tensors listed by their GGML name, and every malformed-file case, each asserting
+ * STAB_EFORMAT and a message naming the file, the field and the byte offset. The malformed
+ * files are also the regression corpus in tests/corpus/gguf/ (with EXPECTED, the message
+ * each must give, which tests/probe.sh checks against the probe), replayed here. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf_writer.h"
+#include "stabmeter.h"
+#include "testutil.h"
+
+static char tmpdir[256];
+
+static void make_tmpdir(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/check_probe_gguf.XXXXXX");
+  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp failed");
+}
+
+static void remove_tmpdir(void) {
+  DIR *d = opendir(tmpdir);
+  if (d) {
+    struct dirent *e;
+    char p[512];
+    while ((e = readdir(d)))
+      if (e->d_name[0] != '.') snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name), unlink(p);
+    closedir(d);
+  }
+  rmdir(tmpdir);
+}
+
+static const char *tmp_path(const char *name) {
+  static char p[512];
+  snprintf(p, sizeof p, "%s/%s", tmpdir, name);
+  return p;
+}
+
+/* The closed forms of the 16-bit formats. */
+static double half_value(unsigned h, int bf16) {
+  int s = (h >> 15) & 1, e, m;
+  double v;
+  if (bf16) {
+    e = (h >> 7) & 255, m = h & 127;
+    v = e == 0 ? ldexp(m, -133) : e == 255 ? (m ? NAN : INFINITY) : ldexp(128 + m, e - 134);
+  } else {
+    e = (h >> 10) & 31, m = h & 1023;
+    v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+  }
+  return s ? -v : v;
+}
+
+START_TEST(test_values_and_metadata) {
+  make_tmpdir();
+  gw_file w;
+  gw_init(&w);
+  gw_kv_str(&w, "general.architecture", "llama");
+  gw_kv_u32(&w, "llama.attention.head_count", 4);
+  gw_kv_u8(&w, "t.u8", 200);
+  gw_kv_i8(&w, "t.i8", -100);
+  gw_kv_u16(&w, "t.u16", 60000);
+  gw_kv_i16(&w, "t.i16", -30000);
+  gw_kv_i32(&w, "t.i32", -2000000000);
+  gw_kv_u64(&w, "t.u64", 18000000000000000000ull);
+  gw_kv_i64(&w, "t.i64", -9000000000000000000ll);
+  gw_kv_f32(&w, "t.f32", 0.1f);
+  gw_kv_f64(&w, "t.f64", -2.5e300);
+  gw_kv_bool(&w, "t.bool", 1);
+  const char *toks[] = {"<s>", "", "hello"};
+  gw_kv_str_array(&w, "tokenizer.ggml.tokens", toks, 3);
+  const uint32_t ids[] = {7, 8, 9, 10, 11};
+  gw_kv_u32_array(&w, "t.ids", ids, 5);
+  gw_kv_str(&w, "t.after", "still read");
+  /* F32 ne = {3, 5}: 5 rows of 3; F16 and BF16 every bit pattern; a Q4_0 and an I32 */
+  float a[15];
+  for (int i = 0; i < 15; i++) a[i] = (float)i - 7.25f;
+  a[3] = -0.0f, a[4] = NAN, a[5] = 1e-45f;
+  unsigned char *all = malloc(2 * 65536);
+  for (unsigned i = 0; i < 65536; i++) all[2 * i] = (unsigned char)(i & 255), all[2 * i + 1] = (unsigned char)(i >> 8);
+  gw_tensor(&w, "blk.0.attn_q.weight", 2, (uint64_t[]){3, 5}, GW_F32, a, sizeof a);
+  gw_tensor(&w, "f16", 2, (uint64_t[]){256, 256}, GW_F16, all, 2 * 65536);
+  gw_tensor(&w, "bf16", 3, (uint64_t[]){256, 128, 2}, GW_BF16, all, 2 * 65536);
+  gw_tensor(&w, "q", 2, (uint64_t[]){64, 3}, GW_Q4_0, NULL, 3 * 2 * 18);
+  gw_tensor(&w, "ids", 1, (uint64_t[]){4}, 26, ids, 16);
+  gw_tensor(&w, "empty", 2, (uint64_t[]){0, 4}, GW_F32, NULL, 0);
+  ck_assert_int_eq(gw_write(&w, tmp_path("m.gguf")), 0);
+  free(all);
+
+  ck_assert_int_eq(stab_gguf_is(tmp_path("m.gguf")), 1);
+  stab_gguf *f = NULL;
+  TU_ASSERT_OK(stab_gguf_open(tmp_path("m.gguf"), &f));
+  ck_assert_uint_eq(stab_gguf_version(f), 3);
+  ck_assert_uint_eq(stab_gguf_alignment(f), 32);
+  ck_assert_uint_eq(stab_gguf_count(f), 6);
+  /* file order, shapes reversed from ne[] */
+  const stab_ckpt_tensor *t = stab_gguf_tensor(f, 0);
+  ck_assert_str_eq(t->name, "blk.0.attn_q.weight");
+  ck_assert_str_eq(t->dtype_name, "F32");
+  ck_assert_uint_eq(t->ndim, 2);
+  ck_assert_uint_eq(t->shape[0], 5);
+  ck_assert_uint_eq(t->shape[1], 3);
+  ck_assert_uint_eq(t->count, 15);
+  ck_assert_uint_eq(t->offset % 32, 0);
+  float got[15];
+  TU_ASSERT_OK(stab_ckpt_read_f32(t, 0, 15, got));
+  ck_assert(memcmp(got, a, sizeof a) == 0); /* -0, NaN and the subnormal bit for bit */
+  float *out = malloc(65536 * sizeof *out);
+  for (int bf = 0; bf < 2; bf++) {
+    size_t i;
+    TU_ASSERT_OK(stab_gguf_find(f, bf ? "bf16" : "f16", &i));
+    t = stab_gguf_tensor(f, i);
+    ck_assert_int_eq(t->dtype, bf ? STAB_DTYPE_BF16 : STAB_DTYPE_F16);
+    ck_assert_uint_eq(t->ndim, bf ? 3 : 2);
+    ck_assert_uint_eq(t->shape[0], bf ? 2 : 256);
+    ck_assert_uint_eq(t->shape[1], bf ? 128 : 256);
+    ck_assert_uint_eq(t->offset % 32, 0);
+    for (uint64_t first = 0; first < 65536;) { /* uneven blocks, as the probe converts */
+      size_t n = first % 3 ? 1000 : 4093;
+      if (n > 65536 - first) n = 65536 - first;
+      TU_ASSERT_OK(stab_ckpt_read_f32(t, first, n, out + first));
+      first += n;
+    }
+    for (unsigned k = 0; k < 65536; k++) {
+      double want = half_value(k, bf);
+      if (isnan(want)) ck_assert_msg(isnan(out[k]), "%s 0x%04x: want NaN", t->dtype_name, k);
+      else
+        ck_assert_msg((double)out[k] == want && !signbit(out[k]) == !signbit(want), "%s 0x%04x: got %.9g want %.17g",
+                      t->dtype_name, k, out[k], want);
+    }
+  }
+  free(out);
+  size_t i;
+  TU_ASSERT_OK(stab_gguf_find(f, "q", &i));
+  t = stab_gguf_tensor(f, i);
+  ck_assert_str_eq(t->dtype_name, "Q4_0");
+  ck_assert_int_eq(t->dtype, STAB_DTYPE_OTHER);
+  ck_assert_uint_eq(t->elem_size, 0);
+  ck_assert_uint_eq(t->count, 192);
+  TU_ASSERT_STATUS(stab_ckpt_read_f32(t, 0, 1, got), STAB_EINVAL);
+  TU_ASSERT_OK(stab_gguf_find(f, "ids", &i));
+  ck_assert_str_eq(stab_gguf_tensor(f, i)->dtype_name, "I32");
+  ck_assert_uint_eq(stab_gguf_tensor(f, i)->elem_size, 4);
+  TU_ASSERT_OK(stab_gguf_find(f, "empty", &i));
+  ck_assert_uint_eq(stab_gguf_tensor(f, i)->count, 0);
+  ck_assert_int_eq(stab_gguf_find(f, "missing", &i), STAB_ENOTFOUND);
+  ck_assert_ptr_null(stab_gguf_tensor(f, 6));
+
+  /* metadata: every type decoded, arrays skipped with the pair after them intact */
+  ck_assert_uint_eq(stab_gguf_metadata_count(f), 15);
+  const stab_gguf_kv *kv = stab_gguf_metadata(f, 0);
+  ck_assert_str_eq(kv->key, "general.architecture");
+  ck_assert_int_eq(kv->type, STAB_GGUF_STRING);
+  ck_assert_str_eq(kv->s, "llama");
+  uint64_t u;
+  TU_ASSERT_OK(stab_gguf_get_uint(f, "llama.attention.head_count", &u));
+  ck_assert_uint_eq(u, 4);
+  ck_assert_uint_eq(stab_gguf_find_metadata(f, "t.u8")->u, 200);
+  ck_assert_int_eq(stab_gguf_find_metadata(f, "t.i8")->i, -100);
+  ck_assert_uint_eq(stab_gguf_find_metadata(f, "t.u16")->u, 60000);
+  ck_assert_int_eq(stab_gguf_find_metadata(f, "t.i16")->i, -30000);
+  ck_assert_int_eq(stab_gguf_find_metadata(f, "t.i32")->i, -2000000000);
+  ck_assert(stab_gguf_find_metadata(f, "t.u64")->u == 18000000000000000000ull);
+  ck_assert(stab_gguf_find_metadata(f, "t.i64")->i == -9000000000000000000ll);
+  ck_assert(stab_gguf_find_metadata(f, "t.f32")->f == (double)0.1f);
+  ck_assert(stab_gguf_find_metadata(f, "t.f64")->f == -2.5e300);
+  ck_assert_int_eq(stab_gguf_find_metadata(f, "t.bool")->type, STAB_GGUF_BOOL);
+  ck_assert_uint_eq(stab_gguf_find_metadata(f, "t.bool")->u, 1);
+  kv = stab_gguf_find_metadata(f, "tokenizer.ggml.tokens");
+  ck_assert_int_eq(kv->type, STAB_GGUF_ARRAY);
+  ck_assert_int_eq(kv->elem_type, STAB_GGUF_STRING);
+  ck_assert_uint_eq(kv->len, 3);
+  kv = stab_gguf_find_metadata(f, "t.ids");
+  ck_assert_int_eq(kv->elem_type, STAB_GGUF_UINT32);
+  ck_assert_uint_eq(kv->len, 5);
+  ck_assert_str_eq(stab_gguf_find_metadata(f, "t.after")->s, "still read");
+  ck_assert_ptr_null(stab_gguf_find_metadata(f, "absent"));
+  ck_assert_int_eq(stab_gguf_get_uint(f, "absent", &u), STAB_ENOTFOUND);
+  TU_ASSERT_STATUS(stab_gguf_get_uint(f, "t.i8", &u), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_gguf_get_uint(f, "t.f32", &u), STAB_EINVAL);
+  TU_ASSERT_OK(stab_gguf_get_uint(f, "t.u64", &u));
+  ck_assert_str_eq(stab_gguf_type_name(12), "Q4_K");
+  ck_assert_str_eq(stab_gguf_type_name(30), "BF16");
+  ck_assert_ptr_null(stab_gguf_type_name(4)); /* removed from ggml */
+  ck_assert_ptr_null(stab_gguf_type_name(100000));
+  ck_assert_str_eq(stab_gguf_value_type_name(STAB_GGUF_FLOAT64), "float64");
+  stab_gguf_close(f);
+  stab_gguf_close(NULL);
+  TU_ASSERT_STATUS(stab_gguf_open(tmp_path("absent.gguf"), &f), STAB_EIO);
+  ck_assert_ptr_null(f);
+  TU_ASSERT_STATUS(stab_gguf_open(NULL, &f), STAB_EINVAL);
+  ck_assert_int_eq(stab_gguf_is(tmp_path("absent.gguf")), 0);
+  remove_tmpdir();
+}
+END_TEST
+
+/* general.alignment moves every offset to its multiples, and the data with them. */
+START_TEST(test_alignment) {
+  make_tmpdir();
+  for (uint32_t align = 1; align <= 256; align *= 4) {
+    gw_file w;
+    gw_init(&w);
+    gw_kv_u32(&w, "general.alignment", align);
+    float x[3] = {1, 2, 3}, y[5] = {4, 5, 6, 7, 8};
+    gw_tensor(&w, "x", 1, (uint64_t[]){3}, GW_F32, x, sizeof x);
+    gw_tensor(&w, "y", 1, (uint64_t[]){5}, GW_F32, y, sizeof y);
+    ck_assert_int_eq(gw_write(&w, tmp_path("a.gguf")), 0);
+    stab_gguf *f = NULL;
+    TU_ASSERT_OK(stab_gguf_open(tmp_path("a.gguf"), &f));
+    ck_assert_uint_eq(stab_gguf_alignment(f), align);
+    float got[5];
+    const stab_ckpt_tensor *t = stab_gguf_tensor(f, 1);
+    ck_assert_uint_eq(t->offset % align, 0);
+    TU_ASSERT_OK(stab_ckpt_read_f32(t, 0, 5, got));
+    ck_assert(memcmp(got, y, sizeof y) == 0);
+    stab_gguf_close(f);
+  }
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- malformed files --------------------------------------------------------------- */
+
+static void header(gw_buf *b, uint64_t nt, uint64_t nkv) {
+  gw_put(b, "GGUF", 4);
+  gw_u32(b, 3);
+  gw_u64(b, nt);
+  gw_u64(b, nkv);
+}
+
+/* A tensor info: name, n_dims, ne..., type, offset. */
+static void info(gw_buf *b, const char *name, uint32_t nd, const uint64_t *ne, uint32_t type, uint64_t off) {
+  gw_str(b, name);
+  gw_u32(b, nd);
+  for (uint32_t d = 0; d < nd; d++) gw_u64(b, ne[d]);
+  gw_u32(b, type);
+  gw_u64(b, off);
+}
+
+/* One F32 tensor of ne[0] elements at offset off, with data bytes of data. */
+static void one_tensor(gw_buf *b, const char *name, uint64_t n, uint32_t type, uint64_t off, size_t data) {
+  header(b, 1, 0);
+  info(b, name, 1, &n, type, off);
+  gw_pad(b, 32);
+  for (size_t i = 0; i < data; i++) gw_u8(b, 0);
+}
+
+/* A well-formed two-tensor file (for the truncated cases). */
+static void good(gw_buf *b) {
+  header(b, 2, 1);
+  gw_str(b, "general.architecture"), gw_u32(b, GW_STRING), gw_str(b, "llama");
+  info(b, "a", 2, (uint64_t[]){4, 4}, GW_F32, 0);
+  info(b, "b", 1, (uint64_t[]){8}, GW_F32, 64);
+  gw_pad(b, 32);
+  for (int i = 0; i < 96; i++) gw_u8(b, (uint8_t)i);
+}
+
+typedef struct {
+  const char *file, *want;
+  int kind; /* builder below */
+  long long cut; /* >= 0: the file is cut to this many bytes; < -1: cut that many from the end */
+} bad_case;
+
+static void build(const bad_case *c, gw_buf *b) {
+  switch (c->kind) {
+  case 0: good(b); break;
+  case 1: gw_put(b, "GGUX", 4), gw_u32(b, 3), gw_u64(b, 0), gw_u64(b, 0); break;
+  case 2: gw_put(b, "GGUF", 4), gw_u32(b, 1), gw_u64(b, 0), gw_u64(b, 0); break;
+  case 3: gw_put(b, "GGUF", 4), gw_u32(b, 0x03000000u), gw_u64(b, 0), gw_u64(b, 0); break;
+  case 4: header(b, 1ull << 40, 0), info(b, "a", 1, (uint64_t[]){1}, GW_F32, 0); break;
+  case 5: header(b, 0, 1ull << 40), gw_str(b, "k"), gw_u32(b, GW_UINT8), gw_u8(b, 1); break;
+  case 6: header(b, 0, 1), gw_u64(b, 1ull << 40), gw_put(b, "key", 3), gw_u32(b, 0), gw_u8(b, 0); break;
+  case 7: header(b, 0, 1), gw_str(b, "k"), gw_u32(b, GW_STRING), gw_u64(b, 1ull << 50), gw_put(b, "abc", 3); break;
+  case 8: header(b, 0, 1), gw_str(b, "k"), gw_u32(b, GW_ARRAY), gw_u32(b, GW_UINT32), gw_u64(b, 1ull << 60); break;
+  case 9:
+    header(b, 0, 1), gw_str(b, "k"), gw_u32(b, GW_ARRAY), gw_u32(b, GW_STRING), gw_u64(b, 1ull << 40);
+    gw_str(b, "x");
+    break;
+  case 10:
+    header(b, 0, 1), gw_str(b, "k"), gw_u32(b, GW_ARRAY);
+    for (int d = 0; d < 12; d++) gw_u32(b, GW_ARRAY), gw_u64(b, 1);
+    gw_u32(b, GW_UINT8), gw_u64(b, 0);
+    break;
+  case 11: header(b, 0, 1), gw_str(b, "k"), gw_u32(b, 13), gw_u8(b, 0); break;
+  case 12: header(b, 0, 1), gw_str(b, "k"), gw_u32(b, GW_BOOL), gw_u8(b, 2); break;
+  case 13: header(b, 0, 1), gw_str(b, "general.alignment"), gw_u32(b, GW_UINT32), gw_u32(b, 48); break;
+  case 14: header(b, 0, 1), gw_str(b, "general.alignment"), gw_u32(b, GW_UINT64), gw_u64(b, 32); break;
+  case 15:
+    header(b, 0, 2), gw_str(b, "a"), gw_u32(b, GW_UINT8), gw_u8(b, 1);
+    gw_str(b, "a"), gw_u32(b, GW_UINT8), gw_u8(b, 2);
+    break;
+  case 16: one_tensor(b, "", 1, GW_F32, 0, 4); break;
+  case 17: header(b, 1, 0), gw_u64(b, 3), gw_put(b, "a\0b", 3), gw_u32(b, 1), gw_u64(b, 1), gw_u32(b, 0), gw_u64(b, 0);
+    gw_pad(b, 32), gw_u32(b, 0);
+    break;
+  case 18: header(b, 1, 0), info(b, "a", 5, (uint64_t[]){1, 1, 1, 1, 1}, GW_F32, 0), gw_pad(b, 32), gw_u32(b, 0); break;
+  case 19: header(b, 1, 0), info(b, "a", 0, NULL, GW_F32, 0), gw_pad(b, 32), gw_u32(b, 0); break;
+  case 20: header(b, 1, 0), info(b, "a", 2, (uint64_t[]){1, (uint64_t)-1}, GW_F32, 0), gw_pad(b, 32); break;
+  case 21:
+    header(b, 1, 0), info(b, "a", 3, (uint64_t[]){1ull << 32, 1ull << 32, 16}, GW_F32, 0), gw_pad(b, 32);
+    gw_u32(b, 0);
+    break;
+  case 22: header(b, 1, 0), info(b, "a", 1, (uint64_t[]){1ull << 62}, GW_F64, 0), gw_pad(b, 32); break;
+  case 23: one_tensor(b, "a", 1, 4, 0, 4); break;
+  case 24: one_tensor(b, "a", 1, 1000, 0, 4); break;
+  case 25: one_tensor(b, "a", 16, GW_Q4_0, 0, 18); break;
+  case 26: one_tensor(b, "a", 1, GW_F32, 4, 8); break;
+  case 27: one_tensor(b, "a", 16, GW_F32, 4096, 64); break;
+  case 28:
+    header(b, 2, 0), info(b, "a", 1, (uint64_t[]){16}, GW_F32, 0), info(b, "b", 1, (uint64_t[]){16}, GW_F32, 32);
+    gw_pad(b, 32);
+    for (int i = 0; i < 96; i++) gw_u8(b, 0);
+    break;
+  case 29:
+    header(b, 2, 0), info(b, "w", 1, (uint64_t[]){8}, GW_F32, 0), info(b, "w", 1, (uint64_t[]){8}, GW_F32, 32);
+    gw_pad(b, 32);
+    for (int i = 0; i < 64; i++) gw_u8(b, 0);
+    break;
+  case 30: header(b, 1, 0), info(b, "a", 1, (uint64_t[]){8}, GW_F32, 0); break; /* ends before the padding */
+  case 31: gw_put(b, "GGUF", 4), gw_u32(b, 3), gw_u32(b, 0); break;
+  case 32: header(b, 0, 1), gw_str(b, "general.architecture"), gw_u32(b, GW_STRING), gw_str(b, "llama"); break;
+  }
+}
+
+/* Offsets of good(): header 24, pair 8 + 20 key + 4 type + 8 + 5 string = 45 -> infos at 69;
+ * 'a' info 8 + 1 + 4 + 16 + 4 + 8 = 41 -> 'b' at 110 (+ 33 = 143), data at 160, 256 bytes. */
+static const bad_case bad_cases[] = {
+    {"bad_magic.gguf", "byte 0: bad magic 47 47 55 58", 1, -1},
+    {"version_1.gguf", "byte 4: version 1 is not supported", 2, -1},
+    {"big_endian.gguf", "byte 4: version 3 is a big-endian GGUF file", 3, -1},
+    {"short.gguf", "fewer than the 24-byte GGUF header", 31, -1},
+    {"tensor_count_beyond_file.gguf", "byte 8: tensor count 1099511627776 cannot fit", 4, -1},
+    {"metadata_count_beyond_file.gguf", "byte 16: metadata count 1099511627776 cannot fit", 5, -1},
+    {"key_length_beyond_file.gguf", "byte 24: a metadata key: string length 1099511627776 is beyond the file", 6, -1},
+    {"string_length_beyond_file.gguf", "byte 37: a metadata string: string length 1125899906842624 is beyond the file", 7, -1},
+    {"array_length_beyond_file.gguf", "byte 33: metadata 'k': array of 1152921504606846976 uint32 is beyond the file", 8, -1},
+    {"string_array_beyond_file.gguf", "metadata 'k': array of 1099511627776 strings is beyond the file", 9, -1},
+    {"nested_arrays.gguf", "metadata 'k': arrays nested more than 8 deep", 10, -1},
+    {"unknown_value_type.gguf", "byte 33: metadata 'k': unknown value type 13", 11, -1},
+    {"bool_not_0_1.gguf", "metadata 'k': bool value 2 is neither 0 nor 1", 12, -1},
+    {"alignment_not_power_of_2.gguf", "byte 24: general.alignment is 48, not a power of two", 13, -1},
+    {"alignment_not_uint32.gguf", "general.alignment has type uint64, not uint32", 14, -1},
+    {"duplicate_key.gguf", "byte 38: duplicate metadata key 'a' (pairs 0 and 1)", 15, -1},
+    {"empty_name.gguf", "byte 24: tensor 0's name is empty", 16, -1},
+    {"nul_in_name.gguf", "byte 24: tensor 0's name holds a NUL byte", 17, -1},
+    {"five_dims.gguf", "tensor 'a': n_dims 5 (must be 1 to 4)", 18, -1},
+    {"zero_dims.gguf", "tensor 'a': n_dims 0", 19, -1},
+    {"negative_dim.gguf", "tensor 'a': ne[1] is negative (-1)", 20, -1},
+    {"shape_overflow.gguf", "tensor 'a': the product of ne[] overflows 64 bits", 21, -1},
+    {"byte_size_overflow.gguf", "tensor 'a': its byte size overflows 64 bits", 22, -1},
+    {"removed_type.gguf", "tensor 'a': unknown GGML type 4", 23, -1},
+    {"unknown_type.gguf", "tensor 'a': unknown GGML type 1000", 24, -1},
+    {"block_not_dividing.gguf", "tensor 'a': ne[0] = 16 is not a multiple of Q4_0's block of 32", 25, -1},
+    {"misaligned_offset.gguf", "byte 24: tensor 'a': offset 4 is not a multiple of the alignment 32", 26, -1},
+    {"offset_outside_data.gguf", "tensor 'a': offset 4096 + 64 bytes is outside the data section of 64 bytes", 27, -1},
+    {"overlapping.gguf", "tensor 'b': data [32, 96) overlaps tensor 'a' [0, 64)", 28, -1},
+    {"duplicate_name.gguf", "duplicate tensor name 'w' (tensors 0 and 1)", 29, -1},
+    {"truncated_padding.gguf", "the file ends inside the padding before the data section", 30, -1},
+    {"truncated_data.gguf", "byte 110: tensor 'b': offset 64 + 32 bytes is outside the data section of 88 bytes", 0, -8},
+    {"truncated_infos.gguf", "byte 123: a tensor's ne[]: the file ends 7 bytes in", 0, 130},
+    {"truncated_metadata.gguf", "byte 56: a metadata string: string length 5 is beyond the file (2 bytes left)", 32, 66},
+};
+enum { NBAD = sizeof bad_cases / sizeof bad_cases[0] };
+
+static void write_case(const bad_case *c, const char *path) {
+  gw_buf b = {0};
+  build(c, &b);
+  if (c->cut >= 0) b.n = (size_t)c->cut;
+  else if (c->cut < -1) b.n -= (size_t)(-c->cut);
+  ck_assert_int_eq(gw_save(&b, path), 0);
+  gw_free(&b);
+}
+
+START_TEST(test_bad_files) {
+  make_tmpdir();
+  const char *corpus_out = getenv("STAB_WRITE_CORPUS_GGUF"); /* regenerates the committed corpus */
+  FILE *expected = NULL;
+  if (corpus_out) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/EXPECTED", corpus_out);
+    ck_assert_ptr_nonnull(expected = fopen(p, "w"));
+  }
+  for (int k = 0; k < NBAD; k++) {
+    const bad_case *c = &bad_cases[k];
+    const char *path = tmp_path(c->file);
+    write_case(c, path);
+    if (corpus_out) {
+      char p[512];
+      snprintf(p, sizeof p, "%s/%s", corpus_out, c->file);
+      write_case(c, p);
+      fprintf(expected, "%s\t%s\n", c->file, c->want);
+    }
+    stab_gguf *f = (stab_gguf *)&f; /* must come back NULL */
+    int st = stab_gguf_open(path, &f);
+    ck_assert_msg(st == STAB_EFORMAT, "%s: status %d, want STAB_EFORMAT (%s)", c->file, st, stab_last_error());
+    ck_assert_msg(f == NULL, "%s: output not NULL on failure", c->file);
+    const char *msg = stab_last_error();
+    ck_assert_msg(strstr(msg, path) != NULL, "%s: message does not name the file: %s", c->file, msg);
+    ck_assert_msg(strstr(msg, c->want) != NULL, "%s: message lacks \"%s\": %s", c->file, c->want, msg);
+  }
+  if (expected) ck_assert_int_eq(fclose(expected), 0);
+  /* the well-formed base of the truncated cases opens */
+  gw_buf b = {0};
+  good(&b);
+  ck_assert_int_eq(gw_save(&b, tmp_path("good.gguf")), 0);
+  gw_free(&b);
+  stab_gguf *f = NULL;
+  TU_ASSERT_OK(stab_gguf_open(tmp_path("good.gguf"), &f));
+  ck_assert_uint_eq(stab_gguf_tensor(f, 1)->offset, 160 + 64);
+  stab_gguf_close(f);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Every committed corpus file fails cleanly with its expected message, and every case above
+ * is in the corpus. */
+START_TEST(test_corpus_replay) {
+  const char *srcdir = getenv("srcdir");
+  char dir[512], path[2048], line[1024];
+  snprintf(dir, sizeof dir, "%s/tests/corpus/gguf", srcdir ? srcdir : ".");
+  snprintf(path, sizeof path, "%s/EXPECTED", dir);
+  FILE *e = fopen(path, "r");
+  ck_assert_msg(e != NULL, "no %s (regenerate: STAB_WRITE_CORPUS_GGUF=%s)", path, dir);
+  int files = 0;
+  while (fgets(line, sizeof line, e)) {
+    char *tab = strchr(line, '\t');
+    ck_assert_ptr_nonnull(tab);
+    *tab = '\0';
+    tab[strcspn(tab + 1, "\n") + 1] = '\0';
+    snprintf(path, sizeof path, "%s/%s", dir, line);
+    stab_gguf *f = NULL;
+    int st = stab_gguf_open(path, &f);
+    ck_assert_msg(st == STAB_EFORMAT, "%s: status %d (%s)", path, st, stab_last_error());
+    ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), tab + 1), "%s: '%s' lacks '%s'", path,
+                  stab_last_error(), tab + 1);
+    files++;
+  }
+  fclose(e);
+  for (int k = 0; k < NBAD; k++) {
+    snprintf(path, sizeof path, "%s/%s", dir, bad_cases[k].file);
+    ck_assert_msg(access(path, R_OK) == 0, "corpus lacks %s (regenerate: STAB_WRITE_CORPUS_GGUF=%s)", path, dir);
+  }
+  ck_assert_int_eq(files, NBAD);
+}
+END_TEST
+
+static Suite *probe_gguf_suite(void) {
+  Suite *s = suite_create("probe_gguf");
+  TCase *tc = tcase_create("values");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_values_and_metadata);
+  tcase_add_test(tc, test_alignment);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("malformed");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_bad_files);
+  tcase_add_test(tc, test_corpus_replay);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(probe_gguf_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failures = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failures ? 1 : 0;
+}
