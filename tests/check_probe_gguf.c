@@ -17,22 +17,9 @@
 
 static char tmpdir[256];
 
-static void make_tmpdir(void) {
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/check_probe_gguf.XXXXXX");
-  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp failed");
-}
+static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_probe_gguf"); }
 
-static void remove_tmpdir(void) {
-  DIR *d = opendir(tmpdir);
-  if (d) {
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-      if (e->d_name[0] != '.') snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name), unlink(p);
-    closedir(d);
-  }
-  rmdir(tmpdir);
-}
+static void remove_tmpdir(void) { tu_tmpdir_remove(tmpdir); }
 
 static const char *tmp_path(const char *name) {
   static char p[512];

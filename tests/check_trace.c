@@ -130,17 +130,9 @@ static void append_row(stab_trace *t, const stab_monitor *m, int64_t step, row_w
 
 static char tmpdir[64];
 
-static void make_tmpdir(void) {
-  const char *base = getenv("TMPDIR");
-  snprintf(tmpdir, sizeof tmpdir, "%s/check_trace.XXXXXX", base && strlen(base) < 40 ? base : "/tmp");
-  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
-}
+static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_trace"); }
 
-static void remove_tmpdir(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  ck_assert_int_eq(system(cmd), 0);
-}
+static void remove_tmpdir(void) { tu_tmpdir_remove(tmpdir); }
 
 /* A path in the test's directory (four live at a time). */
 static const char *tmp_path(const char *name) {
