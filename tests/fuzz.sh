@@ -87,7 +87,7 @@ for r in $readers; do
       -print_final_stats=1 -artifact_prefix="$crashes/" "$work" $dirs >"$tmp/fuzz_$r.log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$tmp/fuzz_$r.log")
-    cov=$(grep -o 'cov: [0-9]*' "$tmp/fuzz_$r.log" | tail -n 1)
+    cov=$(grep -o 'cov: [0-9]*' "$tmp/fuzz_$r.log" | tail -n 1 | sed 's/cov: //')
     if [ $rc -ne 0 ]; then
       echo "FAIL: $r: the fuzzer found an input that breaks the reader (exit $rc):"
       tail -n 60 "$tmp/fuzz_$r.log"
@@ -99,7 +99,7 @@ for r in $readers; do
       fails=$((fails + 1))
       continue
     fi
-    msg="$msg, fuzzed ${seconds} s: ${runs:-?} runs, ${cov:-cov: ?} edges, $(find "$work" -type f | wc -l) inputs in the work corpus"
+    msg="$msg, fuzzed ${seconds} s: ${runs:-?} runs, ${cov:-?} coverage points, $(find "$work" -type f | wc -l) inputs in the work corpus"
   fi
   echo "$msg"
 done
