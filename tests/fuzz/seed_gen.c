@@ -38,10 +38,11 @@ static int safetensors(const char *dir) {
   size_t a = put16(0, f16, 12), b = put16(a, bf16, 12), c = put32(a + b, f32, 6);
   stw_tensor special[] = {
       {"f16", "F16", 2, {3, 4}, buf, a},
+      {"empty", "BF16", 2, {0, 5}, NULL, 0}, /* at the same offset as the next one */
       {"bf16", "BF16", 2, {4, 3}, buf + a, b},
       {"f32", "F32", 1, {6}, buf + a + b, c},
       {"scalar", "F32", 0, {0}, buf, 4},
-      {"empty", "BF16", 2, {0, 5}, NULL, 0},
+      {"empty_last", "F16", 1, {0}, NULL, 0},
   };
   snprintf(path, sizeof path, "%s/safetensors/specials.safetensors", dir);
   if (stw_write(path, special, sizeof special / sizeof special[0],
