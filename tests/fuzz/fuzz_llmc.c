@@ -37,6 +37,7 @@ static void check_accepted(stab_llmc *f, const uint8_t *data, size_t size, const
     FUZZ_CHECK(stab_llmc_find(f, t->name, &at) == STAB_OK && at == i, "find('%s') gave %zu, not %zu", t->name, at, i);
   }
   FUZZ_CHECK(stab_llmc_tensor(f, n) == NULL, "a view past the count");
+  FUZZ_CHECK(stab_llmc_find(f, "h.0.attn.qkv.weight", NULL) == STAB_ENOTFOUND, "the fused qkv found: it is split");
   const stab_ckpt_tensor *wte = stab_llmc_tensor(f, 0), *last = stab_llmc_tensor(f, n - 1);
   FUZZ_CHECK(!strcmp(wte->name, "wte") && wte->ndim == 2 && wte->shape[0] == c->vocab && wte->shape[1] == c->channels,
              "the first view is not wte (V, C)");

@@ -33,6 +33,7 @@ static void check_accepted(stab_safetensors *f, const uint8_t *data, size_t size
   }
   FUZZ_CHECK(pos == size, "the tensors end at %llu in a %zu-byte file", (unsigned long long)pos, size);
   FUZZ_CHECK(stab_safetensors_tensor(f, n) == NULL, "a tensor past the count");
+  FUZZ_CHECK(stab_safetensors_find(f, "", NULL) == STAB_ENOTFOUND, "the empty name (refused in files) was found");
 
   /* metadata: every entry readable, keys strictly increasing (sorted and unique) */
   size_t nm = stab_safetensors_metadata_count(f);
