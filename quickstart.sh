@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
-          liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py)
+          liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py
+          clang libclang-rt-14-dev)
 # The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
 packages+=(python3-pandas gnuplot-nox)
 # notebooks-export/ (make notebooks, tests/notebooks.sh)
@@ -36,13 +37,12 @@ build() {
   make -j"$(nproc)"
 }
 
-# Sums Check's own summary lines ("100%: Checks: 12, Failures: 0, Errors: 0") over all test
-# logs into one closing line, and shows the log of anything that failed.
-run_tests() {
-  local rc=0
-  make -j"$(nproc)" check || rc=$?
-  local passed=0 failed=0 log n f e
-  for log in tests/*.log; do
+# Sums Check's own summary lines ("100%: Checks: 12, Failures: 0, Errors: 0") over the test
+# logs in $1/tests into $passed and $failed, and shows the log of anything that failed.
+count_logs() {
+  local log n f e
+  passed=0 failed=0
+  for log in "$1"/tests/*.log; do
     [ -f "$log" ] || continue
     while read -r n f e; do
       passed=$((passed + n - f - e)); failed=$((failed + f + e))
@@ -51,11 +51,27 @@ run_tests() {
       echo "---- $log ----"; cat "$log"
     fi
   done
+}
+
+# One closing line over both builds: the plain one, and the same tests built with
+# AddressSanitizer and UndefinedBehaviorSanitizer (make check-sanitize, in sanitize/).
+run_tests() {
+  local rc=0 passed failed
+  make -j"$(nproc)" check || rc=$?
+  count_logs .
   [ $rc -eq 0 ] || { echo "make check failed (exit $rc)"; failed=$((failed > 0 ? failed : 1)); }
   if [ $rc -eq 0 ]; then
-    # The tarball must build and pass its tests on its own, out of tree.
-    make -j"$(nproc)" distcheck >distcheck.log 2>&1 || { tail -n 40 distcheck.log; echo "make distcheck failed"; failed=$((failed + 1)); }
+    # The tarball must build and pass its tests on its own, out of tree (the fuzzers only
+    # replay their corpora there: they have just fuzzed).
+    FUZZ_SECONDS=0 make -j"$(nproc)" distcheck >distcheck.log 2>&1 || { tail -n 40 distcheck.log; echo "make distcheck failed"; failed=$((failed + 1)); }
   fi
+  local plain_passed=$passed plain_failed=$failed
+  rc=0
+  make -j"$(nproc)" check-sanitize >sanitize.log 2>&1 || rc=$?
+  count_logs sanitize/build
+  [ $rc -eq 0 ] || { tail -n 40 sanitize.log; echo "make check-sanitize failed (exit $rc)"; failed=$((failed > 0 ? failed : 1)); }
+  echo "check: plain build $plain_passed passed, $plain_failed failed; ASan+UBSan build $passed passed, $failed failed"
+  passed=$((plain_passed + passed)) failed=$((plain_failed + failed))
   echo "check: $passed passed, $failed failed"
   [ "$failed" -eq 0 ]
 }

@@ -50,9 +50,8 @@ stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t
   if (!t || !out || (!t->data && t->count))
     return stabi_fail(STAB_EINVAL, "stab_ckpt_read_f32: NULL tensor, data or output");
   if (first > t->count || n > t->count - first)
-    return stabi_fail(STAB_ERANGE, "stab_ckpt_read_f32: elements [%llu, %llu) outside '%s' (%llu elements)",
-                      (unsigned long long)first, (unsigned long long)(first + n), t->name ? t->name : "?",
-                      (unsigned long long)t->count);
+    return stabi_fail(STAB_ERANGE, "stab_ckpt_read_f32: %zu elements from element %llu are outside '%s' (%llu elements)",
+                      n, (unsigned long long)first, t->name ? t->name : "?", (unsigned long long)t->count);
   switch (t->dtype) {
   case STAB_DTYPE_F32: {
     const unsigned char *p = t->data + first * 4;

@@ -183,9 +183,11 @@ stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index) 
 
 int stab_llmc_is(const char *path) {
   unsigned char b[4];
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat sb;
+  /* Only regular files: a FIFO or a terminal would block the open or the read. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return 0;
-  ssize_t n = read(fd, b, 4);
+  ssize_t n = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? read(fd, b, 4) : 0;
   close(fd);
   return n == 4 && load_i32(b) == LLMC_MAGIC;
 }

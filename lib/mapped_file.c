@@ -16,7 +16,9 @@ stab_status stabi_map_file(const char *path, uint64_t min_bytes, const char *wha
   *size = 0;
   stab_status st = STAB_OK;
   struct stat sb;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO with no writer would otherwise wait for one, forever; the
+   * flag changes nothing for the regular files that get past the check below. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return stabi_fail(STAB_EIO, "%s: cannot open: %s", path, strerror(errno));
   if (fstat(fd, &sb) != 0) {
     st = stabi_fail(STAB_EIO, "%s: cannot stat: %s", path, strerror(errno));

@@ -1,0 +1,92 @@
+/* check_mapped_file.c — what every checkpoint reader does before parsing (lib/mapped_file.c,
+ * and the llm.c sniff): paths that are not regular files (a FIFO with no writer, a directory,
+ * a character device), missing and empty files each give their status and a message naming
+ * the path, promptly: a FIFO must not block the open waiting for a writer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "stabmeter.h"
+#include "testutil.h"
+
+static char tmpdir[256];
+
+static void make_tmpdir(void) {
+  snprintf(tmpdir, sizeof tmpdir, "%s/check_mapped_file.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
+}
+
+static const char *tmp_path(const char *name) {
+  static char p[2][512];
+  static int next;
+  char *q = p[next++ % 2];
+  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
+  return q;
+}
+
+/* Both readers refuse path with status want and a message holding path and what. */
+static void assert_refused(const char *path, stab_status want, const char *what) {
+  stab_safetensors *s = (stab_safetensors *)&s;
+  TU_ASSERT_STATUS(stab_safetensors_open(path, &s), want, "safetensors, %s", path);
+  ck_assert_ptr_null(s);
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), what), "message: %s", stab_last_error());
+  stab_llmc *l = (stab_llmc *)&l;
+  TU_ASSERT_STATUS(stab_llmc_open(path, &l), want, "llmc, %s", path);
+  ck_assert_ptr_null(l);
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), what), "message: %s", stab_last_error());
+  ck_assert_int_eq(stab_llmc_is(path), 0);
+}
+
+START_TEST(test_not_regular) {
+  make_tmpdir();
+  const char *fifo = tmp_path("fifo");
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  assert_refused(fifo, STAB_EIO, "not a regular file"); /* before the fix: blocked in open() */
+  assert_refused(tmpdir, STAB_EIO, "not a regular file");
+  assert_refused("/dev/null", STAB_EIO, "not a regular file");
+  ck_assert_int_eq(unlink(fifo), 0);
+  ck_assert_int_eq(rmdir(tmpdir), 0);
+}
+END_TEST
+
+START_TEST(test_missing_and_empty) {
+  make_tmpdir();
+  const char *missing = tmp_path("missing"), *empty = tmp_path("empty");
+  assert_refused(missing, STAB_EIO, strerror(ENOENT));
+  int fd = open(empty, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  assert_refused(empty, STAB_EFORMAT, "truncated: 0 bytes");
+  /* the sniff reads regular files: four bytes of the magic are enough for it */
+  const unsigned char magic[4] = {0xc6, 0xd7, 0x34, 0x01}; /* 20240326, little-endian */
+  fd = open(empty, O_WRONLY | O_TRUNC);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, magic, 4), 4);
+  close(fd);
+  ck_assert_int_eq(stab_llmc_is(empty), 1);
+  ck_assert_int_eq(unlink(empty), 0);
+  ck_assert_int_eq(rmdir(tmpdir), 0);
+}
+END_TEST
+
+static Suite *mapped_file_suite(void) {
+  Suite *s = suite_create("mapped_file");
+  TCase *tc = tcase_create("paths");
+  tcase_set_timeout(tc, 30); /* a blocked open fails the test here, not after the default 600 s */
+  tcase_add_test(tc, test_not_regular);
+  tcase_add_test(tc, test_missing_and_empty);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(mapped_file_suite());
+  srunner_run_all(sr, CK_ENV);
+  int failures = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failures ? 1 : 0;
+}

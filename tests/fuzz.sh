@@ -1,0 +1,107 @@
+#!/bin/sh
+# fuzz.sh — the checkpoint readers under libFuzzer, as a make check test. Builds one target
+# per reader (tests/fuzz/fuzz_NAME.c with lib/ckpt_NAME.c compiled in, by clang with ASan and
+# UBSan), replays its seeds and regression inputs, then fuzzes it for FUZZ_SECONDS. Exit 0 / 1,
+# or 77 (skipped) when clang or its libFuzzer runtime is missing.
+#
+# make check runs it for the readers listed in Makefile.am (fuzz_readers, passed as
+# FUZZ_READERS). By hand, from the build directory, once make check has built the helpers:
+#   tests/fuzz.sh NAME...              (in a VPATH build: srcdir=SRC SRC/tests/fuzz.sh NAME...)
+# Environment:
+#   FUZZ_SECONDS  fuzzing time per target after the replay (default 25; 0: replay only)
+#   FUZZ_CORPUS   keep each target's grown corpus in FUZZ_CORPUS/NAME across runs (default: a
+#                 temporary directory, so every run starts from the seeds)
+#   FUZZ_RSS_MB   libFuzzer's -rss_limit_mb and -malloc_limit_mb (default 1024)
+#   FUZZ_CC       the compiler (default clang)
+# Crash inputs land in tests/fuzz-build/crashes/NAME/ (and are printed in base64, for CI logs);
+# once the bug is fixed, the input goes into tests/fuzz/regressions/NAME/, replayed every run.
+set -u
+
+# The readers, one word each: NAME needs tests/fuzz/fuzz_NAME.c and lib/ckpt_NAME.c.
+readers=${*:-${FUZZ_READERS:-}}
+[ -n "$readers" ] || { echo "usage: tests/fuzz.sh NAME... (or FUZZ_READERS='NAME...'), e.g. safetensors llmc" >&2; exit 2; }
+top=$(pwd)
+src=${srcdir:-.}
+seconds=${FUZZ_SECONDS:-25}
+rss=${FUZZ_RSS_MB:-1024}
+cc=${FUZZ_CC:-clang}
+out=$top/tests/fuzz-build
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fuzz_sh.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out" || exit 1
+
+# Instrumented for coverage (fuzzer), memory errors (address) and undefined behaviour that
+# stops at the first report (undefined, no recovery).
+flags="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
+echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' >"$tmp/probe.c"
+if ! "$cc" $flags "$tmp/probe.c" -o "$tmp/probe" >"$tmp/probe.log" 2>&1; then
+  echo "SKIP: '$cc -fsanitize=fuzzer' cannot build a fuzz target (on Debian: apt-get install clang libclang-rt-14-dev):"
+  cat "$tmp/probe.log"
+  exit 77
+fi
+
+# Valid seeds of every dtype: the smallest files (seed_gen) and the probe tests' models (st_gen).
+seeds=$tmp/seeds
+mkdir -p "$seeds" && "$top/tests/seed_gen" "$seeds" || { echo "FAIL: tests/seed_gen"; exit 1; }
+for dt in F32 F16 BF16; do "$top/tests/st_gen" "$seeds/safetensors/gpt2_$dt" gpt2 $dt || exit 1; done
+"$top/tests/st_gen" "$seeds/safetensors/llama_BF16" llama BF16 || exit 1
+for dt in F32 BF16; do "$top/tests/st_gen" "$seeds/llmc/llmc_$dt" llmc $dt || exit 1; done
+rm -f "$seeds"/*/*.ref "$seeds"/*/*.prev.*
+
+fails=0
+for r in $readers; do
+  exe=$out/fuzz_$r
+  # the reader and what it needs from the library, compiled in with the target
+  csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/mapped_file.c
+        $src/lib/ckpt_convert.c $src/lib/ckpt_$r.c"
+  hdrs="$src/tests/fuzz/fuzz.h $src/lib/internal.h $src/include/stabmeter.h"
+  # shellcheck disable=SC2086
+  if [ ! -x "$exe" ] || [ -n "$(find $csrc $hdrs -newer "$exe")" ]; then
+    "$cc" $flags -Wall -Wextra -I"$src/include" -I"$src/lib" $csrc -lm -o "$exe" ||
+      { echo "FAIL: $r: cannot build $exe"; fails=$((fails + 1)); continue; }
+  fi
+  # Every input that must keep passing: the seeds, the malformed-file corpus, past crashes.
+  dirs=""
+  for d in "$seeds/$r" "$src/tests/corpus/$r" "$src/tests/fuzz/regressions/$r"; do
+    [ -d "$d" ] && dirs="$dirs $d"
+  done
+  files=$(find $dirs -type f | sort)
+  nfiles=$(echo "$files" | grep -c .)
+  [ "$nfiles" -gt 0 ] || { echo "FAIL: $r: no seeds (tests/seed_gen, tests/corpus/$r, tests/fuzz/regressions/$r)"; fails=$((fails + 1)); continue; }
+  # shellcheck disable=SC2086
+  if ! "$exe" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=10 $files >"$tmp/replay_$r.log" 2>&1; then
+    echo "FAIL: $r: replay of the seed and regression inputs:"
+    tail -n 60 "$tmp/replay_$r.log"
+    fails=$((fails + 1))
+    continue
+  fi
+  msg="fuzz_$r: replayed $nfiles inputs"
+  if [ "$seconds" -gt 0 ]; then
+    # The first directory collects what the fuzzer finds; the others only seed it.
+    work=${FUZZ_CORPUS:+$FUZZ_CORPUS/$r}
+    work=${work:-$tmp/work_$r}
+    crashes=$out/crashes/$r
+    mkdir -p "$work" "$crashes" || exit 1
+    # shellcheck disable=SC2086
+    nice "$exe" -max_total_time="$seconds" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=10 \
+      -print_final_stats=1 -artifact_prefix="$crashes/" "$work" $dirs >"$tmp/fuzz_$r.log" 2>&1
+    rc=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$tmp/fuzz_$r.log")
+    cov=$(grep -o 'cov: [0-9]*' "$tmp/fuzz_$r.log" | tail -n 1 | sed 's/cov: //')
+    if [ $rc -ne 0 ]; then
+      echo "FAIL: $r: the fuzzer found an input that breaks the reader (exit $rc):"
+      tail -n 60 "$tmp/fuzz_$r.log"
+      for c in $(grep -o "$crashes/[^ ]*" "$tmp/fuzz_$r.log" | sort -u); do
+        [ -f "$c" ] || continue
+        echo "---- $c ($(wc -c <"$c") bytes), base64:"
+        head -c 65536 "$c" | base64
+      done
+      fails=$((fails + 1))
+      continue
+    fi
+    msg="$msg, fuzzed ${seconds} s: ${runs:-?} runs, ${cov:-?} coverage points, $(find "$work" -type f | wc -l) inputs in the work corpus"
+  fi
+  echo "$msg"
+done
+echo "fuzz.sh: readers: $readers; $fails failed"
+[ $fails -eq 0 ]

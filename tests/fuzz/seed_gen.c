@@ -1,0 +1,110 @@
+/* seed_gen.c — writes the smallest valid checkpoints of each reader's format for the fuzzers'
+ * seed corpora (tests/fuzz/run.sh adds the larger model-shaped files of tests/st_gen): small
+ * inputs let libFuzzer spend its mutations on the index rather than on data bytes.
+ * Usage: seed_gen DIR   writes DIR/safetensors/ and DIR/llmc/ (DIR must exist).
+ * safetensors: every dtype the format names, a scalar and a zero-sized tensor, metadata with
+ * escapes, and F16/BF16/F32 data holding every class of value (zeros, subnormals, infinities,
+ * NaNs); llmc: one-block models in f32 and bf16 with every header field distinct. */
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <string.h>
+
+#include "st_writer.h"
+
+static unsigned char buf[4096];
+
+/* Bit patterns as little-endian bytes at buf + at; returns the byte count. */
+static size_t put16(size_t at, const uint16_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++) buf[at + 2 * i] = (unsigned char)v[i], buf[at + 2 * i + 1] = (unsigned char)(v[i] >> 8);
+  return 2 * n;
+}
+static size_t put32(size_t at, const uint32_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < 4; k++) buf[at + 4 * i + k] = (unsigned char)(v[i] >> (8 * k));
+  return 4 * n;
+}
+
+static int safetensors(const char *dir) {
+  char path[1024];
+  /* zero, -0, smallest and largest subnormal, smallest normal, 1, largest, +-inf, quiet and
+   * signalling NaN, a negative normal */
+  static const uint16_t f16[12] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x3c00,
+                                   0x7bff, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xc000};
+  static const uint16_t bf16[12] = {0x0000, 0x8000, 0x0001, 0x007f, 0x0080, 0x3f80,
+                                    0x7f7f, 0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xc000};
+  static const uint32_t f32[6] = {0x00000000u, 0x80000001u, 0x3f800000u, 0x7f800000u, 0x7fc00000u, 0xff7fffffu};
+  size_t a = put16(0, f16, 12), b = put16(a, bf16, 12), c = put32(a + b, f32, 6);
+  stw_tensor special[] = {
+      {"f16", "F16", 2, {3, 4}, buf, a},
+      {"empty", "BF16", 2, {0, 5}, NULL, 0}, /* at the same offset as the next one */
+      {"bf16", "BF16", 2, {4, 3}, buf + a, b},
+      {"f32", "F32", 1, {6}, buf + a + b, c},
+      {"scalar", "F32", 0, {0}, buf, 4},
+      {"empty_last", "F16", 1, {0}, NULL, 0},
+  };
+  snprintf(path, sizeof path, "%s/safetensors/specials.safetensors", dir);
+  if (stw_write(path, special, sizeof special / sizeof special[0],
+                "\"format\": \"pt\", \"caf\\u00e9\": \"\\ud83d\\ude00 \\\"q\\\" \\\\ \\/ \\b\\f\\n\\r\\t\"")) return 1;
+
+  /* every dtype of the format, one element or two each; 8 bytes of data per tensor at most */
+  static const struct {
+    const char *name;
+    size_t size;
+  } dtypes[] = {{"F64", 8}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U64", 8},      {"U32", 4},
+                {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F32", 4}, {"F16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+                {"BF16", 2}};
+  enum { ND = sizeof dtypes / sizeof dtypes[0] };
+  stw_tensor all[ND];
+  for (size_t i = 0; i < ND; i++) all[i] = (stw_tensor){dtypes[i].name, dtypes[i].name, 1, {8 / dtypes[i].size}, buf, 8};
+  snprintf(path, sizeof path, "%s/safetensors/every_dtype.safetensors", dir);
+  if (stw_write(path, all, ND, NULL)) return 1;
+
+  /* the smallest file: one element, no metadata; and one with no tensors at all */
+  snprintf(path, sizeof path, "%s/safetensors/one.safetensors", dir);
+  stw_tensor one = {"w", "F32", 2, {1, 1}, buf + a + b + 8, 4};
+  if (stw_write(path, &one, 1, NULL)) return 1;
+  snprintf(path, sizeof path, "%s/safetensors/no_tensors.safetensors", dir);
+  return stw_write(path, NULL, 0, "\"k\": \"v\"");
+}
+
+/* A one-block GPT-2: T = 2, V = 3 padded to 4, C = 4 in 2 heads. */
+static int llmc(const char *dir, int bf16) {
+  enum { T = 2, V = 3, Vp = 4, L = 1, NH = 2, C = 4 };
+  const uint32_t hdr[8] = {20240326, bf16 ? 5 : 3, T, V, L, NH, C, Vp};
+  const size_t n = (size_t)Vp * C + T * C + L * (13 * C + 12 * C * C) + 2 * C;
+  uint32_t h[256] = {0};
+  memcpy(h, hdr, sizeof hdr);
+  size_t at = put32(0, h, 256);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t x = 0x3c000000u + (uint32_t)i * 0x00012345u; /* small distinct normals */
+    if (bf16) {
+      uint16_t b = (uint16_t)(x >> 16);
+      at += put16(at, &b, 1);
+    } else at += put32(at, &x, 1);
+  }
+  char path[1024];
+  snprintf(path, sizeof path, "%s/llmc/tiny_%s.bin", dir, bf16 ? "bf16" : "f32");
+  FILE *f = fopen(path, "wb");
+  if (!f) return 1;
+  int ok = fwrite(buf, 1, at, f) == at;
+  return (fclose(f) == 0 && ok) ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: seed_gen DIR (writes DIR/safetensors/ and DIR/llmc/)\n");
+    return 2;
+  }
+  char sub[1024];
+  for (int k = 0; k < 2; k++) { /* an existing directory is fine: seeds are overwritten */
+    snprintf(sub, sizeof sub, "%s/%s", argv[1], k ? "llmc" : "safetensors");
+    if (mkdir(sub, 0777) != 0 && errno != EEXIST) return perror(sub), 1;
+  }
+  if (safetensors(argv[1]) || llmc(argv[1], 0) || llmc(argv[1], 1)) {
+    perror("seed_gen");
+    return 1;
+  }
+  return 0;
+}
