@@ -298,16 +298,21 @@ static stab_status read_tensor_info(stab_gguf *f, cursor *c, size_t index) {
   if ((st = read_u32(c, &nd, "a tensor's n_dims")) != STAB_OK) return st;
   if (nd == 0 || nd > GGUF_MAX_DIMS)
     return bad_at(c, at, "tensor '%s': n_dims %u (must be 1 to %d)", name, nd, GGUF_MAX_DIMS);
-  uint64_t count = 1;
+  /* The product of the non-zero sizes must fit 64 bits even when a zero makes the tensor
+   * empty, so that the rule does not depend on the order the dimensions are multiplied in. */
+  uint64_t nonzero = 1;
+  int empty = 0;
   for (uint32_t d = 0; d < nd; d++) {
     at = c->i;
     if ((st = read_u64(c, &ne[d], "a tensor's ne[]")) != STAB_OK) return st;
     if (ne[d] > (uint64_t)INT64_MAX)
       return bad_at(c, at, "tensor '%s': ne[%u] is negative (%lld)", name, d, (long long)ne[d]);
-    if (ne[d] && count > UINT64_MAX / ne[d])
+    if (ne[d] && nonzero > UINT64_MAX / ne[d])
       return bad_at(c, at, "tensor '%s': the product of ne[] overflows 64 bits", name);
-    count *= ne[d];
+    if (ne[d]) nonzero *= ne[d];
+    else empty = 1;
   }
+  const uint64_t count = empty ? 0 : nonzero;
   at = c->i;
   if ((st = read_u32(c, &type, "a tensor's type")) != STAB_OK) return st;
   if (type >= N_GGML_TYPES || !ggml_types[type].name)

@@ -411,15 +411,20 @@ static stab_status parse_header(stab_safetensors *f, cursor *c, uint64_t data_si
     uint64_t begin = 0, end = 0;
     size_t entrypos = c->i;
     if ((st = parse_tensor(f, c, t, &begin, &end)) != STAB_OK) return st;
-    /* shape against the byte range, without overflow */
+    /* shape against the byte range, without overflow: the product of the non-zero sizes
+     * must fit 64 bits even when a zero makes the tensor empty (a rule independent of the
+     * order of multiplication, as in the GGUF reader) */
     uint64_t count = 1;
+    int empty = 0;
     for (size_t d = 0; d < t->ndim; d++) {
       if (t->shape[d] && count > UINT64_MAX / t->shape[d]) {
         c->i = entrypos;
         return bad(c, "tensor '%s': the product of shape overflows 64 bits", name);
       }
-      count *= t->shape[d];
+      if (t->shape[d]) count *= t->shape[d];
+      else empty = 1;
     }
+    if (empty) count = 0;
     if (count && count > UINT64_MAX / t->elem_size) {
       c->i = entrypos;
       return bad(c, "tensor '%s': shape times element size overflows 64 bits", name);

@@ -46,6 +46,7 @@ mkdir -p "$seeds" && "$top/tests/seed_gen" "$seeds" || { echo "FAIL: tests/seed_
 for dt in F32 F16 BF16; do "$top/tests/st_gen" "$seeds/safetensors/gpt2_$dt" gpt2 $dt || exit 1; done
 "$top/tests/st_gen" "$seeds/safetensors/llama_BF16" llama BF16 || exit 1
 for dt in F32 BF16; do "$top/tests/st_gen" "$seeds/llmc/llmc_$dt" llmc $dt || exit 1; done
+mkdir -p "$seeds/gguf" && for dt in F32 F16 BF16; do "$top/tests/st_gen" "$seeds/gguf/gguf_$dt" gguf $dt || exit 1; done
 rm -f "$seeds"/*/*.ref "$seeds"/*/*.prev.*
 
 fails=0
