@@ -173,9 +173,23 @@ const stab_ckpt_tensor *stab_llmc_tensor(const stab_llmc *f, size_t index) {
 
 stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index) {
   if (!f || !name) return stabi_fail(STAB_EINVAL, "stab_llmc_find: NULL reader or name");
-  for (size_t i = 0; i < f->count; i++) /* a few hundred names: a scan is enough */
-    if (!strcmp(f->tensors[i].name, name)) {
-      if (index) *index = i;
+  /* The order of the views is fixed (wte, wpe, 16 per block, ln_f.weight, ln_f.bias), so the
+   * name says where to look: "h.L." in block L's 16 views, anything else in the four others.
+   * A scan of every view would make a caller that finds each view in turn quadratic in the
+   * block count, which the header sets (a 1 MB file can declare 20000 blocks). */
+  size_t cand[16], nc = 0;
+  if (name[0] == 'h' && name[1] == '.' && name[2] >= '0' && name[2] <= '9') {
+    char *end;
+    errno = 0;
+    unsigned long long l = strtoull(name + 2, &end, 10);
+    if (errno == 0 && *end == '.' && l < f->cfg.layers)
+      for (size_t k = 0; k < 16; k++) cand[nc++] = 2 + (size_t)l * 16 + k;
+  } else {
+    cand[nc++] = 0, cand[nc++] = 1, cand[nc++] = f->count - 2, cand[nc++] = f->count - 1;
+  }
+  for (size_t k = 0; k < nc; k++) /* a name with leading zeros or junk lands here and fails */
+    if (!strcmp(f->tensors[cand[k]].name, name)) {
+      if (index) *index = cand[k];
       return STAB_OK;
     }
   return STAB_ENOTFOUND;
