@@ -239,5 +239,8 @@ int main(int argc, char **argv) {
   fprintf(stderr, "trained %d steps in %.2f s\n", STEPS, took);
   if (stab_trace_close(trace) != STAB_OK) fprintf(stderr, "stabmeter: %s\n", stab_last_error()); /* stabmeter */
   stab_monitor_free(mon); /* stabmeter */
+  for (int i = 0; i < 8; i++) free(*acts[i]);
+  free(m.params_memory), free(m.grads_memory), free(m.m_memory), free(m.v_memory);
+  free(m.x), free(m.y), free(m.probs), free(m.dlogits);
   return 0;
 }

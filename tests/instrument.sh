@@ -8,6 +8,9 @@ set -u
 srcdir=${srcdir:-.}
 src=$srcdir/harness/instrument_example.c
 cc=${CC:-cc}
+# The flags the library was built with (make check passes them): in the sanitizer build, the
+# example must be instrumented too, or ASan refuses to start (its runtime must come first).
+extra=${STAB_BUILD_CFLAGS:-}
 fail() { echo "FAIL: $*"; exit 1; }
 for tool in pkg-config "$cc" make; do
   command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool not found"; exit 77; }
@@ -55,8 +58,8 @@ echo "pkg-config --cflags --libs stabmeter: $flags"
 
 # The trainer's own build command, then the same plus pkg-config.
 # shellcheck disable=SC2086
-"$cc" -O2 -o "$tmp/train" "$src" -lm $flags 2>"$tmp/cc.log" || { cat "$tmp/cc.log"; fail "the example does not build against the installed library"; }
-"$cc" -O2 -o "$tmp/plain" "$tmp/plain.c" -lm 2>"$tmp/cc_plain.log" || { cat "$tmp/cc_plain.log"; fail "the example without its marked lines does not build"; }
+"$cc" -O2 $extra -o "$tmp/train" "$src" -lm $flags 2>"$tmp/cc.log" || { cat "$tmp/cc.log"; fail "the example does not build against the installed library"; }
+"$cc" -O2 $extra -o "$tmp/plain" "$tmp/plain.c" -lm 2>"$tmp/cc_plain.log" || { cat "$tmp/cc_plain.log"; fail "the example without its marked lines does not build"; }
 
 LD_LIBRARY_PATH=$libdir "$tmp/train" "$tmp/trace.h5" >"$tmp/train.out" 2>"$tmp/train.err" ||
   { cat "$tmp/train.err"; fail "the instrumented example failed"; }
