@@ -270,8 +270,7 @@ static void power(stab_spectral_workspace *ws, const float *a, const float *b, s
     err = sigma_rel(e, theta);
     scale(y, 1.0 / sqrt(yy), cols);
     memcpy(x, y, cols * sizeof *x);
-    static double mg = -1; if (mg < 0) { const char *ev = getenv("STAB_MARGIN"); mg = ev ? atof(ev) : 1; }
-    if (err <= mg * p->tol) break;
+    if (err <= p->tol) break;
   }
   out->passes = k;
   if (out->nonfinite) return;
@@ -492,10 +491,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
     const double *s = ritz;
     double t0 = r00 * s[n - 2] + r01 * s[n - 1], t1 = r11 * s[n - 1];
     double r = sqrt(t0 * t0 + t1 * t1);
-    static int ktm = -1; static double ktf = 1; if (ktm < 0) { const char *ev = getenv("STAB_KT"); ktm = ev ? 1 : 0; ktf = ev ? atof(ev) : 1; }
-    double e = r;
-    if (ktm && second && n >= 2) { double gap = theta - ws->w[0]; if (gap > 0) e = fmin(r, ktf * r * r / gap); }
-    err = sigma_rel(e, theta);
+    err = sigma_rel(r, theta);
     if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
     if (n + 2 > M) {
       /* Explicit restart from the two leading Ritz vectors (already orthonormal). */
