@@ -142,6 +142,22 @@ for dt in F32 BF16; do
   ok
 done
 
+# A thin llm.c file declaring 20000 one-channel blocks (2 MB, 320004 tensors): every bias is
+# folded into its weight by a lookup, not a scan of every row. The scan took minutes here;
+# the lookup takes seconds, so a generous limit tells the two apart.
+le32() { printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)))"; }
+thin=$dir/llmc_thin.bin
+# header: magic, version 3 (f32), max_t 1, vocab 1, 20000 layers, 1 head, 1 channel, padded vocab 1
+{ for v in 20240326 3 1 1 20000 1 1 1; do le32 $v; done
+  head -c $((4 * 248)) /dev/zero; head -c $((4 * 500004)) /dev/zero; } >"$thin"
+if [ "$(stat -c %s "$thin")" -ne $((1024 + 4 * 500004)) ]; then
+  fail "thin llm.c file: $(stat -c %s "$thin") bytes"
+elif timeout 120 "$probe" "$thin" --quiet >"$dir/thin.txt" 2>"$dir/thin.err"; then
+  ok
+else
+  fail "thin llm.c file (20000 blocks): exit $? (124: over 120 s): $(tail -n 2 "$dir/thin.err")"
+fi
+
 # GGUF with llama.cpp names: ne[] order (attn_k ne = {16, 8} is 8x16, d_in 16), tied
 # token_embd, the Q8_0 tensor listed by its type, metadata shown; values as for safetensors
 for dt in F32 F16 BF16; do
