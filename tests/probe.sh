@@ -158,6 +158,20 @@ else
   fail "thin llm.c file (20000 blocks): exit $? (124: over 120 s): $(tail -n 2 "$dir/thin.err")"
 fi
 
+# Names and metadata from the file reach the terminal escaped: a tensor name and a metadata
+# value holding ESC sequences (JSON \u001b) print as \x1b, never as the raw byte.
+ctl=$dir/ctl.safetensors
+hdr='{"__metadata__":{"note":"a\u001b[31mred"},"bad\u001b[2Jname.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+{ le32 ${#hdr}; le32 0; printf '%s' "$hdr"; head -c 4 /dev/zero; } >"$ctl"
+if "$probe" "$ctl" >"$dir/ctl.txt" 2>"$dir/ctl.err"; then
+  if grep -q "$(printf '\033')" "$dir/ctl.txt"; then fail "a raw ESC byte reached the table"
+  elif ! grep -q 'metadata note = a\\x1b\[31mred' "$dir/ctl.txt" || ! grep -q '^  bad\\x1b\[2Jname.weight: ' "$dir/ctl.txt"; then
+    fail "escaped name or metadata not shown: $(cat "$dir/ctl.txt")"
+  else ok; fi
+else
+  fail "control characters in names: exit $?: $(cat "$dir/ctl.err")"
+fi
+
 # GGUF with llama.cpp names: ne[] order (attn_k ne = {16, 8} is 8x16, d_in 16), tied
 # token_embd, the Q8_0 tensor listed by its type, metadata shown; values as for safetensors
 for dt in F32 F16 BF16; do
