@@ -473,19 +473,34 @@ static void fmt_num(char *buf, size_t cap, double x) {
   else snprintf(buf, cap, "%.5g", x);
 }
 
+/* s as the table shows it: control bytes (a terminal would act on them, e.g. ESC) as \xNN;
+ * truncated to fit buf. Names and metadata come from the file, so they are not trusted. */
+static const char *shown(const char *s, char *buf, size_t cap) {
+  size_t k = 0;
+  for (; *s && k + 5 < cap; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c < 0x20 || c == 0x7f) k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", c);
+    else buf[k++] = (char)c;
+  }
+  buf[k] = 0;
+  return buf;
+}
+
 static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
   printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
          o->reference ? o->reference : "");
   for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
     const char *k, *v;
+    char sk[256], sv[1024];
     stab_safetensors_metadata(f->st, i, &k, &v);
-    printf("metadata %s = %s\n", k, v);
+    printf("metadata %s = %s\n", shown(k, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
   for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
     const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
     char v[128];
+    char sk[256], sv[512];
     gguf_value_text(kv, v, sizeof v);
-    printf("metadata %s = %s\n", kv->key, v);
+    printf("metadata %s = %s\n", shown(kv->key, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
   if (f->lc) {
     const stab_llmc_config *c = stab_llmc_config_of(f->lc);
@@ -502,7 +517,7 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const row *r = &rows[i];
     if (!r->measured) continue;
-    char shape[48], a[4][24], e[24], notes[128] = "";
+    char shape[48], a[4][24], e[24], notes[128] = "", name[1024];
     if (r->t->ndim == 2)
       snprintf(shape, sizeof shape, "%llux%llu", (unsigned long long)r->t->shape[0], (unsigned long long)r->t->shape[1]);
     else snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
@@ -523,11 +538,11 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
       if (r->kv_heads != r->heads) snprintf(notes + k, sizeof notes - k, "%zu heads, %zu key heads ", r->heads, r->kv_heads);
       else snprintf(notes + k, sizeof notes - k, "%zu heads ", r->heads);
     }
-    printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, r->name, stab_kind_name(r->kind), shape,
-           r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
+    printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, shown(r->name, name, sizeof name),
+           stab_kind_name(r->kind), shape, r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
     for (size_t h = 0; o->per_head && r->kind == STAB_KIND_ATTENTION && h < r->heads; h++) {
-      char hn[600], b[24], hs[48];
-      snprintf(hn, sizeof hn, "%s.head%zu", r->name, h);
+      char hn[1100], b[24], hs[48];
+      snprintf(hn, sizeof hn, "%s.head%zu", name, h);
       snprintf(hs, sizeof hs, "%zux%zu", r->d_out / r->heads, r->d_in);
       fmt_num(b, sizeof b, r->head_bounds[h]);
       printf("%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  key head %zu\n", w, hn, "attention", hs,
@@ -538,7 +553,8 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (rows[i].error) {
       if (!any++) printf("\nnot measured:\n");
-      printf("  %s: %s\n", rows[i].name, rows[i].error);
+      char name[1024], why[1024];
+      printf("  %s: %s\n", shown(rows[i].name, name, sizeof name), shown(rows[i].error, why, sizeof why));
     }
 }
 
@@ -1006,6 +1022,12 @@ static int open_checkpoint(const char *path, ckpt *f) {
 
 /* ---- main -------------------------------------------------------------------------- */
 
+/* qsort's order for rule 8: rows by tensor name (the rows being sorted are sorted_rows). */
+static const row *sorted_rows;
+static int by_tensor_name(const void *a, const void *b) {
+  return strcmp(sorted_rows[*(const size_t *)a].t->name, sorted_rows[*(const size_t *)b].t->name);
+}
+
 int main(int argc, char **argv) {
   options o;
   int rc = parse(argc, argv, &o);
@@ -1077,20 +1099,39 @@ int main(int argc, char **argv) {
     rc = 1;
     goto out;
   }
-  /* rule 8: fold X.bias into a linear X.weight of matching width */
+  /* rule 8: fold X.bias into a linear X.weight of matching width. The weight is looked up
+   * in the rows sorted by name: a file of n tensors costs n log n, not n^2 (a hostile llm.c
+   * header declaring 20000 one-channel blocks took minutes with a scan per bias). */
+  size_t *by_name = malloc((n ? n : 1) * sizeof *by_name);
+  if (!by_name) {
+    fprintf(stderr, "probe: out of memory\n");
+    rc = 1;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) by_name[i] = i;
+  sorted_rows = rows;
+  qsort(by_name, n, sizeof *by_name, by_tensor_name);
   for (size_t i = 0; i < n; i++) {
     row *r = &rows[i];
     if (r->error || r->kind != STAB_KIND_BIAS || !ends_with(r->t->name, ".bias")) continue;
     char w[512];
     snprintf(w, sizeof w, "%.*s.weight", (int)(strlen(r->t->name) - 5), r->t->name);
-    for (size_t j = 0; j < n; j++)
-      if (!rows[j].error && rows[j].kind == STAB_KIND_LINEAR && !strcmp(rows[j].t->name, w) &&
-          rows[j].d_out == r->t->count && !rows[j].bias) {
-        rows[j].bias = r->t;
+    size_t lo = 0, hi = n; /* the first row named w or after it */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (strcmp(rows[by_name[mid]].t->name, w) < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    for (size_t k = lo; k < n && !strcmp(rows[by_name[k]].t->name, w); k++) {
+      row *x = &rows[by_name[k]];
+      if (!x->error && x->kind == STAB_KIND_LINEAR && x->d_out == r->t->count && !x->bias) {
+        x->bias = r->t;
         r->kind = -1; /* folded: not a row of its own */
         break;
       }
+    }
   }
+  free(by_name);
   {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)

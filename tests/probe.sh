@@ -142,6 +142,45 @@ for dt in F32 BF16; do
   ok
 done
 
+# A thin llm.c file declaring many one-channel blocks (16 tensors each, 100 bytes of weights):
+# every bias is folded into its weight by a lookup, not a scan of every row. At 20000 blocks
+# (320004 tensors, 2 MB) the scan took 9.5 minutes here and the lookup 2.4 s, so a generous
+# limit tells the two apart. The sanitizer build (STAB_SANITIZED, set by make check-sanitize)
+# runs every line some 20 times slower: it walks the same code at 2000 blocks, for memory
+# errors only; the plain build is the one that guards the complexity.
+le32() { printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)))"; }
+blocks=20000
+if [ -n "${STAB_SANITIZED:-}" ]; then blocks=2000; fi
+thin=$dir/llmc_thin.bin
+# header: magic, version 3 (f32), max_t 1, vocab 1, layers, 1 head, 1 channel, padded vocab 1;
+# then 2 embeddings of 1, per block 13 tensors of 1 float and 3 of 4, and the final norm's 2
+{ for v in 20240326 3 1 1 $blocks 1 1 1; do le32 $v; done
+  head -c $((4 * 248)) /dev/zero; head -c $((4 * (25 * blocks + 4))) /dev/zero; } >"$thin"
+if [ "$(stat -c %s "$thin")" -ne $((1024 + 4 * (25 * blocks + 4))) ]; then
+  fail "thin llm.c file: $(stat -c %s "$thin") bytes"
+elif timeout 120 "$probe" "$thin" --quiet >"$dir/thin.txt" 2>"$dir/thin.err"; then
+  # six linear layers a block, each with its bias folded in
+  folded=$(grep -c ' +bias *$' "$dir/thin.txt")
+  if [ "$folded" -eq $((6 * blocks)) ]; then ok
+  else fail "thin llm.c file: $folded layers with a folded bias, expected $((6 * blocks))"; fi
+else
+  fail "thin llm.c file ($blocks blocks): exit $? (124: over 120 s): $(tail -n 2 "$dir/thin.err")"
+fi
+
+# Names and metadata from the file reach the terminal escaped: a tensor name and a metadata
+# value holding ESC sequences (JSON \u001b) print as \x1b, never as the raw byte.
+ctl=$dir/ctl.safetensors
+hdr='{"__metadata__":{"note":"a\u001b[31mred"},"bad\u001b[2Jname.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+{ le32 ${#hdr}; le32 0; printf '%s' "$hdr"; head -c 4 /dev/zero; } >"$ctl"
+if "$probe" "$ctl" >"$dir/ctl.txt" 2>"$dir/ctl.err"; then
+  if grep -q "$(printf '\033')" "$dir/ctl.txt"; then fail "a raw ESC byte reached the table"
+  elif ! grep -q 'metadata note = a\\x1b\[31mred' "$dir/ctl.txt" || ! grep -q '^  bad\\x1b\[2Jname.weight: ' "$dir/ctl.txt"; then
+    fail "escaped name or metadata not shown: $(cat "$dir/ctl.txt")"
+  else ok; fi
+else
+  fail "control characters in names: exit $?: $(cat "$dir/ctl.err")"
+fi
+
 # GGUF with llama.cpp names: ne[] order (attn_k ne = {16, 8} is 8x16, d_in 16), tied
 # token_embd, the Q8_0 tensor listed by its type, metadata shown; values as for safetensors
 for dt in F32 F16 BF16; do
