@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs the spectral and layer-metric tests once with each pass kernel this processor has
 # besides the default (the plain run of those tests covers the default), so that every
-# build of the kernel is checked against LAPACK, not only the fastest.
+# build of the kernel is checked against LAPACK, not only the fastest; and that the kernel
+# benchmark bench/pass_ceiling.sh still builds and runs.
 set -u
 status=0
 for k in avx2 generic; do
@@ -14,4 +15,17 @@ for k in avx2 generic; do
     STAB_KERNEL=$k ./$t || status=1
   done
 done
+
+# bench/pass_ceiling.sh includes lib/gram_pass.c to time its kernels: it must still build
+# against them and print its four rows (1 and 2 threads, 1 and 2 vectors). Tiny sizes: a
+# check that it runs, not a timing.
+echo "== bench/pass_ceiling.sh 64 64 1"
+if out=$(sh "${srcdir:-.}/bench/pass_ceiling.sh" 64 64 1 2>&1); then
+  rows=$(printf '%s\n' "$out" | grep -cE '^[12] +[12] +[0-9.]+ GB/s')
+  if [ "$rows" -ne 4 ]; then
+    echo "pass_ceiling.sh printed $rows result rows, expected 4:"; printf '%s\n' "$out"; status=1
+  fi
+else
+  echo "pass_ceiling.sh failed:"; printf '%s\n' "$out"; status=1
+fi
 exit $status

@@ -1,0 +1,140 @@
+/* pass_ceiling.c — how fast one pass of the spectral engine could ever go on this machine,
+ * against the streaming read that harness/bench's bandwidth target compares it with.
+ *
+ * A pass (y = W^T (W x), lib/gram_pass.c) does per f32 element of W two f32 -> f64
+ * conversions and two f64 FMAs per vector, whatever the memory does. This program times
+ * the library's own kernel (the file is included, so the static kernels are reachable)
+ * three ways, each with 1 and 2 threads, all interleaved and each the best of its repeats:
+ *   - in cache: every thread passes over its own 16 x COLS block (256 KiB at 4096 columns,
+ *     inside L2) again and again: the arithmetic's ceiling, with no memory traffic at all;
+ *   - from memory: a pass over ROWS x COLS split between the threads as a pass splits it;
+ *   - the plain streaming read of that same ROWS x COLS matrix (as harness/bench does it).
+ * If the in-cache ceiling is below 70% of the stream read, no arrangement of the memory
+ * traffic can bring a pass to the target: only less arithmetic per element could.
+ *
+ * Built and run by bench/pass_ceiling.sh; not part of the library. */
+#include "../lib/gram_pass.c"
+
+#include <stdio.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static volatile double sink;
+
+/* Sum of a[0..n) with eight independent 4-wide accumulators, as harness/bench's stream
+ * read does: it runs at the speed of the reads. */
+typedef float f32x4 __attribute__((vector_size(16)));
+
+static f32x4 load4f(const float *p) {
+  f32x4 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static double slice_sum(const float *a, size_t n) {
+  f32x4 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 += load4f(a + i);
+    s1 += load4f(a + i + 4);
+    s2 += load4f(a + i + 8);
+    s3 += load4f(a + i + 12);
+    s4 += load4f(a + i + 16);
+    s5 += load4f(a + i + 20);
+    s6 += load4f(a + i + 24);
+    s7 += load4f(a + i + 28);
+  }
+  f32x4 t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+  double s = (double)t[0] + t[1] + t[2] + t[3];
+  for (; i < n; i++) s += a[i];
+  return s;
+}
+
+static void fill(float *a, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t z = (seed + i) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    a[i] = (float)((double)(z >> 11) * 0x1.0p-53 - 0.5);
+  }
+}
+
+int main(int argc, char **argv) {
+  size_t rows = argc > 1 ? strtoul(argv[1], NULL, 10) : 4096;
+  size_t cols = argc > 2 ? strtoul(argv[2], NULL, 10) : 4096;
+  int repeats = argc > 3 ? atoi(argv[3]) : 20;
+  enum { SMALL = 16 };
+  if (rows < 2 * SMALL || cols < 8 || repeats < 1) {
+    fprintf(stderr, "usage: pass_ceiling [ROWS >= 32] [COLS >= 8] [REPEATS >= 1]\n");
+    return 2;
+  }
+  const chunk_fn fn = kernel()->fn;
+  float *w = malloc(rows * cols * sizeof *w);
+  float *hot = malloc(2 * SMALL * cols * sizeof *hot); /* one small block a thread */
+  double *x = malloc(2 * cols * sizeof *x), *acc = malloc(2 * 2 * cols * sizeof *acc);
+  if (!w || !hot || !x || !acc) {
+    fprintf(stderr, "pass_ceiling: out of memory for %zux%zu\n", rows, cols);
+    return 1;
+  }
+  fill(w, rows * cols, 1);
+  fill(hot, 2 * SMALL * cols, 2);
+  for (size_t j = 0; j < 2 * cols; j++) x[j] = 1.0 / (double)(j + 1);
+  /* Enough in-cache passes that each timing reads as many bytes as one pass over W. */
+  const int hot_reps = (int)(rows / SMALL);
+  const double big = (double)rows * (double)cols * sizeof(float);
+  const double small = (double)SMALL * (double)cols * sizeof(float);
+
+  printf("pass_ceiling: kernel %s, W %zux%zu (%.0f MiB), in-cache block %dx%zu (%.0f KiB) a "
+         "thread, best of %d\n",
+         kernel()->name, rows, cols, big / 1048576.0, SMALL, cols, small / 1024.0, repeats);
+  printf("%-7s %-7s %12s %12s %12s %10s %10s\n", "threads", "vectors", "in-cache", "pass",
+         "stream", "ceiling", "achieved");
+  for (int threads = 1; threads <= 2; threads++)
+    for (int nv = 1; nv <= 2; nv++) {
+      double t_hot = INFINITY, t_pass = INFINITY, t_stream = INFINITY;
+      for (int r = 0; r < repeats; r++)
+        for (int what = 0; what < 3; what++) {
+          double t0 = now_s(), s = 0.0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : s)
+#endif
+          {
+            int k = 0, nt = 1;
+#ifdef _OPENMP
+            k = omp_get_thread_num();
+            nt = omp_get_num_threads();
+#endif
+            size_t r0 = (size_t)k * rows / (size_t)nt, r1 = (size_t)(k + 1) * rows / (size_t)nt;
+            double *my_acc = acc + (size_t)k * 2 * cols;
+            if (what == 0)
+              for (int h = 0; h < hot_reps / nt; h++)
+                s += fn(hot + (size_t)k * SMALL * cols, NULL, 0, SMALL, cols, cols, x, my_acc, nv);
+            else if (what == 1)
+              s += fn(w, NULL, r0, r1, cols, cols, x, my_acc, nv);
+            else
+              s += slice_sum(w + r0 * cols, (r1 - r0) * cols);
+          }
+          double t = now_s() - t0;
+          sink = s;
+          double *best = what == 0 ? &t_hot : what == 1 ? &t_pass : &t_stream;
+          if (t < *best) *best = t;
+        }
+      double hot_bytes = small * (double)((hot_reps / threads) * threads);
+      double g_hot = hot_bytes / t_hot * 1e-9, g_pass = big / t_pass * 1e-9,
+             g_stream = big / t_stream * 1e-9;
+      printf("%-7d %-7d %9.1f GB/s %7.1f GB/s %7.1f GB/s %9.0f%% %9.0f%%\n", threads, nv, g_hot,
+             g_pass, g_stream, 100.0 * g_hot / g_stream, 100.0 * g_pass / g_stream);
+    }
+  printf("in-cache: the pass's arithmetic alone; pass: from memory; stream: a plain read of W.\n"
+         "ceiling = in-cache / stream: the most a pass could reach against the stream read; the\n"
+         "block Lanczos pass of harness/bench is the 2-vector row.\n");
+  free(w);
+  free(hot);
+  free(x);
+  free(acc);
+  return 0;
+}
