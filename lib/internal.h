@@ -65,12 +65,21 @@ static inline size_t stabi_set_index(const stabi_set *s, size_t i, size_t t) {
   return s->items_are_rows ? i * s->ld + t : t * s->ld + i;
 }
 
+/* For one contiguous item r = a - b (b may be NULL) of n numbers: sum_t (r_t - c_t)^2 into
+ * *centred (c may be NULL: then c = 0) and sum_t r_t^2 as the result. Eight running sums in
+ * a fixed order, so the same result from every build (one sum chain was latency-bound). */
+double stabi_item_sumsq(const float *a, const float *b, const double *c, size_t n,
+                        double *centred);
+
 /* max_i ||r_i||_RMS. work: `items` doubles (used when items are columns). */
 double stabi_set_max_rms(const stabi_set *s, double *work);
 
 /* Upper bound of the diameter max_{i,j} ||r_i - r_j||_RMS: 2 max_i ||r_i - c||_RMS with c
- * the mean item, never above 2 max_i ||r_i||_RMS. work: coords + items doubles. */
-double stabi_set_diameter_centred(const stabi_set *s, double *work);
+ * the mean item, never above 2 max_i ||r_i||_RMS. work: coords + items doubles. When
+ * max_sumsq is not NULL it receives max_i ||r_i||^2, bit for bit the square that
+ * stabi_set_max_rms takes the root of (the same sums in the same order), so a caller that
+ * needs both reads the set twice instead of three times. */
+double stabi_set_diameter_centred(const stabi_set *s, double *work, double *max_sumsq);
 
 /* The diameter exactly (plus a rounding margin that keeps it an upper bound), all pairs by
  * blocked dgemm in f64. work: stabi_set_work(items, coords, 1) doubles. */

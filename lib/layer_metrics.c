@@ -124,10 +124,18 @@ void stabi_layer_measure_clear(stab_metrics *m) {
   m->flags = 0;
 }
 
-/* The diameter of a set by the chosen method (NaN for NONE). */
-static double diameter(const stabi_ctx *ctx, const stabi_set *s) {
-  if (ctx->tight == STAB_TIGHT_EXACT) return stabi_set_diameter_exact(s, ctx->work);
-  return ctx->tight == STAB_TIGHT_CENTRED ? stabi_set_diameter_centred(s, ctx->work) : NAN;
+/* The diameter of a set by the chosen method (NaN for NONE), and into *max_rms the set's
+ * max_i ||r_i||_RMS: from the centred bound's own sweep when it runs (a table as large as
+ * GPT-2's wte is then read twice, not three times), else by stabi_set_max_rms. */
+static double diameter(const stabi_ctx *ctx, const stabi_set *s, double *max_rms) {
+  if (ctx->tight == STAB_TIGHT_CENTRED) {
+    double maxsq = NAN;
+    double dm = stabi_set_diameter_centred(s, ctx->work, &maxsq);
+    *max_rms = sqrt(maxsq / (double)s->coords);
+    return dm;
+  }
+  *max_rms = stabi_set_max_rms(s, ctx->work);
+  return ctx->tight == STAB_TIGHT_EXACT ? stabi_set_diameter_exact(s, ctx->work) : NAN;
 }
 
 static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
@@ -181,7 +189,8 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
   const int head = l->kind == STAB_KIND_LM_HEAD;
   stabi_set s = table_set(sh, l->weight, NULL);
   const double d = (double)s.coords, logv = log((double)s.items);
-  const double r = stabi_set_max_rms(&s, ctx->work), dm = diameter(ctx, &s);
+  double r;
+  const double dm = diameter(ctx, &s, &r);
   m->tight_method = ctx->tight;
   if (head) {
     m->forward = logv + 2.0 * d * r;
@@ -199,11 +208,13 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
   }
   if (!dl) return;
   stabi_set u = table_set(sh, dl->w, dl->w_sub);
-  double dr = stabi_set_max_rms(&u, ctx->work);
-  m->update = head ? 2.0 * d * dr : dr;
+  double dr;
   if (head) {
-    m->update_tight = d * diameter(ctx, &u);
+    m->update_tight = d * diameter(ctx, &u, &dr);
+  } else {
+    dr = stabi_set_max_rms(&u, ctx->work);
   }
+  m->update = head ? 2.0 * d * dr : dr;
   m->rel_update = rel_update(sh, l->weight, dl);
   if (!isfinite(dr)) {
     m->flags |= STAB_FLAG_NONFINITE_UPDATE;

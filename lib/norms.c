@@ -57,17 +57,65 @@ double stabi_sumsq(const float *a, const float *b, size_t rows, size_t cols, siz
 }
 
 
+/* Lanes of the running sums: r_t goes to lane t % 8; lanes are added pairwise at the end. */
+#define LANES 8
+
+static double lanes_total(const double *l) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+double stabi_item_sumsq(const float *a, const float *b, const double *c, size_t n,
+                        double *centred) {
+  double z[LANES] = {0.0}, q[LANES] = {0.0};
+  size_t t = 0;
+  /* Four variants so that neither b nor c is tested per element. */
+  if (!b && !c) {
+    for (; t + LANES <= n; t += LANES)
+#pragma GCC unroll 8
+      for (int k = 0; k < LANES; k++) {
+        double v = a[t + (size_t)k];
+        z[k] += v * v;
+      }
+  } else if (!c) {
+    for (; t + LANES <= n; t += LANES)
+#pragma GCC unroll 8
+      for (int k = 0; k < LANES; k++) {
+        double v = (double)a[t + (size_t)k] - (double)b[t + (size_t)k];
+        z[k] += v * v;
+      }
+  } else if (!b) {
+    for (; t + LANES <= n; t += LANES)
+#pragma GCC unroll 8
+      for (int k = 0; k < LANES; k++) {
+        double v = a[t + (size_t)k], w = v - c[t + (size_t)k];
+        z[k] += v * v;
+        q[k] += w * w;
+      }
+  } else {
+    for (; t + LANES <= n; t += LANES)
+#pragma GCC unroll 8
+      for (int k = 0; k < LANES; k++) {
+        double v = (double)a[t + (size_t)k] - (double)b[t + (size_t)k], w = v - c[t + (size_t)k];
+        z[k] += v * v;
+        q[k] += w * w;
+      }
+  }
+  double zs = lanes_total(z), qs = lanes_total(q);
+  for (; t < n; t++) {
+    double v = elem(a, b, t), w = c ? v - c[t] : v;
+    zs += v * v;
+    qs += w * w;
+  }
+  if (centred) *centred = c ? qs : zs;
+  return zs;
+}
+
 double stabi_set_max_rms(const stabi_set *s, double *work) {
   double m = 0.0;
   if (s->items_are_rows) {
-    for (size_t i = 0; i < s->items; i++) {
-      double q = 0.0;
-      for (size_t t = 0; t < s->coords; t++) {
-        double v = elem(s->a, s->b, i * s->ld + t);
-        q += v * v;
-      }
-      m = stabi_nanmax(m, q);
-    }
+    for (size_t i = 0; i < s->items; i++)
+      m = stabi_nanmax(m, stabi_item_sumsq(s->a + i * s->ld, s->b ? s->b + i * s->ld : NULL,
+                                           NULL, s->coords, NULL));
   } else {
     /* Items are columns: sweep the rows in memory order, one sum of squares per column. */
     memset(work, 0, s->items * sizeof *work);
