@@ -552,6 +552,12 @@ stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t
  * an empty tensor is a no-op. */
 void stab_ckpt_release(const stab_ckpt_tensor *t);
 
+/* Maps the pages of t in one go (madvise MADV_POPULATE_READ; MADV_WILLNEED on kernels before
+ * 5.14), so that reading t then takes no page fault per page. Best effort: NULL, an empty
+ * tensor or a failure changes nothing but speed. A file that shrank since it was opened
+ * still raises SIGBUS on the read, not here. */
+void stab_ckpt_prefetch(const stab_ckpt_tensor *t);
+
 /* The exact f32 value of one IEEE binary16 / bfloat16 (bit patterns as stored). */
 float stab_f16_to_f32(uint16_t h);
 float stab_bf16_to_f32(uint16_t b);

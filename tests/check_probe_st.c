@@ -127,6 +127,12 @@ START_TEST(test_f32_and_layout) {
   stab_ckpt_release(NULL);
   TU_ASSERT_OK(stab_ckpt_read_f32(x, 0, A, got));
   ck_assert(memcmp(got, a, sizeof a) == 0);
+  /* prefetched pages read the same too; NULL is a no-op */
+  stab_ckpt_release(x);
+  stab_ckpt_prefetch(x);
+  stab_ckpt_prefetch(NULL);
+  TU_ASSERT_OK(stab_ckpt_read_f32(x, 0, A, got));
+  ck_assert(memcmp(got, a, sizeof a) == 0);
   TU_ASSERT_OK(stab_safetensors_find(f, "odd", &idx));
   TU_ASSERT_OK(stab_ckpt_read_f32(stab_safetensors_tensor(f, idx), 0, 5, got));
   ck_assert(memcmp(got, b, sizeof b) == 0); /* NaN, -0 and the subnormal bit for bit */
