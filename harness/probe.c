@@ -1044,10 +1044,10 @@ static void prefer_sleeping_threads(char **argv) {
 }
 
 int main(int argc, char **argv) {
+  prefer_sleeping_threads(argv); /* first: nothing is printed twice */
   options o;
   int rc = parse(argc, argv, &o);
   if (rc) return rc;
-  prefer_sleeping_threads(argv);
   if (ckpt_guard_install()) {
     fprintf(stderr, "probe: cannot install the SIGBUS handler: %s\n", strerror(errno));
     return 1;
