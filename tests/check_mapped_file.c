@@ -4,7 +4,6 @@
  * the path, promptly: a FIFO must not block the open waiting for a writer. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -15,18 +14,9 @@
 
 static char tmpdir[256];
 
-static void make_tmpdir(void) {
-  snprintf(tmpdir, sizeof tmpdir, "%s/check_mapped_file.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
-}
+static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_mapped_file"); }
 
-static const char *tmp_path(const char *name) {
-  static char p[2][512];
-  static int next;
-  char *q = p[next++ % 2];
-  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
-  return q;
-}
+static const char *tmp_path(const char *name) { return tu_path_in(tmpdir, name); }
 
 /* Both readers refuse path with status want and a message holding path and what. */
 static void assert_refused(const char *path, stab_status want, const char *what) {

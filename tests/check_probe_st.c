@@ -19,11 +19,7 @@ static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_pro
 
 static void remove_tmpdir(void) { tu_tmpdir_remove(tmpdir); }
 
-static const char *tmp_path(const char *name) {
-  static char p[512];
-  snprintf(p, sizeof p, "%s/%s", tmpdir, name);
-  return p;
-}
+static const char *tmp_path(const char *name) { return tu_path_in(tmpdir, name); }
 
 /* The closed forms the conversion must match. */
 static double f16_value(unsigned h) {
