@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "clock.h"
 #include "stabmeter.h"
 #include "synth.h"
 
@@ -118,13 +119,6 @@ static void size_result_clear(size_result *r, shape s)
 
 /* ---------------------------------------------------------------------------------- */
 /* Small helpers                                                                       */
-
-static double now_s(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void progress(const char *fmt, ...)
 {
@@ -256,9 +250,9 @@ static double stream_sum(const float *a, size_t n, int threads)
 /* Seconds of one streaming read of a[0..n). */
 static double time_stream(const float *a, size_t n, int threads)
 {
-  double t0 = now_s();
+  double t0 = monotonic_seconds();
   double s = stream_sum(a, n, threads);
-  double t = now_s() - t0;
+  double t = monotonic_seconds() - t0;
   stream_sink = s;
   return t;
 }
@@ -283,9 +277,9 @@ static stab_status run_sigma(stab_spectral_workspace *ws, const float *a, size_t
     else
       memset(v, 0, cols * sizeof *v);
     stab_sigma_result res;
-    double t0 = now_s();
+    double t0 = monotonic_seconds();
     stab_status st = stab_spectral_norm(ws, a, NULL, rows, cols, cols, v, &res);
-    double t = now_s() - t0;
+    double t = monotonic_seconds() - t0;
     if (st != STAB_OK)
       return st;
     spent += t;
@@ -324,10 +318,10 @@ static double lapack_sigma_f32(float *work, size_t rows, size_t cols, double *si
     progress("bench: out of memory for sgesvd\n");
     goto out;
   }
-  double t0 = now_s();
+  double t0 = monotonic_seconds();
   lapack_int info = LAPACKE_sgesvd(LAPACK_COL_MAJOR, 'N', 'N', (lapack_int)cols, (lapack_int)rows,
                                    work, (lapack_int)cols, s, NULL, 1, NULL, 1, superb);
-  double t1 = now_s();
+  double t1 = monotonic_seconds();
   if (info != 0) {
     progress("bench: LAPACKE_sgesvd failed, info = %d\n", (int)info);
     goto out;
@@ -351,10 +345,10 @@ static double lapack_sigma_f64(double *work, size_t rows, size_t cols, double *s
     progress("bench: out of memory for dgesvd\n");
     goto out;
   }
-  double t0 = now_s();
+  double t0 = monotonic_seconds();
   lapack_int info = LAPACKE_dgesvd(LAPACK_COL_MAJOR, 'N', 'N', (lapack_int)cols, (lapack_int)rows,
                                    work, (lapack_int)cols, s, NULL, 1, NULL, 1, superb);
-  double t1 = now_s();
+  double t1 = monotonic_seconds();
   if (info != 0) {
     progress("bench: LAPACKE_dgesvd failed, info = %d\n", (int)info);
     goto out;
