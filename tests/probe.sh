@@ -377,30 +377,23 @@ grep -q "cut.safetensors" "$dir/cut.err" || fail "truncated file: message does n
 "$probe" --help | grep -q '^Usage: probe' || fail "--help"
 "$probe" --version | grep -q '^probe (stabmeter)' || fail "--version"
 ok
+# refused DIR FILE: the probe refuses corpus file DIR/FILE with exit 2 and a message (left in
+# $dir/c.err) naming the file; counted in n
+refused() {
+  "$probe" "$1/$2" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $2: exit $rc, want 2"
+  grep -qF "$2" "$dir/c.err" || fail "corpus $2: message lacks the file name"
+  n=$((n + 1))
+}
 n=0
-for f in "$src"/tests/corpus/safetensors/*.safetensors; do
-  "$probe" "$f" >/dev/null 2>"$dir/c.err"
-  rc=$?
-  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
-  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
-  n=$((n + 1))
-done
+for f in "$src"/tests/corpus/safetensors/*.safetensors; do refused "$src/tests/corpus/safetensors" "$(basename "$f")"; done
 [ $n -ge 40 ] || fail "corpus: only $n files"
-for f in "$src"/tests/corpus/llmc/*.bin; do
-  "$probe" "$f" >/dev/null 2>"$dir/c.err"
-  rc=$?
-  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
-  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
-  n=$((n + 1))
-done
-# the GGUF corpus: each file's message names it and holds what EXPECTED says
+for f in "$src"/tests/corpus/llmc/*.bin; do refused "$src/tests/corpus/llmc" "$(basename "$f")"; done
+# the GGUF corpus: each file's message also holds what EXPECTED says
 while IFS="$(printf '\t')" read -r file want; do
-  "$probe" "$src/tests/corpus/gguf/$file" >/dev/null 2>"$dir/c.err"
-  rc=$?
-  [ $rc -eq 2 ] || fail "corpus $file: exit $rc, want 2"
-  grep -qF "$file" "$dir/c.err" || fail "corpus $file: message lacks the file name"
+  refused "$src/tests/corpus/gguf" "$file"
   grep -qF -- "$want" "$dir/c.err" || fail "corpus $file: message lacks '$want': $(cat "$dir/c.err")"
-  n=$((n + 1))
 done <"$src/tests/corpus/gguf/EXPECTED"
 [ $n -ge 80 ] || fail "corpus: only $n files"
 ok
