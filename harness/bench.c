@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "clock.h"
 #include "stabmeter.h"
 #include "synth.h"
 
@@ -118,13 +119,6 @@ static void size_result_clear(size_result *r, shape s)
 
 /* ---------------------------------------------------------------------------------- */
 /* Small helpers                                                                       */
-
-static double now_s(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void progress(const char *fmt, ...)
 {
@@ -256,9 +250,9 @@ static double stream_sum(const float *a, size_t n, int threads)
 /* Seconds of one streaming read of a[0..n). */
 static double time_stream(const float *a, size_t n, int threads)
 {
-  double t0 = now_s();
+  double t0 = monotonic_seconds();
   double s = stream_sum(a, n, threads);
-  double t = now_s() - t0;
+  double t = monotonic_seconds() - t0;
   stream_sink = s;
   return t;
 }
@@ -283,9 +277,9 @@ static stab_status run_sigma(stab_spectral_workspace *ws, const float *a, size_t
     else
       memset(v, 0, cols * sizeof *v);
     stab_sigma_result res;
-    double t0 = now_s();
+    double t0 = monotonic_seconds();
     stab_status st = stab_spectral_norm(ws, a, NULL, rows, cols, cols, v, &res);
-    double t = now_s() - t0;
+    double t = monotonic_seconds() - t0;
     if (st != STAB_OK)
       return st;
     spent += t;
@@ -310,56 +304,33 @@ static stab_status make_workspace(size_t rows, size_t cols, stab_spectral_method
   return stab_spectral_workspace_create(rows, cols, &p, ws);
 }
 
-/* sigma(A) by LAPACK sgesvd, values only, destroying `work` (which must hold a copy of A).
- * A row-major rows x cols matrix is the column-major cols x rows matrix A^T, which has
- * the same singular values, so LAPACK gets the memory as it is: no transposed copy
- * inside LAPACKE to pollute the time. Returns the seconds, or a negative value. */
-static double lapack_sigma_f32(float *work, size_t rows, size_t cols, double *sigma)
+/* sigma(A) by LAPACK ?gesvd, values only, destroying `work`, which must hold a copy of A:
+ * float with precision 's' (sgesvd), double with 'd' (dgesvd). A row-major rows x cols matrix
+ * is the column-major cols x rows matrix A^T, which has the same singular values, so LAPACK
+ * gets the memory as it is: no transposed copy inside LAPACKE to pollute the time. Returns
+ * the seconds, or a negative value. */
+static double lapack_sigma(char precision, void *work, size_t rows, size_t cols, double *sigma)
 {
   size_t k = rows < cols ? rows : cols;
-  float *s = malloc(k * sizeof *s);
-  float *superb = malloc(k * sizeof *superb);
+  size_t elem = precision == 'd' ? sizeof(double) : sizeof(float);
+  void *s = malloc(k * elem);      /* the singular values, in work's precision */
+  void *superb = malloc(k * elem); /* LAPACK's scratch */
+  lapack_int m = (lapack_int)cols, n = (lapack_int)rows;
   double t = -1.0;
   if (!s || !superb) {
-    progress("bench: out of memory for sgesvd\n");
+    progress("bench: out of memory for %cgesvd\n", precision);
     goto out;
   }
-  double t0 = now_s();
-  lapack_int info = LAPACKE_sgesvd(LAPACK_COL_MAJOR, 'N', 'N', (lapack_int)cols, (lapack_int)rows,
-                                   work, (lapack_int)cols, s, NULL, 1, NULL, 1, superb);
-  double t1 = now_s();
+  double t0 = monotonic_seconds();
+  lapack_int info = precision == 'd'
+                        ? LAPACKE_dgesvd(LAPACK_COL_MAJOR, 'N', 'N', m, n, work, m, s, NULL, 1, NULL, 1, superb)
+                        : LAPACKE_sgesvd(LAPACK_COL_MAJOR, 'N', 'N', m, n, work, m, s, NULL, 1, NULL, 1, superb);
+  double t1 = monotonic_seconds();
   if (info != 0) {
-    progress("bench: LAPACKE_sgesvd failed, info = %d\n", (int)info);
+    progress("bench: LAPACKE_%cgesvd failed, info = %d\n", precision, (int)info);
     goto out;
   }
-  *sigma = s[0];
-  t = t1 - t0;
-out:
-  free(s);
-  free(superb);
-  return t;
-}
-
-/* The same in f64 (dgesvd) on `work`, an f64 copy of A. */
-static double lapack_sigma_f64(double *work, size_t rows, size_t cols, double *sigma)
-{
-  size_t k = rows < cols ? rows : cols;
-  double *s = malloc(k * sizeof *s);
-  double *superb = malloc(k * sizeof *superb);
-  double t = -1.0;
-  if (!s || !superb) {
-    progress("bench: out of memory for dgesvd\n");
-    goto out;
-  }
-  double t0 = now_s();
-  lapack_int info = LAPACKE_dgesvd(LAPACK_COL_MAJOR, 'N', 'N', (lapack_int)cols, (lapack_int)rows,
-                                   work, (lapack_int)cols, s, NULL, 1, NULL, 1, superb);
-  double t1 = now_s();
-  if (info != 0) {
-    progress("bench: LAPACKE_dgesvd failed, info = %d\n", (int)info);
-    goto out;
-  }
-  *sigma = s[0];
+  *sigma = precision == 'd' ? *(double *)s : *(float *)s;
   t = t1 - t0;
 out:
   free(s);
@@ -375,13 +346,13 @@ static int reference_sigma(const options *o, const float *a, size_t rows, size_t
 {
   size_t n = rows * cols;
   memcpy(fcopy, a, n * sizeof *fcopy);
-  *t_f32 = lapack_sigma_f32(fcopy, rows, cols, sigma_f32);
+  *t_f32 = lapack_sigma('s', fcopy, rows, cols, sigma_f32);
   if (*t_f32 < 0.0)
     return -1;
   if (o->exact_f64) {
     for (size_t i = 0; i < n; i++)
       dcopy[i] = a[i];
-    *t_f64 = lapack_sigma_f64(dcopy, rows, cols, sigma_f64);
+    *t_f64 = lapack_sigma('d', dcopy, rows, cols, sigma_f64);
     if (*t_f64 < 0.0)
       return -1;
   }
@@ -968,7 +939,7 @@ static int accuracy_sweep(const options *o, long count)
     synth_gaussian(a, rows * cols, 1.0, &rng);
     for (size_t i = 0; i < rows * cols; i++)
       d[i] = a[i];
-    if (lapack_sigma_f64(d, rows, cols, &ref) < 0) {
+    if (lapack_sigma('d', d, rows, cols, &ref) < 0) {
       fprintf(stderr, "bench: dgesvd failed on matrix %ld (%zu x %zu)\n", k, rows, cols);
       free(a);
       free(d);

@@ -2,6 +2,7 @@
  * (llm.c layout: fused qkv, out-major linears with biases, RMSNorm gains, untied LM head),
  * registers every layer with a monitor, takes one random step, and prints every layer's
  * three metrics as a table, with the time the measurements took. */
+#include "clock.h"
 #include "stabmeter.h"
 #include "synth.h"
 
@@ -10,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct {
   size_t vocab, width, depth, heads;
@@ -41,12 +41,6 @@ static int new_tensor(tensor *t, synth_rng *rng, const char *name, size_t count,
   else
     synth_gaussian(t->w, count, std, rng);
   return 0;
-}
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static void usage(FILE *f) {
@@ -213,12 +207,12 @@ int main(int argc, char **argv) {
   k++;
 
   /* Step 0: the model at init, cold start. */
-  double t0 = now();
+  double t0 = monotonic_seconds();
   if (stab_monitor_measure(m, 0) != STAB_OK || stab_monitor_snapshot(m) != STAB_OK) {
     fprintf(stderr, "demo: %s\n", stab_last_error());
     return 1;
   }
-  double cold = now() - t0;
+  double cold = monotonic_seconds() - t0;
   /* One random step: every tensor moves by o.step of its own size (biases, zero at init,
    * by o.step absolute RMS). */
   for (size_t i = 0; i < k; i++) {
@@ -228,9 +222,9 @@ int main(int argc, char **argv) {
     double std = o.step * (rms > 0 ? rms : 1.0);
     for (size_t e = 0; e < t[i].n; e++) t[i].w[e] += (float)(std * synth_normal(&rng));
   }
-  t0 = now();
+  t0 = monotonic_seconds();
   stab_status st = stab_monitor_measure(m, 1);
-  double warm = now() - t0;
+  double warm = monotonic_seconds() - t0;
   if (st != STAB_OK) {
     fprintf(stderr, "demo: %s\n", stab_last_error());
     return 1;

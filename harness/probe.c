@@ -4,6 +4,7 @@
  * its name and shape by the rule table below, the metrics computed by the library, printed
  * as an aligned table or as the SPEC probe report (JSON). */
 #include "ckpt_guard.h"
+#include "clock.h"
 #include "stabmeter.h"
 
 #include <errno.h>
@@ -15,7 +16,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---- the rule table ----------------------------------------------------------------
@@ -975,12 +975,6 @@ static int parse(int argc, char **argv, options *o) {
   return 0;
 }
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* The message for a checkpoint that shrank under its mapping (the guard caught the SIGBUS):
  * exit status 2, its data being gone. */
 static int shrank(const char *path) {
@@ -1186,7 +1180,7 @@ int main(int argc, char **argv) {
   mp.spectral.tol = o.tol;
   if (o.exact) mp.spectral.method = STAB_SPECTRAL_EXACT;
   mp.tight = o.tight;
-  double work = 0, done = 0, t0 = now(), last = t0;
+  double work = 0, done = 0, t0 = monotonic_seconds(), last = t0;
   for (size_t i = 0; i < n; i++)
     if (!rows[i].error) work += (double)rows[i].t->count;
   for (size_t k = 0; k < n; k++) {
@@ -1196,7 +1190,7 @@ int main(int argc, char **argv) {
     size_t i = tied_src == SIZE_MAX || k <= tied_src ? k : k == tied_src + 1 ? n - 1 : k - 1;
     row *r = &rows[i];
     if (r->error) continue;
-    double t = now();
+    double t = monotonic_seconds();
     if (!o.quiet && t - t0 > 1.0 && t - last > 1.0) {
       double eta = done > 0 ? (t - t0) * (work - done) / done : 0;
       fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", k + 1, n, r->name, t - t0, eta);
@@ -1255,8 +1249,8 @@ int main(int argc, char **argv) {
     if (i != tied_src) stab_ckpt_release(r->t), stab_ckpt_release(r->bias), stab_ckpt_release(r->tk);
     if (bp && i != tied_src) stab_ckpt_release(prev_t), stab_ckpt_release(prev_bias);
   }
-  if (!o.quiet && now() - t0 > 1.0)
-    fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, now() - t0);
+  if (!o.quiet && monotonic_seconds() - t0 > 1.0)
+    fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, monotonic_seconds() - t0);
   if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
   if (o.json) print_json(&o, &f, rows, n);
   else print_table(&o, &f, rows, n);

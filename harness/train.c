@@ -2,6 +2,7 @@
  * with AdamW or the articles' steepest descent, and measures every layer's stability with a
  * stab_monitor every K steps (weights after the step, update of the step). Progress on
  * stderr, results on stdout; the final weights as safetensors in --out. */
+#include "clock.h"
 #include "data.h"
 #include "model.h"
 #include "optim.h"
@@ -14,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -33,12 +33,6 @@ typedef struct {
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
   size_t sweep[16], n_sweep; /* --sweep-widths: train once per width, each into out/width-W */
 } options;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* ---- options --------------------------------------------------------------------- */
 
@@ -710,7 +704,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
   data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};
   int measured = 0;
-  double t0 = now(), last_draw = 0, first_loss = NAN, loss = NAN, measure_time = 0;
+  double t0 = monotonic_seconds(), last_draw = 0, first_loss = NAN, loss = NAN, measure_time = 0;
   for (size_t step = 0; step < start; step++) /* the batches of the steps already taken */
     data_batch(data, &rng, 0, split, B, T, tok, tgt);
   for (size_t step = start; step < o.steps; step++) {
@@ -725,12 +719,12 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     model_zero_grad(&m);
     model_backward(&m);
     int measure = mon && (step + 1) % o.metrics_every == 0;
-    double tm = now();
+    double tm = monotonic_seconds();
     if (measure && stab_monitor_snapshot(mon) != STAB_OK) {
       fprintf(stderr, "train: snapshot: %s\n", stab_last_error());
       goto out;
     }
-    measure_time += now() - tm;
+    measure_time += monotonic_seconds() - tm;
     int st = optim_step(&opt, m.params, m.grads, (float)lr);
     if (st != STAB_OK) {
       fprintf(stderr, "%strain: optimizer step %zu: %s\n", tty ? "\n" : "", step, stab_last_error());
@@ -738,7 +732,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     }
     if (measure) {
       measured = 1;
-      tm = now();
+      tm = monotonic_seconds();
       if (stab_monitor_measure(mon, 1) != STAB_OK) {
         fprintf(stderr, "train: measure: %s\n", stab_last_error());
         goto out;
@@ -755,7 +749,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
           extras[2 * i + 1] = blocks[i] >= 0 ? act_cos1[blocks[i]] : NAN;
         }
         int was_failed = stab_trace_failed(trace);
-        if (stab_trace_append(trace, (int64_t)(step + 1), now() - t0, scalars, extras) != STAB_OK) {
+        if (stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras) != STAB_OK) {
           fprintf(stderr, "%strain: trace: %s\ntrain: stopping; the rows written before are in "
                           "%s (--trace-errors continue goes on without the trace)\n",
                   tty ? "\n" : "", stab_last_error(), trace_path);
@@ -766,14 +760,14 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
                           "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
                   trace_path);
       }
-      measure_time += now() - tm;
+      measure_time += monotonic_seconds() - tm;
     }
     if (o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
       char name[64];
       snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
       if (checkpoint(&m, &opt, &o, name, step + 1)) goto out;
     }
-    double t = now(), el = t - t0;
+    double t = monotonic_seconds(), el = t - t0;
     int last = step + 1 == o.steps;
     if ((tty && (t - last_draw > 0.1 || last)) || (!tty && ((step + 1) % every_line == 0 || last))) {
       char eta[32], worst_s[256] = "";
@@ -790,7 +784,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       last_draw = t;
     }
   }
-  double elapsed = now() - t0;
+  double elapsed = monotonic_seconds() - t0;
   if (tty) fputc('\n', stderr);
   double val = eval_loss(&m, data, split, data->n, B, T, tok, tgt, 8);
   printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_DIMS 4         /* GGML_MAX_DIMS: no GGUF writer writes more */
@@ -67,9 +66,7 @@ typedef struct {
 } tensor_extra;
 
 struct stab_gguf {
-  char *path;
-  unsigned char *map;
-  uint64_t size;
+  stabi_mapped file;
   uint32_t version;
   uint64_t alignment, data_start;
   stab_ckpt_tensor *tensors;
@@ -339,7 +336,7 @@ static stab_status read_tensor_info(stab_gguf *f, cursor *c, size_t index) {
 
 /* Offsets aligned, ranges inside the data section, no two tensors sharing a byte, names unique. */
 static stab_status check_layout(stab_gguf *f, const cursor *c) {
-  uint64_t data_size = f->size - f->data_start;
+  uint64_t data_size = f->file.size - f->data_start;
   for (size_t i = 0; i < f->count; i++) {
     const stab_ckpt_tensor *t = &f->tensors[i];
     uint64_t nb = f->extra[i].nbytes, at = f->extra[i].info_at;
@@ -353,7 +350,7 @@ static stab_status check_layout(stab_gguf *f, const cursor *c) {
   }
   if (f->count) {
     extent *e = malloc(f->count * sizeof *e);
-    if (!e) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the tensor index", f->path);
+    if (!e) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the tensor index", f->file.path);
     for (size_t i = 0; i < f->count; i++) e[i] = (extent){f->tensors[i].offset, f->extra[i].nbytes, i};
     qsort(e, f->count, sizeof *e, cmp_extent);
     /* zero-byte tensors hold no byte: they overlap nothing */
@@ -375,15 +372,15 @@ static stab_status check_layout(stab_gguf *f, const cursor *c) {
     free(e);
   }
   const char **names = malloc((f->count + f->nkv + 1) * sizeof *names);
-  if (!names) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", f->path);
+  if (!names) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", f->file.path);
   size_t da, db;
   for (size_t i = 0; i < f->count; i++) names[i] = f->tensors[i].name;
-  stab_status st = sort_names(f->path, names, f->count, &f->by_name, &da, &db);
+  stab_status st = sort_names(f->file.path, names, f->count, &f->by_name, &da, &db);
   if (st == STAB_OK && da != (size_t)-1)
     st = bad_at(c, f->extra[db].info_at, "duplicate tensor name '%s' (tensors %zu and %zu)", f->tensors[db].name, da, db);
   if (st == STAB_OK) {
     for (size_t i = 0; i < f->nkv; i++) names[i] = f->kv[i].key;
-    st = sort_names(f->path, names, f->nkv, &f->kv_by_key, &da, &db);
+    st = sort_names(f->file.path, names, f->nkv, &f->kv_by_key, &da, &db);
     if (st == STAB_OK && da != (size_t)-1)
       st = bad_at(c, f->kv[db].offset, "duplicate metadata key '%s' (pairs %zu and %zu)", f->kv[db].key, da, db);
   }
@@ -393,12 +390,11 @@ static stab_status check_layout(stab_gguf *f, const cursor *c) {
 
 void stab_gguf_close(stab_gguf *f) {
   if (!f) return;
-  if (f->map) munmap(f->map, f->size);
+  stabi_mapped_close(&f->file);
   for (size_t i = 0; i < f->count; i++) free((char *)f->tensors[i].name);
   for (size_t i = 0; i < f->nkv; i++) free((char *)f->kv[i].key), free((char *)f->kv[i].s);
   free(f->tensors), free(f->extra), free(f->by_name);
   free(f->kv), free(f->kv_by_key);
-  free(f->path);
   free(f);
 }
 
@@ -413,11 +409,11 @@ static int grow(void **p, size_t *cap, size_t n, size_t elem) {
 }
 
 static stab_status parse(stab_gguf *f) {
-  cursor c = {f->map, f->size, 0, f->path};
+  cursor c = {f->file.map, f->file.size, 0, f->file.path};
   stab_status st;
-  if (memcmp(f->map, "GGUF", 4))
-    return bad_at(&c, 0, "bad magic %02x %02x %02x %02x (a GGUF file starts with \"GGUF\")", f->map[0], f->map[1],
-                  f->map[2], f->map[3]);
+  if (memcmp(f->file.map, "GGUF", 4))
+    return bad_at(&c, 0, "bad magic %02x %02x %02x %02x (a GGUF file starts with \"GGUF\")", f->file.map[0],
+                  f->file.map[1], f->file.map[2], f->file.map[3]);
   c.i = 4;
   if ((st = read_u32(&c, &f->version, "the version")) != STAB_OK) return st;
   if (f->version != 2 && f->version != 3) {
@@ -442,7 +438,7 @@ static stab_status parse(stab_gguf *f) {
   f->alignment = GGUF_DEFAULT_ALIGNMENT;
   for (uint64_t k = 0; k < nkv; k++) {
     if (grow((void **)&f->kv, &f->kvcap, f->nkv, sizeof *f->kv))
-      return stabi_fail(STAB_ENOMEM, "%s: out of memory for the metadata", f->path);
+      return stabi_fail(STAB_ENOMEM, "%s: out of memory for the metadata", f->file.path);
     stab_gguf_kv *kv = &f->kv[f->nkv];
     memset(kv, 0, sizeof *kv);
     kv->offset = c.i;
@@ -463,7 +459,7 @@ static stab_status parse(stab_gguf *f) {
     tensor_extra *x = NULL;
     if (grow((void **)&f->tensors, &f->cap, f->count, sizeof *f->tensors) ||
         !(x = realloc(f->extra, f->cap * sizeof *f->extra)))
-      return stabi_fail(STAB_ENOMEM, "%s: out of memory for the tensor index", f->path);
+      return stabi_fail(STAB_ENOMEM, "%s: out of memory for the tensor index", f->file.path);
     f->extra = x;
     if ((st = read_tensor_info(f, &c, (size_t)k)) != STAB_OK) return st;
   }
@@ -477,7 +473,7 @@ static stab_status parse(stab_gguf *f) {
   if ((st = check_layout(f, &c)) != STAB_OK) return st;
   for (size_t i = 0; i < f->count; i++) {
     f->tensors[i].offset += f->data_start;
-    f->tensors[i].data = f->map + f->tensors[i].offset;
+    f->tensors[i].data = f->file.map + f->tensors[i].offset;
   }
   return STAB_OK;
 }
@@ -486,11 +482,8 @@ stab_status stab_gguf_open(const char *path, stab_gguf **out) {
   if (out) *out = NULL;
   if (!path || !out) return stabi_fail(STAB_EINVAL, "stab_gguf_open: NULL path or output");
   stab_gguf *f = calloc(1, sizeof *f);
-  if (!f || !(f->path = strdup(path))) {
-    free(f);
-    return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
-  }
-  stab_status st = stabi_map_file(path, 24, "the 24-byte GGUF header", &f->map, &f->size);
+  if (!f) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  stab_status st = stabi_mapped_open(&f->file, path, 24, "the 24-byte GGUF header");
   if (st == STAB_OK) st = parse(f);
   if (st != STAB_OK) {
     stab_gguf_close(f);
@@ -552,11 +545,12 @@ stab_status stab_gguf_get_uint(const stab_gguf *f, const char *key, uint64_t *ou
     if (out) *out = kv->u;
     return STAB_OK;
   case STAB_GGUF_INT8: case STAB_GGUF_INT16: case STAB_GGUF_INT32: case STAB_GGUF_INT64:
-    if (kv->i < 0) return stabi_fail(STAB_EINVAL, "%s: metadata '%s' is negative (%lld)", f->path, key, (long long)kv->i);
+    if (kv->i < 0)
+      return stabi_fail(STAB_EINVAL, "%s: metadata '%s' is negative (%lld)", f->file.path, key, (long long)kv->i);
     if (out) *out = (uint64_t)kv->i;
     return STAB_OK;
   default:
-    return stabi_fail(STAB_EINVAL, "%s: metadata '%s' is a %s, not an integer", f->path, key,
+    return stabi_fail(STAB_EINVAL, "%s: metadata '%s' is a %s, not an integer", f->file.path, key,
                       value_types[kv->type].name);
   }
 }

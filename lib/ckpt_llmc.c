@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,9 +17,7 @@
 #define NAME_BYTES 40
 
 struct stab_llmc {
-  char *path;
-  unsigned char *map;
-  uint64_t size;
+  stabi_mapped file;
   stab_llmc_config cfg;
   stab_ckpt_tensor *tensors;
   char (*names)[NAME_BYTES];
@@ -36,10 +33,9 @@ static int32_t load_i32(const unsigned char *p) {
 
 void stab_llmc_close(stab_llmc *f) {
   if (!f) return;
-  if (f->map) munmap(f->map, f->size);
+  stabi_mapped_close(&f->file);
   free(f->tensors);
   free(f->names);
-  free(f->path);
   free(f);
 }
 
@@ -59,7 +55,7 @@ static void add_view(stab_llmc *f, const char *name, uint64_t off, uint64_t rows
   t->shape[1] = cols;
   t->count = rows * (cols ? cols : 1);
   t->offset = HEADER_BYTES + off * es;
-  t->data = f->map + t->offset;
+  t->data = f->file.map + t->offset;
   f->count++;
 }
 
@@ -67,14 +63,11 @@ stab_status stab_llmc_open(const char *path, stab_llmc **out) {
   if (out) *out = NULL;
   if (!path || !out) return stabi_fail(STAB_EINVAL, "stab_llmc_open: NULL path or output");
   stab_llmc *f = calloc(1, sizeof *f);
-  if (!f || !(f->path = strdup(path))) {
-    free(f);
-    return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
-  }
-  stab_status st = stabi_map_file(path, HEADER_BYTES, "the 1024-byte llm.c header", &f->map, &f->size);
+  if (!f) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  stab_status st = stabi_mapped_open(&f->file, path, HEADER_BYTES, "the 1024-byte llm.c header");
   if (st != STAB_OK) goto out;
   int32_t h[8];
-  for (int k = 0; k < 8; k++) h[k] = load_i32(f->map + 4 * k);
+  for (int k = 0; k < 8; k++) h[k] = load_i32(f->file.map + 4 * k);
   if (h[0] != LLMC_MAGIC) {
     st = stabi_fail(STAB_EFORMAT, "%s: header int 0 (magic) is %d, not %d", path, h[0], LLMC_MAGIC);
     goto out;
@@ -108,15 +101,15 @@ stab_status stab_llmc_open(const char *path, stab_llmc **out) {
   const uint64_t Vp = c->padded_vocab, T = c->max_t, L = c->layers, C = c->channels;
   long double want = (long double)Vp * C + (long double)T * C + (long double)L * (13.0L * C + 12.0L * C * C) + 2.0L * C;
   size_t es = c->version == 5 ? 2 : 4;
-  if (want * es + HEADER_BYTES > (long double)f->size) {
+  if (want * es + HEADER_BYTES > (long double)f->file.size) {
     st = stabi_fail(STAB_EFORMAT, "%s: truncated: the header's shapes need %.0Lf bytes of parameters, the file has "
-                    "%llu after the header", path, want * es, (unsigned long long)(f->size - HEADER_BYTES));
+                    "%llu after the header", path, want * es, (unsigned long long)(f->file.size - HEADER_BYTES));
     goto out;
   }
   uint64_t params = Vp * C + T * C + L * (13 * C + 12 * C * C) + 2 * C; /* exact now: fits the file */
-  if (params * es + HEADER_BYTES != f->size) {
+  if (params * es + HEADER_BYTES != f->file.size) {
     st = stabi_fail(STAB_EFORMAT, "%s: %llu bytes after the parameters the header describes (%llu bytes)", path,
-                    (unsigned long long)(f->size - HEADER_BYTES - params * es), (unsigned long long)(params * es));
+                    (unsigned long long)(f->file.size - HEADER_BYTES - params * es), (unsigned long long)(params * es));
     goto out;
   }
   size_t nt = 2 + L * 16 + 2;

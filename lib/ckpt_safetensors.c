@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,9 +22,7 @@ typedef struct {
 } meta_entry;
 
 struct stab_safetensors {
-  char *path;
-  unsigned char *map;
-  uint64_t size;
+  stabi_mapped file;
   stab_ckpt_tensor *tensors; /* sorted by offset */
   size_t count, cap;
   size_t *by_name; /* indices sorted by name, for find */
@@ -463,23 +460,23 @@ static stab_status check_layout(stab_safetensors *f, uint64_t data_size) {
     uint64_t nb = t->count * t->elem_size;
     if (t->offset < pos)
       return stabi_fail(STAB_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s' (ending at %llu)",
-                        f->path, t->name, (unsigned long long)t->offset, (unsigned long long)(t->offset + nb),
+                        f->file.path, t->name, (unsigned long long)t->offset, (unsigned long long)(t->offset + nb),
                         f->tensors[i - 1].name, (unsigned long long)pos);
     if (t->offset > pos)
       return stabi_fail(STAB_EFORMAT, "%s: data section bytes [%llu, %llu) belong to no tensor (before '%s'); "
-                        "the format allows no holes", f->path, (unsigned long long)pos,
+                        "the format allows no holes", f->file.path, (unsigned long long)pos,
                         (unsigned long long)t->offset, t->name);
     pos = t->offset + nb;
   }
   if (pos != data_size)
     return stabi_fail(STAB_EFORMAT, "%s: data section bytes [%llu, %llu) belong to no tensor (the tensors end at %llu); "
-                      "the format allows no holes", f->path, (unsigned long long)pos,
+                      "the format allows no holes", f->file.path, (unsigned long long)pos,
                       (unsigned long long)data_size, (unsigned long long)pos);
   if (f->count) {
     name_ref *r = malloc(f->count * sizeof *r);
     if (!r || !(f->by_name = malloc(f->count * sizeof *f->by_name))) {
       free(r);
-      return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", f->path);
+      return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", f->file.path);
     }
     for (size_t i = 0; i < f->count; i++) r[i] = (name_ref){f->tensors[i].name, i};
     qsort(r, f->count, sizeof *r, cmp_name);
@@ -487,26 +484,25 @@ static stab_status check_layout(stab_safetensors *f, uint64_t data_size) {
     free(r);
     for (size_t i = 1; i < f->count; i++)
       if (!strcmp(f->tensors[f->by_name[i]].name, f->tensors[f->by_name[i - 1]].name))
-        return stabi_fail(STAB_EFORMAT, "%s: duplicate tensor name '%s'", f->path, f->tensors[f->by_name[i]].name);
+        return stabi_fail(STAB_EFORMAT, "%s: duplicate tensor name '%s'", f->file.path, f->tensors[f->by_name[i]].name);
   }
   if (f->nmeta) {
     qsort(f->meta, f->nmeta, sizeof *f->meta, cmp_meta);
     for (size_t i = 1; i < f->nmeta; i++)
       if (!strcmp(f->meta[i].key, f->meta[i - 1].key))
-        return stabi_fail(STAB_EFORMAT, "%s: __metadata__: duplicate key '%s'", f->path, f->meta[i].key);
+        return stabi_fail(STAB_EFORMAT, "%s: __metadata__: duplicate key '%s'", f->file.path, f->meta[i].key);
   }
   return STAB_OK;
 }
 
 void stab_safetensors_close(stab_safetensors *f) {
   if (!f) return;
-  if (f->map) munmap(f->map, f->size);
+  stabi_mapped_close(&f->file);
   for (size_t i = 0; i < f->count; i++) free((char *)f->tensors[i].name);
   for (size_t i = 0; i < f->nmeta; i++) free(f->meta[i].key), free(f->meta[i].value);
   free(f->tensors);
   free(f->by_name);
   free(f->meta);
-  free(f->path);
   free(f);
 }
 
@@ -514,17 +510,14 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
   if (out) *out = NULL;
   if (!path || !out) return stabi_fail(STAB_EINVAL, "stab_safetensors_open: NULL path or output");
   stab_safetensors *f = calloc(1, sizeof *f);
-  if (!f || !(f->path = strdup(path))) {
-    free(f);
-    return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
-  }
-  stab_status st = stabi_map_file(path, 8, "the 8-byte header length", &f->map, &f->size);
+  if (!f) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  stab_status st = stabi_mapped_open(&f->file, path, 8, "the 8-byte header length");
   if (st != STAB_OK) goto out;
   uint64_t hlen = 0;
-  for (int k = 7; k >= 0; k--) hlen = (hlen << 8) | f->map[k];
-  if (hlen > f->size - 8) {
+  for (int k = 7; k >= 0; k--) hlen = (hlen << 8) | f->file.map[k];
+  if (hlen > f->file.size - 8) {
     st = stabi_fail(STAB_EFORMAT, "%s: header length %llu (bytes 0-7) is larger than the %llu bytes after it "
-                    "(truncated file?)", path, (unsigned long long)hlen, (unsigned long long)(f->size - 8));
+                    "(truncated file?)", path, (unsigned long long)hlen, (unsigned long long)(f->file.size - 8));
     goto out;
   }
   if (hlen == 0 || hlen > HEADER_MAX) {
@@ -532,12 +525,12 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
                     hlen ? "above the format's limit of 100 MiB" : "zero");
     goto out;
   }
-  cursor c = {(const char *)f->map + 8, (size_t)hlen, 0, path};
-  uint64_t data_size = f->size - 8 - hlen;
+  cursor c = {(const char *)f->file.map + 8, (size_t)hlen, 0, path};
+  uint64_t data_size = f->file.size - 8 - hlen;
   if ((st = parse_header(f, &c, data_size)) != STAB_OK) goto out;
   if ((st = check_layout(f, data_size)) != STAB_OK) goto out;
   for (size_t i = 0; i < f->count; i++) {
-    f->tensors[i].data = f->map + 8 + hlen + f->tensors[i].offset;
+    f->tensors[i].data = f->file.map + 8 + hlen + f->tensors[i].offset;
     f->tensors[i].offset += 8 + hlen;
   }
 out:
@@ -581,4 +574,4 @@ stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, c
   return STAB_OK;
 }
 
-uint64_t stab_safetensors_file_size(const stab_safetensors *f) { return f ? f->size : 0; }
+uint64_t stab_safetensors_file_size(const stab_safetensors *f) { return f ? f->file.size : 0; }

@@ -134,10 +134,19 @@ stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const
 
 /* ---- checkpoint files (mapped_file.c) ---- */
 
-/* Maps the regular file at path read-only, whole: *map and *size (unmap with munmap). A file
- * shorter than min_bytes is STAB_EFORMAT, "fewer than <what>"; open, stat or map failures are
- * STAB_EIO with errno's text. The descriptor is closed either way. */
-stab_status stabi_map_file(const char *path, uint64_t min_bytes, const char *what,
-                           unsigned char **map, uint64_t *size);
+/* A checkpoint file as its reader holds it: the path every message names, and the whole
+ * file mapped read-only. */
+typedef struct {
+  char *path;         /* the caller's path, copied */
+  unsigned char *map; /* the file's size bytes, read-only */
+  uint64_t size;      /* bytes */
+} stabi_mapped;
+
+/* Copies path into m and maps the regular file there, whole. A file shorter than min_bytes is
+ * STAB_EFORMAT, "fewer than <what>"; open, stat or map failures are STAB_EIO with errno's
+ * text; no memory for the copy is STAB_ENOMEM. On failure m holds nothing. */
+stab_status stabi_mapped_open(stabi_mapped *m, const char *path, uint64_t min_bytes, const char *what);
+/* Unmaps and frees what m holds, leaving it empty; an empty m (zeroed, or closed) is fine. */
+void stabi_mapped_close(stabi_mapped *m);
 
 #endif /* STABMETER_INTERNAL_H */

@@ -1,17 +1,21 @@
-/* mapped_file.c — a whole checkpoint file mapped read-only, shared by the checkpoint readers
- * so that opening, checking and mapping a file fail the same way with the same messages. */
+/* mapped_file.c — a whole checkpoint file mapped read-only, with the path it was opened by,
+ * shared by the checkpoint readers so that opening, checking and mapping a file fail the same
+ * way with the same messages. */
 #include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-stab_status stabi_map_file(const char *path, uint64_t min_bytes, const char *what,
-                           unsigned char **map, uint64_t *size) {
+/* Maps the regular file at path read-only, whole, into *map and *size; see stabi_mapped_open
+ * for the statuses. The descriptor is closed either way. */
+static stab_status map_file(const char *path, uint64_t min_bytes, const char *what, unsigned char **map,
+                            uint64_t *size) {
   *map = NULL;
   *size = 0;
   stab_status st = STAB_OK;
@@ -48,4 +52,18 @@ stab_status stabi_map_file(const char *path, uint64_t min_bytes, const char *wha
 out:
   close(fd);
   return st;
+}
+
+stab_status stabi_mapped_open(stabi_mapped *m, const char *path, uint64_t min_bytes, const char *what) {
+  *m = (stabi_mapped){0};
+  if (!(m->path = strdup(path))) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  stab_status st = map_file(path, min_bytes, what, &m->map, &m->size);
+  if (st != STAB_OK) stabi_mapped_close(m);
+  return st;
+}
+
+void stabi_mapped_close(stabi_mapped *m) {
+  if (m->map) munmap(m->map, m->size);
+  free(m->path);
+  *m = (stabi_mapped){0};
 }

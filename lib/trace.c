@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,9 +118,16 @@ static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *data) {
   return 0;
 }
 
-/* Records an HDF5 failure as STAB_EIO with the path and HDF5's own message. Called at the
- * failure, before any other HDF5 call: each API call clears the error stack on entry. */
-static stab_status h5fail(const char *who, const char *path, const char *what) {
+/* Records an HDF5 failure as STAB_EIO with the path, what failed (printf-style) and HDF5's own
+ * message. Called at the failure, before any other HDF5 call: each API call clears the error
+ * stack on entry. */
+__attribute__((format(printf, 3, 4)))
+static stab_status h5fail(const char *who, const char *path, const char *fmt, ...) {
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
   walk_state w;
   memset(&w, 0, sizeof w);
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &w);
@@ -328,11 +336,7 @@ static stab_status new_dataset(stab_trace *t, const builder *b, hid_t loc, const
                                size_t k, int is_int) {
   t->dsets[k] = H5Dcreate2(loc, name, is_int ? H5T_STD_I64LE : H5T_IEEE_F64LE, b->space0,
                            H5P_DEFAULT, is_int ? b->dcpl_i : b->dcpl_f, H5P_DEFAULT);
-  if (t->dsets[k] < 0) {
-    char what[160];
-    snprintf(what, sizeof what, "cannot create dataset '%s'", name);
-    return h5fail(b->who, b->path, what);
-  }
+  if (t->dsets[k] < 0) return h5fail(b->who, b->path, "cannot create dataset '%s'", name);
   return STAB_OK;
 }
 
@@ -341,17 +345,11 @@ static stab_status create_layer(stab_trace *t, const builder *b, hid_t layers, s
   const stab_layer *l = stab_monitor_layer(t->m, i);
   stab_status st = STAB_OK;
   hid_t g = H5Gcreate2(layers, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (g < 0) {
-    char what[160];
-    snprintf(what, sizeof what, "cannot create the group of layer '%s'", l->name);
-    return h5fail(b->who, b->path, what);
-  }
+  if (g < 0) return h5fail(b->who, b->path, "cannot create the group of layer '%s'", l->name);
   if (put_string(g, "name", b->str, l->name) < 0 || put_string(g, "kind", b->str, stab_kind_name(l->kind)) < 0 ||
       put_int(g, "d_in", (int64_t)l->d_in) < 0 || put_int(g, "d_out", (int64_t)l->d_out) < 0 ||
       put_string(g, "layout", b->str, layout_name(l)) < 0 || put_int(g, "param_count", param_count(l)) < 0) {
-    char what[160];
-    snprintf(what, sizeof what, "cannot write the attributes of layer '%s'", l->name);
-    st = h5fail(b->who, b->path, what);
+    st = h5fail(b->who, b->path, "cannot write the attributes of layer '%s'", l->name);
     goto out;
   }
   size_t n = layer_dsets(l, t->n_extras);
@@ -410,21 +408,14 @@ static stab_status open_dataset(stab_trace *t, const builder *b, hid_t loc, cons
   if (H5Lexists(loc, name, H5P_DEFAULT) <= 0)
     return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has no dataset '%s'", b->who,
                       b->path, where, name);
-  if ((t->dsets[k] = H5Dopen2(loc, name, H5P_DEFAULT)) < 0) {
-    char what[200];
-    snprintf(what, sizeof what, "cannot open %s/%s", where, name);
-    return h5fail(b->who, b->path, what);
-  }
+  if ((t->dsets[k] = H5Dopen2(loc, name, H5P_DEFAULT)) < 0)
+    return h5fail(b->who, b->path, "cannot open %s/%s", where, name);
   return STAB_OK;
 }
 
 static stab_status link_count(const builder *b, hid_t g, const char *where, hsize_t *n) {
   H5G_info_t info;
-  if (H5Gget_info(g, &info) < 0) {
-    char what[300];
-    snprintf(what, sizeof what, "cannot list %s", where);
-    return h5fail(b->who, b->path, what);
-  }
+  if (H5Gget_info(g, &info) < 0) return h5fail(b->who, b->path, "cannot list %s", where);
   *n = info.nlinks;
   return STAB_OK;
 }

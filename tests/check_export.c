@@ -33,13 +33,7 @@ static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_exp
 
 static void remove_tmpdir(void) { tu_tmpdir_remove(tmpdir); }
 
-static const char *tmp_path(const char *name) {
-  static char p[16][128]; /* sixteen live at a time */
-  static int next;
-  char *q = p[next++ % 16];
-  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
-  return q;
-}
+static const char *tmp_path(const char *name) { return tu_path_in(tmpdir, name); }
 
 /* A whole file as a NUL-terminated string (the caller frees). */
 static char *slurp(const char *path, size_t *len) {

@@ -4,40 +4,29 @@
  * the path, promptly: a FIFO must not block the open waiting for a writer. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "reader_checks.h"
 #include "stabmeter.h"
 #include "testutil.h"
 
 static char tmpdir[256];
 
-static void make_tmpdir(void) {
-  snprintf(tmpdir, sizeof tmpdir, "%s/check_mapped_file.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  ck_assert_msg(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
-}
+static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_mapped_file"); }
 
-static const char *tmp_path(const char *name) {
-  static char p[2][512];
-  static int next;
-  char *q = p[next++ % 2];
-  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
-  return q;
-}
+static const char *tmp_path(const char *name) { return tu_path_in(tmpdir, name); }
 
 /* Both readers refuse path with status want and a message holding path and what. */
 static void assert_refused(const char *path, stab_status want, const char *what) {
   stab_safetensors *s = (stab_safetensors *)&s;
-  TU_ASSERT_STATUS(stab_safetensors_open(path, &s), want, "safetensors, %s", path);
-  ck_assert_ptr_null(s);
-  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), what), "message: %s", stab_last_error());
+  stab_status st = stab_safetensors_open(path, &s);
+  reader_assert_refused(tu_ctx("safetensors, %s", path), path, st, want, s == NULL, what);
   stab_llmc *l = (stab_llmc *)&l;
-  TU_ASSERT_STATUS(stab_llmc_open(path, &l), want, "llmc, %s", path);
-  ck_assert_ptr_null(l);
-  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), what), "message: %s", stab_last_error());
+  st = stab_llmc_open(path, &l);
+  reader_assert_refused(tu_ctx("llmc, %s", path), path, st, want, l == NULL, what);
   ck_assert_int_eq(stab_llmc_is(path), 0);
 }
 

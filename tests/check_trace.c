@@ -134,14 +134,7 @@ static void make_tmpdir(void) { tu_tmpdir_make(tmpdir, sizeof tmpdir, "check_tra
 
 static void remove_tmpdir(void) { tu_tmpdir_remove(tmpdir); }
 
-/* A path in the test's directory (four live at a time). */
-static const char *tmp_path(const char *name) {
-  static char p[4][128];
-  static int next;
-  char *q = p[next++ % 4];
-  snprintf(q, sizeof p[0], "%s/%s", tmpdir, name);
-  return q;
-}
+static const char *tmp_path(const char *name) { return tu_path_in(tmpdir, name); }
 
 /* A full disk, simulated: HDF5's sec2 driver writes with pwrite, which this program defines
  * over the C library's, so that while disk_limit is set every write ending past it fails with

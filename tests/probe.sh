@@ -70,17 +70,21 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# table P EXT LABEL: the table of P.EXT against P.prev.EXT in P.txt (stderr in P.err), with a
+# row for every layer (name and kind) that st_gen listed in P.ref
+table() {
+  "$probe" "$1.$2" --prev "$1.prev.$2" >"$1.txt" 2>"$1.err" || fail "$3: table exit $?: $(cat "$1.err")"
+  while read -r name kind rest; do
+    grep -Eq "^$name +$kind +" "$1.txt" || fail "$3: table lacks '$name $kind'"
+  done <"$1.ref"
+}
+
 for model in gpt2 llama; do
   for dt in F32 F16 BF16; do
     p=$dir/${model}_$dt
     "$gen" "$p" $model $dt || { fail "st_gen $model $dt"; continue; }
     # the table: one line per layer, kinds and layouts by the rule table
-    "$probe" "$p.safetensors" --prev "$p.prev.safetensors" >"$p.txt" 2>"$p.err"
-    rc=$?
-    [ $rc -eq 0 ] || fail "$model $dt: table exit $rc: $(cat "$p.err")"
-    while read -r name kind rest; do
-      grep -Eq "^$name +$kind +" "$p.txt" || fail "$model $dt: table lacks '$name $kind'"
-    done <"$p.ref"
+    table "$p" safetensors "$model $dt"
     ok
     if [ $model = gpt2 ]; then
       grep -Eq '^h\.0\.attn\.c_attn\.weight +linear +16x48 .*in-major \+bias' "$p.txt" || fail "gpt2 $dt: Conv1D row"
@@ -127,10 +131,7 @@ done
 for dt in F32 BF16; do
   p=$dir/llmc_$dt
   "$gen" "$p" llmc $dt || { fail "st_gen llmc $dt"; continue; }
-  "$probe" "$p.bin" --prev "$p.prev.bin" >"$p.txt" 2>"$p.err" || fail "llmc $dt: table exit $?: $(cat "$p.err")"
-  while read -r name kind rest; do
-    grep -Eq "^$name +$kind +" "$p.txt" || fail "llmc $dt: table lacks '$name $kind'"
-  done <"$p.ref"
+  table "$p" bin "llmc $dt"
   grep -q "llm.c checkpoint version $([ $dt = F32 ] && echo 3 || echo 5)" "$p.txt" || fail "llmc $dt: header line"
   grep -Eq '^wte +lm_head .*tied' "$p.txt" || fail "llmc $dt: tied head"
   "$probe" "$p.bin" --prev "$p.prev.bin" --json --exact >"$p.json" 2>"$p.err" || fail "llmc $dt: json exit $?"
@@ -186,10 +187,7 @@ fi
 for dt in F32 F16 BF16; do
   p=$dir/gguf_$dt
   "$gen" "$p" gguf $dt || { fail "st_gen gguf $dt"; continue; }
-  "$probe" "$p.gguf" --prev "$p.prev.gguf" >"$p.txt" 2>"$p.err" || fail "gguf $dt: table exit $?: $(cat "$p.err")"
-  while read -r name kind rest; do
-    grep -Eq "^$name +$kind +" "$p.txt" || fail "gguf $dt: table lacks '$name $kind'"
-  done <"$p.ref"
+  table "$p" gguf "gguf $dt"
   grep -Eq "^blk\.0\.attn_k\.weight +linear +8x16 +$dt " "$p.txt" || fail "gguf $dt: attn_k shape"
   grep -Eq '^token_embd\.weight +lm_head .*tied' "$p.txt" || fail "gguf $dt: tied head"
   grep -q 'blk.0.ffn_up.weight: unsupported GGML type Q8_0' "$p.txt" || fail "gguf $dt: Q8_0 tensor not listed"
@@ -379,30 +377,23 @@ grep -q "cut.safetensors" "$dir/cut.err" || fail "truncated file: message does n
 "$probe" --help | grep -q '^Usage: probe' || fail "--help"
 "$probe" --version | grep -q '^probe (stabmeter)' || fail "--version"
 ok
+# refused DIR FILE: the probe refuses corpus file DIR/FILE with exit 2 and a message (left in
+# $dir/c.err) naming the file; counted in n
+refused() {
+  "$probe" "$1/$2" >/dev/null 2>"$dir/c.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "corpus $2: exit $rc, want 2"
+  grep -qF "$2" "$dir/c.err" || fail "corpus $2: message lacks the file name"
+  n=$((n + 1))
+}
 n=0
-for f in "$src"/tests/corpus/safetensors/*.safetensors; do
-  "$probe" "$f" >/dev/null 2>"$dir/c.err"
-  rc=$?
-  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
-  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
-  n=$((n + 1))
-done
+for f in "$src"/tests/corpus/safetensors/*.safetensors; do refused "$src/tests/corpus/safetensors" "$(basename "$f")"; done
 [ $n -ge 40 ] || fail "corpus: only $n files"
-for f in "$src"/tests/corpus/llmc/*.bin; do
-  "$probe" "$f" >/dev/null 2>"$dir/c.err"
-  rc=$?
-  [ $rc -eq 2 ] || fail "corpus $(basename "$f"): exit $rc, want 2"
-  grep -q "$(basename "$f")" "$dir/c.err" || fail "corpus $(basename "$f"): message lacks the file name"
-  n=$((n + 1))
-done
-# the GGUF corpus: each file's message names it and holds what EXPECTED says
+for f in "$src"/tests/corpus/llmc/*.bin; do refused "$src/tests/corpus/llmc" "$(basename "$f")"; done
+# the GGUF corpus: each file's message also holds what EXPECTED says
 while IFS="$(printf '\t')" read -r file want; do
-  "$probe" "$src/tests/corpus/gguf/$file" >/dev/null 2>"$dir/c.err"
-  rc=$?
-  [ $rc -eq 2 ] || fail "corpus $file: exit $rc, want 2"
-  grep -qF "$file" "$dir/c.err" || fail "corpus $file: message lacks the file name"
+  refused "$src/tests/corpus/gguf" "$file"
   grep -qF -- "$want" "$dir/c.err" || fail "corpus $file: message lacks '$want': $(cat "$dir/c.err")"
-  n=$((n + 1))
 done <"$src/tests/corpus/gguf/EXPECTED"
 [ $n -ge 80 ] || fail "corpus: only $n files"
 ok

@@ -368,3 +368,12 @@ void tu_tmpdir_remove(const char *dir) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ck_assert_int_eq(system(cmd), 0);
 }
+
+const char *tu_path_in(const char *dir, const char *name) {
+  static char paths[16][512];
+  static unsigned next;
+  char *p = paths[next++ % 16];
+  int n = snprintf(p, sizeof paths[0], "%s/%s", dir, name);
+  ck_assert_msg(n >= 0 && (size_t)n < sizeof paths[0], "tu_path_in: %s/%s is too long", dir, name);
+  return p;
+}

@@ -170,6 +170,9 @@ double tu_round_slack(size_t rows, size_t cols);
 void tu_tmpdir_make(char *dir, size_t len, const char *tag);
 /* Removes dir and everything in it. */
 void tu_tmpdir_remove(const char *dir);
+/* "dir/name" in static storage: a ring of 16 buffers, so that the last 16 paths stay valid
+ * at once (a source and a destination, a file and its .prev, ...). */
+const char *tu_path_in(const char *dir, const char *name);
 
 /* The optional trailing arguments of the assertions: a printf-style context string (for
  * loop tests and tables), "" when absent. Returns a thread-local buffer. */

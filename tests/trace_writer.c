@@ -8,13 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "stabmeter.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: trace_writer [--steps N] [--flush-every K] [--delay-ms M] [--layers L]\n"
@@ -105,7 +100,7 @@ int main(int argc, char **argv) {
   }
   double *ex = malloc(n_layers * sizeof *ex);
   if (!ex) return 1;
-  double t0 = now(), in_append = 0;
+  double t0 = monotonic_seconds(), in_append = 0;
   int rc = 0;
   if (bench && stab_monitor_measure(m, 0) != STAB_OK) rc = 1;
   for (long s = 0; s < steps && rc == 0; s++) {
@@ -116,9 +111,9 @@ int main(int argc, char **argv) {
     }
     double sc[2] = {1.0 / (double)(s + 1), 1e-3};
     for (size_t i = 0; i < n_layers; i++) ex[i] = (double)i + 0.5 * (double)s;
-    double a = now();
+    double a = monotonic_seconds();
     if (stab_trace_append(t, s, a - t0, sc, ex) != STAB_OK) rc = 1;
-    in_append += now() - a;
+    in_append += monotonic_seconds() - a;
     if (delay_ms) {
       struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
       nanosleep(&ts, NULL);
