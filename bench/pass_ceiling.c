@@ -15,14 +15,9 @@
  * Built and run by bench/pass_ceiling.sh; not part of the library. */
 #include "../lib/gram_pass.c"
 
-#include <stdio.h>
-#include <time.h>
+#include "../harness/clock.h"
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include <stdio.h>
 
 static volatile double sink;
 
@@ -98,7 +93,7 @@ int main(int argc, char **argv) {
       double t_hot = INFINITY, t_pass = INFINITY, t_stream = INFINITY;
       for (int r = 0; r < repeats; r++)
         for (int what = 0; what < 3; what++) {
-          double t0 = now_s(), s = 0.0;
+          double t0 = monotonic_seconds(), s = 0.0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(+ : s)
 #endif
@@ -118,7 +113,7 @@ int main(int argc, char **argv) {
             else
               s += slice_sum(w + r0 * cols, (r1 - r0) * cols);
           }
-          double t = now_s() - t0;
+          double t = monotonic_seconds() - t0;
           sink = s;
           double *best = what == 0 ? &t_hot : what == 1 ? &t_pass : &t_stream;
           if (t < *best) *best = t;
