@@ -8,7 +8,8 @@
  *   - in cache: every thread passes over its own 16 x COLS block (256 KiB at 4096 columns,
  *     inside L2) again and again: the arithmetic's ceiling, with no memory traffic at all;
  *   - from memory: a pass over ROWS x COLS split between the threads as a pass splits it;
- *   - the plain streaming read of that same ROWS x COLS matrix (as harness/bench does it).
+ *   - the plain streaming read of that same ROWS x COLS matrix (harness/stream_read.c, as
+ *     harness/bench reads it).
  * If the in-cache ceiling is below 70% of the stream read, no arrangement of the memory
  * traffic can bring a pass to the target: only less arithmetic per element could.
  *
@@ -16,39 +17,11 @@
 #include "../lib/gram_pass.c"
 
 #include "../harness/clock.h"
+#include "../harness/stream_read.h"
 
 #include <stdio.h>
 
 static volatile double sink;
-
-/* Sum of a[0..n) with eight independent 4-wide accumulators, as harness/bench's stream
- * read does: it runs at the speed of the reads. */
-typedef float f32x4 __attribute__((vector_size(16)));
-
-static f32x4 load4f(const float *p) {
-  f32x4 v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
-static double slice_sum(const float *a, size_t n) {
-  f32x4 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 += load4f(a + i);
-    s1 += load4f(a + i + 4);
-    s2 += load4f(a + i + 8);
-    s3 += load4f(a + i + 12);
-    s4 += load4f(a + i + 16);
-    s5 += load4f(a + i + 20);
-    s6 += load4f(a + i + 24);
-    s7 += load4f(a + i + 28);
-  }
-  f32x4 t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
-  double s = (double)t[0] + t[1] + t[2] + t[3];
-  for (; i < n; i++) s += a[i];
-  return s;
-}
 
 static void fill(float *a, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; i++) {
@@ -111,7 +84,7 @@ int main(int argc, char **argv) {
             else if (what == 1)
               s += fn(w, NULL, r0, r1, cols, cols, x, my_acc, nv);
             else
-              s += slice_sum(w + r0 * cols, (r1 - r0) * cols);
+              s += stream_read_sum(w + r0 * cols, (r1 - r0) * cols);
           }
           double t = monotonic_seconds() - t0;
           sink = s;

@@ -22,6 +22,7 @@
 #endif
 
 #include "clock.h"
+#include "stream_read.h"
 #include "stabmeter.h"
 #include "synth.h"
 
@@ -189,44 +190,6 @@ static void report_stab_error(const char *what, stab_status st)
 /* Keeps the sums alive so that the compiler cannot drop the reads. */
 static volatile double stream_sink;
 
-#if defined(__GNUC__)
-typedef float f32x4 __attribute__((vector_size(16)));
-
-static f32x4 load4(const float *p)
-{
-  f32x4 x;
-  memcpy(&x, p, sizeof x); /* unaligned load */
-  return x;
-}
-#endif
-
-/* Sum of a[0..n), made to run at the speed of the reads, not of an add chain: eight
- * independent 4-wide f32 accumulators (in registers; SSE2 is x86-64's baseline, so no
- * special flags) keep far more adds in flight than any memory system can feed. */
-static double slice_sum(const float *a, size_t n)
-{
-  size_t i = 0;
-  double s = 0.0;
-#if defined(__GNUC__)
-  f32x4 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
-  for (; i + 32 <= n; i += 32) {
-    s0 += load4(a + i);
-    s1 += load4(a + i + 4);
-    s2 += load4(a + i + 8);
-    s3 += load4(a + i + 12);
-    s4 += load4(a + i + 16);
-    s5 += load4(a + i + 20);
-    s6 += load4(a + i + 24);
-    s7 += load4(a + i + 28);
-  }
-  f32x4 t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
-  s = (double)t[0] + t[1] + t[2] + t[3];
-#endif
-  for (; i < n; i++)
-    s += a[i];
-  return s;
-}
-
 /* Sum of a[0..n) by `threads` threads, each over one contiguous slice (as a pass splits
  * its rows). */
 static double stream_sum(const float *a, size_t n, int threads)
@@ -238,11 +201,11 @@ static double stream_sum(const float *a, size_t n, int threads)
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
     size_t lo = n / (size_t)nt * (size_t)t;
     size_t hi = t == nt - 1 ? n : n / (size_t)nt * (size_t)(t + 1);
-    total += slice_sum(a + lo, hi - lo);
+    total += stream_read_sum(a + lo, hi - lo);
   }
 #else
   (void)threads;
-  total = slice_sum(a, n);
+  total = stream_read_sum(a, n);
 #endif
   return total;
 }
