@@ -24,6 +24,9 @@ run() { # OUT [PROBE OPTIONS] -> "seconds max_rss_kb" (GNU time), the JSON repor
 }
 min() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b + 0 < a + 0) ? b : a }'; }
 fast= exact= rss_fast= rss_exact=
+# --exact's time depends on the load most (dgesvd on OpenBLAS's threads): 7.3 s idle, 10 s at
+# a load of 1.4 on GPT-2-124M. The ratio means little without it, so it is printed.
+load_start=$(cut -d' ' -f1 /proc/loadavg)
 i=0
 while [ $i -lt "$repeat" ]; do
   set -- $(run "$tmp/fast.json" "$@") "$@"
@@ -48,8 +51,10 @@ for l in a["layers"]:
 print("%.2g" % worst)
 PY
 )
-awk -v c="$ckpt" -v sz="$size" -v r="$repeat" -v a="$fast" -v b="$exact" -v ra="$rss_fast" -v rb="$rss_exact" -v e="$err" 'BEGIN {
-  printf "%s (%.0f MB), fastest of %d: default %.2f s, --exact %.2f s\n", c, sz / 1e6, r, a, b
+load_end=$(cut -d' ' -f1 /proc/loadavg)
+awk -v c="$ckpt" -v sz="$size" -v r="$repeat" -v a="$fast" -v b="$exact" -v ra="$rss_fast" -v rb="$rss_exact" -v e="$err" \
+    -v l0="$load_start" -v l1="$load_end" 'BEGIN {
+  printf "%s (%.0f MB), fastest of %d: default %.2f s, --exact %.2f s (load average %s at the start, %s at the end)\n", c, sz / 1e6, r, a, b, l0, l1
   printf "speed ratio, exact / default: %.1f (target >= 10 for GPT-2-124M-shaped random weights)\n", b / a
   printf "peak RSS: default %.0f MB, --exact %.0f MB (file %.0f MB; limit file + 300 MB)\n", ra / 1e3, rb / 1e3, sz / 1e6
   printf "largest relative difference of a sigma from the exact one: %s\n", e
