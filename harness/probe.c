@@ -17,6 +17,9 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* ---- the rule table ----------------------------------------------------------------
  * Applied to every tensor in file order; the first rule that matches decides.
@@ -1023,6 +1026,65 @@ static int by_tensor_name(const void *a, const void *b) {
   return strcmp(sorted_rows[*(const size_t *)a].t->name, sorted_rows[*(const size_t *)b].t->name);
 }
 
+/* The conversion buffers of one measuring thread: weight, bias, the k tensor of an attention
+ * row, and the reference checkpoint's weight and bias (--prev). */
+typedef struct {
+  f32buf w, b, k, pw, pb;
+} row_buffers;
+
+static void row_buffers_free(row_buffers *rb) {
+  free(rb->w.buf), free(rb->b.buf), free(rb->k.buf), free(rb->pw.buf), free(rb->pb.buf);
+}
+
+/* Measures one row into r->m (r->measured = 1): 0, or 1 after a message on stderr. Its mapped
+ * pages are handed back afterwards unless keep_mapped (a tied head comes next). Safe to run
+ * for different rows at once: each thread brings its own buffers. */
+static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
+  stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
+  if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
+  const float *w = as_f32(r->t, &rb->w), *b = r->bias ? as_f32(r->bias, &rb->b) : NULL;
+  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k) : NULL; /* a fused qkv: one tensor */
+  if (!w || (r->bias && !b) || (r->tk && !wk)) return 1;
+  stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
+                  .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
+                  .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
+  stab_layer before = L, *bp = NULL;
+  const stab_ckpt_tensor *prev_t = NULL, *prev_bias = NULL;
+  if (prev && r->kind != STAB_KIND_ATTENTION) { /* SPEC defines no update of the logit bound */
+    const stab_ckpt_tensor *pt = NULL, *pbias = NULL;
+    pt = ck_find(prev, r->t->name);
+    if (r->bias) pbias = ck_find(prev, r->bias->name);
+    int same = pt && pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
+               !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
+               (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
+    if (same) {
+      before.weight = as_f32(pt, &rb->pw);
+      before.bias = r->bias ? as_f32(pbias, &rb->pb) : NULL;
+      if (!before.weight || (r->bias && !before.bias)) return 1;
+      bp = &before;
+      prev_t = pt, prev_bias = pbias;
+    } else {
+      /* the layer stands without its update; the reason goes to errors */
+      set_error(r, "no update: %s in the reference checkpoint",
+                !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
+    }
+  }
+  stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, mp)
+                                                  : stab_layer_metrics(&L, bp, mp, &r->m, r->head_bounds);
+  if (st != STAB_OK) {
+    fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
+    return 1;
+  }
+  r->measured = 1;
+  /* the mapped pages of this layer are not needed again (a tied head's, after the head):
+   * peak memory stays near the largest layers, not the file */
+  if (!keep_mapped) {
+    stab_ckpt_release(r->t), stab_ckpt_release(r->bias), stab_ckpt_release(r->tk);
+    if (bp) stab_ckpt_release(prev_t), stab_ckpt_release(prev_bias);
+  }
+  return 0;
+}
+
 /* The library's passes run on OpenMP threads, and libgomp's default is to spin for some
  * milliseconds at every barrier before sleeping. The probe makes hundreds of short passes with
  * serial work between them, so on a machine busy with other work the spinning thread and the
@@ -1048,7 +1110,6 @@ int main(int argc, char **argv) {
   }
   ckpt f = {0}, prevc = {0}, *prev = NULL;
   row *rows = NULL;
-  f32buf bw = {0}, bb = {0}, bk = {0}, pw = {0}, pb = {0};
   size_t n = 0;
   if ((rc = open_checkpoint(o.checkpoint, &f))) goto out;
   if (o.reference) {
@@ -1183,71 +1244,75 @@ int main(int argc, char **argv) {
   double work = 0, done = 0, t0 = monotonic_seconds(), last = t0;
   for (size_t i = 0; i < n; i++)
     if (!rows[i].error) work += (double)rows[i].t->count;
-  for (size_t k = 0; k < n; k++) {
-    /* A tied head is measured right after its embedding, while the table is still mapped (the
-     * table's pages are released once, after the head): mapping GPT-2's 154 MB wte a second
-     * time cost 5% of its probe. The report keeps the rows' order. */
-    size_t i = tied_src == SIZE_MAX || k <= tied_src ? k : k == tied_src + 1 ? n - 1 : k - 1;
-    row *r = &rows[i];
-    if (r->error) continue;
-    double t = monotonic_seconds();
-    if (!o.quiet && t - t0 > 1.0 && t - last > 1.0) {
-      double eta = done > 0 ? (t - t0) * (work - done) / done : 0;
-      fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", k + 1, n, r->name, t - t0, eta);
-      last = t;
-    }
-    stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
-    if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
-    const float *w = as_f32(r->t, &bw), *b = r->bias ? as_f32(r->bias, &bb) : NULL;
-    const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &bk) : NULL; /* a fused qkv: one tensor */
-    if (!w || (r->bias && !b) || (r->tk && !wk)) {
-      rc = 1;
-      goto out;
-    }
-    stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
-                    .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
-                    .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
-    stab_layer before = L, *bp = NULL;
-    const stab_ckpt_tensor *prev_t = NULL, *prev_bias = NULL;
-    if (prev && r->kind != STAB_KIND_ATTENTION) { /* SPEC defines no update of the logit bound */
-      const stab_ckpt_tensor *pt = NULL, *pbias = NULL;
-      pt = ck_find(prev, r->t->name);
-      if (r->bias) pbias = ck_find(prev, r->bias->name);
-      int same = pt && pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
-                 !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
-                 (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
-      if (same) {
-        before.weight = as_f32(pt, &pw);
-        before.bias = r->bias ? as_f32(pbias, &pb) : NULL;
-        if (!before.weight || (r->bias && !before.bias)) {
-          rc = 1;
-          goto out;
+  /* Two layers are measured at a time, one thread each, instead of one layer with both
+   * threads: most layers are small, their passes short, and the serial work between passes
+   * (the Lanczos vectors, LAPACK on the small band matrix) left the second core idle. Results
+   * are the same bits either way (a pass splits rows by shape, never by thread count). The
+   * exact mode keeps one layer at a time: its dgesvd runs on OpenBLAS's own threads. */
+  int layer_threads = 1;
+#ifdef _OPENMP
+  if (!o.exact && omp_get_max_threads() > 1) layer_threads = 2;
+#endif
+  if (layer_threads > 1) mp.spectral.threads = 1;
+  int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(layer_threads)
+#endif
+  {
+    row_buffers rb = {0};
+    int me = 0;
+#ifdef _OPENMP
+    me = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+#endif
+    for (size_t k = 0; k < n; k++) {
+      /* A tied head (rows[n - 1]) is measured right after its embedding, by the same thread,
+       * while the table is still mapped (its pages are released once, after the head): mapping
+       * GPT-2's 154 MB wte a second time cost 5% of its probe. The report keeps the rows'
+       * order. */
+      if (tied_src != SIZE_MAX && k == n - 1) continue;
+      int stop;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+      stop = failed;
+      if (stop) continue;
+      for (size_t i = k; i != SIZE_MAX; i = i == tied_src ? n - 1 : SIZE_MAX) {
+        row *r = &rows[i];
+        if (r->error) continue;
+        double t = monotonic_seconds();
+        if (me == 0 && !o.quiet && t - t0 > 1.0 && t - last > 1.0) {
+          double d;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+          d = done;
+          double eta = d > 0 ? (t - t0) * (work - d) / d : 0;
+          fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", k + 1, n, r->name, t - t0, eta);
+          last = t;
         }
-        bp = &before;
-        prev_t = pt, prev_bias = pbias;
-      } else {
-        /* the layer stands without its update; the reason goes to errors */
-        set_error(r, "no update: %s in the reference checkpoint",
-                  !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
+        if (measure_row(r, prev, &mp, &rb, i == tied_src) || ckpt_guard_tripped()) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+          failed = 1;
+          break;
+        }
+#ifdef _OPENMP
+#pragma omp atomic update
+#endif
+        done += (double)r->t->count;
       }
     }
-    stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, &mp)
-                                                    : stab_layer_metrics(&L, bp, &mp, &r->m, r->head_bounds);
-    if (ckpt_guard_tripped()) { /* the numbers read were zeros: nothing of this run stands */
-      rc = shrank(ckpt_guard_tripped());
-      goto out;
-    }
-    if (st != STAB_OK) {
-      fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
-      rc = 1;
-      goto out;
-    }
-    r->measured = 1;
-    done += (double)r->t->count;
-    /* the mapped pages of this layer are not needed again (a tied head's, after the head):
-     * peak memory stays near the largest layer, not the file */
-    if (i != tied_src) stab_ckpt_release(r->t), stab_ckpt_release(r->bias), stab_ckpt_release(r->tk);
-    if (bp && i != tied_src) stab_ckpt_release(prev_t), stab_ckpt_release(prev_bias);
+    row_buffers_free(&rb);
+  }
+  if (ckpt_guard_tripped()) { /* the numbers read were zeros: nothing of this run stands */
+    rc = shrank(ckpt_guard_tripped());
+    goto out;
+  }
+  if (failed) {
+    rc = 1;
+    goto out;
   }
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
     fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, monotonic_seconds() - t0);
@@ -1262,7 +1327,6 @@ out:
   for (size_t i = 0; rows && i < n; i++)
     free(rows[i].owned_error), free(rows[i].owned_name), free(rows[i].head_bounds);
   free(rows);
-  free(bw.buf), free(bb.buf), free(bk.buf), free(pw.buf), free(pb.buf);
   ckpt_guard_reset();
   ck_close(&f);
   ck_close(&prevc);
