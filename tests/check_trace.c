@@ -609,7 +609,7 @@ START_TEST(test_one_writer) {
     close(fds[0]);
     int status = 0;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(atoi(msg) == STAB_EIO && strstr(msg, "another process is writing"),
+    ck_assert_msg(atoi(msg) == STAB_EBUSY && strstr(msg, "another process is writing") && strstr(msg, path),
                   "a second writer (append %d) was not refused: %s", append, msg);
   }
   TU_ASSERT_OK(stab_monitor_measure(m, 0));
