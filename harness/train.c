@@ -748,17 +748,20 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
           extras[2 * i] = blocks[i] >= 0 ? act_rms[blocks[i]] : NAN;
           extras[2 * i + 1] = blocks[i] >= 0 ? act_cos1[blocks[i]] : NAN;
         }
+        /* The append that fails returns the error in either mode; with continue the trace
+         * then turns itself off, and the run goes on (said once, here). */
         int was_failed = stab_trace_failed(trace);
-        if (stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras) != STAB_OK) {
+        stab_status ts = stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras);
+        if (!was_failed && stab_trace_failed(trace) && o.trace_errors == STAB_TRACE_CONTINUE) {
+          fprintf(stderr, "%strain: trace: %s\ntrain: going on without the trace; the rows "
+                          "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
+                  trace_path);
+        } else if (ts != STAB_OK) {
           fprintf(stderr, "%strain: trace: %s\ntrain: stopping; the rows written before are in "
                           "%s (--trace-errors continue goes on without the trace)\n",
                   tty ? "\n" : "", stab_last_error(), trace_path);
           goto out;
         }
-        if (!was_failed && stab_trace_failed(trace))
-          fprintf(stderr, "%strain: trace: %s\ntrain: going on without the trace; the rows "
-                          "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
-                  trace_path);
       }
       measure_time += monotonic_seconds() - tm;
     }
