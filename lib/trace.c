@@ -436,15 +436,19 @@ static stab_status publish(stab_trace *t, const char *who, const char *tmp, int 
 
 /* The most the next flush can add to the file. Rows fill chunks of CHUNK_ROWS, and a flush
  * (at most CHUNK_ROWS rows) starts at most one new chunk per dataset: its bytes, plus the
- * growth of the dataset's chunk index (an extensible array: now and then a new data block or
- * page of up to 1024 addresses, 8 KiB) — 10 KiB per dataset is ample. A flush that starts no
- * chunk rewrites what exists in place. The constant covers HDF5's metadata and small-data
+ * growth of the dataset's chunk index. That index is an extensible array whose blocks grow
+ * with it (16 addresses at first, about as many as it holds later, in pages of 1024): the
+ * block that chunk k may start holds at most k + 16 addresses of 8 bytes, capped at a page;
+ * a KiB more covers the block headers and a new super block. A flush that starts no chunk
+ * rewrites what exists in place. The constant covers HDF5's metadata and small-data
  * aggregators' blocks and the object headers' growth. */
 static off_t reserve_bytes(const stab_trace *t) {
   const off_t base = (off_t)256 * 1024;
   size_t in_chunk = (size_t)t->written % CHUNK_ROWS;
-  int new_chunk = t->staged > 0 && (in_chunk == 0 || in_chunk + t->staged > CHUNK_ROWS);
-  return base + (new_chunk ? (off_t)t->n_dsets * (CHUNK_ROWS * 8 + 10 * 1024) : 0);
+  if (t->staged == 0 || (in_chunk != 0 && in_chunk + t->staged <= CHUNK_ROWS)) return base;
+  size_t k = ((size_t)t->written + t->staged - 1) / CHUNK_ROWS; /* the new chunk */
+  size_t index = 8 * (k + 16 < 1024 ? k + 16 : 1024) + 1024;
+  return base + (off_t)t->n_dsets * (off_t)(CHUNK_ROWS * 8 + index);
 }
 
 /* Makes sure reserve_bytes() past the end of the file are allocated. STAB_EIO naming the path
