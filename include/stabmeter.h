@@ -425,8 +425,9 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  * A full disk. HDF5 1.10.8 does not recover from a write of its own that fails (its close
  * fails too, and at exit it prints "infinite loop closing library" or crashes in
  * H5F__close_cb), so it is never given a full disk: a new trace is built in memory and written
- * by this library, and before each flush the most it can add (about 12 KiB per dataset when the
- * rows start new chunks, every 256 rows; 256 KiB otherwise) is allocated beyond the file's end
+ * by this library, and before each flush the most it can add (when the rows start new chunks,
+ * every 256 rows: per dataset 3 KiB plus 8 bytes per chunk it holds, at most 11 KiB; plus 256
+ * KiB, which is all a flush within the chunks needs) is allocated beyond the file's end
  * (fallocate, FALLOC_FL_KEEP_SIZE; given back at close). When that fails the trace fails
  * (STAB_EIO, "no room on the disk"), before HDF5 writes, and closes cleanly with every row
  * flushed before. A trace can thus stop while a few MB are still free.
