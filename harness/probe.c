@@ -773,7 +773,8 @@ static int64_t step_from_name(const char *path) {
 /* Appends one step holding every measured row to the trace at o->hdf5 (created if missing):
  * a monitor with the rows as its layers carries the metrics to stab_trace_append. The tied
  * head's layer is "lm_head" (names must be unique in a trace). 0, or 2 for a trace that does
- * not match these layers or names that clash, 1 for other failures, with a message. */
+ * not match these layers or names that clash, another writer holds, or whose last step is not
+ * before this one; 1 for other failures, with a message. */
 static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
   static const float never_read = 0; /* the monitor only carries metrics set from outside */
   stab_monitor_params mp = stab_monitor_default_params();
@@ -811,7 +812,8 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   else stab_trace_close(t);
   if (st != STAB_OK) {
     fprintf(stderr, "probe: %s: %s\n", o->hdf5, stab_last_error());
-    rc = st == STAB_EINVAL || st == STAB_EEXIST ? 2 : 1;
+    /* another writer holds the trace, or it does not fit: a step not after its last, other layers */
+    rc = st == STAB_EINVAL || st == STAB_EEXIST || st == STAB_EBUSY || st == STAB_ERANGE ? 2 : 1;
   }
   stab_monitor_free(m);
   return rc;

@@ -491,6 +491,15 @@ static int load_safetensors(const model *m, const char *path, const ckpt_part *p
              m->c.untied ? "false" : "true", m->c.untied ? "an untied" : "a tied");
     goto out;
   }
+  /* No tensor's shape depends on the heads, so this is the only place a checkpoint trained
+   * with other heads shows. (A checkpoint without the field predates it: not checked.) */
+  const char *hd = strstr(h, "\"heads\":\"");
+  size_t heads = 0;
+  if (hd && (sscanf(hd + 9, "%zu", &heads) != 1 || heads != m->c.heads)) {
+    snprintf(err, errlen, "%s: __metadata__ heads is %.*s, the model has --heads %zu", path,
+             (int)strcspn(hd + 9, "\""), hd + 9, m->c.heads);
+    goto out;
+  }
   for (size_t p = 0; p < n_parts; p++)
     for (size_t i = 0; i < m->n_tensors; i++) {
       const model_tensor *t = &m->tensors[i];
@@ -683,10 +692,24 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     tp.on_error = o.trace_errors;
     tp.append = o.resume != NULL; /* a resumed run continues its trace, */
     tp.resume_step = (int64_t)start; /* replacing the rows of the steps it redoes */
-    if (stab_trace_open(trace_path, mon, &tp, &trace) != STAB_OK) {
+    stab_status ts = stab_trace_open(trace_path, mon, &tp, &trace);
+    if (ts != STAB_OK) {
       fprintf(stderr, "train: trace: %s\n", stab_last_error());
+      /* a trace another run is writing, or one of another model: the input, not a failure */
+      if (ts == STAB_EBUSY || ts == STAB_EINVAL) rc = 2;
       goto out;
     }
+    /* A resumed run's trace should hold the steps measured before its checkpoint; when it does
+     * not (the trace failed or was replaced while checkpoints went on), the gap stays. */
+    size_t before = o.resume ? start - start % o.metrics_every : 0; /* the last step measured */
+    int64_t last = 0;
+    if (before > 0 && stab_trace_last_step(trace, &last) != STAB_OK)
+      fprintf(stderr, "train: warning: %s has no rows up to step %zu, where the run resumes: steps "
+                      "%zu..%zu will be missing from it\n", trace_path, start, o.metrics_every, before);
+    else if (before > 0 && last < (int64_t)before)
+      fprintf(stderr, "train: warning: %s ends at step %lld, the run resumes from step %zu: steps "
+                      "%lld..%zu will be missing from it\n", trace_path, (long long)last, start,
+              (long long)last + 1, before);
   }
   if (mon)
     fprintf(stderr, "train: monitor: %zu layers every %zu steps, %.1f MB\n",
@@ -748,17 +771,20 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
           extras[2 * i] = blocks[i] >= 0 ? act_rms[blocks[i]] : NAN;
           extras[2 * i + 1] = blocks[i] >= 0 ? act_cos1[blocks[i]] : NAN;
         }
+        /* The append that fails returns the error in either mode; with continue the trace
+         * then turns itself off, and the run goes on (said once, here). */
         int was_failed = stab_trace_failed(trace);
-        if (stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras) != STAB_OK) {
+        stab_status ts = stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras);
+        if (!was_failed && stab_trace_failed(trace) && o.trace_errors == STAB_TRACE_CONTINUE) {
+          fprintf(stderr, "%strain: trace: %s\ntrain: going on without the trace; the rows "
+                          "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
+                  trace_path);
+        } else if (ts != STAB_OK) {
           fprintf(stderr, "%strain: trace: %s\ntrain: stopping; the rows written before are in "
                           "%s (--trace-errors continue goes on without the trace)\n",
                   tty ? "\n" : "", stab_last_error(), trace_path);
           goto out;
         }
-        if (!was_failed && stab_trace_failed(trace))
-          fprintf(stderr, "%strain: trace: %s\ntrain: going on without the trace; the rows "
-                          "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
-                  trace_path);
       }
       measure_time += monotonic_seconds() - tm;
     }

@@ -48,8 +48,10 @@ typedef enum {
   STAB_ERANGE = -8,   /* a value is out of its valid range (e.g. heads not dividing d_out) */
   STAB_EIO = -9,      /* a file could not be created, opened, sized, mapped, read or written (the
                          message names the path, with HDF5's or errno's own text) */
-  STAB_EFORMAT = -10  /* a checkpoint file breaks its format's rules (the message names the file
+  STAB_EFORMAT = -10, /* a checkpoint file breaks its format's rules (the message names the file
                          and the field or byte offset at fault) */
+  STAB_EBUSY = -11    /* another process is writing that trace (it holds the trace's lock) or
+                         changed it while this one was opening it; nothing of it was touched */
 } stab_status;
 
 /* A static, human-readable name of a status, "unknown status" for anything else. */
@@ -397,9 +399,10 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  * Strings are variable-length UTF-8. The number of rows is the length of /step: every flush
  * writes the other datasets first and /step after, so a writer killed (or failing) in the
  * middle of one may leave other datasets longer than /step, never shorter. A reader takes
- * len(/step) rows; the next open with append cuts the others back. A new trace is built under
- * a temporary name beside it ("<path>.<pid>.tmp") and renamed to path once complete, so a
- * writer killed inside stab_trace_open leaves no half-made trace at path.
+ * len(/step) rows; the next open with append cuts the others back. Steps strictly increase
+ * along /step (stab_trace_append refuses any other). A new trace is built under a temporary
+ * name beside it ("<path>.<pid>.tmp") and published at path once complete, so a writer killed
+ * inside stab_trace_open leaves no half-made trace at path (only that temporary file).
  *
  * Readers. While the writer runs the file is in SWMR mode (HDF5 >= 1.10): open it with
  * H5F_ACC_RDONLY | H5F_ACC_SWMR_READ (h5py: h5py.File(path, "r", swmr=True)) and refresh the
@@ -407,9 +410,27 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  * disk) the file keeps every step flushed before, and the same SWMR-read open reads it as is,
  * with nothing to repair. A plain (non-SWMR) open of a file whose writer did not close it
  * fails in HDF5 1.10 with "file is already open for write"; `h5clear -s FILE` clears that mark,
- * and stab_trace_open with append clears it itself. One writer at a time: an open trace holds a
- * lock (fcntl, open-file-description) on its file, and another stab_trace_open of it, to
- * resume or to replace it, fails with STAB_EIO until it is closed or its writer dies.
+ * and stab_trace_open with append clears it itself.
+ *
+ * One writer at a time. An open trace holds a lock (fcntl, open-file-description, whole file)
+ * on its file until closed or its writer dies, and every stab_trace_open keeps one protocol
+ * (lib/trace.c has it in full, with every interleaving of two writers): a new trace is
+ * published only where nothing is (renameat2 RENAME_NOREPLACE, or link), a finished trace is
+ * replaced only by a writer holding its lock, and a trace is appended to only after its lock is
+ * taken, each time checking that the path still names the file locked. So of two writers
+ * started together on one path (creating, replacing or appending) exactly one opens it; the
+ * other gets STAB_EBUSY naming the path, and no file another writer holds is ever replaced.
+ * Replacing a trace needs write permission on it (to lock it).
+ *
+ * A full disk. HDF5 1.10.8 does not recover from a write of its own that fails (its close
+ * fails too, and at exit it prints "infinite loop closing library" or crashes in
+ * H5F__close_cb), so it is never given a full disk: a new trace is built in memory and written
+ * by this library, and before each flush the most it can add (when the rows start new chunks,
+ * every 256 rows: per dataset 3 KiB plus 8 bytes per chunk it holds, at most 11 KiB; plus 256
+ * KiB, which is all a flush within the chunks needs) is allocated beyond the file's end
+ * (fallocate, FALLOC_FL_KEEP_SIZE; given back at close). When that fails the trace fails
+ * (STAB_EIO, "no room on the disk"), before HDF5 writes, and closes cleanly with every row
+ * flushed before. A trace can thus stop while a few MB are still free.
  *
  * Cost. Rows are staged in memory and written at a flush, one hyperslab per dataset; a flush
  * writes every dataset's header, index and last chunk, mostly CPU time inside HDF5, about
@@ -421,11 +442,12 @@ typedef struct stab_trace stab_trace;
 
 /* What the trace does after a write failure (disk full, file removed, permissions). Either way
  * the failing call returns the error, the rows staged but not yet written are dropped, and every
- * row flushed before stays in the file. HDF5 keeps the data it could not write, so closing
- * fails too, and HDF5 1.10.8 itself then misbehaves when the process exits: it prints
- * "infinite loop closing library", and after a failed open it can even crash (in
- * H5F__close_cb; a plain HDF5 program does the same). A trainer that must survive a full disk
- * at start-up can leave with _exit after such a failure, or free space before exiting. */
+ * row flushed before stays in the file. A full disk (or quota) is caught before HDF5 writes (see
+ * "A full disk" above) and leaves nothing behind. What is still true: a write that fails inside
+ * HDF5 for another reason (an I/O error, a file system without fallocate that fills up) leaves
+ * HDF5 holding data it could not write, closing fails too, and HDF5 1.10.8 then misbehaves when
+ * the process exits ("infinite loop closing library", or a crash in H5F__close_cb; a plain
+ * HDF5 program does the same). A trainer that must survive that can leave with _exit. */
 typedef enum {
   STAB_TRACE_STOP = 0,    /* every later append returns the same error (default) */
   STAB_TRACE_CONTINUE = 1 /* the trace is disabled: later appends return STAB_OK and do nothing;
@@ -469,10 +491,12 @@ stab_trace_params stab_trace_default_params(void);
  * Not thread-safe: one thread at a time per trace (HDF5 itself is built serial on Debian).
  * Errors: NULL argument, bad name, flush_every < 1 or unknown on_error STAB_EINVAL; two layers
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
- * (the message names the first difference, e.g. the layer) STAB_EINVAL; any HDF5 failure
- * STAB_EIO with the path and HDF5's message; STAB_ENOMEM. On failure *out is NULL and nothing
- * is left open; a new trace's temporary file is removed and the file at path is untouched
- * (with append, a trace whose writer was killed keeps the cleared mark and cut-back rows). */
+ * (the message names the first difference, e.g. the layer) STAB_EINVAL; another writer holds
+ * the trace, or kept replacing it while this one opened it, STAB_EBUSY naming the path; any
+ * HDF5 or system failure (no room on the disk included) STAB_EIO with the path and what failed
+ * in words; STAB_ENOMEM. On failure *out is NULL and nothing is left open; a new trace's
+ * temporary file is removed and the file at path is untouched (with append, a trace whose
+ * writer was killed keeps the cleared mark and cut-back rows). */
 stab_status stab_trace_open(const char *path, const stab_monitor *m,
                             const stab_trace_params *params, stab_trace **out);
 
@@ -482,7 +506,11 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
  * written and flushed. Allocates nothing itself.
  *  scalars       n_scalars values in declaration order, or NULL (all NaN)
  *  layer_extras  n_layers x n_layer_extras values, one row per layer in monitor order, or NULL
- * Errors: t NULL STAB_EINVAL; an HDF5 failure STAB_EIO (then see stab_trace_on_error). */
+ * step must be greater than the last row's (the last appended, or the trace's last when opened
+ * with append): else STAB_ERANGE naming both steps, the row is not added, and the trace goes on
+ * as before (not a write failure).
+ * Errors: t NULL STAB_EINVAL; step not increasing STAB_ERANGE; a write failure STAB_EIO (then
+ * see stab_trace_on_error). */
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras);
 
@@ -493,6 +521,12 @@ stab_status stab_trace_flush(stab_trace *t);
 /* Rows in the trace, the rows it held when opened and the rows staged included; after a
  * failure, the rows flushed before it. 0 for NULL. */
 int64_t stab_trace_steps(const stab_trace *t);
+
+/* The step of the last row: the last appended, else the trace's last when opened (after the
+ * rows a resume removed); a row dropped by a write failure still counts (later appends must
+ * come after it). STAB_ENOTFOUND (last error untouched) when the trace has no row; t or step
+ * NULL STAB_EINVAL. */
+stab_status stab_trace_last_step(const stab_trace *t, int64_t *step);
 
 /* 1 once a write has failed (either on_error), else 0; 0 for NULL. */
 int stab_trace_failed(const stab_trace *t);

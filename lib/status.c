@@ -24,6 +24,7 @@ const char *stab_strerror(stab_status status) {
   case STAB_ERANGE: return "value out of range";
   case STAB_EIO: return "file input/output error";
   case STAB_EFORMAT: return "malformed file";
+  case STAB_EBUSY: return "file held by another writer";
   }
   return "unknown status";
 }

@@ -1,7 +1,7 @@
 /* trace.c — the HDF5 trace writer: every measured step of a monitor appended as one row of
  * one-dimensional extendable datasets (SPEC.md, "Trace"), written in SWMR mode so that a reader
  * can follow the file while training runs and a killed writer loses nothing it had flushed. */
-#define _GNU_SOURCE /* F_OFD_SETLK */
+#define _GNU_SOURCE /* F_OFD_SETLK, fallocate, renameat2 */
 #include "internal.h"
 
 #include <hdf5.h>
@@ -56,7 +56,7 @@ struct stab_trace {
   const stab_monitor *m;
   size_t n_layers, n_scalars, n_extras;
   hid_t file;
-  int lock_fd;        /* holds the writer's lock on the file (see take_lock), -1 if none */
+  int lock_fd;        /* holds the writer's lock on the file (see lock_fd), -1 if none */
   hid_t mem;          /* a memory dataspace of `cap` elements, shared by every write */
   hid_t *dsets;       /* (n_dsets) [0] /step, [1] /wall_time, the scalars, then per layer its
                          metrics, head bounds and extras */
@@ -68,6 +68,10 @@ struct stab_trace {
   int64_t *stage_step;/* (cap) */
   size_t staged;      /* rows in the stage */
   int64_t written;    /* rows in the file, all flushed */
+  int64_t last_step;  /* the step of the last row in the file or staged, if has_last */
+  int has_last;
+  off_t reserved;     /* the file's blocks are allocated up to this offset (see reserve) */
+  int no_reserve;     /* the file system cannot reserve space (no fallocate) */
   stab_trace_on_error on_error;
   stab_status error;  /* the write failure that stopped the trace, STAB_OK if none */
   char message[512];  /* its message, repeated by every later append in STOP mode */
@@ -104,13 +108,39 @@ typedef struct {
   char outer[160], inner[240];
 } walk_state;
 
+/* HDF5's file drivers describe a failed system call in one long line: "file write failed:
+ * time = ..., filename = '<path>.<pid>.tmp', file descriptor = 3, errno = 28, error message =
+ * 'No space left on device', buf = 0x..., total write size = 48, ...". The user gave neither
+ * the temporary name nor cares for addresses and sizes: keep what failed and the system's
+ * words ("file write failed: No space left on device"). Other messages are kept as they are. */
+static void plain_words(char *s) {
+  static const char em[] = "error message = '";
+  char *m = strstr(s, em);
+  if (!m) return;
+  char why[128];
+  const char *w = m + sizeof em - 1;
+  size_t n = strcspn(w, "'");
+  snprintf(why, sizeof why, "%.*s", (int)(n < sizeof why ? n : sizeof why - 1), w);
+  /* what failed: the text before the first "key = value" detail */
+  char *cut = s + strlen(s);
+  static const char *const keys[] = {" time = ", " name = ", " filename = ", " errno = "};
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+    char *c = strstr(s, keys[k]);
+    if (c && c < cut) cut = c;
+  }
+  while (cut > s && (cut[-1] == ' ' || cut[-1] == ',' || cut[-1] == ':')) cut--;
+  char out[240];
+  snprintf(out, sizeof out, "%.*s%s%s", (int)(cut - s), s, cut > s ? ": " : "", why);
+  strcpy(s, out); /* out is at most as long as the buffer s lives in (240) */
+}
+
 /* Walked from the API call down: the first record says what was asked, the last (deepest) says
  * why it failed, e.g. the errno text of a file that cannot be created. */
 static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *data) {
   walk_state *w = data;
   (void)n;
   const char *desc = e->desc && e->desc[0] ? e->desc : "(no description)";
-  if (w->n == 0) snprintf(w->outer, sizeof w->outer, "%s: %s", e->func_name ? e->func_name : "?", desc);
+  if (w->n == 0) snprintf(w->outer, sizeof w->outer, "%s", desc);
   snprintf(w->inner, sizeof w->inner, "%s", desc);
   for (char *c = w->inner; *c; c++) /* the file drivers' messages span lines */
     if (*c == '\n') *c = ' ';
@@ -119,8 +149,8 @@ static herr_t walk_cb(unsigned n, const H5E_error2_t *e, void *data) {
 }
 
 /* Records an HDF5 failure as STAB_EIO with the path, what failed (printf-style) and HDF5's own
- * message. Called at the failure, before any other HDF5 call: each API call clears the error
- * stack on entry. */
+ * message in words (plain_words). Called at the failure, before any other HDF5 call: each API
+ * call clears the error stack on entry. */
 __attribute__((format(printf, 3, 4)))
 static stab_status h5fail(const char *who, const char *path, const char *fmt, ...) {
   char what[300];
@@ -132,7 +162,8 @@ static stab_status h5fail(const char *who, const char *path, const char *fmt, ..
   memset(&w, 0, sizeof w);
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &w);
   if (w.n == 0) return stabi_fail(STAB_EIO, "%s: %s: %s (no HDF5 message)", who, path, what);
-  if (w.n == 1) return stabi_fail(STAB_EIO, "%s: %s: %s: %s", who, path, what, w.outer);
+  plain_words(w.inner);
+  if (w.n == 1) return stabi_fail(STAB_EIO, "%s: %s: %s: %s", who, path, what, w.inner);
   return stabi_fail(STAB_EIO, "%s: %s: %s: %s (%s)", who, path, what, w.inner, w.outer);
 }
 
@@ -275,51 +306,186 @@ static herr_t get_int(hid_t obj, const char *name, int64_t *value) {
   return rc;
 }
 
-/* ---- one writer per trace ------------------------------------------------------------- */
+/* ---- one writer per trace: the lock protocol ------------------------------------------ */
 
 /* HDF5 1.10 gives up its own file lock once SWMR writing starts, and a resume clears the mark a
- * killed writer leaves: without a lock of our own, a second writer could open a trace that is
- * being written. An open-file-description lock (Linux) is not dropped when HDF5 closes another
- * descriptor of the file, as a POSIX record lock would be; it does not touch HDF5's flock. */
+ * killed writer leaves: the trace needs a lock of its own. It is an open-file-description lock
+ * (Linux F_OFD_SETLK, whole file, write) held on a descriptor of ours for as long as the trace
+ * is open: HDF5 closing its own descriptors does not drop it (a POSIX record lock would go), it
+ * does not touch HDF5's flock, and the kernel drops it when the writer dies.
+ *
+ * The protocol. A lock belongs to an inode, and a path can be made to name another inode by
+ * rename, so every writer (1) locks the inode before writing it, and (2) changes what the path
+ * names only while holding the lock of the inode it names, or with an atomic "only if nothing
+ * is there":
+ *  - new trace, path absent: the trace is built under a temporary name in the same directory
+ *    (created O_EXCL, locked at once, HDF5 started in SWMR mode on it), then published with
+ *    renameat2(RENAME_NOREPLACE), or link() + unlink() where the file system refuses that flag.
+ *    EEXIST means another writer published first: start again from the top (which now finds
+ *    the path present).
+ *  - new trace, path present (replacing a finished trace): after building the temporary file,
+ *    lock the file at path, check that path still names the inode locked (stat against fstat:
+ *    dev and ino), and rename over it while holding that lock. Busy: STAB_EBUSY. Not the same
+ *    inode any more: another writer replaced it meanwhile; start again from the top.
+ *  - append, path present: lock the file at path, check that path still names it (as above),
+ *    then let HDF5 open it. Path absent: a new trace, as above.
+ * Two writers on one path, every interleaving (the winner is whoever takes a lock first or
+ * publishes first; the other gets STAB_EBUSY and leaves nothing behind):
+ *  - create/create: both NOREPLACE; one rename succeeds, the other's fails with EEXIST, it
+ *    starts again, finds the path locked by the winner: busy.
+ *  - create/replace: the creator publishes first: the replacer then locks the creator's inode
+ *    (busy) or had locked the old inode, and rechecking finds a new inode: again, then busy.
+ *    The replacer renames first: the creator's NOREPLACE fails, then busy.
+ *  - replace/replace: both lock the old inode; one gets it, renames, and only then drops the
+ *    old lock; the other either fails to lock (busy) or locks the dead old inode and its
+ *    recheck sees the winner's inode: again, then busy.
+ *  - append/replace, append/append: whoever locks the inode at path first holds it; the
+ *    other is busy, or (having locked an inode since replaced) sees the recheck fail: again.
+ * A writer killed at any step: before publishing, it leaves its temporary file (named with its
+ * pid) and no lock; after, a trace at path whose lock the kernel dropped, to be appended to (the
+ * SWMR mark is cleared) or replaced. Nothing a live writer holds is ever renamed over.
+ * "Start again" is tried three times, then STAB_EBUSY. The protocol binds writers using this
+ * library; anything else renaming or deleting files in the directory is not excluded. */
 #ifdef F_OFD_SETLK
 #define LOCK_SET F_OFD_SETLK
-#define LOCK_GET F_OFD_GETLK
 #else
 #define LOCK_SET F_SETLK
-#define LOCK_GET F_GETLK
 #endif
 
-/* Locks path for writing. Returns STAB_OK, or STAB_EIO naming the path (busy or unreadable). */
-static stab_status take_lock(stab_trace *t, const char *who, const char *path) {
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return stabi_fail(STAB_EIO, "%s: %s: cannot open it to lock it: %s", who, t->path, strerror(errno));
+enum { OPEN_ATTEMPTS = 3 };
+
+/* Takes the write lock of the open file fd. 0, or the errno (EAGAIN / EACCES: held by another). */
+static int lock_fd(int fd) {
   struct flock fl;
   memset(&fl, 0, sizeof fl);
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET; /* l_start = l_len = 0: the whole file */
-  if (fcntl(fd, LOCK_SET, &fl) != 0) {
-    int e = errno;
-    close(fd);
-    if (e == EAGAIN || e == EACCES)
-      return stabi_fail(STAB_EIO, "%s: %s: another process is writing this trace (it holds its lock)", who,
-                        t->path);
-    return stabi_fail(STAB_EIO, "%s: %s: cannot lock it: %s", who, t->path, strerror(e));
+  return fcntl(fd, LOCK_SET, &fl) == 0 ? 0 : errno;
+}
+
+static stab_status busy(const char *who, const char *path) {
+  return stabi_fail(STAB_EBUSY, "%s: %s: another process is writing this trace (it holds its lock)", who, path);
+}
+
+/* Opens and locks the regular file at path for writing, and checks that path still names the
+ * inode locked. *fd is the locked descriptor, or -1 with *again set when path changed (or
+ * vanished) under us; STAB_EBUSY when another writer holds it. what: "append to" / "replace". */
+static stab_status lock_path(const char *who, const char *path, const char *what, int *fd, int *again) {
+  *fd = -1;
+  int f = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC); /* non-blocking: a FIFO must not hang us */
+  if (f < 0) {
+    if (errno == ENOENT) return *again = 1, STAB_OK;
+    return stabi_fail(STAB_EIO, "%s: %s: cannot open it to lock it (to %s it): %s", who, path, what, strerror(errno));
   }
-  t->lock_fd = fd;
+  struct stat held, now;
+  if (fstat(f, &held) != 0 || !S_ISREG(held.st_mode)) {
+    close(f);
+    return stabi_fail(STAB_EIO, "%s: %s: not a regular file: cannot %s it", who, path, what);
+  }
+  int e = lock_fd(f);
+  if (e) {
+    close(f);
+    if (e == EAGAIN || e == EACCES) return busy(who, path);
+    return stabi_fail(STAB_EIO, "%s: %s: cannot lock it: %s", who, path, strerror(e));
+  }
+  if (stat(path, &now) != 0 || now.st_dev != held.st_dev || now.st_ino != held.st_ino) {
+    close(f); /* locked an inode that path no longer names */
+    return *again = 1, STAB_OK;
+  }
+  *fd = f;
   return STAB_OK;
 }
 
-/* 1 when another process holds the lock of the file at path (a trace being written). */
-static int locked_by_other(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  struct flock fl;
-  memset(&fl, 0, sizeof fl);
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  int busy = fcntl(fd, LOCK_GET, &fl) == 0 && fl.l_type != F_UNLCK;
-  close(fd);
-  return busy;
+/* Makes the complete temporary file tmp (locked by t) the trace at t->path, never replacing a
+ * file another writer holds (see the protocol above). *again: start the open again. */
+static stab_status publish(stab_trace *t, const char *who, const char *tmp, int *again) {
+  struct stat sb;
+  if (lstat(t->path, &sb) != 0) {
+#ifdef RENAME_NOREPLACE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, t->path, RENAME_NOREPLACE) == 0) return STAB_OK;
+    if (errno == EEXIST) return *again = 1, STAB_OK;
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+      return stabi_fail(STAB_EIO, "%s: %s: cannot rename the new trace to it: %s", who, t->path, strerror(errno));
+#endif
+    /* a file system without RENAME_NOREPLACE: link() fails with EEXIST as atomically */
+    if (link(tmp, t->path) == 0) {
+      unlink(tmp);
+      return STAB_OK;
+    }
+    if (errno == EEXIST) return *again = 1, STAB_OK;
+    return stabi_fail(STAB_EIO, "%s: %s: cannot link the new trace to it: %s", who, t->path, strerror(errno));
+  }
+  int old = -1;
+  stab_status st = lock_path(who, t->path, "replace", &old, again);
+  if (st != STAB_OK || old < 0) return st;
+  if (rename(tmp, t->path) != 0)
+    st = stabi_fail(STAB_EIO, "%s: %s: cannot rename the new trace to it: %s", who, t->path, strerror(errno));
+  close(old); /* only now may another writer lock the replaced file, and find it replaced */
+  return st;
+}
+
+/* ---- disk space, reserved before HDF5 needs it ---------------------------------------- */
+
+/* HDF5 1.10.8 does not recover from a failed write: the file's flush fails, so does its close,
+ * and the library then crashes or reports an "infinite loop closing library" at exit. So HDF5
+ * must never meet a full disk: the bytes a flush may add are allocated beforehand, beyond the
+ * file's end (fallocate, FALLOC_FL_KEEP_SIZE: the size HDF5 sees does not change), and when they
+ * cannot be, the trace fails by itself before HDF5 writes anything (the file stays as the last
+ * flush left it and closes cleanly). Where the file system has no fallocate, nothing is
+ * reserved and a full disk reaches HDF5 as before. The reserve is given back at close. */
+
+/* The most the next flush can add to the file. Rows fill chunks of CHUNK_ROWS, and a flush
+ * (at most CHUNK_ROWS rows) starts at most one new chunk per dataset: its bytes, plus the
+ * growth of the dataset's chunk index. That index is an extensible array whose blocks grow
+ * with it (16 addresses at first, about as many as it holds later, in pages of 1024): the
+ * block that chunk k may start holds at most k + 16 addresses of 8 bytes, capped at a page;
+ * a KiB more covers the block headers and a new super block. A flush that starts no chunk
+ * rewrites what exists in place. The constant covers HDF5's metadata and small-data
+ * aggregators' blocks and the object headers' growth. */
+static off_t reserve_bytes(const stab_trace *t) {
+  const off_t base = (off_t)256 * 1024;
+  size_t in_chunk = (size_t)t->written % CHUNK_ROWS;
+  if (t->staged == 0 || (in_chunk != 0 && in_chunk + t->staged <= CHUNK_ROWS)) return base;
+  size_t k = ((size_t)t->written + t->staged - 1) / CHUNK_ROWS; /* the new chunk */
+  size_t index = 8 * (k + 16 < 1024 ? k + 16 : 1024) + 1024;
+  return base + (off_t)t->n_dsets * (off_t)(CHUNK_ROWS * 8 + index);
+}
+
+/* Makes sure reserve_bytes() past the end of the file are allocated. STAB_EIO naming the path
+ * and the system's words when the disk (or the quota) has no room. */
+static stab_status reserve(stab_trace *t, const char *who) {
+  if (t->no_reserve || t->lock_fd < 0) return STAB_OK;
+  struct stat sb;
+  if (fstat(t->lock_fd, &sb) != 0)
+    return stabi_fail(STAB_EIO, "%s: %s: cannot stat it: %s", who, t->path, strerror(errno));
+  const off_t r = reserve_bytes(t);
+  if (sb.st_size + r <= t->reserved) return STAB_OK;
+  /* twice what is needed, so that most flushes make no call; on a nearly full disk, what is */
+  for (int k = 2; k >= 1; k--) {
+    int rc;
+    while ((rc = fallocate(t->lock_fd, FALLOC_FL_KEEP_SIZE, sb.st_size, k * r)) != 0 && errno == EINTR) {}
+    if (rc == 0) {
+      if (sb.st_size + k * r > t->reserved) t->reserved = sb.st_size + k * r;
+      return STAB_OK;
+    }
+    if (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) {
+      t->no_reserve = 1;
+      return STAB_OK;
+    }
+    if (errno != ENOSPC && errno != EDQUOT) break;
+  }
+  return stabi_fail(STAB_EIO, "%s: %s: no room on the disk for the next rows (they need up to %lld bytes): %s",
+                    who, t->path, (long long)r, strerror(errno));
+}
+
+/* Gives back the reserve beyond the file's end (after HDF5 closed it: its size is final). */
+static void unreserve(stab_trace *t) {
+  struct stat sb;
+  if (t->lock_fd < 0 || t->reserved <= 0 || fstat(t->lock_fd, &sb) != 0 || sb.st_size >= t->reserved) return;
+  if (fallocate(t->lock_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, sb.st_size, t->reserved - sb.st_size) != 0) {
+    /* nothing to do: the blocks stay allocated until the file is truncated or removed */
+  }
+  t->reserved = 0;
 }
 
 /* ---- creating and checking the file ---------------------------------------------------- */
@@ -363,17 +529,14 @@ out:
   return st;
 }
 
-/* The file is built under a temporary name (tmp) and renamed to the trace's path once in SWMR
- * mode: a writer killed while creating it leaves no half-made trace, and a failed open does not
- * replace the file that was there. */
-static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames,
-                               const char *tmp) {
+/* Builds the new trace, without rows, in the file t->file, created with fapl (in memory: see
+ * create_new). */
+static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames) {
   const stab_trace_params *p = b->p;
   stab_status st = STAB_OK;
   hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
-  t->file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  t->file = H5Fcreate(b->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (t->file < 0) return h5fail(b->who, b->path, "cannot create the file");
-  if ((st = take_lock(t, b->who, tmp)) != STAB_OK) return st;
 
   char created[32];
   time_t now = time(NULL);
@@ -499,20 +662,35 @@ out:
   return st;
 }
 
-static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames) {
+/* The step of the last of the file's rows, into t->last_step: later appends must come after it. */
+static stab_status read_last_step(stab_trace *t, const builder *b, hsize_t rows) {
+  hsize_t at = rows - 1, one = 1;
+  hid_t fs = H5Dget_space(t->dsets[0]), ms = H5Screate_simple(1, &one, NULL);
+  herr_t rc = fs < 0 || ms < 0 ? -1 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &one, NULL);
+  if (rc >= 0) rc = H5Dread(t->dsets[0], H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, &t->last_step);
+  stab_status st = rc < 0 ? h5fail(b->who, b->path, "cannot read the last step") : STAB_OK;
+  if (fs >= 0) H5Sclose(fs);
+  if (ms >= 0) H5Sclose(ms);
+  t->has_last = st == STAB_OK;
+  return st;
+}
+
+/* Opens the trace file `disk` (path itself, or the new trace's temporary file) with HDF5, checks
+ * it against the monitor and the params and opens every dataset. t->lock_fd holds its lock. */
+static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, const char *disk) {
   const stab_trace_params *p = b->p;
   const char *who = b->who, *path = b->path;
   stab_status st = STAB_OK;
   hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
-  if ((st = take_lock(t, who, path)) != STAB_OK) return st;
-  t->file = H5Fopen(path, H5F_ACC_RDWR, fapl);
+  if ((st = reserve(t, who)) != STAB_OK) return st; /* cutting rows back writes too */
+  t->file = H5Fopen(disk, H5F_ACC_RDWR, fapl);
   if (t->file < 0) {
     /* A writer killed in SWMR mode leaves the file marked as open for writing. Its data are
      * consistent (SWMR orders every flush), so the mark is cleared as h5clear -s does. */
     hbool_t clear = 1;
     H5Eclear2(H5E_DEFAULT);
     if (H5Pexist(fapl, "clear_status_flags") > 0 && H5Pset(fapl, "clear_status_flags", &clear) >= 0)
-      t->file = H5Fopen(path, H5F_ACC_RDWR, fapl);
+      t->file = H5Fopen(disk, H5F_ACC_RDWR, fapl);
     if (t->file < 0) return h5fail(who, path, "cannot open the trace to append");
   }
 
@@ -566,6 +744,7 @@ static stab_status open_file(stab_trace *t, const builder *b, hid_t fapl, char *
   }
   if (p->resume_step > 0 && rows > 0 && (st = drop_rows_after(t, b, &rows)) != STAB_OK) goto out;
   t->written = (int64_t)rows;
+  if (rows > 0 && (st = read_last_step(t, b, rows)) != STAB_OK) goto out;
 out:
   if (scalars >= 0) H5Gclose(scalars);
   if (layers >= 0) H5Gclose(layers);
@@ -574,20 +753,34 @@ out:
 
 /* ---- the handle ------------------------------------------------------------------------ */
 
-/* Closes every HDF5 object of t (whatever was opened) and frees it. who NULL: silently (t is
- * being dropped after another failure); else the first failing close becomes STAB_EIO. */
-static stab_status destroy(stab_trace *t, const char *who) {
+/* Closes every HDF5 object of t's file (whatever was opened), gives back the disk space
+ * reserved and drops the lock. who NULL: silently (after another failure); else the first
+ * failing close becomes STAB_EIO. t stays allocated, ready for another open attempt. */
+static stab_status close_file(stab_trace *t, const char *who) {
   stab_status st = STAB_OK;
-  if (!t) return st;
   if (t->dsets)
-    for (size_t k = 0; k < t->n_dsets; k++)
+    for (size_t k = 0; k < t->n_dsets; k++) {
       if (t->dsets[k] >= 0 && H5Dclose(t->dsets[k]) < 0 && who && st == STAB_OK)
         st = h5fail(who, t->path, "cannot close a dataset");
-  if (t->mem >= 0) H5Sclose(t->mem);
+      t->dsets[k] = H5I_INVALID_HID;
+    }
   /* Closing the file flushes it. */
   if (t->file >= 0 && H5Fclose(t->file) < 0 && who && st == STAB_OK)
     st = h5fail(who, t->path, "cannot close the file");
+  t->file = H5I_INVALID_HID;
+  unreserve(t);
   if (t->lock_fd >= 0) close(t->lock_fd); /* after the close: the file is complete */
+  t->lock_fd = -1;
+  t->written = 0;
+  t->has_last = 0;
+  return st;
+}
+
+/* Closes t's file and frees t. */
+static stab_status destroy(stab_trace *t, const char *who) {
+  if (!t) return STAB_OK;
+  stab_status st = close_file(t, who);
+  if (t->mem >= 0) H5Sclose(t->mem);
   free(t->dsets);
   free(t->layer_first);
   free(t->stage);
@@ -595,6 +788,149 @@ static stab_status destroy(stab_trace *t, const char *who) {
   free(t->path);
   free(t);
   return st;
+}
+
+/* ---- the new file's image --------------------------------------------------------------- */
+
+/* Bob Jenkins' lookup3 hash ("hashlittle"), which HDF5 uses as its metadata checksum. */
+static uint32_t rot32(uint32_t x, int k) { return (x << k) | (x >> (32 - k)); }
+
+static uint32_t lookup3(const unsigned char *k, size_t n) {
+  uint32_t a, b, c;
+  a = b = c = 0xdeadbeefu + (uint32_t)n;
+  for (; n > 12; n -= 12, k += 12) {
+    a += k[0] | (uint32_t)k[1] << 8 | (uint32_t)k[2] << 16 | (uint32_t)k[3] << 24;
+    b += k[4] | (uint32_t)k[5] << 8 | (uint32_t)k[6] << 16 | (uint32_t)k[7] << 24;
+    c += k[8] | (uint32_t)k[9] << 8 | (uint32_t)k[10] << 16 | (uint32_t)k[11] << 24;
+    a -= c, a ^= rot32(c, 4), c += b;
+    b -= a, b ^= rot32(a, 6), a += c;
+    c -= b, c ^= rot32(b, 8), b += a;
+    a -= c, a ^= rot32(c, 16), c += b;
+    b -= a, b ^= rot32(a, 19), a += c;
+    c -= b, c ^= rot32(b, 4), b += a;
+  }
+  if (n == 0) return c;
+  uint32_t w[3] = {0, 0, 0}; /* the last 1..12 bytes, little-endian words, zero-padded */
+  for (size_t i = 0; i < n; i++) w[i / 4] |= (uint32_t)k[i] << (8 * (i % 4));
+  a += w[0], b += w[1], c += w[2];
+  c ^= b, c -= rot32(b, 14);
+  a ^= c, a -= rot32(c, 11);
+  b ^= a, b -= rot32(a, 25);
+  c ^= b, c -= rot32(b, 16);
+  a ^= c, a -= rot32(c, 4);
+  b ^= a, b -= rot32(a, 14);
+  c ^= b, c -= rot32(b, 24);
+  return c;
+}
+
+/* HDF5 1.10.8's H5Fget_file_image clears the superblock's status flags in the image of a file
+ * open for writing but keeps the checksum of the flags it had, so the image does not open
+ * ("incorrect metadata checksum"). The checksum of a version 2 or 3 superblock (signature,
+ * version, sizes of offsets and lengths, flags, four addresses) is computed again here: right
+ * whichever way HDF5 left it. */
+static void fix_superblock(unsigned char *img, size_t n) {
+  static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  if (n < 12 || memcmp(img, sig, 8) != 0 || img[8] < 2) return;
+  size_t body = 12 + 4 * (size_t)img[9];
+  if (body + 4 > n) return;
+  uint32_t c = lookup3(img, body);
+  for (int i = 0; i < 4; i++) img[body + i] = (unsigned char)(c >> (8 * i));
+}
+
+/* Writes all of buf to fd at offset 0. 0, or the errno. */
+static int write_all(int fd, const unsigned char *buf, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = pwrite(fd, buf + done, n - done, (off_t)done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 ? errno : EIO;
+    done += (size_t)w;
+  }
+  return 0;
+}
+
+/* A new trace. It is built in memory (HDF5's core driver) and written to its temporary file by
+ * us, so that HDF5 never writes a file being created: a disk that is full at the start fails
+ * here, with the system's message, before HDF5 has a file to leave half-closed (see reserve).
+ * The temporary file, "<path>.<pid>.tmp", is created O_EXCL and locked at once; HDF5 opens it,
+ * starts SWMR writing, and publish makes it the trace. *tmp receives its name (to remove on
+ * failure); *again as publish says. */
+static stab_status create_new(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, char **tmp,
+                              int *again) {
+  const char *who = b->who, *path = b->path;
+  stab_status st = STAB_OK;
+  unsigned char *image = NULL;
+  hid_t mem = H5Pcopy(fapl);
+  if (mem < 0 || H5Pset_fapl_core(mem, (size_t)1 << 16, 0) < 0) {
+    st = h5fail(who, path, "cannot set up HDF5's in-memory file");
+    goto out;
+  }
+  if ((st = create_file(t, b, mem, gnames)) != STAB_OK) goto out;
+  for (size_t k = 0; k < t->n_dsets; k++)
+    if (t->dsets[k] >= 0) H5Dclose(t->dsets[k]), t->dsets[k] = H5I_INVALID_HID;
+  /* H5Fget_file_image does not flush HDF5's metadata cache itself: without this flush the
+   * image would hold the superblock alone */
+  ssize_t size = H5Fflush(t->file, H5F_SCOPE_GLOBAL) < 0 ? -1 : H5Fget_file_image(t->file, NULL, 0);
+  if (size <= 0) {
+    st = h5fail(who, path, "cannot take the new file's image");
+    goto out;
+  }
+  if (!(image = malloc((size_t)size))) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory for the new file (%lld bytes)", who, (long long)size);
+    goto out;
+  }
+  if (H5Fget_file_image(t->file, image, (size_t)size) != size) {
+    st = h5fail(who, path, "cannot take the new file's image");
+    goto out;
+  }
+  fix_superblock(image, (size_t)size);
+  H5Fclose(t->file); /* memory only: nothing to write, nothing to fail */
+  t->file = H5I_INVALID_HID;
+
+  size_t len = strlen(path) + 48;
+  if (!(*tmp = malloc(len))) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+    goto out;
+  }
+  int fd = -1;
+  for (unsigned n = 0; fd < 0 && n < 100; n++) { /* another name if a killed writer left one */
+    if (n == 0) snprintf(*tmp, len, "%s.%ld.tmp", path, (long)getpid());
+    else snprintf(*tmp, len, "%s.%ld.%u.tmp", path, (long)getpid(), n);
+    fd = open(*tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    st = stabi_fail(STAB_EIO, "%s: %s: cannot create the new trace beside it (%s): %s", who, path, *tmp,
+                    strerror(errno));
+    free(*tmp), *tmp = NULL; /* not ours: never removed */
+    goto out;
+  }
+  t->lock_fd = fd;
+  int e = lock_fd(fd); /* no one else knows this file yet: only a system failure stops it */
+  if (!e) e = write_all(fd, image, (size_t)size);
+  if (e) {
+    st = stabi_fail(STAB_EIO, "%s: %s: cannot write the new trace: %s", who, path, strerror(e));
+    goto out;
+  }
+  if ((st = open_disk(t, b, fapl, gnames, *tmp)) != STAB_OK) goto out;
+  if (H5Fstart_swmr_write(t->file) < 0) {
+    st = h5fail(who, path, "cannot start SWMR writing");
+    goto out;
+  }
+  st = publish(t, who, *tmp, again);
+out:
+  free(image);
+  if (mem >= 0) H5Pclose(mem);
+  return st;
+}
+
+/* An existing trace, to append to: locked (see the protocol), then opened by HDF5. */
+static stab_status open_existing(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, int *again) {
+  stab_status st = lock_path(b->who, b->path, "append to", &t->lock_fd, again);
+  if (st != STAB_OK || t->lock_fd < 0) return st;
+  if ((st = open_disk(t, b, fapl, gnames, b->path)) != STAB_OK) return st;
+  if (H5Fstart_swmr_write(t->file) < 0) return h5fail(b->who, b->path, "cannot start SWMR writing");
+  return STAB_OK;
 }
 
 stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_trace_params *params,
@@ -679,30 +1015,19 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
     st = h5fail(who, path, "cannot set up HDF5 properties");
     goto out;
   }
-  struct stat sb;
-  if (p.append && stat(path, &sb) == 0) {
-    st = open_file(t, &b, fapl, gnames);
-  } else {
-    /* Replacing a trace that is being written would leave its writer writing a deleted file. */
-    if (stat(path, &sb) == 0 && locked_by_other(path)) {
-      st = stabi_fail(STAB_EIO, "%s: %s: another process is writing this trace (it holds its lock)", who, path);
-      goto out;
+  for (int attempt = 1;; attempt++) {
+    int again = 0;
+    struct stat sb;
+    if (p.append && stat(path, &sb) == 0) st = open_existing(t, &b, fapl, gnames, &again);
+    else st = create_new(t, &b, fapl, gnames, &tmp, &again);
+    if (st != STAB_OK || !again) break;
+    /* another writer changed the path meanwhile: drop what was made, look again */
+    close_file(t, NULL);
+    if (tmp) unlink(tmp), free(tmp), tmp = NULL;
+    if (attempt == OPEN_ATTEMPTS) {
+      st = stabi_fail(STAB_EBUSY, "%s: %s: other processes kept replacing it while this one opened it", who, path);
+      break;
     }
-    if (!(tmp = malloc(strlen(path) + 32))) {
-      st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
-      goto out;
-    }
-    sprintf(tmp, "%s.%ld.tmp", path, (long)getpid());
-    st = create_file(t, &b, fapl, gnames, tmp);
-  }
-  if (st != STAB_OK) goto out;
-  if (H5Fstart_swmr_write(t->file) < 0) {
-    st = h5fail(who, path, "cannot start SWMR writing");
-    goto out;
-  }
-  if (tmp && rename(tmp, path) != 0) {
-    st = stabi_fail(STAB_EIO, "%s: %s: cannot rename %s to it: %s", who, path, tmp, strerror(errno));
-    goto out;
   }
 out:
   if (gnames)
@@ -717,7 +1042,7 @@ out:
     *out = t;
   } else {
     destroy(t, NULL);
-    if (tmp) unlink(tmp); /* fails harmlessly if the file was never created or is renamed */
+    if (tmp) unlink(tmp); /* ours (O_EXCL), not yet published: a published one is never removed */
   }
   free(tmp);
   quiet_end(&q);
@@ -759,6 +1084,8 @@ static stab_status stop(stab_trace *t, stab_status st) {
  * never counts a row that is not everywhere. */
 static stab_status write_out(stab_trace *t, const char *who) {
   if (!t->staged) return STAB_OK;
+  stab_status rs = reserve(t, who);
+  if (rs != STAB_OK) return stop(t, rs);
   for (size_t k = 1; k < t->n_dsets; k++) {
     stab_status st = write_column(t, k, who);
     if (st != STAB_OK) return stop(t, st);
@@ -778,6 +1105,13 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
   if (!t) return stabi_fail(STAB_EINVAL, "%s: trace is NULL", who);
   if (t->error != STAB_OK)
     return t->on_error == STAB_TRACE_CONTINUE ? STAB_OK : stabi_fail(t->error, "%s", t->message);
+  /* Readers and a resume (which keeps the rows up to a step) rely on /step increasing. Not a
+   * write failure: the row is refused and the trace goes on. */
+  if (t->has_last && step <= t->last_step)
+    return stabi_fail(STAB_ERANGE, "%s: %s: step %lld is not after the last step %lld (steps must increase)", who,
+                      t->path, (long long)step, (long long)t->last_step);
+  t->last_step = step;
+  t->has_last = 1;
 
   const size_t r = t->staged, cap = t->cap;
   double *col = t->stage + r; /* col[k * cap] is dataset k's value of this row */
@@ -818,6 +1152,13 @@ stab_status stab_trace_flush(stab_trace *t) {
 }
 
 int64_t stab_trace_steps(const stab_trace *t) { return t ? t->written + (int64_t)t->staged : 0; }
+
+stab_status stab_trace_last_step(const stab_trace *t, int64_t *step) {
+  if (!t || !step) return stabi_fail(STAB_EINVAL, "stab_trace_last_step: %s is NULL", !t ? "trace" : "step");
+  if (!t->has_last) return STAB_ENOTFOUND;
+  *step = t->last_step;
+  return STAB_OK;
+}
 
 int stab_trace_failed(const stab_trace *t) { return t && t->error != STAB_OK; }
 

@@ -609,7 +609,7 @@ START_TEST(test_one_writer) {
     close(fds[0]);
     int status = 0;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(atoi(msg) == STAB_EIO && strstr(msg, "another process is writing"),
+    ck_assert_msg(atoi(msg) == STAB_EBUSY && strstr(msg, "another process is writing") && strstr(msg, path),
                   "a second writer (append %d) was not refused: %s", append, msg);
   }
   TU_ASSERT_OK(stab_monitor_measure(m, 0));
@@ -619,6 +619,170 @@ START_TEST(test_one_writer) {
   TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
   ck_assert_int_eq(stab_trace_steps(t), 1);
   TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- writers started together ------------------------------------------------------------ */
+
+enum { RACERS = 4, RACE_ROUNDS = 12 };
+
+/* How the racers of a round open the path: all create it (no file there), all replace a
+ * finished trace, or half append and half create (no file there). */
+static const char *const race_kinds[] = {"create/create", "replace/replace", "append/create"};
+
+/* The string attribute run_config of a closed trace, into buf. */
+static void file_run_config(const char *path, char *buf, size_t len) {
+  hid_t f = open_read(path, 0);
+  attr_string(f, "run_config", buf, len);
+  H5Fclose(f);
+}
+
+/* RACERS processes open one path together (released by closing a pipe they all wait on) and
+ * hold what they opened until every one has reported; many rounds. Exactly one may open it,
+ * the others get STAB_EBUSY naming the path, and the file afterwards is the winner's: its
+ * run_config and its single row. No temporary file is left. */
+START_TEST(test_writers_race) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 21, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  for (int round = 0; round < RACE_ROUNDS; round++) {
+    const int kind = round % 3;
+    char name[32], config[RACERS][64];
+    snprintf(name, sizeof name, "race%02d.h5", round);
+    const char *p0 = tmp_path(name);
+    char path[256];
+    snprintf(path, sizeof path, "%s", p0);
+    if (kind == 1) { /* a finished trace to replace */
+      stab_trace *t = NULL;
+      stab_trace_params p = trace_params(1);
+      TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+      TU_ASSERT_OK(stab_trace_append(t, -1, 0.0, NULL, NULL));
+      TU_ASSERT_OK(stab_trace_close(t));
+    }
+    int start[2], results[2], hold[2];
+    ck_assert_int_eq(pipe(start), 0);
+    ck_assert_int_eq(pipe(results), 0);
+    ck_assert_int_eq(pipe(hold), 0);
+    pid_t pid[RACERS];
+    for (int k = 0; k < RACERS; k++) {
+      snprintf(config[k], sizeof config[k], "{\"writer\": %d, \"round\": %d}", k, round);
+      pid[k] = fork();
+      ck_assert_int_ge(pid[k], 0);
+      if (pid[k] > 0) continue;
+      close(start[1]), close(results[0]), close(hold[1]);
+      char c;
+      if (read(start[0], &c, 1) != 0) _exit(3); /* EOF: released */
+      stab_trace_params p = trace_params(1);
+      p.run_config = config[k];
+      p.append = kind == 2 && k % 2 == 0;
+      stab_trace *t = NULL;
+      stab_status st = stab_trace_open(path, m, &p, &t);
+      char msg[600];
+      snprintf(msg, sizeof msg, "%d %d %s", k, (int)st, st == STAB_OK ? "" : stab_last_error());
+      char rec[608];
+      memset(rec, 0, sizeof rec);
+      memcpy(rec, msg, strlen(msg));
+      if (write(results[1], rec, sizeof rec) != (ssize_t)sizeof rec) _exit(4);
+      if (read(hold[0], &c, 1) != 0) _exit(5); /* held until every racer has reported */
+      if (st == STAB_OK && (stab_trace_append(t, 100 + k, 0.0, NULL, NULL) != STAB_OK || stab_trace_close(t) != STAB_OK))
+        _exit(6);
+      _exit(0);
+    }
+    close(start[0]), close(results[1]), close(hold[0]);
+    close(start[1]); /* go */
+    int winners = 0, winner = -1;
+    for (int k = 0; k < RACERS; k++) {
+      char rec[608];
+      ck_assert_msg(read(results[0], rec, sizeof rec) == (ssize_t)sizeof rec, "round %d: a racer did not report", round);
+      int who = -1, st = 0, used = 0;
+      ck_assert(sscanf(rec, "%d %d %n", &who, &st, &used) == 2);
+      if (st == STAB_OK) {
+        winners++, winner = who;
+      } else {
+        ck_assert_msg(st == STAB_EBUSY && strstr(rec + used, path), "round %d (%s): racer %d: status %d: %s", round,
+                      race_kinds[kind], who, st, rec + used);
+      }
+    }
+    close(hold[1]); /* let them finish */
+    close(results[0]);
+    for (int k = 0; k < RACERS; k++) {
+      int status = 0;
+      ck_assert_int_eq(waitpid(pid[k], &status, 0), pid[k]);
+      ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "round %d: racer %d ended with status 0x%x", round,
+                    k, status);
+    }
+    ck_assert_msg(winners == 1, "round %d (%s): %d writers opened the trace, exactly one may", round, race_kinds[kind],
+                  winners);
+    char got[256];
+    file_run_config(path, got, sizeof got);
+    ck_assert_msg(strcmp(got, config[winner]) == 0, "round %d (%s): the trace's run_config is %s, the winner's %s",
+                  round, race_kinds[kind], got, config[winner]);
+    hid_t f = open_read(path, 0);
+    int64_t *steps;
+    ck_assert_int_eq(read_dataset(f, "step", 1, (void **)&steps), 1);
+    ck_assert_int_eq(steps[0], 100 + winner);
+    free(steps);
+    H5Fclose(f);
+  }
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "test $(ls '%s' | wc -l) -eq %d", tmpdir, RACE_ROUNDS);
+  ck_assert_msg(system(cmd) == 0, "a temporary file was left in %s", tmpdir);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* ---- steps ------------------------------------------------------------------------------- */
+
+/* /step must increase: a step not after the last is refused with STAB_ERANGE naming both, the
+ * trace goes on; on a resumed trace the last is the file's. */
+START_TEST(test_steps_increase) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 22, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  const char *path = tmp_path("steps.h5");
+  stab_trace_params p = trace_params(1);
+  stab_trace *t = NULL;
+  int64_t last = 0;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  TU_ASSERT_STATUS(stab_trace_last_step(t, &last), STAB_ENOTFOUND);
+  TU_ASSERT_STATUS(stab_trace_last_step(t, NULL), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_trace_last_step(NULL, &last), STAB_EINVAL);
+  TU_ASSERT_OK(stab_trace_append(t, 5, 0.0, NULL, NULL));
+  const int64_t bad[] = {5, 3, INT64_MIN};
+  for (size_t i = 0; i < 3; i++) {
+    TU_ASSERT_STATUS(stab_trace_append(t, bad[i], 0.0, NULL, NULL), STAB_ERANGE, "step %lld", (long long)bad[i]);
+    char want[64];
+    snprintf(want, sizeof want, "step %lld is not after the last step 5", (long long)bad[i]);
+    ck_assert_msg(strstr(stab_last_error(), want) && strstr(stab_last_error(), path), "message: %s", stab_last_error());
+    ck_assert_int_eq(stab_trace_failed(t), 0);
+  }
+  TU_ASSERT_OK(stab_trace_append(t, 6, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_last_step(t, &last));
+  ck_assert_int_eq(last, 6);
+  ck_assert_int_eq(stab_trace_steps(t), 2);
+  TU_ASSERT_OK(stab_trace_close(t));
+  p.append = 1;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  TU_ASSERT_OK(stab_trace_last_step(t, &last));
+  ck_assert_int_eq(last, 6);
+  TU_ASSERT_STATUS(stab_trace_append(t, 6, 0.0, NULL, NULL), STAB_ERANGE);
+  TU_ASSERT_OK(stab_trace_append(t, 7, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  hid_t f = open_read(path, 0);
+  int64_t *steps;
+  ck_assert_int_eq(read_dataset(f, "step", 1, (void **)&steps), 3);
+  ck_assert(steps[0] == 5 && steps[1] == 6 && steps[2] == 7);
+  free(steps);
+  H5Fclose(f);
   stab_monitor_free(m);
   model_free(&md);
   remove_tmpdir();
@@ -773,6 +937,9 @@ START_TEST(test_write_failure) {
   ck_assert_msg(st == STAB_EIO, "no write failure on a full disk (%lld rows), status %d", (long long)good, (int)st);
   ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), "No space left on device"),
                 "message does not name the path and the cause: %s", stab_last_error());
+  ck_assert_msg(!strstr(stab_last_error(), ".tmp") && !strstr(stab_last_error(), "0x") &&
+                    !strstr(stab_last_error(), "file descriptor"),
+                "HDF5's details reach the message: %s", stab_last_error());
   ck_assert_int_eq(stab_trace_failed(t), 1);
   char first[512];
   snprintf(first, sizeof first, "%s", stab_last_error());
@@ -811,8 +978,8 @@ START_TEST(test_write_failure) {
 }
 END_TEST
 
-/* A trace that cannot be created (the disk fills while HDF5 writes it) leaves the file that was
- * at its path as it was, and no temporary file. */
+/* A trace that cannot be created (the disk is full) leaves the file that was at its path as it
+ * was, no temporary file, a message naming the path in words, and a process that exits quietly. */
 START_TEST(test_create_failure) {
   make_tmpdir();
   model md;
@@ -824,27 +991,41 @@ START_TEST(test_create_failure) {
   TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
   TU_ASSERT_OK(stab_trace_append(t, 42, 0.0, NULL, NULL));
   TU_ASSERT_OK(stab_trace_close(t));
-  /* In a child that leaves with _exit: HDF5 1.10.8 crashes at exit (in H5F__close_cb) in a
-   * process where closing a file failed, with or without this library. */
-  int fds[2];
+  /* In a child that leaves with exit(), as a program does: HDF5 1.10.8 crashes at exit (in
+   * H5F__close_cb) or prints "infinite loop closing library" in a process where a write of its
+   * failed, so the library must not let HDF5 write on a full disk. Its stderr must stay empty. */
+  int fds[2], errs[2];
   ck_assert_int_eq(pipe(fds), 0);
+  ck_assert_int_eq(pipe(errs), 0);
+  fflush(NULL);
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
+    close(errs[0]);
+    dup2(errs[1], STDERR_FILENO);
     char msg[600];
     disk_limit = 4096;
     stab_status st = stab_trace_open(path, m, NULL, &t);
     snprintf(msg, sizeof msg, "%d %d %s", (int)st, t == NULL, stab_last_error());
-    _exit(write(fds[1], msg, strlen(msg) + 1) > 0 ? 0 : 1);
+    exit(write(fds[1], msg, strlen(msg) + 1) > 0 ? 0 : 1);
   }
   close(fds[1]);
-  char msg[600] = "";
+  close(errs[1]);
+  char msg[600] = "", noise[4096] = "";
   ck_assert_int_gt(read(fds[0], msg, sizeof msg - 1), 0);
   close(fds[0]);
+  ssize_t got = 0, r;
+  while (got < (ssize_t)sizeof noise - 1 && (r = read(errs[0], noise + got, sizeof noise - 1 - (size_t)got)) > 0) got += r;
+  close(errs[0]);
   int status = 0, st = 0, null_out = 0, used = 0;
   ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the process ended with status 0x%x after a failed "
+                "open (signal %d)", status, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ck_assert_msg(got == 0, "the process printed at exit: %.300s", noise);
   ck_assert_msg(sscanf(msg, "%d %d %n", &st, &null_out, &used) == 2, "child said: %s", msg);
   ck_assert_msg(st == STAB_EIO && null_out, "open on a full disk: status %d, out %s NULL", st, null_out ? "" : "not");
+  ck_assert_msg(!strstr(msg + used, ".tmp") && !strstr(msg + used, "0x"), "the message names the temporary file or "
+                "an address: %s", msg + used);
   ck_assert_msg(strstr(msg + used, path) && strstr(msg + used, "No space left on device"), "message: %s", msg + used);
   hid_t f = open_read(path, 0);
   int64_t *steps;
@@ -920,6 +1101,8 @@ static Suite *trace_suite(void) {
   tcase_add_test(tc, test_append_drops_redone_rows);
   tcase_add_test(tc, test_append_mismatch);
   tcase_add_test(tc, test_one_writer);
+  tcase_add_test(tc, test_writers_race);
+  tcase_add_test(tc, test_steps_increase);
   tcase_add_test(tc, test_kill9);
   suite_add_tcase(s, tc);
   tc = tcase_create("failures");

@@ -77,6 +77,8 @@ expect 0 "resume at step 4" $train $small --steps 8 --optimizer steepest --untie
   --resume "$tmp/full/step-000004.safetensors" --out "$tmp/resumed"
 cmp -s "$tmp/full/model.safetensors" "$tmp/resumed/model.safetensors" ||
   fail "the resumed run differs from the straight one"
+grep -q "resumed/trace.h5 has no rows up to step 4, where the run resumes: steps 1..4 will be missing" "$tmp/err" ||
+  fail "a resumed run's new trace: its gap is not said: $(cat "$tmp/err")"
 [ "$(rows "$tmp/resumed/trace.h5" /step)" = 4 ] && [ "$(first "$tmp/resumed/trace.h5" /step)" = 5 ] ||
   fail "the resumed run's trace: $(rows "$tmp/resumed/trace.h5" /step) rows from step $(first "$tmp/resumed/trace.h5" /step); expected 4 from step 5"
 # AdamW keeps its moments beside each checkpoint (.adamw): resumed, it is the same run too.
@@ -117,6 +119,10 @@ fi
 expect 2 "resume at the end" $train $small --steps 8 --untied --resume "$tmp/full/model.safetensors"
 expect 2 "resume a tied model from an untied one" $train $small --steps 9 \
   --resume "$tmp/full/model.safetensors"
+expect 2 "resume with other heads" $train $small --heads 4 --steps 9 --untied \
+  --resume "$tmp/full/model.safetensors"
+grep -q "model.safetensors: __metadata__ heads is 2, the model has --heads 4" "$tmp/err" ||
+  fail "heads mismatch message: $(cat "$tmp/err")"
 expect 2 "resume another width" $train $small --width 64 --steps 9 --untied \
   --resume "$tmp/full/model.safetensors"
 grep -q "model.safetensors: tensor transformer.wte.weight is missing or not F32 of shape \[256,64\]" \
