@@ -65,6 +65,13 @@ const char *stab_last_error(void);
 typedef void (*stab_message_fn)(void *user, const char *message);
 void stab_set_message_handler(stab_message_fn fn, void *user);
 
+/* Decodes the UTF-8 sequence at the start of s (at most n bytes): its length in bytes (1 to
+ * 4) and, when cp is not NULL, its code point; 0 when s does not start with a valid one. Strict
+ * (RFC 3629): overlong forms, surrogates (U+D800..U+DFFF) and code points above U+10FFFF are
+ * invalid. It is the test the checkpoint readers apply to names and the monitor to layer names;
+ * a program that prints strings from a file (metadata values) can use it to escape them. */
+int stab_utf8_decode(const char *s, size_t n, uint32_t *cp);
+
 /* ---------------------------------------------------------------------------------- */
 /* Layer kinds and layouts                                                             */
 
@@ -98,14 +105,25 @@ typedef enum {
   STAB_SPECTRAL_EXACT = 2    /* LAPACK dgesvd (values only) on an f64 copy: the reference */
 } stab_spectral_method;
 
+/* Bounds of the parameters below (every function taking them returns STAB_EINVAL outside).
+ * TOL_MIN: f64 accumulation puts a floor of about 1e-14 under the relative error Lanczos can
+ * certify (measured up to 1000 x 1000); below 1e-12 a tolerance would only make every estimate
+ * run out of passes and be flagged not converged. KRYLOV_MAX: the basis takes krylov_dim x cols
+ * doubles and the projected problem krylov_dim^2; more vectors than this gain nothing. */
+#define STAB_SPECTRAL_TOL_MIN 1e-12
+#define STAB_SPECTRAL_MAX_PASSES 1000000
+#define STAB_SPECTRAL_KRYLOV_MAX 1024
+
 typedef struct {
   stab_spectral_method method;
-  double tol;       /* target relative error of sigma, in (0, 0.5); default 1e-3 */
-  int max_passes;   /* at most this many passes over the matrix; default 1000 */
-  int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart (rounded up to even, at
-                       least 4); default 128 */
-  int threads;      /* threads for a pass; 0 = as many as OpenMP offers. Results are
-                       bit-identical for every value. Default 0 */
+  double tol;       /* target relative error of sigma, in [STAB_SPECTRAL_TOL_MIN, 0.5); default 1e-3 */
+  int max_passes;   /* at most this many passes over the matrix, 1 to STAB_SPECTRAL_MAX_PASSES;
+                       default 1000 */
+  int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart, 2 to
+                       STAB_SPECTRAL_KRYLOV_MAX (rounded up to even, at least 4); default 128 */
+  int threads;      /* threads for a pass, >= 0; 0 = as many as OpenMP offers (a pass never uses
+                       more than it has row chunks, 16). Results are bit-identical for every
+                       value. Default 0 */
   uint64_t seed;    /* seed of the cold-start vector; default 0x5eed */
 } stab_spectral_params;
 
@@ -122,7 +140,9 @@ typedef struct {
 
 /* Workspace for spectral norms of matrices with rows <= max_rows and cols <= max_cols (the
  * stored shape; a transposed shape must fit on its own). It owns every buffer a computation needs, so stab_spectral_norm allocates
- * nothing. Not thread-safe: one workspace per concurrent caller. */
+ * nothing. Not thread-safe: one workspace per concurrent caller.
+ * Errors: out NULL or params outside their bounds STAB_EINVAL; a zero side, or a max_rows x
+ * max_cols matrix of floats larger than memory can address, STAB_EDIM; STAB_ENOMEM. */
 typedef struct stab_spectral_workspace stab_spectral_workspace;
 
 stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
@@ -132,7 +152,10 @@ stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
 void stab_spectral_workspace_free(stab_spectral_workspace *ws);
 
 /* sigma(A) or, when b is not NULL, sigma(A - B) without forming A - B.
- *  a, b   rows x cols, row-major with row stride ld (>= cols; 0 means cols) elements; f32
+ *  a, b   rows x cols, row-major with row stride ld (>= cols; 0 means cols) elements; f32.
+ *         Every function taking a matrix checks it alike: a NULL STAB_EINVAL; a zero side,
+ *         ld < cols, or a span (rows - 1) * ld + cols of floats past what memory can address
+ *         (more than PTRDIFF_MAX bytes) STAB_EDIM; the message names the argument
  *  v      warm-start vector of length cols, in f64, or NULL. On entry a previous estimate
  *         of the top right singular vector (all zeros or non-finite means cold start);
  *         on return the new estimate, unit-norm. Pass the same vector every step.
@@ -149,7 +172,8 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
 const char *stab_spectral_kernel(void);
 
 /* One call without a workspace: creates one, computes, frees (allocates). params NULL means
- * the defaults; v may be NULL. */
+ * the defaults; v may be NULL. Errors as stab_spectral_norm and stab_spectral_workspace_create
+ * (out NULL STAB_EINVAL; on any error *out is NaN). */
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
                        const stab_spectral_params *params, double *v, stab_sigma_result *out);
 
@@ -208,7 +232,8 @@ typedef struct {
  * Errors: NULL weight (or weight_k) STAB_EINVAL; zero or inconsistent sizes STAB_EDIM; heads
  * not dividing d_out, or a negative or non-finite scale, STAB_ERANGE. */
 typedef struct {
-  const char *name;        /* copied by the monitor; any length */
+  const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
+                              or NULL outside a monitor */
   stab_kind kind;
   size_t d_in, d_out;
   stab_layout layout;
@@ -241,7 +266,8 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
                                double *heads_out);
 
 /* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
- * n = 0 or stride 0. */
+ * n = 0, stride 0 or a span ((n - 1) * stride + 1 floats) past what memory can address, with
+ * the reason in stab_last_error(). */
 /* ||x||_RMS of n floats (strided by `stride` elements, >= 1). */
 double stab_rms(const float *x, size_t n, size_t stride);
 /* ||a - b||_RMS (b may be NULL for ||a||_RMS). */
@@ -279,7 +305,7 @@ void stab_monitor_free(stab_monitor *m);
  * measurement) until the monitor is freed. Allocates everything the layer will need:
  * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
  * fused matrix copies the rows it spans), and grows the shared spectral workspace.
- * index may be NULL. Names must be non-empty and unique (STAB_EEXIST). On failure the
+ * index may be NULL. Names must be non-empty, valid UTF-8 (STAB_EINVAL) and unique (STAB_EEXIST). On failure the
  * monitor is as it was. */
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
 
