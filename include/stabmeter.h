@@ -590,7 +590,10 @@ float stab_bf16_to_f32(uint16_t b);
 
 /* A safetensors file: 8-byte little-endian header length N, N bytes of JSON (an object of
  * name -> {"dtype", "shape", "data_offsets": [begin, end]} plus an optional "__metadata__"
- * object of string -> string), then the data section the offsets are relative to. */
+ * object of string -> string), then the data section the offsets are relative to. Every
+ * string of the header (names, metadata keys and values) must be valid UTF-8 once its escapes
+ * are decoded (no raw invalid bytes, no \u escape of a lone surrogate, no \u0000): JSON is
+ * text, so a header that is not is malformed. */
 typedef struct stab_safetensors stab_safetensors;
 
 /* Maps and validates path. Errors: STAB_EIO (cannot open, stat or map; not a regular file),
@@ -656,7 +659,9 @@ int stab_llmc_is(const char *path);
  * element are not whole). Tensors come in file order. Every count, string length, array
  * length, dimension, offset and byte range is checked against the file before anything is
  * allocated for it; a malformed file is STAB_EFORMAT with a message naming the file, the
- * field and its byte offset. Duplicate tensor names and duplicate keys are errors. */
+ * field and its byte offset. Duplicate tensor names and duplicate keys are errors, and so are
+ * names and keys that are not valid UTF-8 (stab_utf8_decode); string values are kept as the
+ * file has them, whatever their bytes. */
 typedef struct stab_gguf stab_gguf;
 
 /* Types of metadata values, numbered as in the file. */
@@ -675,7 +680,8 @@ typedef struct {
   uint64_t u;               /* unsigned integer types and bool (0 or 1) */
   int64_t i;                /* signed integer types */
   double f;                 /* every numeric type and bool, as a double */
-  const char *s;            /* STRING: the bytes, NUL-terminated (a NUL inside ends it early) */
+  const char *s;            /* STRING: the bytes, NUL-terminated (a NUL inside ends it early);
+                               not necessarily UTF-8 */
   uint64_t len;             /* STRING: bytes in the file; ARRAY: elements */
   stab_gguf_type elem_type; /* ARRAY: the element type */
   uint64_t offset;          /* byte offset of the pair in the file */
