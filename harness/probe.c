@@ -318,9 +318,13 @@ static int little_endian(void) {
 }
 
 /* The tensor as f32: the mapping itself for aligned F32 on a little-endian host (no copy),
- * else converted into b block by block (grown to the largest tensor, reused). NULL on
- * failure with a message on stderr. */
-static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b) {
+ * else converted into b block by block (grown to the largest tensor, reused). A converted
+ * tensor's mapped pages are handed back as each block is converted (unless keep_mapped: a
+ * tied head reads them next), so that the copy does not sit beside the whole tensor mapped:
+ * an unaligned F32 tensor (a safetensors header whose length is not a multiple of 4) peaked
+ * at twice its size, a BF16 one at three times the file's. NULL on failure with a message on
+ * stderr. */
+static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped) {
   if (t->dtype == STAB_DTYPE_F32 && little_endian() && ((uintptr_t)t->data % sizeof(float)) == 0)
     return (const float *)(const void *)t->data;
   size_t n = (size_t)t->count;
@@ -333,12 +337,24 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b) {
     b->buf = p, b->cap = n;
   }
   enum { BLOCK = 1 << 16 };
+  const long page = sysconf(_SC_PAGESIZE);
+  const unsigned char *released = t->data; /* pages before this are handed back */
   for (size_t i = 0; i < n; i += BLOCK) {
     size_t k = n - i < BLOCK ? n - i : BLOCK;
     if (stab_ckpt_read_f32(t, i, k, b->buf + i) != STAB_OK) {
       fprintf(stderr, "probe: %s\n", stab_last_error());
       return NULL;
     }
+    if (keep_mapped || page <= 0) continue;
+    /* from the last page boundary released up to the end of this block: whole pages only
+     * (stab_ckpt_release rounds inwards), each page released once */
+    const unsigned char *end = t->data + (i + k) * t->elem_size;
+    stab_ckpt_tensor done = *t;
+    done.data = released;
+    done.count = (uint64_t)(end - released) / t->elem_size;
+    stab_ckpt_release(&done);
+    released = (const unsigned char *)((uintptr_t)end / (uintptr_t)page * (uintptr_t)page);
+    if (released < t->data) released = t->data;
   }
   return b->buf;
 }
@@ -1119,8 +1135,8 @@ static void row_buffers_free(row_buffers *rb) {
 static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
   stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
   if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
-  const float *w = as_f32(r->t, &rb->w), *b = r->bias ? as_f32(r->bias, &rb->b) : NULL;
-  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k) : NULL; /* a fused qkv: one tensor */
+  const float *w = as_f32(r->t, &rb->w, keep_mapped), *b = r->bias ? as_f32(r->bias, &rb->b, keep_mapped) : NULL;
+  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return 1;
   stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
                   .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
@@ -1135,8 +1151,8 @@ static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_bu
                !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
                (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
     if (same) {
-      before.weight = as_f32(pt, &rb->pw);
-      before.bias = r->bias ? as_f32(pbias, &rb->pb) : NULL;
+      before.weight = as_f32(pt, &rb->pw, 0);
+      before.bias = r->bias ? as_f32(pbias, &rb->pb, 0) : NULL;
       if (!before.weight || (r->bias && !before.bias)) return 1;
       bp = &before;
       prev_t = pt, prev_bias = pbias;

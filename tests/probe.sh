@@ -405,6 +405,40 @@ PY
     fail "__metadata__ heads -1: $(grep logits "$dir/heads.txt")"
   ok
 fi
+# an F32 tensor the mapping cannot serve directly (the header's length not a multiple of 4, so
+# the data is unaligned) is converted into a copy: its peak memory must stay near an aligned
+# file's of the same shape, not the copy beside the whole tensor mapped (twice the size)
+if [ $have_py -eq 1 ]; then
+  python3 - "$probe" "$dir/align" <<'PY' || fail "unaligned F32: peak memory above the aligned file's"
+import os, resource, struct, subprocess, sys
+probe, base = sys.argv[1], sys.argv[2]
+n = 4096  # a 64 MiB tensor of zeros, sparse on disk
+def make(path, start_mod_4):
+    nb = n * n * 4
+    hdr = '{"w.weight": {"dtype": "F32", "shape": [%d, %d], "data_offsets": [0, %d]}}' % (n, n, nb)
+    hdr += ' ' * ((start_mod_4 - 8 - len(hdr)) % 4)
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Q', len(hdr)) + hdr.encode())
+        f.truncate(8 + len(hdr) + nb)
+def peak_kb(path):
+    # one child at a time: RUSAGE_CHILDREN's max is that of the largest child so far
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.execv(probe, [probe, '--quiet', path])
+    _, status, ru = os.wait4(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (path, status)
+    return ru.ru_maxrss
+make(base + '.aligned.safetensors', 0)
+make(base + '.unaligned.safetensors', 2)
+a, u = peak_kb(base + '.aligned.safetensors'), peak_kb(base + '.unaligned.safetensors')
+tensor_kb = n * n * 4 // 1024
+print('peak RSS: aligned %d kB, unaligned %d kB (tensor %d kB)' % (a, u, tensor_kb))
+sys.exit(0 if u <= a + tensor_kb // 4 else 1)
+PY
+  ok
+fi
 # numeric options are parsed strictly, each message naming the option; a tolerance below what
 # f64 accumulation can certify is refused instead of flagging every layer not converged
 for bad in "--tol 1e-300" "--tol 1e-13" "--tol nan" "--tol 0x" "--tol ' 0.1'" "--heads -1" "--heads ' 4'" "--heads +4" \
