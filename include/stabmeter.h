@@ -229,8 +229,10 @@ typedef struct {
  *             d_out = heads * d_h, in `layout`; heads > 0; scale 0 means 1/sqrt(d_h)
  * ld is the row stride of the stored matrix in elements; 0 means the stored row length
  * (set it to read a block of a fused matrix, e.g. q and k inside llm.c's qkv).
- * Errors: NULL weight (or weight_k) STAB_EINVAL; zero or inconsistent sizes STAB_EDIM; heads
- * not dividing d_out, or a negative or non-finite scale, STAB_ERANGE. */
+ * Errors: NULL weight (or weight_k), or a name that is not valid UTF-8, STAB_EINVAL; zero or
+ * inconsistent sizes, a stride below the stored row or a matrix past what memory can address
+ * (the check of stab_spectral_norm) STAB_EDIM; heads not dividing d_out, or a negative or
+ * non-finite scale, STAB_ERANGE. */
 typedef struct {
   const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
                               or NULL outside a monitor */
