@@ -7,9 +7,11 @@
 #include "clock.h"
 #include "stabmeter.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -316,9 +318,13 @@ static int little_endian(void) {
 }
 
 /* The tensor as f32: the mapping itself for aligned F32 on a little-endian host (no copy),
- * else converted into b block by block (grown to the largest tensor, reused). NULL on
- * failure with a message on stderr. */
-static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b) {
+ * else converted into b block by block (grown to the largest tensor, reused). A converted
+ * tensor's mapped pages are handed back as each block is converted (unless keep_mapped: a
+ * tied head reads them next), so that the copy does not sit beside the whole tensor mapped:
+ * an unaligned F32 tensor (a safetensors header whose length is not a multiple of 4) peaked
+ * at twice its size, a BF16 one at three times the file's. NULL on failure with a message on
+ * stderr. */
+static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped) {
   if (t->dtype == STAB_DTYPE_F32 && little_endian() && ((uintptr_t)t->data % sizeof(float)) == 0)
     return (const float *)(const void *)t->data;
   size_t n = (size_t)t->count;
@@ -331,26 +337,48 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b) {
     b->buf = p, b->cap = n;
   }
   enum { BLOCK = 1 << 16 };
+  const long page = sysconf(_SC_PAGESIZE);
+  const unsigned char *released = t->data; /* pages before this are handed back */
   for (size_t i = 0; i < n; i += BLOCK) {
     size_t k = n - i < BLOCK ? n - i : BLOCK;
     if (stab_ckpt_read_f32(t, i, k, b->buf + i) != STAB_OK) {
       fprintf(stderr, "probe: %s\n", stab_last_error());
       return NULL;
     }
+    if (keep_mapped || page <= 0) continue;
+    /* from the last page boundary released up to the end of this block: whole pages only
+     * (stab_ckpt_release rounds inwards), each page released once */
+    const unsigned char *end = t->data + (i + k) * t->elem_size;
+    stab_ckpt_tensor done = *t;
+    done.data = released;
+    done.count = (uint64_t)(end - released) / t->elem_size;
+    stab_ckpt_release(&done);
+    released = (const unsigned char *)((uintptr_t)end / (uintptr_t)page * (uintptr_t)page);
+    if (released < t->data) released = t->data;
   }
   return b->buf;
 }
 
 /* ---- output ------------------------------------------------------------------------ */
 
+/* s as a JSON string. The readers refuse names and keys that are not UTF-8, but a GGUF string
+ * value is kept as the file has it (a tokenizer's can be any bytes): each byte that does not
+ * start a valid UTF-8 sequence is written as U+FFFD, the replacement character every decoder
+ * emits for bytes that are not text. JSON has no way to carry raw bytes, and the output must
+ * stay valid JSON whatever the file holds. */
 static void json_string(const char *s) {
   putchar('"');
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') printf("\\%c", *p);
-    else if (*p == '\n') fputs("\\n", stdout);
-    else if (*p == '\t') fputs("\\t", stdout);
-    else if (*p < 0x20 || *p == 0x7f) printf("\\u%04x", *p);
-    else putchar(*p);
+  const size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = (unsigned char)s[i];
+    int len = stab_utf8_decode(s + i, n - i, NULL);
+    if (len == 0) fputs("\\ufffd", stdout), len = 1;
+    else if (c == '"' || c == '\\') printf("\\%c", c);
+    else if (c == '\n') fputs("\\n", stdout);
+    else if (c == '\t') fputs("\\t", stdout);
+    else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
+    else fwrite(s + i, 1, (size_t)len, stdout);
+    i += (size_t)len;
   }
   putchar('"');
 }
@@ -477,14 +505,34 @@ static void fmt_num(char *buf, size_t cap, double x) {
   else snprintf(buf, cap, "%.5g", x);
 }
 
-/* s as the table shows it: control bytes (a terminal would act on them, e.g. ESC) as \xNN;
- * truncated to fit buf. Names and metadata come from the file, so they are not trusted. */
+/* 1 for the code points a terminal acts on or that reorder the text around them: C1 controls
+ * (U+0080..U+009F: CSI, OSC ...), the bidirectional marks, embeddings, overrides and isolates
+ * (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069), and the line and paragraph
+ * separators. A name holding U+202E would show its tail reversed, and so misname the layer. */
+static int hidden_code_point(uint32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9f) || cp == 0x61c || cp == 0x200e || cp == 0x200f ||
+         (cp >= 0x2028 && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+/* s as the table shows it: control bytes (a terminal would act on them, e.g. ESC) and bytes
+ * that are not UTF-8 as \xNN, the code points above as \uNNNN; truncated to fit buf. Names and
+ * metadata come from the file, so they are not trusted. */
 static const char *shown(const char *s, char *buf, size_t cap) {
-  size_t k = 0;
-  for (; *s && k + 5 < cap; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c < 0x20 || c == 0x7f) k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", c);
-    else buf[k++] = (char)c;
+  size_t k = 0, i = 0, n = strlen(s);
+  while (i < n && k + 7 < cap) {
+    const unsigned char c = (unsigned char)s[i];
+    uint32_t cp = 0;
+    int len = stab_utf8_decode(s + i, n - i, &cp);
+    if (len == 0 || c < 0x20 || c == 0x7f) {
+      k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", c);
+      len = 1;
+    } else if (hidden_code_point(cp)) {
+      k += (size_t)snprintf(buf + k, cap - k, "\\u%04X", (unsigned)cp);
+    } else {
+      memcpy(buf + k, s + i, (size_t)len);
+      k += (size_t)len;
+    }
+    i += (size_t)len;
   }
   buf[k] = 0;
   return buf;
@@ -581,6 +629,23 @@ static const struct {
                   {".c_attn.weight", NULL, ".logits"},             {".attn_qkv.weight", NULL, ".attn_logits"},
                   {".qkv.weight", NULL, ".logits"}};
 
+#define MAX_HEADS (1 << 20)
+
+/* 1 when s is a whole number in [lo, hi] written in decimal digits alone (no sign, no blanks,
+ * no base prefix: strtoull would take "-1" as 18446744073709551615), into *v. */
+static int whole_number(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *v) {
+  if (!s || *s < '0' || *s > '9') return 0;
+  unsigned long long x = 0;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (x > (ULLONG_MAX - d) / 10) return 0;
+    x = x * 10 + d;
+  }
+  if (*s || x < lo || x > hi) return 0;
+  *v = x;
+  return 1;
+}
+
 /* A non-negative integer after "key": in JSON text (the first one), or 0. */
 static size_t json_uint(const char *text, const char *key) {
   char pat[64];
@@ -599,9 +664,12 @@ static size_t json_uint(const char *text, const char *key) {
 
 static const char *const head_keys[] = {"heads", "num_attention_heads", "n_head", NULL};
 
-/* The attention head count of the checkpoint (see above), or 0; *from says where it came from. */
-static size_t heads_of(const options *o, const ckpt *f, const char **from) {
+/* The attention head count of the checkpoint (see above), or 0; *from says where it came from.
+ * A count the metadata holds but that is not valid (0, negative, not a number, too large)
+ * is 0 too, with why (cap bytes) saying so: "none in the metadata" would be untrue. */
+static size_t heads_of(const options *o, const ckpt *f, const char **from, char *why, size_t cap) {
   *from = "--heads";
+  why[0] = '\0';
   if (o->heads) return o->heads;
   if (f->gg) {
     const stab_gguf_kv *arch = stab_gguf_find_metadata(f->gg, "general.architecture");
@@ -610,18 +678,28 @@ static size_t heads_of(const options *o, const ckpt *f, const char **from) {
     if (arch && arch->type == STAB_GGUF_STRING) {
       snprintf(key, sizeof key, "%s.attention.head_count", arch->s);
       *from = "the GGUF metadata";
-      if (stab_gguf_get_uint(f->gg, key, &h) == STAB_OK && h > 0 && h <= 1u << 20) return (size_t)h;
+      stab_status st = stab_gguf_get_uint(f->gg, key, &h);
+      if (st == STAB_OK && h > 0 && h <= MAX_HEADS) return (size_t)h;
+      if (st == STAB_OK)
+        snprintf(why, cap, "the GGUF metadata's %s is %llu, which is invalid (1 to %d; give --heads H)", key,
+                 (unsigned long long)h, MAX_HEADS);
+      else if (st != STAB_ENOTFOUND)
+        snprintf(why, cap, "%s (give --heads H)", stab_last_error());
     }
     return 0;
   }
   for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
     const char *k, *v;
     stab_safetensors_metadata(f->st, i, &k, &v);
-    for (size_t j = 0; head_keys[j]; j++)
-      if (!strcmp(k, head_keys[j]) && strtoul(v, NULL, 10) > 0) {
-        *from = "__metadata__";
-        return (size_t)strtoul(v, NULL, 10);
-      }
+    for (size_t j = 0; head_keys[j]; j++) {
+      if (strcmp(k, head_keys[j])) continue;
+      unsigned long long h;
+      *from = "__metadata__";
+      if (whole_number(v, 1, MAX_HEADS, &h)) return (size_t)h;
+      snprintf(why, cap, "__metadata__ %s is '%.40s', not a whole number from 1 to %d (give --heads H)", k, v,
+               MAX_HEADS);
+      return 0;
+    }
   }
   /* config.json beside the checkpoint (read whole, at most 1 MiB) */
   char path[4096];
@@ -646,7 +724,8 @@ static size_t heads_of(const options *o, const ckpt *f, const char **from) {
  * do not divide) are rows with the reason. 0, or 1 when out of memory. */
 static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t *n) {
   const char *from;
-  size_t heads = heads_of(o, f, &from);
+  char bad_heads[300];
+  size_t heads = heads_of(o, f, &from, bad_heads, sizeof bad_heads);
   for (size_t i = 0; i < ck_count(f); i++) {
     const stab_ckpt_tensor *tq = ck_tensor(f, i), *tk = NULL;
     size_t rule = 0, nr = sizeof attn_rules / sizeof attn_rules[0];
@@ -695,6 +774,8 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
       snprintf(why, sizeof why, "query d_in %zu but key '%s' d_in %zu", q.d_in, tk->name, k.d_in);
     else if (!fused && k.layout != q.layout)
       snprintf(why, sizeof why, "query and key '%s' have different layouts", tk->name);
+    else if (!heads && bad_heads[0])
+      snprintf(why, sizeof why, "%s", bad_heads);
     else if (!heads)
       snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
     else if (q_out % heads)
@@ -830,7 +911,7 @@ static void usage(FILE *f) {
           "logit bound h.N.attn.logits; wte reported as embedding and tied lm_head, padding rows left out).\n\n"
           "  --prev OLDER        also the update metrics against OLDER (tensors matched by name)\n"
           "  --json              the SPEC probe report as JSON instead of the table\n"
-          "  --tol X             relative tolerance of each spectral norm (default 1e-3)\n"
+          "  --tol X             relative tolerance of each spectral norm, 1e-12 to 0.5 (default 1e-3)\n"
           "  --exact             spectral norms by LAPACK SVD in f64 (slow; the reference)\n"
           "  --tight M           LM-head tight bound: centred (default, O(V d)), exact (all pairs,\n"
           "                      O(V^2 d)) or none\n"
@@ -883,6 +964,29 @@ static int add_override(override **list, size_t *n, const char *arg, const char 
   return 0;
 }
 
+/* The numeric options, parsed strictly, one way: 1, or 0 after a message naming the option.
+ * A whole number is decimal digits alone, in [lo, hi]. */
+static int whole_option(const char *opt, const char *arg, unsigned long long lo, unsigned long long hi,
+                        unsigned long long *v) {
+  if (whole_number(arg, lo, hi, v)) return 1;
+  fprintf(stderr, "probe: %s must be a whole number from %llu to %llu, not '%s'\n", opt, lo, hi, arg);
+  return 0;
+}
+
+/* A real number in [lo, hi): all of arg, no leading blank, finite (strtod's under- and
+ * overflow refused). */
+static int real_option(const char *opt, const char *arg, double lo, double hi, double *v) {
+  char *end = NULL;
+  errno = 0;
+  double x = arg[0] && !isspace((unsigned char)arg[0]) ? strtod(arg, &end) : NAN;
+  if (end && end != arg && !*end && !errno && x >= lo && x < hi) {
+    *v = x;
+    return 1;
+  }
+  fprintf(stderr, "probe: %s must be a number in [%g, %g), not '%s'\n", opt, lo, hi, arg);
+  return 0;
+}
+
 static int parse(int argc, char **argv, options *o) {
   static const struct option longs[] = {
       {"prev", required_argument, 0, 'p'},  {"json", no_argument, 0, 'j'},
@@ -900,40 +1004,29 @@ static int parse(int argc, char **argv, options *o) {
   o->step = -1;
   int c, rc;
   while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-    char *end = NULL;
     switch (c) {
     case 'p': o->reference = optarg; break;
     case 'j': o->json = 1; break;
     case 'H': o->hdf5 = optarg; break;
     case 'P': o->per_head = 1; break;
     case 'A': {
-      errno = 0;
-      unsigned long long v = strtoull(optarg, &end, 10);
-      if (errno || end == optarg || *end || v == 0 || v > 1u << 20 || optarg[0] == '-') {
-        fprintf(stderr, "probe: --heads must be a whole number from 1 to 1048576, not '%s'\n", optarg);
-        return 2;
-      }
+      unsigned long long v;
+      if (!whole_option("--heads", optarg, 1, MAX_HEADS, &v)) return 2;
       o->heads = (size_t)v;
       break;
     }
     case 'S': {
-      errno = 0;
-      long long v = strtoll(optarg, &end, 10);
-      if (errno || end == optarg || *end || v < 0) {
-        fprintf(stderr, "probe: --step must be a whole number >= 0, not '%s'\n", optarg);
-        return 2;
-      }
-      o->step = v;
+      unsigned long long v;
+      if (!whole_option("--step", optarg, 0, INT64_MAX, &v)) return 2;
+      o->step = (int64_t)v;
       break;
     }
     case 'q': o->quiet = 1; break;
     case 'e': o->exact = 1; break;
     case 't':
-      o->tol = strtod(optarg, &end);
-      if (*end || !(o->tol > 0 && o->tol < 0.5)) {
-        fprintf(stderr, "probe: --tol must be a number in (0, 0.5), not '%s'\n", optarg);
-        return 2;
-      }
+      /* the library's own bounds: below STAB_SPECTRAL_TOL_MIN every layer would only run out
+       * of passes and be reported not converged */
+      if (!real_option("--tol", optarg, STAB_SPECTRAL_TOL_MIN, 0.5, &o->tol)) return 2;
       break;
     case 'T':
       if (!strcmp(optarg, "centred")) o->tight = STAB_TIGHT_CENTRED;
@@ -1044,8 +1137,8 @@ static void row_buffers_free(row_buffers *rb) {
 static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
   stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
   if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
-  const float *w = as_f32(r->t, &rb->w), *b = r->bias ? as_f32(r->bias, &rb->b) : NULL;
-  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k) : NULL; /* a fused qkv: one tensor */
+  const float *w = as_f32(r->t, &rb->w, keep_mapped), *b = r->bias ? as_f32(r->bias, &rb->b, keep_mapped) : NULL;
+  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return 1;
   stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
                   .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
@@ -1060,8 +1153,8 @@ static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_bu
                !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
                (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
     if (same) {
-      before.weight = as_f32(pt, &rb->pw);
-      before.bias = r->bias ? as_f32(pbias, &rb->pb) : NULL;
+      before.weight = as_f32(pt, &rb->pw, 0);
+      before.bias = r->bias ? as_f32(pbias, &rb->pb, 0) : NULL;
       if (!before.weight || (r->bias && !before.bias)) return 1;
       bp = &before;
       prev_t = pt, prev_bias = pbias;

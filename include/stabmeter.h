@@ -67,6 +67,13 @@ const char *stab_last_error(void);
 typedef void (*stab_message_fn)(void *user, const char *message);
 void stab_set_message_handler(stab_message_fn fn, void *user);
 
+/* Decodes the UTF-8 sequence at the start of s (at most n bytes): its length in bytes (1 to
+ * 4) and, when cp is not NULL, its code point; 0 when s does not start with a valid one. Strict
+ * (RFC 3629): overlong forms, surrogates (U+D800..U+DFFF) and code points above U+10FFFF are
+ * invalid. It is the test the checkpoint readers apply to names and the monitor to layer names;
+ * a program that prints strings from a file (metadata values) can use it to escape them. */
+int stab_utf8_decode(const char *s, size_t n, uint32_t *cp);
+
 /* ---------------------------------------------------------------------------------- */
 /* Layer kinds and layouts                                                             */
 
@@ -100,14 +107,25 @@ typedef enum {
   STAB_SPECTRAL_EXACT = 2    /* LAPACK dgesvd (values only) on an f64 copy: the reference */
 } stab_spectral_method;
 
+/* Bounds of the parameters below (every function taking them returns STAB_EINVAL outside).
+ * TOL_MIN: f64 accumulation puts a floor of about 1e-14 under the relative error Lanczos can
+ * certify (measured up to 1000 x 1000); below 1e-12 a tolerance would only make every estimate
+ * run out of passes and be flagged not converged. KRYLOV_MAX: the basis takes krylov_dim x cols
+ * doubles and the projected problem krylov_dim^2; more vectors than this gain nothing. */
+#define STAB_SPECTRAL_TOL_MIN 1e-12
+#define STAB_SPECTRAL_MAX_PASSES 1000000
+#define STAB_SPECTRAL_KRYLOV_MAX 1024
+
 typedef struct {
   stab_spectral_method method;
-  double tol;       /* target relative error of sigma, in (0, 0.5); default 1e-3 */
-  int max_passes;   /* at most this many passes over the matrix; default 1000 */
-  int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart (rounded up to even, at
-                       least 4); default 128 */
-  int threads;      /* threads for a pass; 0 = as many as OpenMP offers. Results are
-                       bit-identical for every value. Default 0 */
+  double tol;       /* target relative error of sigma, in [STAB_SPECTRAL_TOL_MIN, 0.5); default 1e-3 */
+  int max_passes;   /* at most this many passes over the matrix, 1 to STAB_SPECTRAL_MAX_PASSES;
+                       default 1000 */
+  int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart, 2 to
+                       STAB_SPECTRAL_KRYLOV_MAX (rounded up to even, at least 4); default 128 */
+  int threads;      /* threads for a pass, >= 0; 0 = as many as OpenMP offers (a pass never uses
+                       more than it has row chunks, 16). Results are bit-identical for every
+                       value. Default 0 */
   uint64_t seed;    /* seed of the cold-start vector; default 0x5eed */
 } stab_spectral_params;
 
@@ -124,7 +142,9 @@ typedef struct {
 
 /* Workspace for spectral norms of matrices with rows <= max_rows and cols <= max_cols (the
  * stored shape; a transposed shape must fit on its own). It owns every buffer a computation needs, so stab_spectral_norm allocates
- * nothing. Not thread-safe: one workspace per concurrent caller. */
+ * nothing. Not thread-safe: one workspace per concurrent caller.
+ * Errors: out NULL or params outside their bounds STAB_EINVAL; a zero side, or a max_rows x
+ * max_cols matrix of floats larger than memory can address, STAB_EDIM; STAB_ENOMEM. */
 typedef struct stab_spectral_workspace stab_spectral_workspace;
 
 stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
@@ -134,7 +154,10 @@ stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
 void stab_spectral_workspace_free(stab_spectral_workspace *ws);
 
 /* sigma(A) or, when b is not NULL, sigma(A - B) without forming A - B.
- *  a, b   rows x cols, row-major with row stride ld (>= cols; 0 means cols) elements; f32
+ *  a, b   rows x cols, row-major with row stride ld (>= cols; 0 means cols) elements; f32.
+ *         Every function taking a matrix checks it alike: a NULL STAB_EINVAL; a zero side,
+ *         ld < cols, or a span (rows - 1) * ld + cols of floats past what memory can address
+ *         (more than PTRDIFF_MAX bytes) STAB_EDIM; the message names the argument
  *  v      warm-start vector of length cols, in f64, or NULL. On entry a previous estimate
  *         of the top right singular vector (all zeros or non-finite means cold start);
  *         on return the new estimate, unit-norm. Pass the same vector every step.
@@ -151,7 +174,8 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
 const char *stab_spectral_kernel(void);
 
 /* One call without a workspace: creates one, computes, frees (allocates). params NULL means
- * the defaults; v may be NULL. */
+ * the defaults; v may be NULL. Errors as stab_spectral_norm and stab_spectral_workspace_create
+ * (out NULL STAB_EINVAL; on any error *out is NaN). */
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
                        const stab_spectral_params *params, double *v, stab_sigma_result *out);
 
@@ -207,10 +231,13 @@ typedef struct {
  *             d_out = heads * d_h, in `layout`; heads > 0; scale 0 means 1/sqrt(d_h)
  * ld is the row stride of the stored matrix in elements; 0 means the stored row length
  * (set it to read a block of a fused matrix, e.g. q and k inside llm.c's qkv).
- * Errors: NULL weight (or weight_k) STAB_EINVAL; zero or inconsistent sizes STAB_EDIM; heads
- * not dividing d_out, or a negative or non-finite scale, STAB_ERANGE. */
+ * Errors: NULL weight (or weight_k), or a name that is not valid UTF-8, STAB_EINVAL; zero or
+ * inconsistent sizes, a stride below the stored row or a matrix past what memory can address
+ * (the check of stab_spectral_norm) STAB_EDIM; heads not dividing d_out, or a negative or
+ * non-finite scale, STAB_ERANGE. */
 typedef struct {
-  const char *name;        /* copied by the monitor; any length */
+  const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
+                              or NULL outside a monitor */
   stab_kind kind;
   size_t d_in, d_out;
   stab_layout layout;
@@ -243,7 +270,8 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
                                double *heads_out);
 
 /* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
- * n = 0 or stride 0. */
+ * n = 0, stride 0 or a span ((n - 1) * stride + 1 floats) past what memory can address, with
+ * the reason in stab_last_error(). */
 /* ||x||_RMS of n floats (strided by `stride` elements, >= 1). */
 double stab_rms(const float *x, size_t n, size_t stride);
 /* ||a - b||_RMS (b may be NULL for ||a||_RMS). */
@@ -281,7 +309,7 @@ void stab_monitor_free(stab_monitor *m);
  * measurement) until the monitor is freed. Allocates everything the layer will need:
  * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
  * fused matrix copies the rows it spans), and grows the shared spectral workspace.
- * index may be NULL. Names must be non-empty and unique (STAB_EEXIST). On failure the
+ * index may be NULL. Names must be non-empty, valid UTF-8 (STAB_EINVAL) and unique (STAB_EEXIST). On failure the
  * monitor is as it was. */
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
 
@@ -598,7 +626,10 @@ float stab_bf16_to_f32(uint16_t b);
 
 /* A safetensors file: 8-byte little-endian header length N, N bytes of JSON (an object of
  * name -> {"dtype", "shape", "data_offsets": [begin, end]} plus an optional "__metadata__"
- * object of string -> string), then the data section the offsets are relative to. */
+ * object of string -> string), then the data section the offsets are relative to. Every
+ * string of the header (names, metadata keys and values) must be valid UTF-8 once its escapes
+ * are decoded (no raw invalid bytes, no \u escape of a lone surrogate, no \u0000): JSON is
+ * text, so a header that is not is malformed. */
 typedef struct stab_safetensors stab_safetensors;
 
 /* Maps and validates path. Errors: STAB_EIO (cannot open, stat or map; not a regular file),
@@ -664,7 +695,9 @@ int stab_llmc_is(const char *path);
  * element are not whole). Tensors come in file order. Every count, string length, array
  * length, dimension, offset and byte range is checked against the file before anything is
  * allocated for it; a malformed file is STAB_EFORMAT with a message naming the file, the
- * field and its byte offset. Duplicate tensor names and duplicate keys are errors. */
+ * field and its byte offset. Duplicate tensor names and duplicate keys are errors, and so are
+ * names and keys that are not valid UTF-8 (stab_utf8_decode); string values are kept as the
+ * file has them, whatever their bytes. */
 typedef struct stab_gguf stab_gguf;
 
 /* Types of metadata values, numbered as in the file. */
@@ -683,7 +716,8 @@ typedef struct {
   uint64_t u;               /* unsigned integer types and bool (0 or 1) */
   int64_t i;                /* signed integer types */
   double f;                 /* every numeric type and bool, as a double */
-  const char *s;            /* STRING: the bytes, NUL-terminated (a NUL inside ends it early) */
+  const char *s;            /* STRING: the bytes, NUL-terminated (a NUL inside ends it early);
+                               not necessarily UTF-8 */
   uint64_t len;             /* STRING: bytes in the file; ARRAY: elements */
   stab_gguf_type elem_type; /* ARRAY: the element type */
   uint64_t offset;          /* byte offset of the pair in the file */

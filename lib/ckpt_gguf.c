@@ -138,6 +138,15 @@ static stab_status read_string(cursor *c, char **out, uint64_t *len_out, const c
   if (is_name && len > NAME_MAX_BYTES)
     return bad_at(c, at, "%s is %llu bytes long (at most %d)", what, (unsigned long long)len, NAME_MAX_BYTES);
   if (is_name && memchr(c->p + c->i, 0, (size_t)len)) return bad_at(c, at, "%s holds a NUL byte", what);
+  /* Names are text that reports print and look up: refused unless UTF-8 (keys and tensor names
+   * of every real GGUF are ASCII). String values are kept as the file has them (a tokenizer's
+   * bytes may be anything); whoever prints one checks it with stab_utf8_decode. */
+  if (is_name) {
+    size_t badi = stabi_utf8_invalid_at((const char *)c->p + c->i, (size_t)len);
+    if (badi != (size_t)-1)
+      return bad_at(c, c->i + badi, "%s is not valid UTF-8 (byte 0x%02x at index %zu)", what,
+                    c->p[c->i + badi], badi);
+  }
   if (out) {
     char *s = malloc((size_t)len + 1); /* len <= the file's size, which is mapped */
     if (!s) return stabi_fail(STAB_ENOMEM, "%s: out of memory for %s", c->path, what);

@@ -106,26 +106,6 @@ static stab_status read_hex4(cursor *c, unsigned *out) {
   return STAB_OK;
 }
 
-/* Length of the valid UTF-8 sequence at s (at most n bytes), 0 if invalid (overlongs,
- * surrogates and code points above U+10FFFF included). */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  unsigned b = s[0];
-  size_t len;
-  uint32_t cp, min;
-  if (b < 0x80) return 1;
-  if ((b & 0xe0) == 0xc0) len = 2, cp = b & 0x1f, min = 0x80;
-  else if ((b & 0xf0) == 0xe0) len = 3, cp = b & 0x0f, min = 0x800;
-  else if ((b & 0xf8) == 0xf0) len = 4, cp = b & 0x07, min = 0x10000;
-  else return 0;
-  if (len > n) return 0;
-  for (size_t k = 1; k < len; k++) {
-    if ((s[k] & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (s[k] & 0x3f);
-  }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return len;
-}
-
 static size_t put_utf8(char *o, uint32_t cp) {
   if (cp < 0x80) { o[0] = (char)cp; return 1; }
   if (cp < 0x800) { o[0] = (char)(0xc0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
@@ -160,7 +140,7 @@ static stab_status parse_string(cursor *c, char **out, const char *what) {
       return bad(c, "control character in %s (must be escaped)", what);
     }
     if (ch != '\\') {
-      size_t len = utf8_len((const unsigned char *)c->p + c->i, end - c->i);
+      size_t len = (size_t)stab_utf8_decode(c->p + c->i, end - c->i, NULL);
       if (!len) {
         free(s);
         return bad(c, "invalid UTF-8 in %s", what);

@@ -80,10 +80,14 @@ static void gather(const stabi_set *s, size_t i0, size_t nb, double *blk, double
 #define BLOCK 256
 
 size_t stabi_set_work(size_t items, size_t coords, int exact) {
+  /* saturates at SIZE_MAX, which no allocation satisfies (stabi_mul's 0 would under-allocate) */
+  if (items > (size_t)-1 - coords) return (size_t)-1;
   size_t w = items + coords;
   if (exact) {
     size_t nb = items < BLOCK ? items : BLOCK;
-    size_t e = 2 * stabi_mul(nb, coords) + nb * nb + 2 * nb;
+    if (!stabi_mul_fits(nb, coords) || nb * coords > ((size_t)-1 - nb * nb - 2 * nb) / 2)
+      return (size_t)-1;
+    size_t e = 2 * nb * coords + nb * nb + 2 * nb;
     if (e > w) w = e;
   }
   return w;

@@ -354,6 +354,9 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
 #ifdef _OPENMP
   nt = threads > 0 ? threads : omp_get_max_threads();
   if (rows * cols < PARALLEL_MIN_ELEMENTS || nchunks == 1) nt = 1;
+  /* a thread past the chunk count would have nothing to do; asking OpenMP for, say, INT_MAX
+   * of them makes libgomp abort the process when it cannot create them */
+  if ((size_t)nt > nchunks) nt = (int)nchunks;
 #else
   (void)threads;
 #endif

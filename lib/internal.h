@@ -28,6 +28,28 @@ static inline int stabi_mul_fits(size_t a, size_t b) { return a == 0 || b <= (si
 /* a * b, or 0 when it overflows (callers pass sizes already known to be > 0). */
 static inline size_t stabi_mul(size_t a, size_t b) { return stabi_mul_fits(a, b) ? a * b : 0; }
 
+/* ---- argument checks shared by every public entry point (validate.c, utf8.c) ---- */
+
+/* A matrix of rows x cols floats with row stride *ld (0 means cols, written back): both sizes
+ * > 0, ld >= cols, and the span (rows - 1) * ld + cols addressable as floats (no overflow of
+ * size_t, at most PTRDIFF_MAX bytes). who names the function, what the argument ("a", "layer
+ * 'fc1'") in the message. span may be NULL. */
+stab_status stabi_check_extent(const char *who, const char *what, size_t rows, size_t cols,
+                               size_t *ld, size_t *span);
+/* The same, and a not NULL (STAB_EINVAL). */
+stab_status stabi_check_matrix(const char *who, const char *what, const float *a, size_t rows,
+                               size_t cols, size_t *ld);
+/* Spectral parameters within the bounds of stabmeter.h; who names the caller in the message. */
+stab_status stabi_spectral_check(const stab_spectral_params *p, const char *who);
+/* Lanczos basis vectors of validated parameters: krylov_dim rounded up to even, at least 4. */
+size_t stabi_krylov_basis(const stab_spectral_params *p);
+/* A layer name (not NULL) is valid UTF-8, else STAB_EINVAL naming the byte offset: names go
+ * into messages, JSON reports and HDF5 UTF-8 strings, and the message does not echo the bytes. */
+stab_status stabi_check_name(const char *who, const char *name);
+/* Offset of the first byte of s[0..n) that does not start a valid UTF-8 sequence (see
+ * stab_utf8_decode), or (size_t)-1 when all n bytes are valid. */
+size_t stabi_utf8_invalid_at(const char *s, size_t n);
+
 /* ---- the pass over a matrix (gram_pass.c) ---- */
 
 /* The fixed split of rows into chunks: fixed by the shape, never by the thread count, so
@@ -44,8 +66,6 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
 
 /* ---- spectral workspace internals (spectral.c) ---- */
 
-/* Validates spectral parameters; who names the caller in the message. */
-stab_status stabi_spectral_check(const stab_spectral_params *p, const char *who);
 /* Grows the workspace to hold rows x cols matrices (never shrinks). */
 stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, size_t cols);
 const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace *ws);
@@ -85,7 +105,8 @@ double stabi_set_diameter_centred(const stabi_set *s, double *work, double *max_
  * blocked dgemm in f64. work: stabi_set_work(items, coords, 1) doubles. */
 double stabi_set_diameter_exact(const stabi_set *s, double *work);
 
-/* Doubles of workspace the functions above need for a set (exact: with the exact diameter). */
+/* Doubles of workspace the functions above need for a set (exact: with the exact diameter);
+ * SIZE_MAX when that does not fit in size_t. */
 size_t stabi_set_work(size_t items, size_t coords, int exact);
 
 /* Sum of squares of A - B (b may be NULL), rows x cols with row stride ld, in f64. */

@@ -3,6 +3,8 @@
  * workspace) and the monitor (borrowed workspace, warm-start vectors kept between steps). */
 #include "internal.h"
 
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,15 +25,19 @@ static void matrix_shape(const stab_layer *l, int out_major, stabi_shape *sh) {
 
 stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape *sh) {
   if (!l) return stabi_fail(STAB_EINVAL, "%s: layer is NULL", who);
-  const char *name = layer_name(l);
   memset(sh, 0, sizeof *sh);
+  if (l->name) { /* before any message quotes it */
+    stab_status st = stabi_check_name(who, l->name);
+    if (st != STAB_OK) return st;
+  }
+  const char *name = layer_name(l);
   if (!stab_kind_name(l->kind))
     return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown kind %d", who, name, (int)l->kind);
   if (l->layout != STAB_LAYOUT_NATURAL && l->layout != STAB_LAYOUT_OUT_MAJOR &&
       l->layout != STAB_LAYOUT_IN_MAJOR)
     return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown layout %d", who, name,
                       (int)l->layout);
-  if (!l->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%s' has no weight", who, name);
+  if (!l->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%s' has no weight (NULL)", who, name);
   if (l->d_in == 0 || l->d_out == 0)
     return stabi_fail(STAB_EDIM, "%s: layer '%s' has d_in %zu and d_out %zu; both must be > 0",
                       who, name, l->d_in, l->d_out);
@@ -57,13 +63,11 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
     sh->cols = l->d_out;
     break;
   }
-  sh->ld = l->ld ? l->ld : sh->cols;
-  if (sh->ld < sh->cols)
-    return stabi_fail(STAB_EDIM, "%s: layer '%s' has row stride %zu below its stored row length %zu",
-                      who, name, sh->ld, sh->cols);
-  if (!stabi_mul_fits(sh->rows, sh->ld) || sh->rows * sh->ld > (size_t)-1 / 8)
-    return stabi_fail(STAB_EDIM, "%s: layer '%s' is too large (%zu x %zu, stride %zu)", who, name,
-                      sh->rows, sh->cols, sh->ld);
+  char what[96];
+  snprintf(what, sizeof what, "layer '%.60s'", name);
+  sh->ld = l->ld;
+  stab_status st = stabi_check_extent(who, what, sh->rows, sh->cols, &sh->ld, NULL);
+  if (st != STAB_OK) return st;
   if (l->kind == STAB_KIND_ATTENTION) {
     if (!l->weight_k)
       return stabi_fail(STAB_EINVAL, "%s: attention '%s' has no key projection (weight_k)", who,
@@ -261,7 +265,8 @@ static stab_status attention(const stabi_ctx *ctx, const stab_layer *l, const st
       st = stab_spectral_norm(ctx->ws, l->weight_k + off, NULL, sh->block_rows, bc, sh->ld,
                               warm ? warm + (2 * h + 1) * bc : NULL, &rk);
     if (st != STAB_OK) return st;
-    m->passes += rq.passes + rk.passes;
+    const int both = rq.passes + rk.passes; /* each at most STAB_SPECTRAL_MAX_PASSES */
+    m->passes = m->passes > INT_MAX - both ? INT_MAX : m->passes + both; /* many heads: saturate */
     if (!(rq.converged && rk.converged) && !(rq.nonfinite || rk.nonfinite))
       m->flags |= STAB_FLAG_NOT_CONVERGED;
     double bound = s * dh * (f * rq.sigma) * (f * rk.sigma);
@@ -331,7 +336,8 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
   if (layer->kind == STAB_KIND_LINEAR || layer->kind == STAB_KIND_ATTENTION)
     st = stab_spectral_workspace_create(wr, wc, &p.spectral, &ctx.ws);
   if (st != STAB_OK) return st;
-  ctx.work = malloc(stabi_layer_work(&sh, p.tight) * sizeof(double));
+  const size_t work_len = stabi_layer_work(&sh, p.tight);
+  ctx.work = work_len <= (size_t)-1 / sizeof(double) ? malloc(work_len * sizeof(double)) : NULL;
   if (!ctx.work) {
     stab_spectral_workspace_free(ctx.ws);
     return stabi_fail(STAB_ENOMEM, "stab_layer_metrics: out of memory");

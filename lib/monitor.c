@@ -102,12 +102,14 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
   static const char who[] = "stab_monitor_add_layer";
   if (!m || !layer) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !m ? "monitor" : "layer");
   if (!layer->name || !layer->name[0]) return stabi_fail(STAB_EINVAL, "%s: a layer needs a name", who);
+  stab_status st = stabi_check_name(who, layer->name);
+  if (st != STAB_OK) return st;
   for (size_t i = 0; i < m->count; i++)
     if (strcmp(m->layers[i].layer.name, layer->name) == 0)
       return stabi_fail(STAB_EEXIST, "%s: a layer named '%s' is already registered", who, layer->name);
   entry e;
   memset(&e, 0, sizeof e);
-  stab_status st = stabi_layer_shape(layer, who, &e.shape);
+  st = stabi_layer_shape(layer, who, &e.shape);
   if (st != STAB_OK) return st;
   e.layer = *layer;
   const int snapshot = m->params.update_mode == STAB_UPDATE_SNAPSHOT && layer->kind != STAB_KIND_ATTENTION;
@@ -125,7 +127,7 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
     if (st != STAB_OK) return st;
   }
   if (work_len > m->work_len) {
-    double *w = realloc(m->work, work_len * sizeof *w);
+    double *w = work_len <= (size_t)-1 / sizeof *w ? realloc(m->work, work_len * sizeof *w) : NULL;
     if (!w) return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory for its workspace", who, layer->name);
     m->work = w;
     m->work_len = work_len;

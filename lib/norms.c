@@ -8,8 +8,19 @@ static inline double elem(const float *a, const float *b, size_t k) {
   return b ? (double)a[k] - (double)b[k] : (double)a[k];
 }
 
+/* The arguments of the helpers below: NaN for invalid ones, with the reason in
+ * stab_last_error() (they return a value, not a status). A vector of n elements with a stride
+ * is a matrix of n rows of one element, so the one matrix check applies. */
+static int valid_vector(const char *who, const char *what, const float *x, size_t n, size_t stride) {
+  if (stride == 0) {
+    stabi_fail(STAB_EDIM, "%s: stride is 0", who);
+    return 0;
+  }
+  return stabi_check_matrix(who, what, x, n, 1, &stride) == STAB_OK;
+}
+
 double stab_rms(const float *x, size_t n, size_t stride) {
-  if (!x || n == 0 || stride == 0) return NAN;
+  if (!valid_vector("stab_rms", "x", x, n, stride)) return NAN;
   double s = 0.0;
   for (size_t i = 0; i < n; i++) {
     double v = x[i * stride];
@@ -19,7 +30,7 @@ double stab_rms(const float *x, size_t n, size_t stride) {
 }
 
 double stab_rms_diff(const float *a, const float *b, size_t n) {
-  if (!a || n == 0) return NAN;
+  if (!valid_vector("stab_rms_diff", "a", a, n, 1)) return NAN;
   double s = 0.0;
   for (size_t i = 0; i < n; i++) {
     double v = elem(a, b, i);
@@ -29,7 +40,7 @@ double stab_rms_diff(const float *a, const float *b, size_t n) {
 }
 
 double stab_max_abs_diff(const float *x, const float *y, size_t n) {
-  if (!x || n == 0) return NAN;
+  if (!valid_vector("stab_max_abs_diff", "x", x, n, 1)) return NAN;
   double m = 0.0;
   for (size_t i = 0; i < n; i++) m = stabi_nanmax(m, fabs(elem(x, y, i)));
   return m;

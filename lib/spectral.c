@@ -51,21 +51,6 @@ stab_spectral_params stab_spectral_default_params(void) {
   return p;
 }
 
-stab_status stabi_spectral_check(const stab_spectral_params *p, const char *who) {
-  if (p->method != STAB_SPECTRAL_LANCZOS && p->method != STAB_SPECTRAL_POWER &&
-      p->method != STAB_SPECTRAL_EXACT)
-    return stabi_fail(STAB_EINVAL, "%s: unknown spectral method %d", who, (int)p->method);
-  if (!(p->tol > 0.0 && p->tol < 0.5))
-    return stabi_fail(STAB_EINVAL, "%s: tol %g is outside (0, 0.5)", who, p->tol);
-  if (p->max_passes < 1)
-    return stabi_fail(STAB_EINVAL, "%s: max_passes %d is below 1", who, p->max_passes);
-  if (p->krylov_dim < 2)
-    return stabi_fail(STAB_EINVAL, "%s: krylov_dim %d is below 2", who, p->krylov_dim);
-  if (p->threads < 0)
-    return stabi_fail(STAB_EINVAL, "%s: threads %d is negative", who, p->threads);
-  return STAB_OK;
-}
-
 static void free_buffers(stab_spectral_workspace *ws) {
   free(ws->partial); free(ws->x); free(ws->y); free(ws->basis); free(ws->h);
   free(ws->e); free(ws->w); free(ws->z); free(ws->ework); free(ws->eiwork); free(ws->eifail); free(ws->bq);
@@ -109,8 +94,7 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
   n.x = alloc_doubles(2 * c, &failed);
   n.y = alloc_doubles(2 * c, &failed);
   if (ws->params.method == STAB_SPECTRAL_LANCZOS) {
-    size_t k = ((size_t)ws->params.krylov_dim + 1) & ~(size_t)1;
-    if (k < 4) k = 4;
+    size_t k = stabi_krylov_basis(&ws->params);
     n.kdim = k;
     n.edim = k > SMALL_COLS ? k : SMALL_COLS;
     n.basis = alloc_doubles(stabi_mul(n.edim, c), &failed);
@@ -152,11 +136,13 @@ stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
                                            stab_spectral_workspace **out) {
   if (!out) return stabi_fail(STAB_EINVAL, "stab_spectral_workspace_create: out is NULL");
   *out = NULL;
-  if (max_rows == 0 || max_cols == 0 || !stabi_mul(max_rows, max_cols))
-    return stabi_fail(STAB_EDIM, "stab_spectral_workspace_create: %zu x %zu is not a valid size",
-                      max_rows, max_cols);
+  /* the largest matrix must be one that could exist: then no buffer size below overflows */
+  size_t ld = max_cols;
+  stab_status st = stabi_check_extent("stab_spectral_workspace_create", "max_rows x max_cols",
+                                      max_rows, max_cols, &ld, NULL);
+  if (st != STAB_OK) return st;
   stab_spectral_params p = params ? *params : stab_spectral_default_params();
-  stab_status st = stabi_spectral_check(&p, "stab_spectral_workspace_create");
+  st = stabi_spectral_check(&p, "stab_spectral_workspace_create");
   if (st != STAB_OK) return st;
   stab_spectral_workspace *ws = calloc(1, sizeof *ws);
   if (!ws) return stabi_fail(STAB_ENOMEM, "stab_spectral_workspace_create: out of memory");
@@ -579,10 +565,8 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
   memset(out, 0, sizeof *out);
   out->sigma = NAN;
   out->rel_err = NAN;
-  if (ld == 0) ld = cols;
-  if (rows == 0 || cols == 0 || ld < cols || !stabi_mul_fits(rows - 1, ld))
-    return stabi_fail(STAB_EDIM, "stab_spectral_norm: %zu x %zu with row stride %zu is invalid",
-                      rows, cols, ld);
+  stab_status st = stabi_check_matrix("stab_spectral_norm", "a", a, rows, cols, &ld);
+  if (st != STAB_OK) return st;
   if (rows > ws->max_rows || cols > ws->max_cols)
     return stabi_fail(STAB_EDIM,
                       "stab_spectral_norm: %zu x %zu does not fit the workspace (%zu x %zu)",
@@ -597,8 +581,16 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
 
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
                        const stab_spectral_params *params, double *v, stab_sigma_result *out) {
+  static const char who[] = "stab_sigma";
+  if (!out) return stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
+  memset(out, 0, sizeof *out);
+  out->sigma = out->rel_err = NAN;
+  /* the caller's arguments, checked as the caller named them, before the workspace is sized */
+  stab_status st = stabi_check_matrix(who, "a", a, rows, cols, &ld);
+  if (st == STAB_OK && params) st = stabi_spectral_check(params, who);
+  if (st != STAB_OK) return st;
   stab_spectral_workspace *ws = NULL;
-  stab_status st = stab_spectral_workspace_create(rows, cols, params, &ws);
+  st = stab_spectral_workspace_create(rows, cols, params, &ws);
   if (st == STAB_OK) st = stab_spectral_norm(ws, a, NULL, rows, cols, ld, v, out);
   stab_spectral_workspace_free(ws);
   return st;

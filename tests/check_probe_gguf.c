@@ -180,6 +180,23 @@ START_TEST(test_alignment) {
 }
 END_TEST
 
+/* A string value that is not UTF-8 is kept as the file has it (names and keys must be). */
+START_TEST(test_string_value_bytes_kept) {
+  make_tmpdir();
+  gw_file w;
+  gw_init(&w);
+  gw_kv_str(&w, "general.name", "caf\xe9 \xe2\x80\xae");
+  gw_tensor(&w, "t\xc3\xa9", 1, (uint64_t[]){1}, GW_F32, (float[]){1.0f}, 4);
+  ck_assert_int_eq(gw_write(&w, tmp_path("v.gguf")), 0);
+  stab_gguf *f = NULL;
+  TU_ASSERT_OK(stab_gguf_open(tmp_path("v.gguf"), &f));
+  ck_assert_str_eq(stab_gguf_metadata(f, 0)->s, "caf\xe9 \xe2\x80\xae");
+  ck_assert_str_eq(stab_gguf_tensor(f, 0)->name, "t\xc3\xa9");
+  stab_gguf_close(f);
+  remove_tmpdir();
+}
+END_TEST
+
 /* ---- malformed files --------------------------------------------------------------- */
 
 static void header(gw_buf *b, uint64_t nt, uint64_t nkv) {
@@ -280,6 +297,10 @@ static void build(const bad_case *c, gw_buf *b) {
   case 30: header(b, 1, 0), info(b, "a", 1, (uint64_t[]){8}, GW_F32, 0); break; /* ends before the padding */
   case 31: gw_put(b, "GGUF", 4), gw_u32(b, 3), gw_u32(b, 0); break;
   case 32: header(b, 0, 1), gw_str(b, "general.architecture"), gw_u32(b, GW_STRING), gw_str(b, "llama"); break;
+  case 33: one_tensor(b, "w\xc3(", 1, GW_F32, 0, 4); break; /* 0xc3 needs a continuation byte */
+  case 34: header(b, 0, 1), gw_str(b, "k\xff"), gw_u32(b, GW_UINT8), gw_u8(b, 1); break;
+  case 35: one_tensor(b, "\xed\xa0\x80", 1, GW_F32, 0, 4); break; /* a surrogate, U+D800 */
+  case 36: one_tensor(b, "\xe2\x80\xae\xc0\xae", 1, GW_F32, 0, 4); break; /* U+202E, then an overlong '.' */
   }
 }
 
@@ -320,6 +341,10 @@ static const bad_case bad_cases[] = {
     {"truncated_data.gguf", "byte 110: tensor 'b': offset 64 + 32 bytes is outside the data section of 88 bytes", 0, -8},
     {"truncated_infos.gguf", "byte 123: a tensor's ne[]: the file ends 7 bytes in", 0, 130},
     {"truncated_metadata.gguf", "byte 56: a metadata string: string length 5 is beyond the file (2 bytes left)", 32, 66},
+    {"name_not_utf8.gguf", "byte 33: tensor 0's name is not valid UTF-8 (byte 0xc3 at index 1)", 33, -1},
+    {"key_not_utf8.gguf", "byte 33: a metadata key is not valid UTF-8 (byte 0xff at index 1)", 34, -1},
+    {"name_surrogate.gguf", "byte 32: tensor 0's name is not valid UTF-8 (byte 0xed at index 0)", 35, -1},
+    {"name_overlong.gguf", "byte 35: tensor 0's name is not valid UTF-8 (byte 0xc0 at index 3)", 36, -1},
 };
 enum { NBAD = sizeof bad_cases / sizeof bad_cases[0] };
 
@@ -405,6 +430,7 @@ static Suite *probe_gguf_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_values_and_metadata);
   tcase_add_test(tc, test_alignment);
+  tcase_add_test(tc, test_string_value_bytes_kept);
   suite_add_tcase(s, tc);
   tc = tcase_create("malformed");
   tcase_set_timeout(tc, 60);

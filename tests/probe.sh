@@ -361,6 +361,98 @@ grep -Eq '^model\.embed_tokens\.weight +embedding' "$dir/u.txt" || fail "untied 
 grep -Eq '^model\.embed_tokens\.weight +lm_head' "$dir/u.txt" && fail "untied model with its head filtered out reported as tied"
 ok
 
+# strings from the file: a GGUF string value that is not UTF-8 reaches the JSON as U+FFFD (the
+# report stays valid JSON), bidi and C1 controls in names are shown escaped in the table, and
+# a head_count of 0 is reported as invalid, not as missing; a safetensors __metadata__ heads of
+# "-1" is not taken for 18446744073709551615
+if [ $have_py -eq 1 ]; then
+  python3 - "$dir/hostile.gguf" "$dir/heads.safetensors" <<'PY'
+import struct, sys
+def s(b): return struct.pack('<Q', len(b)) + b
+kv = [(b'general.architecture', 8, s(b'llama')), (b'llama.attention.head_count', 4, struct.pack('<I', 0)),
+      (b'general.name', 8, s(b'caf\xe9 \xe2\x80\xae evil'))]
+names = [b'blk.0.attn_q.weight', b'blk.0.attn_k.weight', b'x\xe2\x80\xaey.weight', b'c1\xc2\x85z.weight']
+out = b'GGUF' + struct.pack('<IQQ', 3, len(names), len(kv))
+for k, t, v in kv: out += s(k) + struct.pack('<I', t) + v
+for i, n in enumerate(names): out += s(n) + struct.pack('<IQQIQ', 2, 4, 4, 0, 64 * i)
+out += b'\0' * (-len(out) % 32)
+out += struct.pack('<%df' % (16 * len(names)), *[(i % 7) - 3.0 for i in range(16 * len(names))])
+open(sys.argv[1], 'wb').write(out)
+hdr = ('{"__metadata__": {"heads": "-1"}, '
+       '"m.q_proj.weight": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}, '
+       '"m.k_proj.weight": {"dtype": "F32", "shape": [4, 4], "data_offsets": [64, 128]}}').encode()
+open(sys.argv[2], 'wb').write(struct.pack('<Q', len(hdr)) + hdr + struct.pack('<32f', *range(32)))
+PY
+  "$probe" "$dir/hostile.gguf" --json >"$dir/hostile.json" 2>"$dir/hostile.err" || fail "hostile GGUF: exit $?"
+  python3 - "$dir/hostile.json" <<'PY' || fail "hostile GGUF: the JSON report is not valid or not as expected"
+import json, sys
+r = json.loads(open(sys.argv[1], 'rb').read().decode('utf-8'))  # strict: invalid UTF-8 raises
+assert r["metadata"]["general.name"] == "caf\ufffd \u202e evil", r["metadata"]
+assert {l["name"] for l in r["layers"]} >= {"x\u202ey.weight", "c1\x85z.weight"}, [l["name"] for l in r["layers"]]
+err = {e["name"]: e["message"] for e in r["errors"]}
+assert "head_count is 0, which is invalid" in err.get("blk.0.attn_logits", ""), err
+PY
+  "$probe" "$dir/hostile.gguf" >"$dir/hostile.txt" 2>"$dir/hostile.err" || fail "hostile GGUF table: exit $?"
+  grep -q '^x\\u202Ey\.weight ' "$dir/hostile.txt" || fail "table: U+202E in a name not shown as \\u202E"
+  grep -q '^c1\\u0085z\.weight ' "$dir/hostile.txt" || fail "table: a C1 control in a name not shown as \\u0085"
+  grep -q '^metadata general.name = caf\\xe9 \\u202E evil$' "$dir/hostile.txt" ||
+    fail "table: a metadata value's invalid byte and U+202E not escaped: $(grep general.name "$dir/hostile.txt")"
+  LC_ALL=C grep -q "$(printf '\342\200\256')" "$dir/hostile.txt" && fail "table: a raw U+202E reached the terminal"
+  grep -q "blk.0.attn_logits: the GGUF metadata's llama.attention.head_count is 0, which is invalid" "$dir/hostile.txt" ||
+    fail "table: head_count 0 not reported as invalid: $(grep attn_logits "$dir/hostile.txt")"
+  "$probe" "$dir/heads.safetensors" >"$dir/heads.txt" 2>&1 || fail "__metadata__ heads -1: exit $?"
+  grep -q "m.logits: __metadata__ heads is '-1', not a whole number from 1 to 1048576" "$dir/heads.txt" ||
+    fail "__metadata__ heads -1: $(grep logits "$dir/heads.txt")"
+  ok
+fi
+# an F32 tensor the mapping cannot serve directly (the header's length not a multiple of 4, so
+# the data is unaligned) is converted into a copy: its peak memory must stay near an aligned
+# file's of the same shape, not the copy beside the whole tensor mapped (twice the size)
+if [ $have_py -eq 1 ]; then
+  python3 - "$probe" "$dir/align" <<'PY' || fail "unaligned F32: peak memory above the aligned file's"
+import os, resource, struct, subprocess, sys
+probe, base = sys.argv[1], sys.argv[2]
+n = 4096  # a 64 MiB tensor of zeros, sparse on disk
+def make(path, start_mod_4):
+    nb = n * n * 4
+    hdr = '{"w.weight": {"dtype": "F32", "shape": [%d, %d], "data_offsets": [0, %d]}}' % (n, n, nb)
+    hdr += ' ' * ((start_mod_4 - 8 - len(hdr)) % 4)
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Q', len(hdr)) + hdr.encode())
+        f.truncate(8 + len(hdr) + nb)
+def peak_kb(path):
+    # one child at a time: RUSAGE_CHILDREN's max is that of the largest child so far
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.execv(probe, [probe, '--quiet', path])
+    _, status, ru = os.wait4(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (path, status)
+    return ru.ru_maxrss
+make(base + '.aligned.safetensors', 0)
+make(base + '.unaligned.safetensors', 2)
+a, u = peak_kb(base + '.aligned.safetensors'), peak_kb(base + '.unaligned.safetensors')
+tensor_kb = n * n * 4 // 1024
+print('peak RSS: aligned %d kB, unaligned %d kB (tensor %d kB)' % (a, u, tensor_kb))
+sys.exit(0 if u <= a + tensor_kb // 4 else 1)
+PY
+  ok
+fi
+# numeric options are parsed strictly, each message naming the option; a tolerance below what
+# f64 accumulation can certify is refused instead of flagging every layer not converged
+for bad in "--tol 1e-300" "--tol 1e-13" "--tol nan" "--tol 0x" "--tol ' 0.1'" "--heads -1" "--heads ' 4'" "--heads +4" \
+    "--heads 0x4" "--heads 18446744073709551617" "--step -1" "--step 1e3"; do
+  opt=${bad%% *}
+  eval "\"\$probe\" \"\$p.safetensors\" $bad --hdf5 \"\$dir/never.h5\"" >/dev/null 2>"$dir/num.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "$bad: exit $rc, want 2"
+  grep -q "^probe: $opt must be a" "$dir/num.err" || fail "$bad: message does not name $opt: $(cat "$dir/num.err")"
+done
+[ -e "$dir/never.h5" ] && fail "a refused option still wrote the trace"
+"$probe" "$p.safetensors" --tol 1e-12 >/dev/null 2>"$dir/num.err" || fail "--tol 1e-12 (the bound): exit $?"
+ok
+
 # exit codes: 2 for bad usage and for malformed or missing files, with the message
 "$probe" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no argument: not exit 2"
 "$probe" "$p.safetensors" --tol 7 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--tol 7: not exit 2"
