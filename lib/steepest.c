@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -28,12 +29,18 @@ size_t stab_msign_work_size(size_t rows, size_t cols) {
 
 stab_status stab_msign(const float *g, size_t rows, size_t cols, stab_msign_method method,
                        int steps, float *out, float *work) {
-  if (!g || !out || !work || steps < 1)
-    return stabi_fail(STAB_EINVAL, "stab_msign: %s", steps < 1 ? "steps < 1" : "NULL pointer");
+  static const char who[] = "stab_msign";
+  size_t ld = 0;
+  stab_status st = stabi_check_matrix(who, "g", g, rows, cols, &ld);
+  if (st != STAB_OK) return st;
+  if (!out || !work || steps < 1)
+    return stabi_fail(STAB_EINVAL, "%s: %s", who, steps < 1 ? "steps < 1" : !out ? "out is NULL" : "work is NULL");
   if (method != STAB_MSIGN_QUINTIC && method != STAB_MSIGN_CUBIC)
-    return stabi_fail(STAB_EINVAL, "stab_msign: unknown method %d", (int)method);
-  if (!rows || !cols || !stab_msign_work_size(rows, cols))
-    return stabi_fail(STAB_EDIM, "stab_msign: bad shape %zu x %zu", rows, cols);
+    return stabi_fail(STAB_EINVAL, "%s: unknown method %d", who, (int)method);
+  /* cblas_sgemm takes int sizes: a longer side would be cut short, not refused */
+  if (rows > INT_MAX || cols > INT_MAX || !stab_msign_work_size(rows, cols))
+    return stabi_fail(STAB_EDIM, "%s: g is %zu x %zu: a side above %d, or work that overflows", who, rows, cols,
+                      INT_MAX);
   /* Iterate on the wide orientation, X (m, n) with m <= n, so that X X^T is the small m x m. */
   int trans = rows > cols;
   size_t m = trans ? cols : rows, n = trans ? rows : cols;
@@ -82,8 +89,10 @@ stab_status stab_msign(const float *g, size_t rows, size_t cols, stab_msign_meth
 
 stab_status stab_normalize_rows(const float *g, size_t rows, size_t cols, double scale,
                                 float *out) {
-  if (!g || !out) return stabi_fail(STAB_EINVAL, "stab_normalize_rows: NULL pointer");
-  if (!rows || !cols) return stabi_fail(STAB_EDIM, "stab_normalize_rows: a side is 0");
+  size_t ld = 0;
+  stab_status st = stabi_check_matrix("stab_normalize_rows", "g", g, rows, cols, &ld);
+  if (st != STAB_OK) return st;
+  if (!out) return stabi_fail(STAB_EINVAL, "stab_normalize_rows: out is NULL");
   for (size_t i = 0; i < rows; i++) {
     const float *r = g + i * cols;
     double ss = 0;
@@ -95,7 +104,12 @@ stab_status stab_normalize_rows(const float *g, size_t rows, size_t cols, double
 }
 
 stab_status stab_sign(const float *g, size_t n, double scale, float *out) {
-  if (!g || !out) return stabi_fail(STAB_EINVAL, "stab_sign: NULL pointer");
+  if (!g || !out) return stabi_fail(STAB_EINVAL, "stab_sign: %s is NULL", !g ? "g" : "out");
+  size_t ld = 0;
+  if (n > 0) { /* n = 0 is nothing to do */
+    stab_status st = stabi_check_extent("stab_sign", "g", 1, n, &ld, NULL);
+    if (st != STAB_OK) return st;
+  }
   float s = (float)scale;
   for (size_t i = 0; i < n; i++) out[i] = g[i] > 0 ? s : g[i] < 0 ? -s : g[i] * s;
   return STAB_OK;

@@ -135,10 +135,29 @@ static stab_status call_add_layer(const matrix_case *c, const char **arg) {
   return st;
 }
 
+/* The steepest-descent helpers take contiguous matrices (no stride): the stride cases do not
+ * apply. Their outputs are buffers as large as the valid 2 x 4 case needs: a shape wrongly
+ * accepted writes past them (ASan). */
+static stab_status call_msign(const matrix_case *c, const char **arg) {
+  if (c->ld) return STAB_OK;
+  float out[8], work[64];
+  *arg = "stab_msign: g";
+  return stab_msign(ptr(c), c->rows, c->cols, STAB_MSIGN_QUINTIC, 5, out, work);
+}
+
+static stab_status call_normalize_rows(const matrix_case *c, const char **arg) {
+  if (c->ld) return STAB_OK;
+  float out[8];
+  *arg = "stab_normalize_rows: g";
+  return stab_normalize_rows(ptr(c), c->rows, c->cols, 1.0, out);
+}
+
 static const struct {
   const char *name;
   matrix_call call;
 } matrix_calls[] = {
+    {"stab_msign", call_msign},
+    {"stab_normalize_rows", call_normalize_rows},
     {"stab_sigma", call_sigma},
     {"stab_spectral_norm", call_spectral_norm},
     {"stab_spectral_workspace_create", call_workspace},
@@ -273,6 +292,20 @@ START_TEST(test_bad_params) {
 END_TEST
 
 /* The bounds themselves are accepted, and measure. */
+/* The helpers' own limits: stab_sign's n floats must be addressable, and stab_msign hands its
+ * sides to cblas_sgemm as int, so a side above INT_MAX (whose span is fine) is refused rather
+ * than cut short. */
+START_TEST(test_steepest_limits) {
+  float out[8], work[64];
+  TU_ASSERT_STATUS(stab_sign(buf, BIG, 1.0, out), STAB_EDIM);
+  ck_assert_msg(strstr(stab_last_error(), "stab_sign: g"), "message: %s", stab_last_error());
+  TU_ASSERT_STATUS(stab_msign(buf, (size_t)INT_MAX + 1, 1, STAB_MSIGN_QUINTIC, 5, out, work), STAB_EDIM);
+  ck_assert_msg(strstr(stab_last_error(), "above"), "message: %s", stab_last_error());
+  TU_ASSERT_STATUS(stab_msign(buf, 1, (size_t)INT_MAX + 1, STAB_MSIGN_CUBIC, 5, out, work), STAB_EDIM);
+  TU_ASSERT_OK(stab_sign(buf, 0, 1.0, out)); /* nothing to do */
+}
+END_TEST
+
 START_TEST(test_params_at_bounds) {
   static const params_case ok[] = {
       {"tol STAB_SPECTRAL_TOL_MIN", STAB_SPECTRAL_LANCZOS, STAB_SPECTRAL_TOL_MIN, 1000, 128, 0, ""},
@@ -362,6 +395,7 @@ static Suite *validate_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_bad_params, 0, (int)N_PARAMS);
   tcase_add_test(tc, test_params_at_bounds);
+  tcase_add_test(tc, test_steepest_limits);
   tcase_add_test(tc, test_threads_int_max);
   suite_add_tcase(s, tc);
   tc = tcase_create("names");
