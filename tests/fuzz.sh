@@ -53,7 +53,7 @@ fails=0
 for r in $readers; do
   exe=$out/fuzz_$r
   # the reader and what it needs from the library, compiled in with the target
-  csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/mapped_file.c
+  csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/input_file.c $src/lib/mapped_file.c
         $src/lib/ckpt_convert.c $src/lib/ckpt_$r.c"
   hdrs="$src/tests/fuzz/fuzz.h $src/lib/internal.h $src/include/stabmeter.h"
   # shellcheck disable=SC2086
