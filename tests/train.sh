@@ -25,7 +25,7 @@ expect 2 "unknown option" $train --bogus
 expect 2 "width not divisible by heads" $train --width 10 --heads 4
 expect 2 "unknown optimizer" $train --optimizer sgd
 expect 2 "bad number" $train --steps 12x
-expect 1 "missing data file" $train --data "$tmp/none.txt"
+expect 2 "missing data file" $train --data "$tmp/none.txt"
 grep -q "none.txt" "$tmp/err" || fail "missing file not named: $(cat "$tmp/err")"
 printf 'not a token file' >"$tmp/bad.bin"
 expect 2 "short .bin" $train --data "$tmp/bad.bin"
