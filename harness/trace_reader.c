@@ -418,6 +418,21 @@ static int open_file(trace *t, const char *path) {
   return 0;
 }
 
+/* Rows never written read as the fill value, so a /step whose extent says 2^60 rows is valid
+ * HDF5 and would be exported without end. Unless a filter compresses it, each row of /step
+ * takes at least its 8 bytes of the file (as it is now: a running writer grows it). */
+static int check_rows_fit(trace *t) {
+  hid_t dcpl = H5Dget_create_plist(t->step);
+  int filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
+  if (dcpl >= 0) H5Pclose(dcpl);
+  struct stat sb;
+  if (filters != 0 || fstat(t->fd, &sb) != 0 || sb.st_size < 0) return 0;
+  if (t->rows > (uint64_t)sb.st_size / 8)
+    return bad(t, "/step has %llu rows, more than a %lld-byte file can hold (8 bytes each)",
+               (unsigned long long)t->rows, (long long)sb.st_size);
+  return 0;
+}
+
 int trace_open(trace *t, const char *path, const trace_filter *o) {
   char format[64];
   int64_t version;
@@ -435,6 +450,7 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
   /* /step first: its length is the row count, and the writer extends every other dataset
    * before it, so each of them then holds at least that many rows. */
   if ((rc = open_1d(t, t->file, "step", "/step", H5T_INTEGER, 0, 0, &t->step, &t->rows))) return rc;
+  if ((rc = check_rows_fit(t))) return rc;
   t->wall.d = H5I_INVALID_HID;
   if ((rc = open_1d(t, t->file, "wall_time", "/wall_time", H5T_FLOAT, t->rows, 1, &t->wall.d, &n))) return rc;
   if (!metric_wanted(o, "wall_time")) {

@@ -669,7 +669,7 @@ END_TEST
 typedef enum {
   DAMAGE_NO_STEP, DAMAGE_STEP_FLOAT, DAMAGE_FORMAT, DAMAGE_NO_FORMAT, DAMAGE_VERSION, DAMAGE_SHORT_DATASET,
   DAMAGE_SHORT_WALL, DAMAGE_NO_FORWARD, DAMAGE_NO_KIND, DAMAGE_2D, DAMAGE_NO_LAYERS, DAMAGE_STRING_DATASET,
-  N_DAMAGE
+  DAMAGE_HUGE_EXTENT, N_DAMAGE
 } damage;
 
 static const struct {
@@ -688,7 +688,18 @@ static const struct {
     {"a two-dimensional scalar", "/scalars/lr"},
     {"no /layers", "/layers"},
     {"a string dataset", "/layers/attn/head1_bound"},
+    {"every dataset 2^40 rows long (unwritten rows read as the fill value)", "/step has 1099511627776 rows"},
 };
+
+/* H5Ovisit callback: every dataset extended to *(hsize_t *)rows. */
+static herr_t extend_dataset(hid_t f, const char *name, const H5O_info_t *info, void *rows) {
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  ck_assert_int_ge(H5Dset_extent(d, rows), 0);
+  H5Dclose(d);
+  return 0;
+}
 
 static void put_string_attr(hid_t obj, const char *name, const char *value) {
   if (H5Aexists(obj, name) > 0) ck_assert_int_ge(H5Adelete(obj, name), 0);
@@ -741,6 +752,11 @@ static void apply_damage(const char *path, damage k) {
     H5Tset_size(s, 8);
     replace_dataset(f, "layers/attn/head1_bound", s, 1);
     H5Tclose(s);
+    break;
+  }
+  case DAMAGE_HUGE_EXTENT: { /* before the fix: exported without end */
+    hsize_t rows = (hsize_t)1 << 40;
+    ck_assert_int_ge(H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, extend_dataset, &rows), 0);
     break;
   }
   case N_DAMAGE: break;
