@@ -121,7 +121,7 @@ expect 2 "resume another width" $train $small --width 64 --steps 9 --untied \
   --resume "$tmp/full/model.safetensors"
 grep -q "model.safetensors: tensor transformer.wte.weight is missing or not F32 of shape \[256,64\]" \
   "$tmp/err" || fail "width mismatch message: $(cat "$tmp/err")"
-expect 1 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
+expect 2 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
 unset OPENBLAS_NUM_THREADS
 # The width sweep: one run per width into DIR/width-W, then per kind the last quarter's
 # geometric mean against width and its log-log slope (recomputed below from the traces).
