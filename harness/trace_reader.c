@@ -4,7 +4,6 @@
 #include "trace_reader.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <inttypes.h>
