@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "stabmeter.h"
 
 static uint64_t next(data_rng *r) {
   uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
@@ -134,23 +137,26 @@ static int ends_with(const char *s, const char *suffix) {
 
 int data_load(data_set *d, const char *path, char *err, size_t errlen) {
   memset(d, 0, sizeof *d);
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(err, errlen, 1, "%s: %s", path, strerror(errno));
-  unsigned char *raw = NULL;
-  size_t len = 0, cap = 0;
+  int fd;
+  uint64_t size;
+  /* A FIFO, a device or a directory is refused here, before any read: /dev/zero would
+   * otherwise be read into memory without end. */
+  stab_status st = stab_input_open(path, DATA_MAX_BYTES, &fd, &size);
+  if (st != STAB_OK)
+    return fail(err, errlen, 2, "%s%s", stab_last_error(),
+                st == STAB_ERANGE ? " (a corpus is read whole into memory: at most 1 GiB)" : "");
+  /* The size at the open bounds the read: a file that grows meanwhile is cut there. */
+  unsigned char *raw = malloc(size ? (size_t)size : 1);
+  size_t len = 0;
   int rc = 0;
-  for (;;) {
-    if (len == cap) {
-      cap = cap ? 2 * cap : 1 << 20;
-      unsigned char *p = realloc(raw, cap);
-      if (!p) { rc = fail(err, errlen, 1, "%s: out of memory", path); goto out; }
-      raw = p;
-    }
-    size_t got = fread(raw + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
+  if (!raw) { rc = fail(err, errlen, 1, "%s: out of memory", path); goto out; }
+  while (len < size) {
+    ssize_t got = read(fd, raw + len, (size_t)size - len);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) { rc = fail(err, errlen, 1, "%s: cannot read: %s", path, strerror(errno)); goto out; }
+    if (got == 0) break; /* it shrank: what is there */
+    len += (size_t)got;
   }
-  if (ferror(f)) { rc = fail(err, errlen, 1, "%s: read error", path); goto out; }
   if (len == 0) { rc = fail(err, errlen, 2, "%s: the file is empty", path); goto out; }
   if (!ends_with(path, ".bin")) {
     if (!(d->tokens = malloc(len * sizeof *d->tokens))) {
@@ -212,7 +218,7 @@ int data_load(data_set *d, const char *path, char *err, size_t errlen) {
            d->vocab);
 out:
   free(raw);
-  fclose(f);
+  close(fd);
   return rc;
 }
 

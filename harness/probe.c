@@ -705,8 +705,19 @@ static size_t heads_of(const options *o, const ckpt *f, const char **from, char 
   char path[4096];
   const char *slash = strrchr(o->checkpoint, '/');
   snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - o->checkpoint + 1) : 0, o->checkpoint);
-  FILE *fp = fopen(path, "r");
-  if (!fp) return 0;
+  /* regular files only (a FIFO there would block the probe); one that is there but cannot be
+   * read is ignored with a word why, a missing one silently: the count is then --heads' */
+  int fd;
+  struct stat sb;
+  if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) {
+    if (stat(path, &sb) == 0) fprintf(stderr, "probe: %s; ignored\n", stab_last_error());
+    return 0;
+  }
+  FILE *fp = fdopen(fd, "r");
+  if (!fp) {
+    close(fd);
+    return 0;
+  }
   char *text = malloc((1 << 20) + 1);
   size_t n = text ? fread(text, 1, 1 << 20, fp) : 0, h = 0;
   fclose(fp);

@@ -460,12 +460,19 @@ static int checkpoint(const model *m, const optim *opt, const options *o, const 
 
 /* Reads a file written by save_safetensors into the parts' buffers: every tensor of the model
  * must be there under each part's prefix, F32, with its shape. *steps receives the metadata's
- * step count. Returns 0, 2 for a file that does not fit the model (the message names the file
- * and the tensor or field), 1 when it cannot be read. */
+ * step count. Returns 0, 2 for a path that is not a regular file that can be opened (see
+ * stab_input_open) or a file that does not fit the model (the message names the file and the
+ * tensor or field), 1 when it cannot be read. */
 static int load_safetensors(const model *m, const char *path, const ckpt_part *parts,
                             size_t n_parts, size_t *steps, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return snprintf(err, errlen, "%s: %s", path, strerror(errno)), 1;
+  int fd;
+  /* regular files only: a FIFO given as the checkpoint or found as its .adamw would block */
+  if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) return snprintf(err, errlen, "%s", stab_last_error()), 2;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return snprintf(err, errlen, "%s: %s", path, strerror(errno)), 1;
+  }
   unsigned char n8[8];
   uint64_t n = 0;
   int rc = 2;

@@ -565,6 +565,24 @@ int stab_trace_failed(const stab_trace *t);
 stab_status stab_trace_close(stab_trace *t);
 
 /* ---------------------------------------------------------------------------------- */
+/* Input files                                                                         */
+
+/* Opens the file at path for reading, the one way every reader of the library and every
+ * stabmeter program opens a file it reads (checkpoints, traces, configs, corpora): only a
+ * regular file (symbolic links followed) is opened. A FIFO, a device (/dev/zero, /dev/null, a
+ * terminal), a socket or a directory is refused at once, without blocking and, when the path
+ * already names one, without opening it; the message says what the path is.
+ *  max_bytes  the largest size accepted, in bytes; 0: any size
+ *  fd_out     receives the descriptor (read-only, close-on-exec; O_NONBLOCK is set, which
+ *             changes nothing for a regular file); the caller closes it. -1 on failure
+ *  size_out   receives the file's size in bytes at the open, or NULL
+ * Errors: NULL path or fd_out STAB_EINVAL; a path that cannot be opened or stat'd (missing,
+ * no permission), or that is not a regular file, STAB_EIO naming the path ("not a regular
+ * file: it is a FIFO (named pipe)"); a file larger than max_bytes STAB_ERANGE naming the
+ * path, its size and the limit. Thread-safe. */
+stab_status stab_input_open(const char *path, uint64_t max_bytes, int *fd_out, uint64_t *size_out);
+
+/* ---------------------------------------------------------------------------------- */
 /* Checkpoint readers                                                                  */
 /*
  * A reader memory-maps a checkpoint read-only, validates its whole index up front (every
@@ -680,7 +698,8 @@ size_t stab_llmc_count(const stab_llmc *f);
 const stab_ckpt_tensor *stab_llmc_tensor(const stab_llmc *f, size_t index);
 /* Index of a view by name, or STAB_ENOTFOUND. */
 stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index);
-/* 1 when path starts with the llm.c magic (a format sniff; no validation). */
+/* 1 when path is a regular file starting with the llm.c magic (a format sniff; no validation,
+ * no error recorded; never blocks: see stab_input_open). */
 int stab_llmc_is(const char *path);
 
 /* A GGUF file (llama.cpp's format, versions 2 and 3, little-endian): "GGUF", uint32
@@ -747,7 +766,8 @@ stab_status stab_gguf_get_uint(const stab_gguf *f, const char *key, uint64_t *ou
 const char *stab_gguf_type_name(uint32_t ggml_type);
 /* The name of a metadata value type ("uint32", "string", ...); NULL if unknown. */
 const char *stab_gguf_value_type_name(stab_gguf_type type);
-/* 1 when path starts with the GGUF magic (a format sniff; no validation). */
+/* 1 when path is a regular file starting with the GGUF magic (a format sniff; no validation,
+ * no error recorded; never blocks: see stab_input_open). */
 int stab_gguf_is(const char *path);
 
 #ifdef __cplusplus

@@ -564,11 +564,4 @@ stab_status stab_gguf_get_uint(const stab_gguf *f, const char *key, uint64_t *ou
   }
 }
 
-int stab_gguf_is(const char *path) {
-  FILE *fp = path ? fopen(path, "rb") : NULL;
-  if (!fp) return 0;
-  char m[4];
-  int is = fread(m, 1, 4, fp) == 4 && !memcmp(m, "GGUF", 4);
-  fclose(fp);
-  return is;
-}
+int stab_gguf_is(const char *path) { return stabi_input_starts_with(path, "GGUF", 4); }

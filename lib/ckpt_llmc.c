@@ -5,12 +5,9 @@
 #include "internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define LLMC_MAGIC 20240326
 #define HEADER_BYTES 1024
@@ -189,12 +186,8 @@ stab_status stab_llmc_find(const stab_llmc *f, const char *name, size_t *index) 
 }
 
 int stab_llmc_is(const char *path) {
-  unsigned char b[4];
-  struct stat sb;
-  /* Only regular files: a FIFO or a terminal would block the open or the read. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return 0;
-  ssize_t n = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? read(fd, b, 4) : 0;
-  close(fd);
-  return n == 4 && load_i32(b) == LLMC_MAGIC;
+  /* the magic as stored: an int32, little-endian */
+  const unsigned char magic[4] = {LLMC_MAGIC & 0xff, (LLMC_MAGIC >> 8) & 0xff, (LLMC_MAGIC >> 16) & 0xff,
+                                  (LLMC_MAGIC >> 24) & 0xff};
+  return stabi_input_starts_with(path, magic, sizeof magic);
 }

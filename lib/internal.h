@@ -153,6 +153,12 @@ stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const
                                 const stabi_delta *delta, double *warm, stab_metrics *out,
                                 double *heads_out);
 
+/* ---- input files (input_file.c) ---- */
+
+/* 1 when path is a regular file (opened as stab_input_open does) whose first n (<= 16) bytes
+ * are magic, else 0. Records no error: it is a format sniff, and the open that follows reports. */
+int stabi_input_starts_with(const char *path, const void *magic, size_t n);
+
 /* ---- checkpoint files (mapped_file.c) ---- */
 
 /* A checkpoint file as its reader holds it: the path every message names, and the whole

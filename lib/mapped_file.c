@@ -4,12 +4,10 @@
 #include "internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* Maps the regular file at path read-only, whole, into *map and *size; see stabi_mapped_open
@@ -18,21 +16,10 @@ static stab_status map_file(const char *path, uint64_t min_bytes, const char *wh
                             uint64_t *size) {
   *map = NULL;
   *size = 0;
-  stab_status st = STAB_OK;
-  struct stat sb;
-  /* O_NONBLOCK: opening a FIFO with no writer would otherwise wait for one, forever; the
-   * flag changes nothing for the regular files that get past the check below. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return stabi_fail(STAB_EIO, "%s: cannot open: %s", path, strerror(errno));
-  if (fstat(fd, &sb) != 0) {
-    st = stabi_fail(STAB_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    goto out;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    st = stabi_fail(STAB_EIO, "%s: not a regular file", path);
-    goto out;
-  }
-  uint64_t n = (uint64_t)sb.st_size;
+  int fd;
+  uint64_t n;
+  stab_status st = stab_input_open(path, 0, &fd, &n);
+  if (st != STAB_OK) return st;
   if (n < min_bytes || n == 0) {
     st = stabi_fail(STAB_EFORMAT, "%s: truncated: %llu bytes, fewer than %s", path,
                     (unsigned long long)n, what);

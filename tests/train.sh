@@ -25,7 +25,7 @@ expect 2 "unknown option" $train --bogus
 expect 2 "width not divisible by heads" $train --width 10 --heads 4
 expect 2 "unknown optimizer" $train --optimizer sgd
 expect 2 "bad number" $train --steps 12x
-expect 1 "missing data file" $train --data "$tmp/none.txt"
+expect 2 "missing data file" $train --data "$tmp/none.txt"
 grep -q "none.txt" "$tmp/err" || fail "missing file not named: $(cat "$tmp/err")"
 printf 'not a token file' >"$tmp/bad.bin"
 expect 2 "short .bin" $train --data "$tmp/bad.bin"
@@ -127,7 +127,7 @@ expect 2 "resume another width" $train $small --width 64 --steps 9 --untied \
   --resume "$tmp/full/model.safetensors"
 grep -q "model.safetensors: tensor transformer.wte.weight is missing or not F32 of shape \[256,64\]" \
   "$tmp/err" || fail "width mismatch message: $(cat "$tmp/err")"
-expect 1 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
+expect 2 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
 unset OPENBLAS_NUM_THREADS
 # The width sweep: one run per width into DIR/width-W, then per kind the last quarter's
 # geometric mean against width and its log-log slope (recomputed below from the traces).

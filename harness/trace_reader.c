@@ -1,0 +1,547 @@
+/* trace_reader.c — a stabmeter trace opened, checked against the schema and read block by
+ * block, for harness/export and its fuzz target (tests/fuzz/fuzz_trace.c). Nothing is printed:
+ * every failure leaves its message in the trace. */
+#include "trace_reader.h"
+
+#include <ctype.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "stabmeter.h"
+
+/* The writer's metric datasets in its order (lib/trace.c); a layer's other datasets (attention
+ * head bounds, layer extras) follow them in name order. */
+static const char *const metric_order[] = {
+    "forward",       "dependency",   "update",       "forward_tight", "dependency_tight",
+    "update_tight",  "spread",       "sigma",        "sigma_rel_err", "sigma_update",
+    "sigma_update_rel_err", "rel_update", "passes",  "update_passes", "flags"};
+enum { N_ORDERED = sizeof metric_order / sizeof metric_order[0], N_REQUIRED = 3 };
+
+/* Metadata read attempts while the writer runs: see open_file. */
+enum { LIVE_READ_ATTEMPTS = 24 };
+
+/* ---- messages -------------------------------------------------------------------------- */
+
+/* A trace that breaks the schema, a file that is not one, or one HDF5 cannot read: status 2,
+ * the message "PATH: ..." in t->msg. */
+static int bad(trace *t, const char *fmt, ...) {
+  va_list ap;
+  int n = snprintf(t->msg, sizeof t->msg, "%s: ", t->path);
+  va_start(ap, fmt);
+  if (n >= 0 && (size_t)n < sizeof t->msg) vsnprintf(t->msg + n, sizeof t->msg - (size_t)n, fmt, ap);
+  va_end(ap);
+  return 2;
+}
+
+static int oom(trace *t) {
+  snprintf(t->msg, sizeof t->msg, "out of memory");
+  return 1;
+}
+
+static herr_t deepest_cb(unsigned n, const H5E_error2_t *e, void *data) {
+  (void)n;
+  if (e->desc && e->desc[0]) snprintf(data, 200, "%s", e->desc);
+  return 0;
+}
+
+/* The innermost message of HDF5's error stack: why the last call failed. */
+static const char *h5_reason(void) {
+  static char buf[200];
+  snprintf(buf, sizeof buf, "no HDF5 message");
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, deepest_cb, buf);
+  for (char *c = buf; *c; c++)
+    if (*c == '\n') *c = ' ';
+  return buf;
+}
+
+void trace_init(trace *t) {
+  memset(t, 0, sizeof *t);
+  t->file = t->step = t->mem = t->wall.d = H5I_INVALID_HID;
+  t->fd = -1;
+}
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+/* strcmp, except that runs of digits compare as numbers: h.2 before h.10. */
+static int natural_cmp(const char *a, const char *b) {
+  const char *a0 = a, *b0 = b;
+  while (*a && *b) {
+    if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
+      while (a[0] == '0' && isdigit((unsigned char)a[1])) a++;
+      while (b[0] == '0' && isdigit((unsigned char)b[1])) b++;
+      size_t na = 0, nb = 0;
+      while (isdigit((unsigned char)a[na])) na++;
+      while (isdigit((unsigned char)b[nb])) nb++;
+      if (na != nb) return na < nb ? -1 : 1;
+      int c = memcmp(a, b, na);
+      if (c) return c;
+      a += na, b += nb;
+    } else if (*a != *b) {
+      return (unsigned char)*a - (unsigned char)*b;
+    } else {
+      a++, b++;
+    }
+  }
+  if (*a || *b) return (unsigned char)*a - (unsigned char)*b;
+  return strcmp(a0, b0); /* "h.01" and "h.1" */
+}
+
+static size_t metric_rank(const char *name) {
+  for (size_t i = 0; i < N_ORDERED; i++)
+    if (!strcmp(name, metric_order[i])) return i;
+  return N_ORDERED;
+}
+
+static int column_cmp(const void *pa, const void *pb) {
+  const trace_column *a = pa, *b = pb;
+  size_t ra = metric_rank(a->name), rb = metric_rank(b->name);
+  if (ra != rb) return ra < rb ? -1 : 1;
+  return natural_cmp(a->name, b->name);
+}
+
+static int layer_cmp(const void *pa, const void *pb) {
+  return natural_cmp(((const trace_layer *)pa)->group, ((const trace_layer *)pb)->group);
+}
+
+static int column_name_cmp(const void *pa, const void *pb) {
+  return natural_cmp(((const trace_column *)pa)->name, ((const trace_column *)pb)->name);
+}
+
+static int metric_wanted(const trace_filter *o, const char *name) {
+  if (!o->metrics) return 1;
+  for (size_t i = 0; i < o->n_metrics; i++)
+    if (!strcmp(o->metrics[i], name)) return 1;
+  return 0;
+}
+
+static int layer_wanted(const trace_filter *o, const char *group) {
+  if (!o->n_layer_globs) return 1;
+  for (size_t i = 0; i < o->n_layer_globs; i++)
+    if (!fnmatch(o->layer_globs[i], group, 0)) return 1;
+  return 0;
+}
+
+typedef struct {
+  char **names;
+  size_t n, cap;
+  int oom;
+} link_names;
+
+static herr_t add_link(hid_t g, const char *name, const H5L_info_t *info, void *data) {
+  (void)g, (void)info;
+  link_names *l = data;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 16;
+    char **p = realloc(l->names, cap * sizeof *p);
+    if (!p) return l->oom = 1, -1;
+    l->names = p, l->cap = cap;
+  }
+  if (!(l->names[l->n] = strdup(name))) return l->oom = 1, -1;
+  l->n++;
+  return 0;
+}
+
+static int strcmp_ptr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The names of the links of group g, in name order, into *names (malloc'd). They are visited in
+ * the storage's own order and sorted here: in the name order HDF5 1.10 builds a table of every
+ * link first, and when reading one fails it frees the table's unfilled entries (garbage
+ * pointers: a crash under ASan, found by byte-flipping and by fuzz_trace). */
+static int list_links(trace *t, hid_t g, const char *where, char ***names, size_t *n) {
+  link_names l = {NULL, 0, 0, 0};
+  hsize_t at = 0;
+  herr_t r = H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, &at, add_link, &l);
+  *names = l.names, *n = l.n;
+  if (r < 0) return l.oom ? oom(t) : bad(t, "cannot list %s: %s", where, h5_reason());
+  if (l.n) qsort(l.names, l.n, sizeof *l.names, strcmp_ptr);
+  return 0;
+}
+
+static void free_names(char **names, size_t n) {
+  for (size_t i = 0; i < n; i++) free(names[i]);
+  free(names);
+}
+
+/* ---- reading the schema ------------------------------------------------------------------ */
+
+/* A string attribute of obj (fixed-length or variable-length) into buf. */
+static int string_attr(trace *t, hid_t obj, const char *where, const char *name, char *buf, size_t len) {
+  int rc = 0;
+  hid_t a = H5I_INVALID_HID, type = H5I_INVALID_HID, mem = H5I_INVALID_HID;
+  if (H5Aexists(obj, name) <= 0) return bad(t, "%s has no attribute '%s'", where, name);
+  if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (type = H5Aget_type(a)) < 0) {
+    rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
+    goto out;
+  }
+  if (H5Tget_class(type) != H5T_STRING) {
+    rc = bad(t, "the attribute '%s' of %s is not a string", name, where);
+    goto out;
+  }
+  /* HDF5 converts no string between character sets: read it in the one it is stored in. */
+  if ((mem = H5Tcopy(H5T_C_S1)) >= 0 && H5Tset_cset(mem, H5Tget_cset(type)) < 0) {
+    rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
+    goto out;
+  }
+  if (H5Tis_variable_str(type) > 0) {
+    char *s = NULL;
+    if (mem < 0 || H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Aread(a, mem, &s) < 0) {
+      rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
+      goto out;
+    }
+    snprintf(buf, len, "%s", s ? s : "");
+    H5free_memory(s);
+  } else {
+    size_t size = H5Tget_size(type);
+    char *s = calloc(size + 1, 1);
+    if (!s) {
+      rc = oom(t);
+      goto out;
+    }
+    if (mem < 0 || H5Tset_size(mem, size + 1) < 0 || H5Tset_strpad(mem, H5T_STR_NULLTERM) < 0 ||
+        H5Aread(a, mem, s) < 0) {
+      free(s);
+      rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
+      goto out;
+    }
+    snprintf(buf, len, "%s", s);
+    free(s);
+  }
+out:
+  if (mem >= 0) H5Tclose(mem);
+  if (type >= 0) H5Tclose(type);
+  if (a >= 0) H5Aclose(a);
+  return rc;
+}
+
+static int int_attr(trace *t, hid_t obj, const char *where, const char *name, int64_t *v) {
+  if (H5Aexists(obj, name) <= 0) return bad(t, "%s has no attribute '%s'", where, name);
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT), type = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+  int rc = 0;
+  if (type < 0 || H5Tget_class(type) != H5T_INTEGER) rc = bad(t, "the attribute '%s' of %s is not an integer", name, where);
+  else if (H5Aread(a, H5T_NATIVE_INT64, v) < 0)
+    rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
+  if (type >= 0) H5Tclose(type);
+  if (a >= 0) H5Aclose(a);
+  return rc;
+}
+
+/* Opens the one-dimensional dataset loc/name (path is its full path, for messages) into *d,
+ * checking its type class and that it holds at least `rows` rows (rows = -1: any). *n gets its
+ * length. */
+static int open_1d(trace *t, hid_t loc, const char *name, const char *path, H5T_class_t cls,
+                   hsize_t rows, int check_rows, hid_t *d, hsize_t *n) {
+  hid_t s = H5I_INVALID_HID, type = H5I_INVALID_HID;
+  int rc = 0;
+  if (H5Lexists(loc, name, H5P_DEFAULT) <= 0) return bad(t, "%s is missing", path);
+  if ((*d = H5Dopen2(loc, name, H5P_DEFAULT)) < 0) return bad(t, "%s is not a dataset", path);
+  if (t->swmr && H5Drefresh(*d) < 0) return bad(t, "cannot refresh %s: %s", path, h5_reason());
+  if ((type = H5Dget_type(*d)) < 0 || H5Tget_class(type) != cls) {
+    rc = bad(t, "%s is not %s", path, cls == H5T_INTEGER ? "an integer dataset" : "a floating-point dataset");
+    goto out;
+  }
+  if ((s = H5Dget_space(*d)) < 0 || H5Sget_simple_extent_ndims(s) != 1 || H5Sget_simple_extent_dims(s, n, NULL) < 0) {
+    rc = bad(t, "%s is not one-dimensional", path);
+    goto out;
+  }
+  if (check_rows && *n < rows)
+    rc = bad(t, "%s has %llu rows, /step has %llu: the lengths disagree", path, (unsigned long long)*n,
+             (unsigned long long)rows);
+out:
+  if (s >= 0) H5Sclose(s);
+  if (type >= 0) H5Tclose(type);
+  return rc;
+}
+
+static int new_column(trace *t, hid_t g, const char *where, const char *name, trace_column *c) {
+  char path[1024];
+  hsize_t n;
+  snprintf(path, sizeof path, "%s/%s", where, name);
+  c->d = H5I_INVALID_HID;
+  if (!(c->name = strdup(name)) || !(c->v = malloc(TRACE_BLOCK_ROWS * sizeof *c->v)))
+    return oom(t);
+  return open_1d(t, g, name, path, H5T_FLOAT, t->rows, 1, &c->d, &n);
+}
+
+/* Opens the group /name of the file into *g and lists its links. */
+static int open_group(trace *t, const char *name, hid_t *g, char ***names, size_t *n) {
+  char where[32];
+  snprintf(where, sizeof where, "/%s", name);
+  if (H5Lexists(t->file, name, H5P_DEFAULT) <= 0) return bad(t, "the group %s is missing", where);
+  if ((*g = H5Gopen2(t->file, name, H5P_DEFAULT)) < 0) return bad(t, "%s is not a group", where);
+  return list_links(t, *g, where, names, n);
+}
+
+static int open_scalars(trace *t, const trace_filter *o) {
+  hid_t g = H5I_INVALID_HID;
+  char **names = NULL;
+  size_t n = 0;
+  int rc = 0;
+  if ((rc = open_group(t, "scalars", &g, &names, &n))) goto out;
+  if (n && !(t->scalars = calloc(n, sizeof *t->scalars))) {
+    rc = oom(t);
+    goto out;
+  }
+  for (size_t i = 0; i < n && !rc; i++)
+    if (metric_wanted(o, names[i])) rc = new_column(t, g, "/scalars", names[i], &t->scalars[t->n_scalars++]);
+  if (!rc) qsort(t->scalars, t->n_scalars, sizeof *t->scalars, column_name_cmp);
+out:
+  free_names(names, n);
+  if (g >= 0) H5Gclose(g);
+  return rc;
+}
+
+static int open_layer(trace *t, const trace_filter *o, hid_t layers, const char *group, trace_layer *l) {
+  char where[600], kind[64];
+  char **names = NULL;
+  size_t n = 0;
+  int rc = 0;
+  snprintf(where, sizeof where, "/layers/%s", group);
+  hid_t g = H5Gopen2(layers, group, H5P_DEFAULT);
+  if (g < 0) return bad(t, "%s is not a group", where);
+  if (!(l->group = strdup(group))) {
+    rc = oom(t);
+    goto out;
+  }
+  if ((rc = string_attr(t, g, where, "kind", kind, sizeof kind))) goto out;
+  if (!(l->kind = strdup(kind))) {
+    rc = oom(t);
+    goto out;
+  }
+  if ((rc = list_links(t, g, where, &names, &n))) goto out;
+  for (size_t k = 0; k < N_REQUIRED; k++) {
+    size_t i = 0;
+    while (i < n && strcmp(names[i], metric_order[k])) i++;
+    if (i == n) {
+      rc = bad(t, "%s/%s is missing", where, metric_order[k]);
+      goto out;
+    }
+  }
+  if (n && !(l->cols = calloc(n, sizeof *l->cols))) {
+    rc = oom(t);
+    goto out;
+  }
+  for (size_t i = 0; i < n && !rc; i++)
+    if (metric_wanted(o, names[i])) rc = new_column(t, g, where, names[i], &l->cols[l->n_cols++]);
+  if (!rc) qsort(l->cols, l->n_cols, sizeof *l->cols, column_cmp);
+out:
+  free_names(names, n);
+  H5Gclose(g);
+  return rc;
+}
+
+static int open_layers(trace *t, const trace_filter *o) {
+  hid_t g = H5I_INVALID_HID;
+  char **names = NULL;
+  size_t n = 0;
+  int rc = 0;
+  if ((rc = open_group(t, "layers", &g, &names, &n))) goto out;
+  for (size_t k = 0; k < o->n_layer_globs; k++) { /* a pattern that matches nothing is a typo */
+    size_t i = 0;
+    while (i < n && fnmatch(o->layer_globs[k], names[i], 0)) i++;
+    if (i == n) {
+      rc = bad(t, "--layers '%s' matches no layer", o->layer_globs[k]);
+      goto out;
+    }
+  }
+  if (n && !(t->layers = calloc(n, sizeof *t->layers))) {
+    rc = oom(t);
+    goto out;
+  }
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (!layer_wanted(o, names[i])) continue;
+    trace_layer *l = &t->layers[t->n_layers++];
+    rc = open_layer(t, o, g, names[i], l);
+    if (!rc && o->metrics && !l->n_cols) { /* none of its datasets asked for: left out */
+      free(l->group), free(l->kind), free(l->cols);
+      memset(l, 0, sizeof *l);
+      t->n_layers--;
+    }
+  }
+  if (!rc) qsort(t->layers, t->n_layers, sizeof *t->layers, layer_cmp);
+out:
+  free_names(names, n);
+  if (g >= 0) H5Gclose(g);
+  return rc;
+}
+
+/* Every name of --metrics must select something: one that matches nothing is a typo. */
+static int check_metrics(trace *t, const trace_filter *o) {
+  for (size_t i = 0; i < o->n_metrics; i++) {
+    int found = t->wall.d >= 0 && !strcmp(o->metrics[i], "wall_time");
+    for (size_t s = 0; s < t->n_scalars && !found; s++) found = !strcmp(o->metrics[i], t->scalars[s].name);
+    for (size_t l = 0; l < t->n_layers && !found; l++)
+      for (size_t c = 0; c < t->layers[l].n_cols && !found; c++)
+        found = !strcmp(o->metrics[i], t->layers[l].cols[c].name);
+    if (!found)
+      return bad(t, "--metrics: no dataset '%s' (in /scalars, or in a layer%s); wall_time is /wall_time",
+                 o->metrics[i], o->n_layer_globs ? " that --layers selects" : "");
+  }
+  return 0;
+}
+
+/* 1 when another process holds a write lock on the file open at fd: the trace's writer runs
+ * (lib/trace.c locks the whole file while it writes, an open-file-description lock). */
+static int writer_running(int fd) {
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET; /* l_start = l_len = 0: the whole file */
+#ifdef F_OFD_GETLK
+  if (fcntl(fd, F_OFD_GETLK, &fl) == 0) return fl.l_type != F_UNLCK;
+#endif
+  return fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+}
+
+static int open_file(trace *t, const char *path) {
+  t->path = path;
+  /* H5Fopen of a FIFO would block for ever, of /dev/zero read on without end: regular files only */
+  if (stab_input_open(path, 0, &t->fd, NULL) != STAB_OK) {
+    snprintf(t->msg, sizeof t->msg, "%s", stab_last_error());
+    return 2;
+  }
+  struct stat sb;
+  if (fstat(t->fd, &sb) == 0) t->dev = sb.st_dev, t->ino = sb.st_ino;
+  /* A checksum that does not match is retried, with a sleep doubling from 1 ns each time, in
+   * case a running writer was caught in the middle of writing that piece of metadata: HDF5's
+   * default of 100 attempts waits for ever (2^100 ns) on a trace that is simply damaged. With
+   * its writer gone a mismatch is final, one attempt; with a writer running, enough attempts
+   * for it to finish writing (2^LIVE_READ_ATTEMPTS ns, 17 ms, per piece). */
+  t->live = writer_running(t->fd);
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl < 0 || H5Pset_metadata_read_attempts(fapl, t->live ? LIVE_READ_ATTEMPTS : 1) < 0) {
+    if (fapl >= 0) H5Pclose(fapl);
+    return bad(t, "cannot set up HDF5's file access: %s", h5_reason());
+  }
+  /* A trace written by stabmeter is in SWMR mode while its writer runs (and after it was
+   * killed); any other HDF5 file opens plainly. */
+  t->swmr = 1;
+  t->file = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl);
+  if (t->file < 0) {
+    t->swmr = 0;
+    t->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  }
+  H5Pclose(fapl);
+  if (t->file < 0) {
+    if (H5Fis_hdf5(path) <= 0) return bad(t, "not an HDF5 file, so not a stabmeter trace");
+    return bad(t, "cannot open it: %s", h5_reason());
+  }
+  return 0;
+}
+
+/* Rows never written read as the fill value, so a /step whose extent says 2^60 rows is valid
+ * HDF5 and would be exported without end. Unless a filter compresses it, each row of /step
+ * takes at least its 8 bytes of the file (as it is now: a running writer grows it). */
+static int check_rows_fit(trace *t) {
+  hid_t dcpl = H5Dget_create_plist(t->step);
+  int n = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1, compressed = n < 0;
+  for (int i = 0; i < n && !compressed; i++) { /* Fletcher32 only adds a checksum */
+    unsigned flags, info;
+    size_t nv = 0;
+    compressed = H5Pget_filter2(dcpl, (unsigned)i, &flags, &nv, NULL, 0, NULL, &info) != H5Z_FILTER_FLETCHER32;
+  }
+  if (dcpl >= 0) H5Pclose(dcpl);
+  struct stat sb;
+  if (compressed || fstat(t->fd, &sb) != 0 || sb.st_size < 0) return 0;
+  if (t->rows > (uint64_t)sb.st_size / 8)
+    return bad(t, "/step has %llu rows, more than a %lld-byte file can hold (8 bytes each)",
+               (unsigned long long)t->rows, (long long)sb.st_size);
+  return 0;
+}
+
+int trace_open(trace *t, const char *path, const trace_filter *o) {
+  char format[64];
+  int64_t version;
+  hsize_t n;
+  int rc;
+  /* The messages are ours: HDF5 prints nothing, its reason is quoted in them. */
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  if ((rc = open_file(t, path))) return rc;
+  if ((rc = string_attr(t, t->file, "the root group", "format", format, sizeof format))) return rc;
+  if (strcmp(format, "stabmeter-trace"))
+    return bad(t, "the attribute format of the root group is '%s', not 'stabmeter-trace'", format);
+  if ((rc = int_attr(t, t->file, "the root group", "format_version", &version))) return rc;
+  if (version != 1) return bad(t, "format_version %" PRId64 ": this program reads version 1", version);
+
+  /* /step first: its length is the row count, and the writer extends every other dataset
+   * before it, so each of them then holds at least that many rows. */
+  if ((rc = open_1d(t, t->file, "step", "/step", H5T_INTEGER, 0, 0, &t->step, &t->rows))) return rc;
+  if ((rc = check_rows_fit(t))) return rc;
+  t->wall.d = H5I_INVALID_HID;
+  if ((rc = open_1d(t, t->file, "wall_time", "/wall_time", H5T_FLOAT, t->rows, 1, &t->wall.d, &n))) return rc;
+  if (!metric_wanted(o, "wall_time")) {
+    H5Dclose(t->wall.d);
+    t->wall.d = H5I_INVALID_HID;
+  } else if (!(t->wall.name = strdup("wall_time")) || !(t->wall.v = malloc(TRACE_BLOCK_ROWS * sizeof *t->wall.v))) {
+    return oom(t);
+  }
+  if ((rc = open_scalars(t, o)) || (rc = open_layers(t, o))) return rc;
+  if ((rc = check_metrics(t, o))) return rc;
+  const hsize_t block = TRACE_BLOCK_ROWS;
+  if (!(t->steps = malloc(TRACE_BLOCK_ROWS * sizeof *t->steps)) || (t->mem = H5Screate_simple(1, &block, NULL)) < 0)
+    return oom(t);
+  return 0;
+}
+
+static void free_column(trace_column *c) {
+  if (c->d >= 0) H5Dclose(c->d);
+  free(c->name);
+  free(c->v);
+}
+
+void trace_close(trace *t) {
+  for (size_t i = 0; i < t->n_scalars; i++) free_column(&t->scalars[i]);
+  for (size_t l = 0; l < t->n_layers; l++) {
+    for (size_t c = 0; c < t->layers[l].n_cols; c++) free_column(&t->layers[l].cols[c]);
+    free(t->layers[l].cols);
+    free(t->layers[l].group);
+    free(t->layers[l].kind);
+  }
+  free_column(&t->wall);
+  free(t->scalars);
+  free(t->layers);
+  free(t->steps);
+  if (t->mem >= 0) H5Sclose(t->mem);
+  if (t->step >= 0) H5Dclose(t->step);
+  if (t->file >= 0) H5Fclose(t->file);
+  if (t->fd >= 0) close(t->fd);
+  trace_init(t);
+}
+
+/* ---- reading rows ----------------------------------------------------------------------- */
+
+static int read_rows(trace *t, hid_t d, const char *what, hsize_t first, hsize_t count, hid_t type,
+                     void *buf) {
+  const hsize_t zero = 0;
+  hid_t fs = H5Dget_space(d);
+  int ok = fs >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, &first, NULL, &count, NULL) >= 0 &&
+           H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL) >= 0 &&
+           H5Dread(d, type, t->mem, fs, H5P_DEFAULT, buf) >= 0;
+  int rc = ok ? 0 : bad(t, "cannot read rows of %s: %s", what, h5_reason()); /* before H5Sclose clears it */
+  if (fs >= 0) H5Sclose(fs);
+  return rc;
+}
+
+int trace_read_block(trace *t, hsize_t first, hsize_t count) {
+  char what[600];
+  if (read_rows(t, t->step, "/step", first, count, H5T_NATIVE_INT64, t->steps)) return 2;
+  if (t->wall.d >= 0 && read_rows(t, t->wall.d, "/wall_time", first, count, H5T_NATIVE_DOUBLE, t->wall.v)) return 2;
+  for (size_t s = 0; s < t->n_scalars; s++) {
+    snprintf(what, sizeof what, "/scalars/%s", t->scalars[s].name);
+    if (read_rows(t, t->scalars[s].d, what, first, count, H5T_NATIVE_DOUBLE, t->scalars[s].v)) return 2;
+  }
+  for (size_t l = 0; l < t->n_layers; l++)
+    for (size_t c = 0; c < t->layers[l].n_cols; c++) {
+      const trace_column *col = &t->layers[l].cols[c];
+      snprintf(what, sizeof what, "/layers/%s/%s", t->layers[l].group, col->name);
+      if (read_rows(t, col->d, what, first, count, H5T_NATIVE_DOUBLE, col->v)) return 2;
+    }
+  return 0;
+}
+
