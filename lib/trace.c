@@ -328,7 +328,9 @@ static herr_t get_int(hid_t obj, const char *name, int64_t *value) {
  *    dev and ino), and rename over it while holding that lock. Busy: STAB_EBUSY. Not the same
  *    inode any more: another writer replaced it meanwhile; start again from the top.
  *  - append, path present: lock the file at path, check that path still names it (as above),
- *    then let HDF5 open it. Path absent: a new trace, as above.
+ *    then let HDF5 open it. Path absent: a new trace, as above, except that a path present by
+ *    the time of publishing (another writer's new trace, perhaps finished already) is never
+ *    replaced: start again, which appends to it.
  * Two writers on one path, every interleaving (the winner is whoever takes a lock first or
  * publishes first; the other gets STAB_EBUSY and leaves nothing behind):
  *  - create/create: both NOREPLACE; one rename succeeds, the other's fails with EEXIST, it
@@ -397,9 +399,12 @@ static stab_status lock_path(const char *who, const char *path, const char *what
 }
 
 /* Makes the complete temporary file tmp (locked by t) the trace at t->path, never replacing a
- * file another writer holds (see the protocol above). *again: start the open again. */
-static stab_status publish(stab_trace *t, const char *who, const char *tmp, int *again) {
+ * file another writer holds (see the protocol above). A writer asked to append that finds a
+ * trace there now (another writer published it meanwhile and may have finished) appends to it
+ * instead: *again. *again: start the open again. */
+static stab_status publish(stab_trace *t, const char *who, const char *tmp, int append, int *again) {
   struct stat sb;
+  if (lstat(t->path, &sb) == 0 && append) return *again = 1, STAB_OK;
   if (lstat(t->path, &sb) != 0) {
 #ifdef RENAME_NOREPLACE
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, t->path, RENAME_NOREPLACE) == 0) return STAB_OK;
@@ -917,7 +922,7 @@ static stab_status create_new(stab_trace *t, const builder *b, hid_t fapl, char 
     st = h5fail(who, path, "cannot start SWMR writing");
     goto out;
   }
-  st = publish(t, who, *tmp, again);
+  st = publish(t, who, *tmp, b->p->append, again);
 out:
   free(image);
   if (mem >= 0) H5Pclose(mem);

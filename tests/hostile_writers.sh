@@ -69,20 +69,28 @@ if one_winner "two trains" "$run/trace.h5" $rc1 "$dir/t1.err" $rc2 "$dir/t2.err"
 fi
 ls "$run" | grep -q tmp && fail "two trains: a temporary file is left: $(ls "$run")"
 
-# Two probes of one step: whether they overlap (the loser finds the trace locked) or not (it
-# finds step 100 there already), exactly one writes it.
+# Two probes of one step on a new trace, 10 rounds: whether they overlap (the loser finds the
+# trace locked), follow each other (it finds step 100 there already) or half overlap (the loser
+# built a new trace while the winner published and closed its own: it must append to the
+# winner's, not replace it), exactly one writes it. One round in three ended with both
+# exiting 0 before that last case was handled, so ten rounds catch it.
 if "$gen" "$dir/ck" gpt2 F32 >/dev/null 2>&1; then
   tr=$dir/probe.h5
-  for k in 1 2; do
-    timeout --kill-after=10 "$LIMIT_SECONDS" "$probe" "$dir/ck.safetensors" --hdf5 "$tr" --step 100 --quiet \
-      >/dev/null 2>"$dir/p$k.err" </dev/null &
-    eval "pid$k=\$!"
+  round=1
+  while [ $round -le 10 ]; do
+    rm -f "$tr"
+    for k in 1 2; do
+      timeout --kill-after=10 "$LIMIT_SECONDS" "$probe" "$dir/ck.safetensors" --hdf5 "$tr" --step 100 --quiet \
+        >/dev/null 2>"$dir/p$k.err" </dev/null &
+      eval "pid$k=\$!"
+    done
+    wait "$pid1"; rc1=$?
+    wait "$pid2"; rc2=$?
+    if one_winner "two probes, round $round" "$tr" $rc1 "$dir/p1.err" $rc2 "$dir/p2.err"; then
+      [ "$(rows "$tr")" = 1 ] && pass || fail "two probes, round $round: the trace has $(rows "$tr") rows, not 1"
+    fi
+    round=$((round + 1))
   done
-  wait "$pid1"; rc1=$?
-  wait "$pid2"; rc2=$?
-  if one_winner "two probes" "$tr" $rc1 "$dir/p1.err" $rc2 "$dir/p2.err"; then
-    [ "$(rows "$tr")" = 1 ] && pass || fail "two probes: the trace has $(rows "$tr") rows, not 1"
-  fi
   # a step before the trace's last is refused, the trace kept
   expect "probe of an earlier step" 2 "probe.h5: .*step 50 is not after the last step 100" \
     "$probe" "$dir/ck.safetensors" --hdf5 "$tr" --step 50 --quiet
