@@ -264,9 +264,16 @@ static void power(stab_spectral_workspace *ws, const float *a, const float *b, s
       err = 0.0;
       break;
     }
-    /* the residual of x: some eigenvalue lies within r of theta (Bauer-Fike) */
-    double e = sqrt(fmax(yy - theta * theta, 0.0));
-    err = sigma_rel(e, theta);
+    /* the residual r = ||y - theta x|| of x: some eigenvalue lies within r of theta
+     * (Bauer-Fike). Formed from its components, not as sqrt(yy - theta^2): that difference
+     * cancels to 0 once r / theta is below about 1e-8 (f64), which claimed an exact answer
+     * (rel_err 0, converged) at any tolerance below that. */
+    double rr = 0.0;
+    for (size_t i = 0; i < cols; i++) {
+      double d = y[i] - theta * x[i];
+      rr += d * d;
+    }
+    err = sigma_rel(sqrt(rr), theta);
     scale(y, 1.0 / sqrt(yy), cols);
     memcpy(x, y, cols * sizeof *x);
     if (err <= p->tol) break;

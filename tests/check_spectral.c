@@ -323,6 +323,40 @@ START_TEST(test_tight_tolerance) {
 }
 END_TEST
 
+/* Power iteration's error estimate at a tolerance below 1e-8: it must stay an honest bound of
+ * what the returned vector shows (its residual, computed here in f64 from the matrix), never 0
+ * for a vector that is not exact. sqrt(||Gx||^2 - theta^2) cancelled to 0 there and stopped
+ * the iteration with rel_err 0. */
+START_TEST(test_power_error_below_1e8) {
+  tu_rng r;
+  tu_rng_init(&r, 3005);
+  const size_t rows = 60, cols = 40;
+  float *a = tu_floats(rows * cols);
+  tu_fill_gauss(a, rows, cols, cols, 1.0, &r);
+  stab_spectral_params p = params_for(STAB_SPECTRAL_POWER);
+  p.tol = 1e-12;
+  p.max_passes = 5000;
+  double *v = tu_doubles(cols), *av = tu_doubles(rows), *y = tu_doubles(cols);
+  stab_sigma_result res;
+  TU_ASSERT_OK(stab_sigma(a, rows, cols, cols, &p, v, &res));
+  tu_matvec(a, rows, cols, cols, v, av);
+  tu_matvec_t(a, rows, cols, cols, av, y);
+  double theta = 0, rr = 0, vv = tu_norm2(v, cols);
+  for (size_t i = 0; i < cols; i++) theta += v[i] * y[i];
+  theta /= vv * vv;
+  for (size_t i = 0; i < cols; i++) rr += (y[i] - theta * v[i]) * (y[i] - theta * v[i]) / (vv * vv);
+  double shown = 0.5 * sqrt(rr) / theta; /* the bound the returned vector gives */
+  ck_assert_msg(res.rel_err > 0.0, "rel_err 0 after %d passes, the vector's residual says %g", res.passes,
+                shown);
+  ck_assert_msg(res.rel_err >= 0.5 * shown - 1e-15, "rel_err %g below the vector's own bound %g", res.rel_err,
+                shown);
+  ck_assert_msg(res.converged && res.rel_err <= p.tol, "not converged: rel_err %g after %d passes", res.rel_err,
+                res.passes);
+  TU_ASSERT_REL(res.sigma, ref_sigma(a, rows, cols, cols), 1e-12, "sigma (passes %d)", res.passes);
+  free(a), free(v), free(av), free(y);
+}
+END_TEST
+
 START_TEST(test_not_converged) {
   tu_rng r;
   tu_rng_init(&r, 3002);
@@ -648,6 +682,7 @@ static Suite *spectral_suite(void) {
   tc = tcase_create("parameters");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_tight_tolerance);
+  tcase_add_test(tc, test_power_error_below_1e8);
   tcase_add_test(tc, test_not_converged);
   tcase_add_test(tc, test_small_krylov_dim);
   tcase_add_loop_test(tc, test_seeds_and_cold_start, 0, 6);
