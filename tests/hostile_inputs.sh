@@ -64,6 +64,14 @@ expect "train --resume, a FIFO as its .adamw" 2 "step-000002.adamw.*FIFO" \
 mkdir "$dir/cfg" && cp "$dir/m.safetensors" "$dir/cfg/" && mkfifo "$dir/cfg/config.json"
 expect "probe, a FIFO as config.json" 0 "config.json.*FIFO.*ignored" "$probe" "$dir/cfg/m.safetensors"
 
+# A FIFO where a trace is to be written (probe --hdf5, train --out's trace.h5): refused, never
+# opened for writing (which would wait for a reader) nor replaced.
+mkfifo "$dir/out-fifo.h5"
+expect "probe --hdf5 FIFO" 1 "out-fifo.h5: not a regular file" "$probe" "$dir/m.safetensors" --hdf5 "$dir/out-fifo.h5" --step 1
+mkdir "$dir/fiforun" && mkfifo "$dir/fiforun/trace.h5"
+expect "train --out, trace.h5 a FIFO" 1 "trace.h5: not a regular file" "$train" $small --steps 2 --out "$dir/fiforun"
+[ -p "$dir/out-fifo.h5" ] && [ -p "$dir/fiforun/trace.h5" ] && pass || fail "a FIFO where a trace was to go was replaced"
+
 # export's output is its input: refused, the trace untouched.
 ln -s "$dir/t.h5" "$dir/t-link.h5"
 ln "$dir/t.h5" "$dir/t-hard.h5"
