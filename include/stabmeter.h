@@ -519,7 +519,8 @@ stab_trace_params stab_trace_default_params(void);
  * Not thread-safe: one thread at a time per trace (HDF5 itself is built serial on Debian).
  * Errors: NULL argument, bad name, flush_every < 1 or unknown on_error STAB_EINVAL; two layers
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
- * (the message names the first difference, e.g. the layer) STAB_EINVAL; another writer holds
+ * (the message names the first difference, e.g. the layer), or a file at path that is not a
+ * stabmeter trace at all (not HDF5: refused before anything is written to it), STAB_EINVAL; another writer holds
  * the trace, or kept replacing it while this one opened it, STAB_EBUSY naming the path; any
  * HDF5 or system failure (no room on the disk included) STAB_EIO with the path and what failed
  * in words; STAB_ENOMEM. On failure *out is NULL and nothing is left open; a new trace's

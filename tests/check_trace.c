@@ -512,6 +512,64 @@ END_TEST
 
 /* A monitor whose layers or names differ is refused, naming the difference, and the trace is
  * left as it was. */
+/* Disk blocks a file holds, in bytes. */
+static off_t allocated(const char *path) {
+  struct stat sb;
+  ck_assert_int_eq(stat(path, &sb), 0);
+  return (off_t)sb.st_blocks * 512;
+}
+
+/* The disk reserve is given back at close: a closed trace holds about its size on disk, not
+ * the reserve on top (on ext4 a hole punched past the end freed nothing: 556 KB took 1.8 MB).
+ * And a file that is not HDF5 given as the trace to append to (a checkpoint, say) is refused
+ * before anything touches it: its bytes, its size on disk and its times stay as they were. */
+START_TEST(test_disk_left_as_found) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 23, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_trace *t = NULL;
+  const char *path = tmp_path("given_back.h5");
+  stab_trace_params p = trace_params(1);
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  for (int64_t s = 1; s <= 300; s++) TU_ASSERT_OK(stab_trace_append(t, s, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  struct stat sb;
+  ck_assert_int_eq(stat(path, &sb), 0);
+  /* a file system block and HDF5's rounding at most, never the reserve (256 KiB and more) */
+  ck_assert_msg(allocated(path) <= sb.st_size + 64 * 1024, "a closed trace of %lld bytes holds %lld on disk",
+                (long long)sb.st_size, (long long)allocated(path));
+
+  const char *other = tmp_path("model.safetensors");
+  FILE *f = fopen(other, "wb");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < 4096; i++) fputc(i * 7 & 0xff, f);
+  ck_assert_int_eq(fclose(f), 0);
+  struct stat before, after;
+  ck_assert_int_eq(stat(other, &before), 0);
+  off_t blocks = allocated(other);
+  p.append = 1;
+  TU_ASSERT_STATUS(stab_trace_open(other, m, &p, &t), STAB_EINVAL);
+  ck_assert_ptr_null(t);
+  ck_assert_msg(strstr(stab_last_error(), "not an HDF5 file") && strstr(stab_last_error(), other),
+                "message: %s", stab_last_error());
+  ck_assert_int_eq(stat(other, &after), 0);
+  ck_assert_int_eq(after.st_size, before.st_size);
+  ck_assert_int_eq(allocated(other), blocks);
+  ck_assert_msg(after.st_mtim.tv_sec == before.st_mtim.tv_sec && after.st_mtim.tv_nsec == before.st_mtim.tv_nsec &&
+                after.st_ctim.tv_sec == before.st_ctim.tv_sec && after.st_ctim.tv_nsec == before.st_ctim.tv_nsec,
+                "the file's times changed");
+  f = fopen(other, "rb");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < 4096; i++) ck_assert_int_eq(fgetc(f), i * 7 & 0xff);
+  fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(test_append_mismatch) {
   make_tmpdir();
   model md, other;
@@ -558,14 +616,15 @@ START_TEST(test_append_mismatch) {
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
   ck_assert_msg(strstr(stab_last_error(), "blocks/0/fc"), "message: %s", stab_last_error());
 
-  /* not a trace */
+  /* not a trace: not even HDF5 (refused before HDF5 opens it, as a trace of another format is) */
   FILE *fp = fopen(tmp_path("junk.h5"), "w");
   ck_assert_ptr_nonnull(fp);
   fputs("not hdf5\n", fp);
   fclose(fp);
   p.n_layer_extras = NE;
-  TU_ASSERT_STATUS(stab_trace_open(tmp_path("junk.h5"), m, &p, &t), STAB_EIO);
-  ck_assert_msg(strstr(stab_last_error(), "junk.h5"), "message: %s", stab_last_error());
+  TU_ASSERT_STATUS(stab_trace_open(tmp_path("junk.h5"), m, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "junk.h5") && strstr(stab_last_error(), "not a stabmeter trace"),
+                "message: %s", stab_last_error());
 
   hid_t f = open_read(path, 0);
   int64_t *steps;
@@ -1100,6 +1159,7 @@ static Suite *trace_suite(void) {
   tcase_add_test(tc, test_append_resume);
   tcase_add_test(tc, test_append_drops_redone_rows);
   tcase_add_test(tc, test_append_mismatch);
+  tcase_add_test(tc, test_disk_left_as_found);
   tcase_add_test(tc, test_one_writer);
   tcase_add_test(tc, test_writers_race);
   tcase_add_test(tc, test_steps_increase);

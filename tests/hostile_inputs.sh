@@ -72,6 +72,14 @@ mkdir "$dir/fiforun" && mkfifo "$dir/fiforun/trace.h5"
 expect "train --out, trace.h5 a FIFO" 1 "trace.h5: not a regular file" "$train" $small --steps 2 --out "$dir/fiforun"
 [ -p "$dir/out-fifo.h5" ] && [ -p "$dir/fiforun/trace.h5" ] && pass || fail "a FIFO where a trace was to go was replaced"
 
+# The checkpoint given as its own trace (probe CK --hdf5 CK): refused as not a trace (exit 2),
+# the checkpoint untouched, its size on disk too (the trace's disk reserve never reaches it).
+before=$(sha "$dir/m.safetensors") blocks=$(stat -c %b "$dir/m.safetensors")
+expect "probe --hdf5 its own checkpoint" 2 "m.safetensors: not a stabmeter trace" \
+  "$probe" "$dir/m.safetensors" --hdf5 "$dir/m.safetensors" --step 1
+[ "$(sha "$dir/m.safetensors")" = "$before" ] && [ "$(stat -c %b "$dir/m.safetensors")" = "$blocks" ] && pass ||
+  fail "probe --hdf5 its own checkpoint changed it (or its blocks: $blocks -> $(stat -c %b "$dir/m.safetensors"))"
+
 # export's output is its input: refused, the trace untouched.
 ln -s "$dir/t.h5" "$dir/t-link.h5"
 ln "$dir/t.h5" "$dir/t-hard.h5"
