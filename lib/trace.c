@@ -404,7 +404,14 @@ static stab_status lock_path(const char *who, const char *path, const char *what
  * instead: *again. *again: start the open again. */
 static stab_status publish(stab_trace *t, const char *who, const char *tmp, int append, int *again) {
   struct stat sb;
-  if (lstat(t->path, &sb) == 0 && append) return *again = 1, STAB_OK;
+  int present = stat(t->path, &sb) == 0; /* a file, reached through symbolic links */
+  if (present && append) return *again = 1, STAB_OK;
+  if (!present && lstat(t->path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+    /* a symbolic link to nothing: no writer can hold it, and renaming replaces the link itself
+     * (a file made at its target meanwhile is left where it is) */
+    if (rename(tmp, t->path) == 0) return STAB_OK;
+    return stabi_fail(STAB_EIO, "%s: %s: cannot rename the new trace to it: %s", who, t->path, strerror(errno));
+  }
   if (lstat(t->path, &sb) != 0) {
 #ifdef RENAME_NOREPLACE
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, t->path, RENAME_NOREPLACE) == 0) return STAB_OK;

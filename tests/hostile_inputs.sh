@@ -72,6 +72,15 @@ mkdir "$dir/fiforun" && mkfifo "$dir/fiforun/trace.h5"
 expect "train --out, trace.h5 a FIFO" 1 "trace.h5: not a regular file" "$train" $small --steps 2 --out "$dir/fiforun"
 [ -p "$dir/out-fifo.h5" ] && [ -p "$dir/fiforun/trace.h5" ] && pass || fail "a FIFO where a trace was to go was replaced"
 
+# A symbolic link to nothing where the trace goes (a run folder copied without its target):
+# the new trace replaces the link, for a new run and for probe --hdf5 (which appends).
+mkdir "$dir/dangling" && ln -s "$dir/nowhere" "$dir/dangling/trace.h5" && ln -s "$dir/nowhere2" "$dir/dangling.h5"
+expect "train --out, trace.h5 a dangling link" 0 '' "$train" $small --steps 2 --out "$dir/dangling"
+expect "probe --hdf5 a dangling link" 0 '' "$probe" "$dir/m.safetensors" --hdf5 "$dir/dangling.h5" --step 1
+[ -f "$dir/dangling/trace.h5" ] && [ ! -L "$dir/dangling/trace.h5" ] && [ -f "$dir/dangling.h5" ] &&
+  [ ! -L "$dir/dangling.h5" ] && [ ! -e "$dir/nowhere" ] && [ ! -e "$dir/nowhere2" ] && pass ||
+  fail "a dangling link where a trace was to go: not replaced by the trace"
+
 # The checkpoint given as its own trace (probe CK --hdf5 CK): refused as not a trace (exit 2),
 # the checkpoint untouched, its size on disk too (the trace's disk reserve never reaches it).
 before=$(sha "$dir/m.safetensors") blocks=$(stat -c %b "$dir/m.safetensors")
