@@ -1,4 +1,4 @@
-/* trace_reader.h — a stabmeter trace (HDF5, SPEC.md "Trace") as harness/export reads it: the file
+/* trace_reader.h — a stabmeter trace (HDF5, docs/metrics.md "Trace") as harness/export reads it: the file
  * opened (regular files only, by stab_input_open), every dataset of the schema checked and
  * opened, then the rows read a block at a time. Shared with the trace reader's fuzz target.
  * Harness code: nothing is printed; a failure's message is in the trace's msg. */
@@ -43,6 +43,7 @@ typedef struct {
   int live;            /* its writer was running at the open (it holds the write lock) */
   hid_t file, step, mem;
   int swmr;            /* opened with SWMR_READ */
+  int64_t version;     /* format_version: 1, or 2 (each group also links /step as "step") */
   hsize_t rows;        /* len(/step): the rows every dataset has (others may be longer) */
   trace_column wall;   /* /wall_time; wall.d < 0 when not read */
   trace_column *scalars; /* by name */

@@ -9,8 +9,9 @@ tmp=$(mktemp -d /tmp/check_train.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 status=0
 fail() { echo "FAIL: $*"; status=1; }
-# rows FILE DATASET: the length of a trace dataset (h5dump, from hdf5-tools)
-rows() { h5dump -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
+# rows FILE DATASET: the length of a trace dataset (h5dump, from hdf5-tools; the first SIMPLE is the
+# dataset's own, the others its attributes': DIMENSION_LIST, REFERENCE_LIST)
+rows() { h5dump -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p' | head -n 1; }
 # first FILE DATASET: its first value
 first() { h5dump -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
 expect() { # expected-status description command...
