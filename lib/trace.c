@@ -28,9 +28,10 @@ enum { CHUNK_ROWS = 256 };
  * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. */
 enum { STAGE_ROWS = 256 };
 
-/* The format this library writes. 2: /step a dimension scale, shared by every group through a
- * hard link named step; units, long_name and description attributes; storage sharing. A
- * version 1 trace appended to is brought to version 2 first (describe). */
+/* The format this library writes. 2: /step a dimension scale, and each group (/scalars, every
+ * layer's) a copy of it named step that is the scale of the group's datasets; units, long_name
+ * and description attributes; storage sharing. A version 1 trace appended to is brought to
+ * version 2 first (add_step_copies, describe). */
 enum { FORMAT_VERSION = 2 };
 
 /* The stab_metrics fields every layer records, in file order. */
@@ -183,6 +184,8 @@ struct stab_trace {
                          metrics, head bounds and extras */
   size_t n_dsets;
   size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
+  size_t first_copy;  /* dsets from here on are the groups' copies of /step: /scalars/step, then
+                         each layer's (int64, written from stage_step like /step) */
   size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS): a full stage is flushed */
   double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
                          column 0 unused (step is int64) */
@@ -634,8 +637,7 @@ typedef struct {
   const char *who, *path;
   const stab_trace_params *p;
   hid_t str;          /* variable-length UTF-8 string type */
-  hid_t dcpl_f, dcpl_i; /* chunked creation properties: float64 (fill NaN), int64 (/step: its
-                           attributes stored densely, so that REFERENCE_LIST may pass 64 KiB) */
+  hid_t dcpl_f, dcpl_i; /* chunked creation properties: float64 (fill NaN), int64 */
   hid_t space0;       /* [0] of [unlimited] */
   const stabi_sharing *share; /* which layers share storage */
 } builder;
@@ -666,6 +668,7 @@ static stab_status create_layer(stab_trace *t, const builder *b, hid_t layers, s
     const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
     st = new_dataset(t, b, g, name, t->layer_first[i] + k, 0);
   }
+  if (st == STAB_OK) st = new_dataset(t, b, g, "step", t->first_copy + 1 + i, 1);
 out:
   H5Gclose(g);
   return st;
@@ -719,14 +722,32 @@ static stab_status describe_dataset(const builder *b, hid_t d, hid_t step, const
   return STAB_OK;
 }
 
-/* Group g (every layer's, and /scalars) links /step under the name step, so that a group read
- * alone (xarray's open_dataset(path, group=...)) has its coordinate: a hard link, the same
- * dataset, nothing copied and nothing more to write per row. */
-static stab_status link_step(const stab_trace *t, const builder *b, hid_t g, const char *where) {
-  htri_t has = H5Lexists(g, "step", H5P_DEFAULT);
-  if (has < 0 || (!has && H5Lcreate_hard(t->file, "step", g, "step", H5P_DEFAULT, H5P_DEFAULT) < 0))
-    return h5fail(b->who, b->path, "cannot link /step into %s", where);
-  return STAB_OK;
+/* Each group's step: a copy of /step that is the dimension scale of the group's datasets, so
+ * that a group read alone (xarray's open_dataset(path, group=...)) has its coordinate, and a
+ * reader resolving an unlimited dimension's length through the scale's REFERENCE_LIST (h5netcdf
+ * opens every dataset listed there) visits the group's datasets, not the whole trace's (9 s per
+ * group for 80 layers with one scale for all). A group's datasets are in dsets from `first` to
+ * `first + n`; its copy at `copy`. */
+static stab_status describe_group_datasets(stab_trace *t, const builder *b, const char *where, size_t first,
+                                           size_t n, size_t copy, const stab_layer *l) {
+  const stab_trace_params *p = b->p;
+  const hid_t scale = t->dsets[copy];
+  htri_t is = H5DSis_scale(scale);
+  if (is < 0 || (!is && H5DSset_scale(scale, "step") < 0))
+    return h5fail(b->who, b->path, "cannot make %s/step a dimension scale", where);
+  stab_status st = describe_dataset(b, scale, H5I_INVALID_HID, where, "step", "step", NOT_LAYER);
+  for (size_t k = 0; k < n && st == STAB_OK; k++) {
+    char buf[64];
+    const char *name, *key;
+    if (!l) {
+      name = key = p->scalars[k];
+    } else {
+      name = layer_dset_name(l, k, p->layer_extras, buf, sizeof buf);
+      key = k >= N_METRICS && k < N_METRICS + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) ? "head_bound" : name;
+    }
+    st = describe_dataset(b, t->dsets[first + k], scale, where, name, key, l ? (int)l->kind : NOT_LAYER);
+  }
+  return st;
 }
 
 /* A layer group's description, param_count_unique and shares_storage_with (the other groups
@@ -748,29 +769,22 @@ static stab_status describe_group(const stab_trace *t, const builder *b, hid_t g
   return STAB_OK;
 }
 
-/* Everything format_version 2 adds to the datasets of t (all open): /step made a dimension
- * scale and attached to every other dataset, linked into every group, units and long_name on
- * each, the layers' descriptions. Before SWMR writing starts (it allows no new attribute or
- * link). Each piece already there is kept or rewritten, so an upgrade cut short is finished by
- * the next append. */
+/* Everything format_version 2 adds to the datasets of t (all open, the groups' copies of /step
+ * included): /step and each copy made a dimension scale and attached to the datasets beside it,
+ * units and long_name on each, the layers' descriptions. Before SWMR writing starts (it allows
+ * no new attribute). Each piece already there is kept or rewritten, so an upgrade cut short is
+ * finished by the next append. */
 static stab_status describe(stab_trace *t, const builder *b, char *const *gnames) {
-  const stab_trace_params *p = b->p;
   const hid_t step = t->dsets[0];
-  hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID, g = H5I_INVALID_HID;
+  hid_t layers = H5I_INVALID_HID, g = H5I_INVALID_HID;
   htri_t scale = H5DSis_scale(step);
   if (scale < 0 || (!scale && H5DSset_scale(step, "step") < 0))
     return h5fail(b->who, b->path, "cannot make /step a dimension scale");
   stab_status st = describe_dataset(b, step, H5I_INVALID_HID, "", "step", "step", NOT_LAYER);
   if (st == STAB_OK) st = describe_dataset(b, t->dsets[1], step, "", "wall_time", "wall_time", NOT_LAYER);
+  if (st == STAB_OK) st = describe_group_datasets(t, b, "/scalars", 2, t->n_scalars, t->first_copy, NULL);
   if (st != STAB_OK) return st;
-  if ((scalars = H5Gopen2(t->file, "scalars", H5P_DEFAULT)) < 0 ||
-      (layers = H5Gopen2(t->file, "layers", H5P_DEFAULT)) < 0) {
-    st = h5fail(b->who, b->path, "cannot open /scalars or /layers");
-    goto out;
-  }
-  st = link_step(t, b, scalars, "/scalars");
-  for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
-    st = describe_dataset(b, t->dsets[2 + s], step, "/scalars", p->scalars[s], p->scalars[s], NOT_LAYER);
+  if ((layers = H5Gopen2(t->file, "layers", H5P_DEFAULT)) < 0) return h5fail(b->who, b->path, "cannot open /layers");
   for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) {
     const stab_layer *l = stab_monitor_layer(t->m, i);
     char where[600];
@@ -779,22 +793,12 @@ static stab_status describe(stab_trace *t, const builder *b, char *const *gnames
       st = h5fail(b->who, b->path, "cannot open %s", where);
       break;
     }
-    st = link_step(t, b, g, where);
-    if (st == STAB_OK) st = describe_group(t, b, g, i, gnames);
-    size_t n = layer_dsets(l, t->n_extras);
-    for (size_t k = 0; k < n && st == STAB_OK; k++) {
-      char buf[64];
-      const char *name = layer_dset_name(l, k, p->layer_extras, buf, sizeof buf);
-      const char *key = k >= N_METRICS && k < N_METRICS + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0)
-                            ? "head_bound" : name;
-      st = describe_dataset(b, t->dsets[t->layer_first[i] + k], step, where, name, key, (int)l->kind);
-    }
+    st = describe_group(t, b, g, i, gnames);
+    if (st == STAB_OK)
+      st = describe_group_datasets(t, b, where, t->layer_first[i], layer_dsets(l, t->n_extras), t->first_copy + 1 + i, l);
     H5Gclose(g);
-    g = H5I_INVALID_HID;
   }
-out:
-  if (scalars >= 0) H5Gclose(scalars);
-  if (layers >= 0) H5Gclose(layers);
+  H5Gclose(layers);
   return st;
 }
 
@@ -827,6 +831,7 @@ static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char
   }
   for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
     st = new_dataset(t, b, scalars, p->scalars[s], 2 + s, 0);
+  if (st == STAB_OK) st = new_dataset(t, b, scalars, "step", t->first_copy, 1);
   for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = create_layer(t, b, layers, i, gnames[i]);
   if (st == STAB_OK) st = describe(t, b, gnames);
 out:
@@ -889,7 +894,8 @@ static stab_status check_layer(stab_trace *t, const builder *b, hid_t layers, si
     const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
     st = open_dataset(t, b, g, where, name, t->layer_first[i] + k);
   }
-  const hsize_t step_link = t->file_version >= 2; /* its hard link to /step */
+  const hsize_t step_link = t->file_version >= 2; /* its copy of /step */
+  if (st == STAB_OK && step_link) st = open_dataset(t, b, g, where, "step", t->first_copy + 1 + i);
   if (st == STAB_OK && have != n + step_link)
     st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has %llu datasets in the trace, %zu expected "
                     "(other heads or layer extras)", who, path, where, (unsigned long long)(have - step_link), n);
@@ -923,7 +929,7 @@ static stab_status drop_rows_after(stab_trace *t, const builder *b, hsize_t *row
   hsize_t keep = 0;
   while (keep < *rows && steps[keep] <= b->p->resume_step) keep++;
   for (size_t k = 0; keep < *rows && k < t->n_dsets; k++)
-    if (H5Dset_extent(t->dsets[k], &keep) < 0) {
+    if (t->dsets[k] >= 0 && H5Dset_extent(t->dsets[k], &keep) < 0) {
       st = h5fail(b->who, b->path, "cannot remove the rows after the resumed step");
       goto out;
     }
@@ -943,6 +949,47 @@ static stab_status read_last_step(stab_trace *t, const builder *b, hsize_t rows)
   if (fs >= 0) H5Sclose(fs);
   if (ms >= 0) H5Sclose(ms);
   t->has_last = st == STAB_OK;
+  return st;
+}
+
+/* The copy of /step in group loc (where, for messages) into dsets[k], holding the rows of /step
+ * (steps): created, or opened when an upgrade cut short made it already. */
+static stab_status step_copy(stab_trace *t, const builder *b, hid_t loc, const char *where, size_t k,
+                             const int64_t *steps, hsize_t rows) {
+  htri_t has = H5Lexists(loc, "step", H5P_DEFAULT);
+  if (has < 0) return h5fail(b->who, b->path, "cannot look into %s", where);
+  t->dsets[k] = has ? H5Dopen2(loc, "step", H5P_DEFAULT)
+                    : H5Dcreate2(loc, "step", H5T_STD_I64LE, b->space0, H5P_DEFAULT, b->dcpl_i, H5P_DEFAULT);
+  if (t->dsets[k] < 0) return h5fail(b->who, b->path, "cannot create %s/step", where);
+  if (H5Dset_extent(t->dsets[k], &rows) < 0 ||
+      (rows && H5Dwrite(t->dsets[k], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0))
+    return h5fail(b->who, b->path, "cannot write %s/step", where);
+  return STAB_OK;
+}
+
+/* Upgrading a version 1 trace (rows rows): each group gets its copy of /step. */
+static stab_status add_step_copies(stab_trace *t, const builder *b, char *const *gnames, hsize_t rows) {
+  int64_t *steps = malloc((rows ? rows : 1) * sizeof *steps);
+  hid_t g = H5I_INVALID_HID;
+  if (!steps) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+  stab_status st = STAB_OK;
+  if (rows && H5Dread(t->dsets[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0) {
+    st = h5fail(b->who, b->path, "cannot read /step");
+    goto out;
+  }
+  for (size_t i = 0; i <= t->n_layers && st == STAB_OK; i++) {
+    char where[600];
+    if (i == 0) snprintf(where, sizeof where, "/scalars");
+    else snprintf(where, sizeof where, "/layers/%s", gnames[i - 1]);
+    if ((g = H5Gopen2(t->file, where, H5P_DEFAULT)) < 0) {
+      st = h5fail(b->who, b->path, "cannot open %s", where);
+      break;
+    }
+    st = step_copy(t, b, g, where, t->first_copy + i, steps, rows);
+    H5Gclose(g);
+  }
+out:
+  free(steps);
   return st;
 }
 
@@ -974,7 +1021,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
     return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes %d (and upgrades 1)", who,
                       path, (long long)version, FORMAT_VERSION);
   t->file_version = version;
-  const hsize_t step_link = version >= 2; /* each group's hard link to /step */
+  const hsize_t step_link = version >= 2; /* each group's copy of /step */
   if ((st = open_dataset(t, b, t->file, "the root", "step", 0)) != STAB_OK) return st;
   if ((st = open_dataset(t, b, t->file, "the root", "wall_time", 1)) != STAB_OK) return st;
   if (H5Lexists(t->file, "scalars", H5P_DEFAULT) <= 0 || H5Lexists(t->file, "layers", H5P_DEFAULT) <= 0)
@@ -987,6 +1034,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   hsize_t have = 0;
   for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
     st = open_dataset(t, b, scalars, "/scalars", p->scalars[s], 2 + s);
+  if (st == STAB_OK && step_link) st = open_dataset(t, b, scalars, "/scalars", "step", t->first_copy);
   if (st == STAB_OK) st = link_count(b, scalars, "/scalars", &have);
   if (st == STAB_OK && have != t->n_scalars + step_link)
     st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu scalars, %zu declared", who, path,
@@ -1004,6 +1052,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if ((st = dataset_rows(b, t->dsets[0], &rows)) != STAB_OK) goto out;
   for (size_t k = 1; k < t->n_dsets; k++) {
     hsize_t n;
+    if (t->dsets[k] < 0) continue; /* a version 1 trace has no copies of /step yet */
     if ((st = dataset_rows(b, t->dsets[k], &n)) != STAB_OK) goto out;
     if (n < rows) {
       st = stabi_fail(STAB_EIO, "%s: %s: damaged trace: a dataset has %llu rows, /step %llu", who, path,
@@ -1020,6 +1069,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if (rows > 0 && (st = read_last_step(t, b, rows)) != STAB_OK) goto out;
   /* A version 1 trace appended to becomes version 2, the version number written last. */
   if (t->file_version < FORMAT_VERSION) {
+    if ((st = add_step_copies(t, b, gnames, rows)) != STAB_OK) goto out;
     if ((st = describe(t, b, gnames)) != STAB_OK) goto out;
     if (set_int(t->file, "format_version", FORMAT_VERSION) < 0) {
       st = h5fail(who, path, "cannot write the new format_version");
@@ -1290,6 +1340,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
         goto out;
       }
   }
+  t->first_copy = t->n_dsets;
+  t->n_dsets += 1 + n_layers; /* the groups' copies of /step */
   t->dsets = malloc(t->n_dsets * sizeof *t->dsets);
   t->cap = p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
   t->stage = malloc(t->n_dsets * t->cap * sizeof *t->stage);
@@ -1308,7 +1360,6 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
       (b.dcpl_f = H5Pcreate(H5P_DATASET_CREATE)) < 0 || H5Pset_chunk(b.dcpl_f, 1, &chunk) < 0 ||
       H5Pset_fill_value(b.dcpl_f, H5T_NATIVE_DOUBLE, &nan) < 0 ||
       (b.dcpl_i = H5Pcreate(H5P_DATASET_CREATE)) < 0 || H5Pset_chunk(b.dcpl_i, 1, &chunk) < 0 ||
-      H5Pset_attr_phase_change(b.dcpl_i, 0, 0) < 0 ||
       (b.space0 = H5Screate_simple(1, &zero, &unlimited)) < 0 || (t->mem = H5Screate_simple(1, &cap, NULL)) < 0) {
     st = h5fail(who, path, "cannot set up HDF5 properties");
     goto out;
@@ -1360,7 +1411,7 @@ static stab_status write_column(stab_trace *t, size_t k, const char *who) {
   herr_t rc = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &count, NULL);
   if (rc >= 0) rc = H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL);
   if (rc >= 0)
-    rc = k == 0 ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
+    rc = k == 0 || k >= t->first_copy ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
                 : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, t->stage + k * t->cap);
   /* HDF5's message is taken before H5Sclose clears it. */
   stab_status st = rc < 0 ? h5fail(who, t->path, "cannot write rows") : STAB_OK;
