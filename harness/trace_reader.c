@@ -278,9 +278,9 @@ static int open_group(trace *t, const char *name, hid_t *g, char ***names, size_
   return list_links(t, *g, where, names, n);
 }
 
-/* From format_version 2 every group links /step under the name step (so that a netCDF reader
- * opening the group alone has its coordinate): that link is not a column. */
-static int is_step_link(const trace *t, const char *name) { return t->version >= 2 && !strcmp(name, "step"); }
+/* From format_version 2 every group holds a copy of /step named step (so that a netCDF reader
+ * opening the group alone has its coordinate): it is not a column. */
+static int is_step_copy(const trace *t, const char *name) { return t->version >= 2 && !strcmp(name, "step"); }
 
 static int open_scalars(trace *t, const trace_filter *o) {
   hid_t g = H5I_INVALID_HID;
@@ -293,7 +293,7 @@ static int open_scalars(trace *t, const trace_filter *o) {
     goto out;
   }
   for (size_t i = 0; i < n && !rc; i++)
-    if (!is_step_link(t, names[i]) && metric_wanted(o, names[i]))
+    if (!is_step_copy(t, names[i]) && metric_wanted(o, names[i]))
       rc = new_column(t, g, "/scalars", names[i], &t->scalars[t->n_scalars++]);
   if (!rc) qsort(t->scalars, t->n_scalars, sizeof *t->scalars, column_name_cmp);
 out:
@@ -333,7 +333,7 @@ static int open_layer(trace *t, const trace_filter *o, hid_t layers, const char 
     goto out;
   }
   for (size_t i = 0; i < n && !rc; i++)
-    if (!is_step_link(t, names[i]) && metric_wanted(o, names[i]))
+    if (!is_step_copy(t, names[i]) && metric_wanted(o, names[i]))
       rc = new_column(t, g, where, names[i], &l->cols[l->n_cols++]);
   if (!rc) qsort(l->cols, l->n_cols, sizeof *l->cols, column_cmp);
 out:

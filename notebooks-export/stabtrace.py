@@ -206,10 +206,10 @@ def trace_from_file(f, path, metrics=None):
     steps = np.asarray(f["step"][:], dtype=np.int64)
     n = len(steps)  # docs/metrics.md: every dataset is index-aligned with /step; it sets the row count
     wall = _fit(f["wall_time"][:], n) if "wall_time" in f else np.full(n, np.nan)
-    # From format_version 2 every group links /step as "step" (netCDF readers' coordinate): not a series.
-    linked_step = int(f.attrs.get("format_version", 1)) >= 2
+    # From format_version 2 every group holds a copy of /step, "step" (netCDF readers' coordinate): not a series.
+    step_copy = int(f.attrs.get("format_version", 1)) >= 2
     def is_series(k, d):
-        return isinstance(d, h5py.Dataset) and not (linked_step and k == "step")
+        return isinstance(d, h5py.Dataset) and not (step_copy and k == "step")
     scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items() if is_series(k, v)} if "scalars" in f else {}
     layers = []
     for name, g in f["layers"].items():
