@@ -148,20 +148,39 @@ if [ -n "$py" ]; then
   "$build/tests/trace_writer" --steps 100000 --delay-ms 5 "$live" >/dev/null 2>&1 &
   writer=$!
   expect "a running writer's trace has rows" 0 '' "$py" -c '
-import sys, time, h5py
-for _ in range(12000):  # until the first flushed rows, 2 minutes at most
+import os, sys, time, h5py
+while True:  # until the first flushed rows, as long as the writer runs
     try:
         with h5py.File(sys.argv[1], "r", swmr=True) as f:
             if f["step"].shape[0] >= 3:
                 sys.exit(0)
     except (OSError, KeyError):
         pass
-    time.sleep(0.01)
-sys.exit("no rows")' "$live"
+    try:
+        os.kill(int(sys.argv[2]), 0)
+    except OSError:
+        sys.exit("the writer ended before its trace had 3 rows")
+    time.sleep(0.01)' "$live" $writer
+  # Stopped in the middle of a flush, the writer leaves some datasets a row longer than others
+  # (SWMR orders one dataset's metadata, not several datasets'); xarray then pads the shorter
+  # ones, the group's step included, to the longest with fill values, and the checks of step's
+  # values fail: they are tried again between flushes. (Rows up to the length of /step are
+  # complete, always.) What was read while stopped is what the file holds once killed.
   kill -STOP $writer
   if echo "$engines" | grep -q h5netcdf; then
-    expect "running writer's trace: xarray/h5netcdf through SWMR" 0 '' "$py" "$dir/readers.py" "$live" "$engines" swmr
-    [ "$rc" -eq 0 ] || sed 's/^/    /' "$out_file" "$err_file" | head -n 25
+    tries=0
+    while :; do
+      limited "$py" "$dir/readers.py" "$live" "$engines" swmr
+      tries=$((tries + 1))
+      [ "$rc" -eq 0 ] || [ $tries -ge 20 ] && break
+      kill -CONT $writer
+      sleep 0.1
+      kill -STOP $writer
+    done
+    if [ "$rc" -eq 0 ]; then pass; else
+      fail "running writer's trace: xarray/h5netcdf through SWMR, $tries tries"
+      sed 's/^/    /' "$out_file" "$err_file" | head -n 25
+    fi
   fi
   kill -KILL $writer
   kill -CONT $writer 2>/dev/null
