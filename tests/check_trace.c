@@ -1301,16 +1301,20 @@ START_TEST(test_arguments) {
   p.flush_every = 0;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
   p = stab_trace_default_params();
-  const char *bad[][2] = {{"loss", "a/b"}, {"loss", "loss"}, {"loss", ""}};
-  for (size_t k = 0; k < 3; k++) {
+  /* "step" names each group's copy of /step */
+  const char *bad[][2] = {{"loss", "a/b"}, {"loss", "loss"}, {"loss", ""}, {"loss", "step"}};
+  for (size_t k = 0; k < 4; k++) {
     p.scalars = bad[k], p.n_scalars = 2;
     TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL, "scalars %zu", k);
     ck_assert_ptr_null(t);
   }
   p = stab_trace_default_params();
-  const char *clash[] = {"sigma"};
+  const char *clash[] = {"sigma"}, *step[] = {"step"};
   p.layer_extras = clash, p.n_layer_extras = 1;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  p.layer_extras = step;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "'step' is taken"), "message: %s", stab_last_error());
   p.layer_extras = NULL;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
 
