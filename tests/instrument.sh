@@ -26,15 +26,15 @@ grep -v '/\* stabmeter \*/$' "$src" >"$tmp/plain.c"
 if grep -n 'stab_\|STAB_\|stabmeter\.h' "$tmp/plain.c"; then fail "stabmeter code outside the marked lines"; fi
 echo "lines added for stabmeter: $added"
 
-# Every line the README shows as added is one of them.
-readme=$srcdir/README.md
+# Every line the manual (docs/instrumenting.md) shows as added is one of them.
+readme=$srcdir/docs/instrumenting.md
 if [ -f "$readme" ]; then
   sed -n '/<!-- instrument: added lines -->/,/<!-- \/instrument -->/p' "$readme" |
     sed -e '/^```/d' -e '/^<!--/d' -e '/^ *$/d' -e '/^ *\/\//d' -e 's/^ *//' -e 's/ *$//' >"$tmp/readme_lines"
-  [ -s "$tmp/readme_lines" ] || fail "README.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
+  [ -s "$tmp/readme_lines" ] || fail "docs/instrumenting.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
   grep '/\* stabmeter \*/$' "$src" | sed -e 's| */\* stabmeter \*/$||' -e 's/^ *//' >"$tmp/marked_lines"
   while IFS= read -r line; do
-    grep -qxF -- "$line" "$tmp/marked_lines" || fail "README shows a line the example does not add: $line"
+    grep -qxF -- "$line" "$tmp/marked_lines" || fail "docs/instrumenting.md shows a line the example does not add: $line"
   done <"$tmp/readme_lines"
 fi
 

@@ -1,13 +1,13 @@
 #!/bin/sh
-# readme_snippet.sh NAME — runs the README's snippet NAME (h5py, pandas or gnuplot), taken from
-# README.md itself between <!-- snippet: NAME --> and <!-- /snippet -->, against a short trace
+# readme_snippet.sh NAME — runs the manual's snippet NAME (h5py, pandas or gnuplot), taken from
+# README.md or docs/*.md itself between <!-- snippet: NAME --> and <!-- /snippet -->, against a short trace
 # written by harness/train, after the README's export commands (snippet "export"), and checks
 # what it prints or draws against the trace's values, so that the README cannot rot.
 # Exit 77 (skipped) with the Debian package to install when the tool is missing.
 set -u
 name=$1
 srcdir=${srcdir:-.}
-readme=$srcdir/README.md
+manual="$srcdir/README.md $srcdir/docs/*.md"
 builddir=$(pwd)
 fail() { echo "FAIL ($name snippet): $*"; exit 1; }
 
@@ -33,13 +33,13 @@ snippet() {
     $0 == want { on = 1; found = 1; next }
     on && $0 == "<!-- /snippet -->" { on = 0; next }
     on && !/^```/ { print }
-    END { if (!found) exit 1 }' "$readme"
+    END { if (!found) exit 1 }' $manual
 }
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/readme_$name.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
-snippet "$name" >"$tmp/snippet" && [ -s "$tmp/snippet" ] || fail "README.md has no snippet '$name'"
-snippet export >"$tmp/export.sh" && [ -s "$tmp/export.sh" ] || fail "README.md has no snippet 'export'"
+snippet "$name" >"$tmp/snippet" && [ -s "$tmp/snippet" ] || fail "neither README.md nor docs/*.md has snippet '$name'"
+snippet export >"$tmp/export.sh" && [ -s "$tmp/export.sh" ] || fail "neither README.md nor docs/*.md has snippet 'export'"
 
 # The README's commands run from a build directory: harness/train and harness/export there.
 mkdir -p "$tmp/harness" "$tmp/runs/demo"
