@@ -1,5 +1,5 @@
 /* check_trace.c — the HDF5 trace writer, every file read back with the HDF5 C API: the schema
- * of SPEC.md (datasets, types, chunking, unlimited extents, attributes), values equal bit for
+ * of docs/metrics.md (datasets, types, chunking, unlimited extents, attributes), values equal bit for
  * bit to the monitor's metrics, staging and flushing, resume with a matching and a mismatched
  * monitor, a writer killed with SIGKILL, and write failures (no directory, a full disk). */
 #define _GNU_SOURCE /* RTLD_NEXT */
