@@ -122,12 +122,12 @@ if [ $? -eq 0 ]; then pass; else fail "broken links inside docs/metrics.md:"; se
 
 # ---- nothing points at SPEC.md ------------------------------------------------------------
 # The sources a tarball ships and users read (--help texts, headers, comments, notebooks, the
-# docs). README.md is left out while its rewrite for issue 11 is pending: add it to the list
-# then. Two tests name SPEC.md on purpose (this one and cli.sh, which rejects it in --help).
+# docs, the README). Two tests name SPEC.md on purpose (this one and cli.sh, which rejects it in --help).
 find "$src/docs" "$src/include" "$src/lib" "$src/harness" "$src/notebooks-export" "$src/tests" \
   \( -path "$src/tests/fuzz-build" -o -path "$src/tests/corpus" \) -prune -o -type f \
   \( -name '*.c' -o -name '*.h' -o -name '*.py' -o -name '*.sh' -o -name '*.md' \) -print |
   grep -v -e '/tests/docs\.sh$' -e '/tests/cli\.sh$' >"$dir/files"
+echo "$src/README.md" >>"$dir/files"
 echo "$src/quickstart.sh" >>"$dir/files"
 echo "$src/configure.ac" >>"$dir/files"
 echo "$src/Makefile.am" >>"$dir/files"
