@@ -418,10 +418,10 @@ size_t stab_monitor_memory(const stab_monitor *m);
 
 /* The articles' initial standard deviation of a layer's weights, so that forward stability
  * starts at ~1 (docs/metrics.md): linear sqrt(d_out/d_in) / (sqrt(d_in) + sqrt(d_out));
- * embedding 1; lm_head 1/d (d = width); gain 1 (a constant: every gamma_i = 1, not a std);
- * bias 0. d_in and d_out in the kind's math, as stab_monitor_layer gives them back: a table's
- * are embedding (V, d), lm_head (d, V). NaN for an unknown kind (attention has no weights of
- * its own) or a zero dimension. */
+ * embedding 1; lm_head 1/d_in (d_in = d, the width); gain 1 (a constant: every gamma_i = 1,
+ * not a std); bias 0. d_in and d_out in the kind's math, as stab_monitor_layer gives them back:
+ * a table's are embedding (V, d), lm_head (d, V). NaN for an unknown kind (attention has no
+ * weights of its own) or a zero dimension. */
 double stab_init_std(stab_kind kind, size_t d_in, size_t d_out);
 
 typedef enum {

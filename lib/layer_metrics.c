@@ -40,8 +40,8 @@ static stab_status layer_dims(const stab_layer *l, const char *who, const char *
                         "lm_head tables; a %s takes d_in and d_out",
                         who, name, kind, l->vocab, l->width, kind);
     if (l->d_in == 0 || l->d_out == 0)
-      return stabi_fail(STAB_EDIM, "%s: layer '%s' (%s) has d_in %zu and d_out %zu; both must be > 0", who, name,
-                        kind, l->d_in, l->d_out);
+      return stabi_fail(STAB_EDIM, "%s: layer '%s' (%s) has d_in %zu and d_out %zu; both must be > 0",
+                        who, name, kind, l->d_in, l->d_out);
     sh->d_in = l->d_in;
     sh->d_out = l->d_out;
     return STAB_OK;
@@ -53,8 +53,8 @@ static stab_status layer_dims(const stab_layer *l, const char *who, const char *
                       "and d_out 0 (changed in stabmeter 0.2.0)",
                       who, name, kind, l->d_in, l->d_out);
   if (l->vocab == 0 || l->width == 0)
-    return stabi_fail(STAB_EDIM, "%s: layer '%s' (%s) has vocab %zu and width %zu; both must be > 0", who, name,
-                      kind, l->vocab, l->width);
+    return stabi_fail(STAB_EDIM, "%s: layer '%s' (%s) has vocab %zu and width %zu; both must be > 0",
+                      who, name, kind, l->vocab, l->width);
   const int head = l->kind == STAB_KIND_LM_HEAD;
   sh->d_in = head ? l->width : l->vocab;
   sh->d_out = head ? l->vocab : l->width;
