@@ -290,8 +290,8 @@ typedef struct {
   stab_kind kind;
   size_t d_in, d_out;      /* linear, attention, gain, bias: inputs and outputs (W is
                               d_in x d_out); embedding, lm_head: 0 (see vocab, width) */
-  size_t vocab, width;     /* embedding, lm_head only: the table's rows or classes V, and the
-                              length d of each (a token's or class's vector) */
+  size_t vocab, width;     /* embedding, lm_head only: the table's V rows (tokens; positions
+                              of a position table) or classes, and the length d of each */
   stab_layout layout;
   size_t ld;               /* row stride in elements, 0 = contiguous rows (see above) */
   const float *weight;
