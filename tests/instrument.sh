@@ -44,6 +44,13 @@ env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make install DESTDIR="$tmp/stage" >"$tmp
   { tail -n 30 "$tmp/install.log"; fail "make install DESTDIR=... failed"; }
 pc=$(find "$tmp/stage" -name stabmeter.pc | head -n 1)
 [ -n "$pc" ] || fail "make install put no stabmeter.pc in the stage"
+# A caller built for an older interface learns how to port from NEWS, installed with the docs;
+# its version is the header's.
+news=$(find "$tmp/stage" -path '*/doc/stabmeter/NEWS' -type f | head -n 1)
+[ -n "$news" ] || fail "make install put no NEWS under \$(docdir) (doc/stabmeter/NEWS) in the stage"
+hdr=$(find "$tmp/stage" -name stabmeter.h -type f | head -n 1)
+version=$(sed -n 's/^#define STAB_VERSION_STRING "\(.*\)"$/\1/p' "$hdr")
+grep -q "^$version " "$news" || fail "the installed NEWS has no entry for the installed header's version $version"
 libdir=$(dirname "$(dirname "$pc")")
 export_prog=$(find "$tmp/stage" -name stabmeter-export -type f | head -n 1)
 [ -n "$export_prog" ] || fail "make install put no stabmeter-export in the stage"
