@@ -44,13 +44,17 @@ static int new_tensor(tensor *t, synth_rng *rng, const char *name, size_t count,
   return 0;
 }
 
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
+#endif
+
 static void usage(void) {
   printf("Usage: %s [OPTION]...\n"
          "Builds a synthetic GPT-2-shaped model (llm.c layout: fused qkv, biases, RMSNorm gains,\n"
          "untied LM head), measures every layer's forward, dependency and update stability before\n"
          "and after one random step, and prints them as a table with the time the measurements\n"
-         "took. The metrics are defined in docs/metrics.md (installed in the package's doc\n"
-         "directory, e.g. /usr/local/share/doc/stabmeter/metrics.md).\n"
+         "took. The metrics are defined in docs/metrics.md (installed as\n"
+         STAB_DOCDIR "/metrics.md).\n"
          "\n"
          "Options:\n"
          "      --width D      model width, 1..8192, divisible by --heads (default 256)\n"
