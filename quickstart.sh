@@ -12,6 +12,8 @@ packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           clang libclang-rt-14-dev)
 # The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
 packages+=(python3-pandas gnuplot-nox)
+# the man pages, made from each program's --help (Makefile.am)
+packages+=(help2man)
 # notebooks-export/ (make notebooks, tests/notebooks.sh)
 packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
 
