@@ -14,6 +14,8 @@ packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
 packages+=(python3-pandas gnuplot-nox)
 # tests/trace_readers.sh opens traces with xarray (both engines) and ncdump.
 packages+=(python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin)
+# the man pages, made from each program's --help (Makefile.am)
+packages+=(help2man)
 # notebooks-export/ (make notebooks, tests/notebooks.sh)
 packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
 

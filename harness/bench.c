@@ -21,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "cli.h"
 #include "clock.h"
 #include "stream_read.h"
 #include "stabmeter.h"
@@ -181,7 +182,7 @@ static double load_average(void)
 
 static void report_stab_error(const char *what, stab_status st)
 {
-  progress("bench: %s: %s (%s)\n", what, stab_strerror(st), stab_last_error());
+  progress("%s: %s: %s (%s)\n", cli_name, what, stab_strerror(st), stab_last_error());
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -281,7 +282,7 @@ static double lapack_sigma(char precision, void *work, size_t rows, size_t cols,
   lapack_int m = (lapack_int)cols, n = (lapack_int)rows;
   double t = -1.0;
   if (!s || !superb) {
-    progress("bench: out of memory for %cgesvd\n", precision);
+    progress("%s: out of memory for %cgesvd\n", cli_name, precision);
     goto out;
   }
   double t0 = monotonic_seconds();
@@ -290,7 +291,7 @@ static double lapack_sigma(char precision, void *work, size_t rows, size_t cols,
                         : LAPACKE_sgesvd(LAPACK_COL_MAJOR, 'N', 'N', m, n, work, m, s, NULL, 1, NULL, 1, superb);
   double t1 = monotonic_seconds();
   if (info != 0) {
-    progress("bench: LAPACKE_%cgesvd failed, info = %d\n", precision, (int)info);
+    progress("%s: LAPACKE_%cgesvd failed, info = %d\n", cli_name, precision, (int)info);
     goto out;
   }
   *sigma = precision == 'd' ? *(double *)s : *(float *)s;
@@ -363,7 +364,7 @@ static int bench_size(const options *o, shape sh, size_t index, size_result *r)
   v_krylov = malloc(cols * sizeof *v_krylov);
   if (!w || !w2 || !v || !v_power || !v_krylov || (need_copy && !fcopy) ||
       (need_copy && o->exact_f64 && !dcopy)) {
-    progress("bench: %s: out of memory\n", tag);
+    progress("%s: %s: out of memory\n", cli_name, tag);
     goto out;
   }
 
@@ -393,7 +394,7 @@ static int bench_size(const options *o, shape sh, size_t index, size_result *r)
   progress("%s: stream read and one pass, x%d each\n", tag, reps);
   pass_times = malloc((size_t)reps * sizeof *pass_times);
   if (!pass_times) {
-    progress("bench: %s: out of memory\n", tag);
+    progress("%s: %s: out of memory\n", cli_name, tag);
     goto out;
   }
   {
@@ -418,7 +419,7 @@ static int bench_size(const options *o, shape sh, size_t index, size_result *r)
     r->stream_GBps = bytes / r->stream_s * 1e-9;
     r->pass_passes = one.passes;
     if (one.passes != 1)
-      progress("bench: %s: max_passes = 1 made %d passes (bandwidth counts them all)\n", tag,
+      progress("%s: %s: max_passes = 1 made %d passes (bandwidth counts them all)\n", cli_name, tag,
                one.passes);
     double passes = one.passes > 0 ? one.passes : 1;
     r->pass_median_s = median(pass_times, reps); /* sorted: [0] is the best */
@@ -782,39 +783,43 @@ static void print_json(const options *o, const size_result *res, size_t n, const
 /* ---------------------------------------------------------------------------------- */
 /* Command line                                                                        */
 
-static void usage(FILE *f)
+static void usage(void)
 {
-  fprintf(f,
-          "Usage: bench [OPTION]...\n"
-          "Times stabmeter's spectral norm of seeded Gaussian f32 matrices (std 1/sqrt(cols)):\n"
-          "cold Lanczos and power iteration against LAPACK sgesvd, the bandwidth of one pass\n"
-          "against a plain streaming read, and the passes of a warm start after an update.\n"
-          "Results on stdout, progress on stderr.\n"
-          "\n"
-          "  -s, --sizes LIST      comma-separated ROWSxCOLS (default %s)\n"
-          "  -q, --quick           the small list %s\n"
-          "  -t, --threads N       threads of a pass and of the streaming read (default 0: all\n"
-          "                        that OpenMP offers)\n"
-          "      --tol X           target relative error of sigma (default 1e-3)\n"
-          "      --max-passes N    pass limit of the cold and warm estimates (default 1000)\n"
-          "      --repeats N       timings of one pass and of the stream read: best of N (default\n"
-          "                        10, 5 with --quick; small matrices get more, up to 1000, so\n"
-          "                        that each timing reads 1 GiB)\n"
-          "      --cold-repeats N  cold and warm estimates: best of N, within 5 s each (default 3)\n"
-          "      --seed N          seed of the matrices (default 1)\n"
-          "      --update X        ||dW||_F / ||W||_F of the warm-start update (default 1e-3)\n"
-          "      --no-lapack       skip sgesvd (no speedup, no actual errors)\n"
-          "      --exact-f64       also dgesvd on an f64 copy, and use it as the reference\n"
-          "      --exact-warm      also the SVD of W + dW, for the actual warm errors\n"
-          "      --accuracy N      instead: N Gaussian matrices of random shapes up to 300x300,\n"
-          "                        how often each method ends above tol against dgesvd\n"
-          "  -j, --json            one JSON object on stdout instead of the table\n"
-          "  -h, --help            this help\n"
-          "  -V, --version         the library version\n"
-          "\n"
-          "Exit status: 0 when everything ran (whatever the targets say), 1 if something\n"
-          "failed, 2 on bad usage.\n",
-          default_sizes, quick_sizes);
+  printf("Usage: %s [OPTION]...\n"
+         "Times stabmeter's spectral norm of seeded Gaussian f32 matrices (std 1/sqrt(cols)):\n"
+         "cold Lanczos and power iteration against LAPACK sgesvd, the bandwidth of one pass\n"
+         "against a plain streaming read, and the passes of a warm start after an update.\n"
+         "Results on stdout, progress on stderr.\n"
+         "\n"
+         "Options:\n"
+         "  -s, --sizes LIST      comma-separated ROWSxCOLS, each side in 1..65536 (default\n"
+         "                        %s)\n"
+         "  -q, --quick           the small list %s\n"
+         "  -t, --threads N       threads of a pass and of the streaming read, 0..4096 (default\n"
+         "                        0: all that OpenMP offers)\n"
+         "      --tol X           target relative error of sigma, in (0, 0.5) (default 1e-3)\n"
+         "      --max-passes N    pass limit of the cold and warm estimates (default 1000)\n"
+         "      --repeats N       timings of one pass and of the stream read: best of N (default\n"
+         "                        10, 5 with --quick; small matrices get more, up to 1000, so\n"
+         "                        that each timing reads 1 GiB)\n"
+         "      --cold-repeats N  cold and warm estimates: best of N, within 5 s each (default 3)\n"
+         "      --seed N          seed of the matrices (default 1)\n"
+         "      --update X        ||dW||_F / ||W||_F of the warm-start update, in (0, 1)\n"
+         "                        (default 1e-3)\n"
+         "      --no-lapack       skip sgesvd (no speedup, no actual errors)\n"
+         "      --exact-f64       also dgesvd on an f64 copy, and use it as the reference\n"
+         "      --exact-warm      also the SVD of W + dW, for the actual warm errors\n"
+         "      --accuracy N      instead: N Gaussian matrices of random shapes up to 300x300,\n"
+         "                        how often each method ends above tol against dgesvd\n"
+         "  -j, --json            one JSON object on stdout instead of the table\n"
+         "  -h, --help            print this help and exit\n"
+         "  -V, --version         print the version and exit\n"
+         "\n"
+         "Exit status:\n"
+         "  0  everything ran (whatever the targets say)\n"
+         "  1  something failed\n"
+         "  2  bad usage\n",
+         cli_name, default_sizes, quick_sizes);
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out)
@@ -823,17 +828,6 @@ static int parse_long(const char *s, long lo, long hi, long *out)
   errno = 0;
   long x = strtol(s, &end, 10);
   if (errno || end == s || *end || x < lo || x > hi)
-    return -1;
-  *out = x;
-  return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-  char *end;
-  errno = 0;
-  double x = strtod(s, &end);
-  if (errno || end == s || *end || !(x > lo && x < hi))
     return -1;
   *out = x;
   return 0;
@@ -889,7 +883,7 @@ static int accuracy_sweep(const options *o, long count)
   float *a = malloc((size_t)MAX_SIDE * MAX_SIDE * sizeof *a);
   double *d = malloc((size_t)MAX_SIDE * MAX_SIDE * sizeof *d), ref = 0.0;
   if (!a || !d) {
-    fprintf(stderr, "bench: out of memory\n");
+    cli_error("out of memory");
     free(a);
     free(d);
     return 1;
@@ -903,7 +897,7 @@ static int accuracy_sweep(const options *o, long count)
     for (size_t i = 0; i < rows * cols; i++)
       d[i] = a[i];
     if (lapack_sigma('d', d, rows, cols, &ref) < 0) {
-      fprintf(stderr, "bench: dgesvd failed on matrix %ld (%zu x %zu)\n", k, rows, cols);
+      cli_error("dgesvd failed on matrix %ld (%zu x %zu)", k, rows, cols);
       free(a);
       free(d);
       return 1;
@@ -916,7 +910,7 @@ static int accuracy_sweep(const options *o, long count)
       p.seed = (uint64_t)k;
       stab_sigma_result r;
       if (stab_sigma(a, rows, cols, cols, &p, NULL, &r) != STAB_OK) {
-        fprintf(stderr, "bench: matrix %ld: %s\n", k, stab_last_error());
+        cli_error("matrix %ld: %s", k, stab_last_error());
         free(a);
         free(d);
         return 1;
@@ -929,7 +923,7 @@ static int accuracy_sweep(const options *o, long count)
       passes[m] += r.passes;
     }
     if ((k + 1) % 100 == 0)
-      progress("bench: accuracy %ld/%ld\n", k + 1, count);
+      progress("%s: accuracy %ld/%ld\n", cli_name, k + 1, count);
   }
   free(a);
   free(d);
@@ -981,80 +975,46 @@ int main(int argc, char **argv)
                .lapack = 1, .exact_f64 = 0, .exact_warm = 0};
   const char *sizes = default_sizes;
   int quick = 0, c;
-  long l = 0, accuracy = 0;
+  long accuracy = 0;
 
-  while ((c = getopt_long(argc, argv, "s:qt:jhV", longopts, NULL)) != -1) {
-    const char *name = NULL; /* the option whose value is invalid */
+  cli_init("stabmeter-bench");
+  unsigned long long v = 0;
+  while ((c = getopt_long(argc, argv, CLI_SHORTOPTS "s:qt:j", longopts, NULL)) != -1) {
+    int rc = 0;
     switch (c) {
     case 's': sizes = optarg; break;
     case 'q': quick = 1; break;
-    case 't':
-      if (parse_long(optarg, 0, 4096, &l))
-        name = "threads";
-      o.threads = (int)l;
-      break;
-    case OPT_TOL:
-      if (parse_double(optarg, 0.0, 0.5, &o.tol))
-        name = "tol";
-      break;
+    case 't': if (!(rc = cli_whole("--threads", optarg, 0, 4096, &v))) o.threads = (int)v; break;
+    case OPT_TOL: rc = cli_real("--tol", optarg, 0.0, 1, 0.5, 1, &o.tol); break;
     case OPT_MAX_PASSES:
-      if (parse_long(optarg, 1, 1000000, &l))
-        name = "max-passes";
-      o.max_passes = (int)l;
+      if (!(rc = cli_whole("--max-passes", optarg, 1, 1000000, &v))) o.max_passes = (int)v;
       break;
-    case OPT_REPEATS:
-      if (parse_long(optarg, 1, 100000, &l))
-        name = "repeats";
-      o.repeats = (int)l;
-      break;
+    case OPT_REPEATS: if (!(rc = cli_whole("--repeats", optarg, 1, 100000, &v))) o.repeats = (int)v; break;
     case OPT_COLD_REPEATS:
-      if (parse_long(optarg, 1, 1000, &l))
-        name = "cold-repeats";
-      o.cold_repeats = (int)l;
+      if (!(rc = cli_whole("--cold-repeats", optarg, 1, 1000, &v))) o.cold_repeats = (int)v;
       break;
-    case OPT_SEED: {
-      char *end;
-      errno = 0;
-      unsigned long long x = strtoull(optarg, &end, 0);
-      if (errno || end == optarg || *end || optarg[0] == '-')
-        name = "seed";
-      o.seed = (uint64_t)x;
-      break;
-    }
-    case OPT_UPDATE:
-      if (parse_double(optarg, 0.0, 1.0, &o.update))
-        name = "update";
-      break;
+    case OPT_SEED: if (!(rc = cli_whole("--seed", optarg, 0, UINT64_MAX, &v))) o.seed = (uint64_t)v; break;
+    case OPT_UPDATE: rc = cli_real("--update", optarg, 0.0, 1, 1.0, 1, &o.update); break;
     case OPT_NO_LAPACK: o.lapack = 0; break;
     case OPT_EXACT_F64: o.exact_f64 = 1; break;
     case OPT_EXACT_WARM: o.exact_warm = 1; break;
-    case OPT_ACCURACY:
-      if (parse_long(optarg, 1, 1000000, &accuracy))
-        name = "accuracy";
-      break;
+    case OPT_ACCURACY: if (!(rc = cli_whole("--accuracy", optarg, 1, 1000000, &v))) accuracy = (long)v; break;
     case 'j': o.json = 1; break;
-    case 'h': usage(stdout); return 0;
-    case 'V': printf("bench (stabmeter) %s\n", stab_version()); return 0;
-    default: usage(stderr); return 2;
+    case 'h': usage(); return CLI_OK;
+    case 'V': return cli_version();
+    default: return cli_getopt_error(c, argv);
     }
-    if (name) {
-      fprintf(stderr, "bench: invalid value '%s' for --%s\n", optarg, name);
-      return 2;
-    }
+    if (rc)
+      return rc;
   }
-  if (optind < argc) {
-    fprintf(stderr, "bench: unexpected argument '%s'\n", argv[optind]);
-    usage(stderr);
-    return 2;
-  }
+  if (optind < argc)
+    return cli_usage_error("unexpected argument '%s'", argv[optind]);
   if (accuracy)
     return accuracy_sweep(&o, accuracy);
   if (quick && sizes == default_sizes)
     sizes = quick_sizes;
-  if (parse_sizes(sizes, &o.sizes, &o.n_sizes)) {
-    fprintf(stderr, "bench: invalid --sizes '%s' (want e.g. 512x512,768x3072)\n", sizes);
-    return 2;
-  }
+  if (parse_sizes(sizes, &o.sizes, &o.n_sizes))
+    return cli_bad_value("--sizes", sizes, "ROWSxCOLS[,ROWSxCOLS]..., each side in 1..65536, e.g. 512x512,768x3072");
   if (o.repeats == 0)
     o.repeats = quick ? 5 : 10;
 
@@ -1063,20 +1023,20 @@ int main(int argc, char **argv)
   o.stream_threads = o.threads > 0 ? o.threads : omp_get_max_threads();
 #else
   if (o.threads > 1)
-    progress("bench: built without OpenMP: the library and the stream read use one thread\n");
+    progress("%s: built without OpenMP: the library and the stream read use one thread\n", cli_name);
   o.stream_threads = 1;
 #endif
 
   size_result *res = calloc(o.n_sizes, sizeof *res);
   if (!res) {
-    fprintf(stderr, "bench: out of memory\n");
+    cli_error("out of memory");
     free(o.sizes);
     return 1;
   }
   int failed = 0;
   o.load_start = load_average();
   if (o.load_start > 0.5)
-    progress("bench: load average %.2f: other work on this machine will disturb the timings\n",
+    progress("%s: load average %.2f: other work on this machine will disturb the timings\n", cli_name,
              o.load_start);
   for (size_t i = 0; i < o.n_sizes; i++)
     if (bench_size(&o, o.sizes[i], i, &res[i]))

@@ -2,6 +2,7 @@
  * (llm.c layout: fused qkv, out-major linears with biases, RMSNorm gains, untied LM head),
  * registers every layer with a monitor, takes one random step, and prints every layer's
  * three metrics as a table, with the time the measurements took. */
+#include "cli.h"
 #include "clock.h"
 #include "stabmeter.h"
 #include "synth.h"
@@ -33,7 +34,7 @@ static int new_tensor(tensor *t, synth_rng *rng, const char *name, size_t count,
   snprintf(t->name, sizeof t->name, "%s", name);
   t->n = count;
   if (!(t->w = malloc(count * sizeof(float)))) {
-    fprintf(stderr, "demo: out of memory for %s (%zu floats)\n", name, count);
+    cli_error("out of memory for %s (%zu floats)", name, count);
     return 1;
   }
   if (fill != 0.0)
@@ -43,19 +44,37 @@ static int new_tensor(tensor *t, synth_rng *rng, const char *name, size_t count,
   return 0;
 }
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "Usage: demo [OPTIONS]\n"
-          "Metrics of a synthetic GPT-2-shaped model, before and after one random step.\n\n"
-          "  --width D        model width (default 256)\n"
-          "  --depth L        blocks (default 4)\n"
-          "  --heads H        attention heads (default 4)\n"
-          "  --vocab V        vocabulary (default 256)\n"
-          "  --init KIND      articles (per-kind init of SPEC.md, default) or gpt2 (std 0.02)\n"
-          "  --step X         relative size of the random step, ||dW||_F/||W||_F (default 1e-3)\n"
-          "  --method M       lanczos (default), power or exact\n"
-          "  --seed S         seed (default 1)\n"
-          "  --help, --version\n");
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
+#endif
+
+static void usage(void) {
+  printf("Usage: %s [OPTION]...\n"
+         "Builds a synthetic GPT-2-shaped model (llm.c layout: fused qkv, biases, RMSNorm gains,\n"
+         "untied LM head), measures every layer's forward, dependency and update stability before\n"
+         "and after one random step, and prints them as a table with the time the measurements\n"
+         "took. The metrics are defined in docs/metrics.md (installed as\n"
+         STAB_DOCDIR "/metrics.md).\n"
+         "\n"
+         "Options:\n"
+         "      --width D      model width, 1..8192, divisible by --heads (default 256)\n"
+         "      --depth L      blocks, 1..256 (default 4)\n"
+         "      --heads H      attention heads (default 4)\n"
+         "      --vocab V      vocabulary, 2..1000000 (default 256)\n"
+         "      --init KIND    articles (the per-kind init of docs/metrics.md, default) or\n"
+         "                     gpt2 (std 0.02 everywhere)\n"
+         "      --step X       relative size of the random step, ||dW||_F/||W||_F, in [0, 1)\n"
+         "                     (default 1e-3)\n"
+         "      --method M     spectral norm estimate: lanczos (default), power or exact\n"
+         "      --seed S       seed of the weights and of the step (default 1)\n"
+         "  -h, --help         print this help and exit\n"
+         "  -V, --version      print the version and exit\n"
+         "\n"
+         "Exit status:\n"
+         "  0  the table was printed\n"
+         "  1  a failure (out of memory, a measurement failed)\n"
+         "  2  bad usage\n",
+         cli_name);
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -66,52 +85,32 @@ static int parse(int argc, char **argv, options *o) {
       {"method", required_argument, 0, 'm'}, {"seed", required_argument, 0, 'S'},
       {"help", no_argument, 0, 'h'},        {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
+  static const char *const inits[] = {"articles", "gpt2", NULL};
+  static const char *const methods[] = {"lanczos", "power", "exact", NULL};
+  static const stab_spectral_method method_of[] = {STAB_SPECTRAL_LANCZOS, STAB_SPECTRAL_POWER,
+                                                   STAB_SPECTRAL_EXACT};
   *o = (options){256, 256, 4, 4, 0, 1e-3, 1, STAB_SPECTRAL_LANCZOS};
-  int c;
-  while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-    char *end = NULL;
+  int c, rc = 0, which;
+  unsigned long long v = 0;
+  while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
     switch (c) {
-    case 'w': o->width = strtoul(optarg, &end, 10); break;
-    case 'l': o->depth = strtoul(optarg, &end, 10); break;
-    case 'H': o->heads = strtoul(optarg, &end, 10); break;
-    case 'v': o->vocab = strtoul(optarg, &end, 10); break;
-    case 's': o->step = strtod(optarg, &end); break;
-    case 'S': o->seed = strtoull(optarg, &end, 10); break;
-    case 'i':
-      if (strcmp(optarg, "articles") && strcmp(optarg, "gpt2")) {
-        fprintf(stderr, "demo: --init must be articles or gpt2, not '%s'\n", optarg);
-        return 2;
-      }
-      o->gpt2_init = strcmp(optarg, "gpt2") == 0;
-      break;
-    case 'm':
-      if (!strcmp(optarg, "lanczos")) o->method = STAB_SPECTRAL_LANCZOS;
-      else if (!strcmp(optarg, "power")) o->method = STAB_SPECTRAL_POWER;
-      else if (!strcmp(optarg, "exact")) o->method = STAB_SPECTRAL_EXACT;
-      else {
-        fprintf(stderr, "demo: --method must be lanczos, power or exact, not '%s'\n", optarg);
-        return 2;
-      }
-      break;
-    case 'h': usage(stdout); exit(0);
-    case 'V': printf("demo (stabmeter) %s\n", stab_version()); exit(0);
-    default: usage(stderr); return 2;
+    case 'w': if (!(rc = cli_whole("--width", optarg, 1, 8192, &v))) o->width = v; break;
+    case 'l': if (!(rc = cli_whole("--depth", optarg, 1, 256, &v))) o->depth = v; break;
+    case 'H': if (!(rc = cli_whole("--heads", optarg, 1, 8192, &v))) o->heads = v; break;
+    case 'v': if (!(rc = cli_whole("--vocab", optarg, 2, 1000000, &v))) o->vocab = v; break;
+    case 'S': if (!(rc = cli_whole("--seed", optarg, 0, UINT64_MAX, &v))) o->seed = v; break;
+    case 's': rc = cli_real("--step", optarg, 0, 0, 1, 1, &o->step); break;
+    case 'i': if (!(rc = cli_choice("--init", optarg, inits, &which))) o->gpt2_init = which == 1; break;
+    case 'm': if (!(rc = cli_choice("--method", optarg, methods, &which))) o->method = method_of[which]; break;
+    case 'h': usage(); return -1;
+    case 'V': cli_version(); return -1;
+    default: return cli_getopt_error(c, argv);
     }
-    if (end && *end) {
-      fprintf(stderr, "demo: '%s' is not a number\n", optarg);
-      return 2;
-    }
+    if (rc) return rc;
   }
-  if (optind < argc) {
-    fprintf(stderr, "demo: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
-  if (o->width == 0 || o->depth == 0 || o->heads == 0 || o->vocab < 2 || o->width % o->heads ||
-      o->width > 8192 || o->depth > 256 || o->vocab > 1000000 || !(o->step >= 0 && o->step < 1)) {
-    fprintf(stderr, "demo: need width in 1..8192 divisible by heads, depth in 1..256, vocab in "
-                    "2..1000000, step in [0, 1)\n");
-    return 2;
-  }
+  if (optind < argc) return cli_usage_error("unexpected argument '%s'", argv[optind]);
+  if (o->width % o->heads)
+    return cli_usage_error("--width %zu is not divisible by --heads %zu", o->width, o->heads);
   return 0;
 }
 
@@ -123,16 +122,17 @@ static double linear_std(size_t d_in, size_t d_out) {
 static int add(stab_monitor *m, const stab_layer *l) {
   stab_status st = stab_monitor_add_layer(m, l, NULL);
   if (st != STAB_OK) {
-    fprintf(stderr, "demo: registering '%s': %s\n", l->name, stab_last_error());
+    cli_error("registering '%s': %s", l->name, stab_last_error());
     return 1;
   }
   return 0;
 }
 
 int main(int argc, char **argv) {
+  cli_init("stabmeter-demo");
   options o;
   int rc = parse(argc, argv, &o);
-  if (rc) return rc;
+  if (rc) return rc < 0 ? CLI_OK : rc; /* -1: --help or --version done */
   const size_t V = o.vocab, D = o.width, L = o.depth;
   /* Parameters, llm.c order. Shapes: wte (V, D); per block ln1 (D), qkv (3D, D) + (3D),
    * attproj (D, D) + (D), ln2 (D), fc (4D, D) + (4D), fcproj (D, 4D) + (D); lnf (D); head (V, D). */
@@ -144,12 +144,12 @@ int main(int argc, char **argv) {
   mp.metrics.spectral.method = o.method;
   stab_monitor *m = NULL;
   if (!t || stab_monitor_create(&mp, &m) != STAB_OK) {
-    fprintf(stderr, "demo: %s\n", t ? stab_last_error() : "out of memory");
+    cli_error("%s", t ? stab_last_error() : "out of memory");
     return 1;
   }
   const double g = 0.02;
   if (new_tensor(&t[k], &rng, "wte", V * D, o.gpt2_init ? g : 1.0, 0.0)) return 1;
-  stab_layer emb = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = D, .weight = t[k].w};
+  stab_layer emb = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D, .weight = t[k].w};
   if (add(m, &emb)) return 1;
   k++;
   char nm[64], nb[64];
@@ -202,14 +202,14 @@ int main(int argc, char **argv) {
   if (add(m, &lnf)) return 1;
   k++;
   if (new_tensor(&t[k], &rng, "lm_head", V * D, o.gpt2_init ? g : 1.0 / (double)D, 0.0)) return 1;
-  stab_layer head = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = V, .weight = t[k].w};
+  stab_layer head = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = D, .weight = t[k].w};
   if (add(m, &head)) return 1;
   k++;
 
   /* Step 0: the model at init, cold start. */
   double t0 = monotonic_seconds();
   if (stab_monitor_measure(m, 0) != STAB_OK || stab_monitor_snapshot(m) != STAB_OK) {
-    fprintf(stderr, "demo: %s\n", stab_last_error());
+    cli_error("%s", stab_last_error());
     return 1;
   }
   double cold = monotonic_seconds() - t0;
@@ -226,7 +226,7 @@ int main(int argc, char **argv) {
   stab_status st = stab_monitor_measure(m, 1);
   double warm = monotonic_seconds() - t0;
   if (st != STAB_OK) {
-    fprintf(stderr, "demo: %s\n", stab_last_error());
+    cli_error("%s", stab_last_error());
     return 1;
   }
 

@@ -1,10 +1,12 @@
-/* export.c — a stabmeter trace (HDF5, SPEC.md "Trace") as CSV in long form or as JSON lines,
- * for tools that do not read HDF5: gnuplot, spreadsheets, pandas without h5py. The trace is
+/* export.c — a stabmeter trace (HDF5; its datasets are described in docs/metrics.md) as CSV or
+ * JSON lines, in long form (one value a row) or wide (one step a row, one column per
+ * layer.metric), for tools that do not read HDF5: gnuplot, spreadsheets, pandas without h5py. The trace is
  * opened for SWMR reading, so a trace whose writer is still running (or was killed) exports the
  * rows flushed so far (the reading is harness/trace_reader.c). Values are written so that they
  * read back as the same doubles. */
 #include "stabmeter.h"
 
+#include "cli.h"
 #include "trace_reader.h"
 
 #include <errno.h>
@@ -22,6 +24,7 @@ typedef enum { FORMAT_CSV, FORMAT_JSONL } out_format;
 
 typedef struct {
   out_format format;
+  int wide;                 /* --wide: one row per step, one column per layer.metric */
   const char *out;          /* NULL: stdout */
   const char **layer_globs; /* --layers, any of them */
   size_t n_layer_globs;
@@ -35,49 +38,81 @@ typedef struct {
 /* ---- messages -------------------------------------------------------------------------- */
 
 static int oom(void) {
-  fprintf(stderr, "export: out of memory\n");
-  return 1;
+  cli_error("out of memory");
+  return CLI_FAILED;
 }
 
 /* ---- options --------------------------------------------------------------------------- */
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "Usage: export [OPTIONS] TRACE\n"
-          "Writes a stabmeter trace (HDF5) as CSV in long form or as JSON lines.\n\n"
-          "  --format csv|jsonl  csv (default): a header line 'step,layer,kind,metric,value', then one\n"
-          "                      row per value: per step, wall_time and every /scalars dataset (empty\n"
-          "                      layer, kind 'scalar'), then every layer's datasets. NaN is 'nan',\n"
-          "                      infinities 'inf' and '-inf'; fields holding ',', '\"' or a line break\n"
-          "                      are quoted (RFC 4180).\n"
-          "                      jsonl: one object per step, {\"step\": S, \"wall_time\": W, \"scalars\":\n"
-          "                      {NAME: V, ...}, \"layers\": {LAYER: {\"kind\": K, METRIC: V, ...}, ...}};\n"
-          "                      NaN is null, infinities 1e999 and -1e999 (read back as inf).\n"
-          "  -o, --output FILE   write to FILE (default: standard output): written beside it and\n"
-          "                      renamed over it once complete, so a failed export leaves FILE as it\n"
-          "                      was; FILE may not be the trace itself (nor a link to it). A FILE\n"
-          "                      that is not a regular file (/dev/stdout, a FIFO) is written in place\n"
-          "  --layers GLOB       only layers whose group name (under /layers) matches the shell\n"
-          "                      pattern GLOB; repeat for several. Run-level rows are kept.\n"
-          "  --metrics LIST      only these datasets, comma-separated, e.g. forward,update,loss\n"
-          "                      (layer metrics, scalars and wall_time alike)\n"
-          "  --steps A:B         only rows whose step is in A..B, both included; A: or :B leave\n"
-          "                      one side open, A alone is one step\n"
-          "  --help, --version\n\n"
-          "Rows are in the trace's order; layers and scalars in name order (numbers in names\n"
-          "compared as numbers), a layer's metrics in the writer's order (forward, dependency,\n"
-          "update, ...). Values are the shortest decimals that read back as the same double.\n"
-          "The trace must be a regular file. A trace whose writer runs is read as it stands (its\n"
-          "flushed rows). What HDF5 checksums is verified on the way: the metadata (groups, names,\n"
-          "attributes, dataset layouts and chunk indexes); a damaged piece is an error naming the\n"
-          "object. The values themselves carry no checksum in traces of this version, so a changed\n"
-          "byte inside them cannot be detected.\n"
-          "HDF5 loops for ever, or crashes, on some damaged files: reading the trace's groups and\n"
-          "attributes is bounded to 60 s (environment STAB_EXPORT_OPEN_SECONDS), and a crash inside\n"
-          "the reading is reported; either way the file counts as damaged and nothing is written.\n"
-          "Exit status: 0 success, 1 failure (e.g. writing the output), 2 bad usage, a path that is\n"
-          "not a regular file, or a file that is not a stabmeter trace or is damaged (the message\n"
-          "names the dataset or attribute at fault).\n");
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
+#endif
+
+static void usage(void) {
+  printf("Usage: %s [OPTION]... TRACE\n"
+         "Writes a stabmeter trace (HDF5) as CSV or JSON lines, in long form (one value per row)\n"
+         "or wide (one step per row). The datasets and what they measure are described in\n"
+         "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n"
+         "\n"
+         "Options:\n"
+         "      --format FORMAT  csv (default) or jsonl.\n"
+         "                       csv, long: a header line 'step,layer,kind,metric,value', then one\n"
+         "                       row per value: per step, wall_time and every /scalars dataset\n"
+         "                       (empty layer, kind 'scalar'), then every layer's datasets.\n"
+         "                       jsonl, long: one object per step, {\"step\": S, \"wall_time\": W,\n"
+         "                       \"scalars\": {NAME: V, ...}, \"layers\": {LAYER: {\"kind\": K,\n"
+         "                       METRIC: V, ...}, ...}}.\n"
+         "      --wide           one row per step and one column per value: the CSV header is\n"
+         "                       step, wall_time, the scalars, then LAYER.METRIC for each of a\n"
+         "                       layer's datasets (e.g. step,wall_time,loss,lr,lm_head.forward,\n"
+         "                       ...), the columns in the order of the long form. With jsonl,\n"
+         "                       one flat object per step with the same keys ({\"step\": S,\n"
+         "                       \"wall_time\": W, \"loss\": V, \"LAYER.METRIC\": V, ...}).\n"
+         "                       pandas.read_csv, spreadsheets and gnuplot (set datafile\n"
+         "                       separator comma) read it as it is; for the exact doubles,\n"
+         "                       pandas needs float_precision='round_trip' (read_json:\n"
+         "                       precise_float=True): its default parsers are off by up to\n"
+         "                       about 1e-11 relative. Two columns of one name (a layer and\n"
+         "                       metric that run together like another's) are an error: use\n"
+         "                       the long form.\n"
+         "  -o, --output FILE    write to FILE (default: standard output): written beside it and\n"
+         "                       renamed over it once complete, so a failed export leaves FILE as\n"
+         "                       it was; FILE may not be the trace itself (nor a link to it). A\n"
+         "                       FILE that is not a regular file (/dev/stdout, a FIFO) is written\n"
+         "                       in place\n"
+         "      --layers GLOB    only layers whose group name (under /layers) matches the shell\n"
+         "                       pattern GLOB; repeat for several. Run-level values are kept.\n"
+         "      --metrics LIST   only these datasets, comma-separated, e.g. forward,update,loss\n"
+         "                       (layer metrics, scalars and wall_time alike)\n"
+         "      --steps A:B      only rows whose step is in A..B, both included; A: or :B leave\n"
+         "                       one side open, A alone is one step\n"
+         "  -h, --help           print this help and exit\n"
+         "  -V, --version        print the version and exit\n"
+         "\n"
+         "A --layers pattern or a --metrics name that matches nothing is an error (exit 2).\n"
+         "Rows are in the trace's order; layers and scalars in name order (numbers in names\n"
+         "compared as numbers), a layer's metrics in the writer's order (forward, dependency,\n"
+         "update, ...). Values are the shortest decimals that read back as the same double. In\n"
+         "CSV, NaN is 'nan' and infinities 'inf' and '-inf' (what pandas.read_csv and gnuplot\n"
+         "read as such), and fields holding ',', '\"' or a line break are quoted (RFC 4180); in\n"
+         "JSON lines NaN is null and infinities 1e999 and -1e999 (read back as inf).\n"
+         "\n"
+         "The trace must be a regular file. A trace whose writer runs is read as it stands (its\n"
+         "flushed rows). What HDF5 checksums is verified on the way: the metadata (groups, names,\n"
+         "attributes, dataset layouts and chunk indexes); a damaged piece is an error naming the\n"
+         "object. The values themselves carry no checksum in traces of this version, so a changed\n"
+         "byte inside them cannot be detected. HDF5 loops for ever, or crashes, on some damaged\n"
+         "files: reading the trace's groups and attributes is bounded to 60 s (environment\n"
+         "STAB_EXPORT_OPEN_SECONDS), and a crash inside the reading is reported; either way the\n"
+         "file counts as damaged and nothing is written.\n"
+         "\n"
+         "Exit status:\n"
+         "  0  success\n"
+         "  1  failure (e.g. writing the output)\n"
+         "  2  bad usage, or bad input: a trace that is missing or not a regular file, a file\n"
+         "     that is not a stabmeter trace or is damaged (the message names the dataset or\n"
+         "     attribute at fault), a filter that matches nothing\n",
+         cli_name);
 }
 
 static int parse_i64(const char *s, int64_t *v) {
@@ -120,23 +155,22 @@ static int split_metrics(const char *arg, options *o) {
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_FORMAT = 256, O_LAYERS, O_METRICS, O_STEPS };
+  enum { O_FORMAT = 256, O_LAYERS, O_METRICS, O_STEPS, O_WIDE };
   static const struct option longs[] = {
       {"format", required_argument, 0, O_FORMAT}, {"output", required_argument, 0, 'o'},
       {"layers", required_argument, 0, O_LAYERS}, {"metrics", required_argument, 0, O_METRICS},
-      {"steps", required_argument, 0, O_STEPS},   {"help", no_argument, 0, 'h'},
-      {"version", no_argument, 0, 'V'},           {0, 0, 0, 0}};
-  int c;
-  while ((c = getopt_long(argc, argv, "o:", longs, NULL)) != -1) {
+      {"steps", required_argument, 0, O_STEPS},   {"wide", no_argument, 0, O_WIDE},
+      {"help", no_argument, 0, 'h'},              {"version", no_argument, 0, 'V'},
+      {0, 0, 0, 0}};
+  static const char *const formats[] = {"csv", "jsonl", NULL};
+  int c, which;
+  while ((c = getopt_long(argc, argv, CLI_SHORTOPTS "o:", longs, NULL)) != -1) {
     switch (c) {
     case O_FORMAT:
-      if (!strcmp(optarg, "csv")) o->format = FORMAT_CSV;
-      else if (!strcmp(optarg, "jsonl")) o->format = FORMAT_JSONL;
-      else {
-        fprintf(stderr, "export: --format must be csv or jsonl, not '%s'\n", optarg);
-        return 2;
-      }
+      if (cli_choice("--format", optarg, formats, &which)) return CLI_USAGE;
+      o->format = which ? FORMAT_JSONL : FORMAT_CSV;
       break;
+    case O_WIDE: o->wide = 1; break;
     case 'o': o->out = optarg; break;
     case O_LAYERS: {
       const char **g = realloc(o->layer_globs, (o->n_layer_globs + 1) * sizeof *g);
@@ -146,27 +180,19 @@ static int parse(int argc, char **argv, options *o) {
       break;
     }
     case O_METRICS:
-      if (split_metrics(optarg, o)) {
-        fprintf(stderr, "export: --metrics needs dataset names separated by commas, not '%s'\n", optarg);
-        return 2;
-      }
+      if (split_metrics(optarg, o))
+        return cli_bad_value("--metrics", optarg, "dataset names separated by commas");
       break;
     case O_STEPS:
-      if (parse_steps(optarg, o)) {
-        fprintf(stderr, "export: --steps needs A:B, A:, :B or A with integers A <= B, not '%s'\n", optarg);
-        return 2;
-      }
+      if (parse_steps(optarg, o))
+        return cli_bad_value("--steps", optarg, "A:B, A:, :B or A, with integers A <= B");
       break;
-    case 'h': usage(stdout); exit(0);
-    case 'V': printf("export (stabmeter) %s\n", stab_version()); exit(0);
-    default: usage(stderr); return 2;
+    case 'h': usage(); return -1;
+    case 'V': cli_version(); return -1;
+    default: return cli_getopt_error(c, argv);
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "export: %s\n", optind >= argc ? "no trace given" : "more than one trace given");
-    usage(stderr);
-    return 2;
-  }
+  if (optind != argc - 1) return cli_usage_error("%s", optind >= argc ? "no trace given" : "more than one trace given");
   o->path = argv[optind];
   return 0;
 }
@@ -259,19 +285,112 @@ static void write_row(FILE *f, trace *t, out_format format, size_t r) {
   fputs("}}\n", f);
 }
 
-static int export_rows(trace *t, const options *o, FILE *f) {
-  if (o->format == FORMAT_CSV) fputs("step,layer,kind,metric,value\n", f);
+/* ---- the wide form ---------------------------------------------------------------------------- */
+
+/* The wide form's column names after "step", in the long form's order: wall_time, the scalars,
+ * then LAYER.METRIC per layer; n of them, each malloc'd (the caller frees them and the array),
+ * or NULL when memory runs out. */
+static char **wide_names(const trace *t, size_t *n) {
+  size_t k = (t->wall.d >= 0) + t->n_scalars;
+  for (size_t l = 0; l < t->n_layers; l++) k += t->layers[l].n_cols;
+  char **names = calloc(k ? k : 1, sizeof *names);
+  if (!names) return NULL;
+  size_t i = 0;
+  int ok = 1;
+  if (t->wall.d >= 0) ok = (names[i++] = strdup("wall_time")) != NULL;
+  for (size_t s = 0; s < t->n_scalars && ok; s++) ok = (names[i++] = strdup(t->scalars[s].name)) != NULL;
+  for (size_t l = 0; l < t->n_layers && ok; l++)
+    for (size_t c = 0; c < t->layers[l].n_cols && ok; c++) {
+      size_t len = strlen(t->layers[l].group) + strlen(t->layers[l].cols[c].name) + 2;
+      if ((ok = (names[i] = malloc(len)) != NULL))
+        snprintf(names[i++], len, "%s.%s", t->layers[l].group, t->layers[l].cols[c].name);
+    }
+  *n = i;
+  if (!ok) {
+    for (size_t j = 0; j < i; j++) free(names[j]);
+    free(names);
+    return NULL;
+  }
+  return names;
+}
+
+static int strcmp_ptr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A column name that would appear twice (a layer "a" with metric "b.c" and a layer "a.b" with
+ * "c"; a scalar named like a layer's column, or "step"): readers would silently keep one, so it
+ * is refused, naming it. Returns 0, or the message and 2. */
+static int wide_check(const trace *t, char **names, size_t n) {
+  char **sorted = malloc((n + 1) * sizeof *sorted);
+  if (!sorted) return oom();
+  memcpy(sorted, names, n * sizeof *names);
+  sorted[n++] = "step";
+  qsort(sorted, n, sizeof *sorted, strcmp_ptr);
+  int rc = 0;
+  for (size_t i = 1; i < n && !rc; i++)
+    if (!strcmp(sorted[i - 1], sorted[i])) {
+      cli_error("%s: --wide: two columns would be named '%s' (layer and metric names run together "
+                "alike); export it in long form, or leave one out with --layers or --metrics", t->path, sorted[i]);
+      rc = CLI_USAGE;
+    }
+  free(sorted);
+  return rc;
+}
+
+/* The header: CSV only (JSON lines name every value in its row). */
+static void wide_header(FILE *f, char **names, size_t n, out_format format) {
+  if (format != FORMAT_CSV) return;
+  fputs("step", f);
+  for (size_t i = 0; i < n; i++) {
+    fputc(',', f);
+    csv_field(f, names[i]);
+  }
+  fputc('\n', f);
+}
+
+/* One step: the values in the order of wide_names. */
+static void wide_row(FILE *f, const trace *t, char **names, out_format format, size_t r) {
+  char buf[40];
+  size_t i = 0;
+  int json = format == FORMAT_JSONL;
+#define VALUE(v)                                                     \
+  do {                                                               \
+    if (json) {                                                      \
+      fputs(", ", f);                                                \
+      json_string(f, names[i]);                                      \
+      fprintf(f, ": %s", number((v), 1, buf, sizeof buf));           \
+    } else {                                                         \
+      fprintf(f, ",%s", number((v), 0, buf, sizeof buf));            \
+    }                                                                \
+    i++;                                                             \
+  } while (0)
+  fprintf(f, json ? "{\"step\": %" PRId64 : "%" PRId64, t->steps[r]);
+  if (t->wall.d >= 0) VALUE(t->wall.v[r]);
+  for (size_t s = 0; s < t->n_scalars; s++) VALUE(t->scalars[s].v[r]);
+  for (size_t l = 0; l < t->n_layers; l++)
+    for (size_t c = 0; c < t->layers[l].n_cols; c++) VALUE(t->layers[l].cols[c].v[r]);
+#undef VALUE
+  fputs(json ? "}\n" : "\n", f);
+}
+
+/* ---- the rows ---------------------------------------------------------------------------------- */
+
+/* Every row the step filter keeps, in the trace's order; names: the wide form's columns, or NULL
+ * for the long form. */
+static int export_rows(trace *t, const options *o, char **names, size_t n_names, FILE *f) {
+  if (names) wide_header(f, names, n_names, o->format);
+  else if (o->format == FORMAT_CSV) fputs("step,layer,kind,metric,value\n", f);
   for (hsize_t first = 0; first < t->rows; first += TRACE_BLOCK_ROWS) {
     hsize_t count = t->rows - first < TRACE_BLOCK_ROWS ? t->rows - first : TRACE_BLOCK_ROWS;
     int rc = trace_read_block(t, first, count);
     if (rc) {
-      fprintf(stderr, "export: %s\n", t->msg);
+      cli_error("%s", t->msg);
       return rc;
     }
     for (size_t r = 0; r < count; r++) {
       int64_t s = t->steps[r];
       if ((o->has_lo && s < o->lo) || (o->has_hi && s > o->hi)) continue;
-      write_row(f, t, o->format, r);
+      if (names) wide_row(f, t, names, o->format, r);
+      else write_row(f, t, o->format, r);
     }
     if (ferror(f)) break;
   }
@@ -325,12 +444,12 @@ static void guard_reading(const char *path) {
   unsigned long limit = env ? strtoul(env, &end, 10) : 0;
   if (!env || *end || limit == 0 || limit > 86400) limit = OPEN_LIMIT_SECONDS;
   int k = snprintf(timeout_msg, sizeof timeout_msg,
-                   "export: %s: reading the trace's groups and attributes took more than %lu s: a damaged file "
-                   "(HDF5 loops on some); nothing written\n", path, limit);
+                   "%s: %s: reading the trace's groups and attributes took more than %lu s: a damaged file "
+                   "(HDF5 loops on some); nothing written\n", cli_name, path, limit);
   timeout_len = msg_len(timeout_msg, sizeof timeout_msg, k);
   k = snprintf(crash_msg, sizeof crash_msg,
-               "export: %s: HDF5 crashed reading the trace: a damaged file (HDF5 1.10.8 trusts sizes it finds in "
-               "parts of the file that carry no checksum); nothing written (", path);
+               "%s: %s: HDF5 crashed reading the trace: a damaged file (HDF5 1.10.8 trusts sizes it finds in "
+               "parts of the file that carry no checksum); nothing written (", cli_name, path);
   crash_len = msg_len(crash_msg, sizeof crash_msg, k);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -371,13 +490,13 @@ static int output_open(output *out, const char *path, const trace *t) {
   /* The same file however it is reached (the path itself, a symbolic link, a hard link): writing
    * it would destroy the trace being read. */
   if (exists && sb.st_dev == t->dev && sb.st_ino == t->ino) {
-    fprintf(stderr, "export: %s: is the trace being exported (%s): refusing to write over it; nothing written\n",
+    cli_error("%s: is the trace being exported (%s): refusing to write over it; nothing written",
             path, t->path);
     return 2;
   }
   if (exists && !S_ISREG(sb.st_mode)) {
     if (!(out->f = fopen(path, "w"))) {
-      fprintf(stderr, "export: cannot write %s: %s\n", path, strerror(errno));
+      cli_error("cannot write %s: %s", path, strerror(errno));
       return 1;
     }
     return 0;
@@ -389,7 +508,7 @@ static int output_open(output *out, const char *path, const trace *t) {
   sprintf(out->tmp, "%s.XXXXXX", out->target);
   int fd = mkstemp(out->tmp);
   if (fd < 0) {
-    fprintf(stderr, "export: cannot create %s: %s\n", path, strerror(errno));
+    cli_error("cannot create %s: %s", path, strerror(errno));
     free(out->tmp), out->tmp = NULL;
     return 1;
   }
@@ -398,7 +517,7 @@ static int output_open(output *out, const char *path, const trace *t) {
   mode_t mask = umask(0);
   umask(mask);
   if (fchmod(fd, exists ? sb.st_mode & 07777 : 0666 & ~mask) != 0 || !(out->f = fdopen(fd, "w"))) {
-    fprintf(stderr, "export: cannot create %s: %s\n", path, strerror(errno));
+    cli_error("cannot create %s: %s", path, strerror(errno));
     close(fd);
     return 1;
   }
@@ -414,13 +533,13 @@ static int output_close(output *out, int rc) {
     if (out->f != stdout && fclose(out->f) != 0) werr = 1, e = errno;
     out->f = NULL;
     if (!rc && werr) {
-      fprintf(stderr, "export: cannot write %s: %s\n", out->name, strerror(e));
+      cli_error("cannot write %s: %s", out->name, strerror(e));
       rc = 1;
     }
   }
   if (out->tmp) {
     if (!rc && rename(out->tmp, out->target) != 0) {
-      fprintf(stderr, "export: cannot write %s: renaming %s into place: %s\n", out->name, out->tmp, strerror(errno));
+      cli_error("cannot write %s: renaming %s into place: %s", out->name, out->tmp, strerror(errno));
       rc = 1;
     }
     if (rc) unlink(out->tmp); /* no half-written file; the one at the path is untouched */
@@ -434,28 +553,43 @@ static int output_close(output *out, int rc) {
 /* ---- main ---------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
+  cli_init("stabmeter-export");
   options o;
   memset(&o, 0, sizeof o);
   trace t;
   trace_init(&t);
   output out;
   memset(&out, 0, sizeof out);
+  char **names = NULL; /* --wide: the columns */
+  size_t n_names = 0;
   int rc = parse(argc, argv, &o);
-  if (rc) goto out;
+  if (rc) {
+    rc = rc < 0 ? CLI_OK : rc; /* -1: --help or --version done */
+    goto out;
+  }
   const trace_filter filter = {o.layer_globs, o.n_layer_globs, o.metrics, o.n_metrics};
   guard_reading(o.path);
   rc = trace_open(&t, o.path, &filter);
   alarm(0);
   if (rc) {
-    fprintf(stderr, "export: %s\n", t.msg);
+    cli_error("%s", t.msg);
     goto out;
+  }
+  if (o.wide) {
+    if (!(names = wide_names(&t, &n_names))) {
+      rc = oom();
+      goto out;
+    }
+    if ((rc = wide_check(&t, names, n_names))) goto out;
   }
   if ((rc = output_open(&out, o.out, &t))) {
     rc = output_close(&out, rc);
     goto out;
   }
-  rc = output_close(&out, export_rows(&t, &o, out.f));
+  rc = output_close(&out, export_rows(&t, &o, names, n_names, out.f));
 out:
+  for (size_t i = 0; i < n_names; i++) free(names[i]);
+  free(names);
   trace_close(&t);
   for (size_t i = 0; i < o.n_metrics; i++) free(o.metrics[i]);
   free(o.metrics);

@@ -1,7 +1,8 @@
-/* trace_reader.h — a stabmeter trace (HDF5, docs/metrics.md "Trace") as harness/export reads it: the file
- * opened (regular files only, by stab_input_open), every dataset of the schema checked and
- * opened, then the rows read a block at a time. Shared with the trace reader's fuzz target.
- * Harness code: nothing is printed; a failure's message is in the trace's msg. */
+/* trace_reader.h — a stabmeter trace (HDF5; its datasets are described in docs/metrics.md) as
+ * harness/export reads it: the file opened (regular files only, by stab_input_open), every
+ * dataset of the schema checked and opened, then the rows read a block at a time. Shared with
+ * the trace reader's fuzz target. Harness code: nothing is printed; a failure's message is in
+ * the trace's msg. */
 #ifndef STAB_HARNESS_TRACE_READER_H
 #define STAB_HARNESS_TRACE_READER_H
 

@@ -2,6 +2,7 @@
  * with AdamW or the articles' steepest descent, and measures every layer's stability with a
  * stab_monitor every K steps (weights after the step, update of the step). Progress on
  * stderr, results on stdout; the final weights as safetensors in --out. */
+#include "cli.h"
 #include "clock.h"
 #include "data.h"
 #include "model.h"
@@ -36,60 +37,73 @@ typedef struct {
 
 /* ---- options --------------------------------------------------------------------- */
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "Usage: train [OPTIONS]\n"
-          "Trains a byte-level decoder-only transformer and measures every layer's stability.\n\n"
-          "Model\n"
-          "  --width D            width (default 128)\n"
-          "  --depth L            blocks (default 4)\n"
-          "  --heads H            attention heads, dividing D (default 4)\n"
-          "  --context T          sequence length (default 64)\n"
-          "  --biases             biases in every linear layer\n"
-          "  --untied             an LM head of its own instead of the embedding\n"
-          "Training\n"
-          "  --batch B            sequences per step (default 16)\n"
-          "  --steps N            optimizer steps (default 300)\n"
-          "  --optimizer NAME     adamw (std 0.02 init, default) or steepest (the articles' init\n"
-          "                       and per-kind steepest descent: Muon, normalised SGD, SignSGD)\n"
-          "  --lr X               peak learning rate (default 3e-3 adamw, 0.1 steepest)\n"
-          "  --warmup N           linear warmup steps, then cosine to lr/10 (default N/10, <= 100)\n"
-          "  --seed S             seed of the init and of the batches (default 1)\n"
-          "  --resume FILE        start from a checkpoint of this program: weights, step, and\n"
-          "                       with adamw the moments saved beside it (FILE without\n"
-          "                       .safetensors, plus .adamw), so the run goes on as if never\n"
-          "                       stopped; the trace's rows after the step are replaced\n"
-          "  --data FILE          train on FILE: bytes, or an llm.c .bin token file\n"
-          "                       (default: the built-in corpus)\n"
-          "  --corpus-bytes N     size of the built-in corpus (default 524288)\n"
-          "Measurement and output\n"
-          "  --metrics-every K    measure every layer every K steps, 0 = never (default 1)\n"
-          "  --out DIR            write DIR/trace.h5 (every measured step, SPEC.md's trace) and\n"
-          "                       DIR/model.safetensors at the end (default: nothing)\n"
-          "  --flush-every N      write and flush the trace every N measurements (default 1:\n"
-          "                       a crash loses nothing measured)\n"
-          "  --trace-errors WHAT  after a trace write fails: stop (default) or continue without\n"
-          "                       the trace\n"
-          "  --print-metrics      print every layer's last metrics as a table at the end\n"
-          "  --alarm X            report once per layer when its forward or dependency\n"
-          "                       stability exceeds X (LM head aside) or turns NaN\n"
-          "  --checkpoint-every N also DIR/step-N.safetensors every N steps (default 0 = never);\n"
-          "                       with adamw each checkpoint has its moments in step-N.adamw\n"
-          "  --sweep-widths LIST  train the same model once per width (e.g. 64,128,256,512),\n"
-          "                       each into DIR/width-W/, and print each layer kind's metrics\n"
-          "                       against width with the fitted log-log slope (muP's\n"
-          "                       coordinate check); needs --out DIR\n"
-          "  --help, --version\n\n"
-          "Exit status: 0 success, 1 failure (e.g. the loss diverged), 2 bad usage or bad input.\n");
-}
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
+#endif
 
-static int parse_size(const char *s, size_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s || *end || s[0] == '-') return -1;
-  *out = (size_t)v;
-  return 0;
+static void usage(void) {
+  printf("Usage: %s [OPTION]...\n"
+         "Trains a byte-level decoder-only transformer (GPT-2 layout) on a built-in corpus or a\n"
+         "file, and measures every layer's forward, dependency and update stability as it trains.\n"
+         "The metrics and the trace's datasets are defined in docs/metrics.md (installed as\n"
+         STAB_DOCDIR "/metrics.md). Progress on stderr, results on stdout.\n"
+         "\n"
+         "Model:\n"
+         "      --width D              width, 1..8192 (default 128)\n"
+         "      --depth L              blocks, 1..256 (default 4)\n"
+         "      --heads H              attention heads, dividing D (default 4)\n"
+         "      --context T            sequence length, 1..4096 (default 64)\n"
+         "      --biases               biases in every linear layer\n"
+         "      --untied               an LM head of its own instead of the embedding\n"
+         "\n"
+         "Training:\n"
+         "      --batch B              sequences per step, 1..4096 (default 16)\n"
+         "      --steps N              optimizer steps (default 300)\n"
+         "      --optimizer NAME       adamw (std 0.02 init, default) or steepest (the articles'\n"
+         "                             init and per-kind steepest descent: Muon, normalised SGD,\n"
+         "                             SignSGD)\n"
+         "      --lr X                 peak learning rate, in (0, 10) (default 3e-3 adamw, 0.1\n"
+         "                             steepest)\n"
+         "      --warmup N             linear warmup steps, then cosine to lr/10 (default N/10,\n"
+         "                             at most 100)\n"
+         "      --seed S               seed of the init and of the batches (default 1)\n"
+         "      --resume FILE          start from a checkpoint of this program: weights, step, and\n"
+         "                             with adamw the moments saved beside it (FILE without\n"
+         "                             .safetensors, plus .adamw), so the run goes on as if never\n"
+         "                             stopped; the trace's rows after the step are replaced\n"
+         "      --data FILE            train on FILE (a regular file): bytes, or an llm.c .bin\n"
+         "                             token file (default: the built-in corpus)\n"
+         "      --corpus-bytes N       size of the built-in corpus, at most 2^32 (default 524288)\n"
+         "\n"
+         "Measurement and output:\n"
+         "      --metrics-every K      measure every layer every K steps, 0 = never (default 1)\n"
+         "      --out DIR              write DIR/trace.h5 (every measured step) and\n"
+         "                             DIR/model.safetensors at the end (default: nothing);\n"
+         "                             DIR is created, and must be a directory if it exists\n"
+         "      --flush-every N        write and flush the trace every N measurements, 1..1000000\n"
+         "                             (default 1: a crash loses nothing measured)\n"
+         "      --trace-errors WHAT    after a trace write fails: stop (default) or continue\n"
+         "                             without the trace\n"
+         "      --print-metrics        print every layer's last metrics as a table at the end\n"
+         "      --alarm X              report once per layer when its forward or dependency\n"
+         "                             stability exceeds X > 0 (LM head aside) or turns NaN\n"
+         "      --checkpoint-every N   also DIR/step-N.safetensors every N steps (default 0 =\n"
+         "                             never); with adamw each checkpoint has its moments in\n"
+         "                             step-N.adamw\n"
+         "      --sweep-widths LIST    train the same model once per width (e.g. 64,128,256,512),\n"
+         "                             each into DIR/width-W/, and print each layer kind's metrics\n"
+         "                             against width with the fitted log-log slope (muP's\n"
+         "                             coordinate check); needs --out DIR\n"
+         "  -h, --help                 print this help and exit\n"
+         "  -V, --version              print the version and exit\n"
+         "\n"
+         "Exit status:\n"
+         "  0  success\n"
+         "  1  failure (e.g. the loss diverged, a write failed)\n"
+         "  2  bad usage or bad input: an option value, a --data or --resume path that is\n"
+         "     missing or not a regular file, a file that does not fit, an --out that is not\n"
+         "     a directory\n",
+         cli_name);
 }
 
 /* "64,128,256": up to 16 widths, each in 1..8192, increasing. */
@@ -133,95 +147,64 @@ static int parse(int argc, char **argv, options *o) {
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
                  .metrics_every = 1, .corpus_bytes = 524288, .min_lr_frac = 0.1, .seed = 1,
                  .flush_every = 1, .trace_errors = STAB_TRACE_STOP};
-  int c;
-  while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-    int bad = 0;
-    size_t seed;
-    char *end;
+  static const char *const trace_errors[] = {"stop", "continue", NULL};
+  static const char *const optimizers[] = {"adamw", "steepest", NULL};
+  int c, which;
+  unsigned long long v = 0;
+  while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
+    int rc = 0;
     switch (c) {
-    case 'w': bad = parse_size(optarg, &o->width); break;
-    case 'l': bad = parse_size(optarg, &o->depth); break;
-    case 'H': bad = parse_size(optarg, &o->heads); break;
-    case 'T': bad = parse_size(optarg, &o->context); break;
-    case 'B': bad = parse_size(optarg, &o->batch); break;
-    case 'n': bad = parse_size(optarg, &o->steps); break;
-    case O_WARMUP: bad = parse_size(optarg, &o->warmup), o->warmup_given = 1; break;
-    case O_METRICS: bad = parse_size(optarg, &o->metrics_every); break;
-    case O_CORPUS: bad = parse_size(optarg, &o->corpus_bytes); break;
-    case O_CKPT: bad = parse_size(optarg, &o->checkpoint_every); break;
-    case O_FLUSH: bad = parse_size(optarg, &o->flush_every) || !o->flush_every || o->flush_every > 1000000; break;
+    case 'w': if (!(rc = cli_whole("--width", optarg, 1, 8192, &v))) o->width = v; break;
+    case 'l': if (!(rc = cli_whole("--depth", optarg, 1, 256, &v))) o->depth = v; break;
+    case 'H': if (!(rc = cli_whole("--heads", optarg, 1, 8192, &v))) o->heads = v; break;
+    case 'T': if (!(rc = cli_whole("--context", optarg, 1, 4096, &v))) o->context = v; break;
+    case 'B': if (!(rc = cli_whole("--batch", optarg, 1, 4096, &v))) o->batch = v; break;
+    case 'n': if (!(rc = cli_whole("--steps", optarg, 1, 100000000, &v))) o->steps = v; break;
+    case O_WARMUP:
+      if (!(rc = cli_whole("--warmup", optarg, 0, 100000000, &v))) o->warmup = v, o->warmup_given = 1;
+      break;
+    case O_METRICS: if (!(rc = cli_whole("--metrics-every", optarg, 0, 100000000, &v))) o->metrics_every = v; break;
+    case O_CORPUS:
+      if (!(rc = cli_whole("--corpus-bytes", optarg, 0, (unsigned long long)1 << 32, &v))) o->corpus_bytes = v;
+      break;
+    case O_CKPT: if (!(rc = cli_whole("--checkpoint-every", optarg, 0, 100000000, &v))) o->checkpoint_every = v; break;
+    case O_FLUSH: if (!(rc = cli_whole("--flush-every", optarg, 1, 1000000, &v))) o->flush_every = v; break;
     case O_TRACE_ERRORS:
-      if (!strcmp(optarg, "stop")) o->trace_errors = STAB_TRACE_STOP;
-      else if (!strcmp(optarg, "continue")) o->trace_errors = STAB_TRACE_CONTINUE;
-      else {
-        fprintf(stderr, "train: --trace-errors must be stop or continue, not '%s'\n", optarg);
-        return 2;
-      }
+      if (!(rc = cli_choice("--trace-errors", optarg, trace_errors, &which)))
+        o->trace_errors = which ? STAB_TRACE_CONTINUE : STAB_TRACE_STOP;
       break;
-    case 'S': bad = parse_size(optarg, &seed), o->seed = seed; break;
-    case 'r':
-      o->lr = strtod(optarg, &end), o->lr_given = 1;
-      bad = *end || end == optarg || !(o->lr > 0 && o->lr < 10);
-      break;
-    case O_ALARM:
-      o->alarm = strtod(optarg, &end);
-      bad = *end || end == optarg || !(o->alarm > 0 && isfinite(o->alarm));
-      break;
+    case 'S': if (!(rc = cli_whole("--seed", optarg, 0, UINT64_MAX, &v))) o->seed = v; break;
+    case 'r': rc = cli_real("--lr", optarg, 0, 1, 10, 1, &o->lr), o->lr_given = 1; break;
+    case O_ALARM: rc = cli_real("--alarm", optarg, 0, 1, 1e300, 0, &o->alarm); break;
     case 'o':
-      if (!strcmp(optarg, "adamw")) o->optimizer = OPTIM_ADAMW;
-      else if (!strcmp(optarg, "steepest")) o->optimizer = OPTIM_STEEPEST;
-      else {
-        fprintf(stderr, "train: --optimizer must be adamw or steepest, not '%s'\n", optarg);
-        return 2;
-      }
+      if (!(rc = cli_choice("--optimizer", optarg, optimizers, &which)))
+        o->optimizer = which ? OPTIM_STEEPEST : OPTIM_ADAMW;
       break;
     case 'O': o->out = optarg; break;
     case O_DATA: o->data = optarg; break;
     case O_RESUME: o->resume = optarg; break;
     case O_SWEEP:
-      if (parse_widths(optarg, o)) {
-        fprintf(stderr, "train: --sweep-widths wants 2 to 16 increasing widths in 1..8192, "
-                        "comma-separated, not '%s'\n", optarg);
-        return 2;
-      }
+      if (parse_widths(optarg, o))
+        rc = cli_bad_value("--sweep-widths", optarg, "2 to 16 increasing widths in 1..8192, comma-separated");
       break;
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
     case O_PRINT: o->print_metrics = 1; break;
-    case 'h': usage(stdout); exit(0);
-    case 'V': printf("train (stabmeter) %s\n", stab_version()); exit(0);
-    default: usage(stderr); return 2;
+    case 'h': usage(); return -1;
+    case 'V': cli_version(); return -1;
+    default: return cli_getopt_error(c, argv);
     }
-    if (bad) {
-      fprintf(stderr, "train: bad value '%s' for an option\n", optarg);
-      return 2;
-    }
+    if (rc) return rc;
   }
-  if (optind < argc) {
-    fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
-  if (!o->width || !o->depth || !o->heads || o->width % o->heads || o->width > 8192 ||
-      o->depth > 256 || !o->context || o->context > 4096 || !o->batch || o->batch > 4096 ||
-      !o->steps || o->steps > 100000000 || o->corpus_bytes > ((size_t)1 << 32)) {
-    fprintf(stderr, "train: need width in 1..8192 divisible by heads, depth in 1..256, context in "
-                    "1..4096, batch in 1..4096, steps >= 1, corpus-bytes <= 2^32\n");
-    return 2;
-  }
-  if (o->checkpoint_every && !o->out) {
-    fprintf(stderr, "train: --checkpoint-every needs --out DIR\n");
-    return 2;
-  }
-  if (o->n_sweep && (!o->out || o->resume)) {
-    fprintf(stderr, "train: --sweep-widths needs --out DIR (and cannot --resume)\n");
-    return 2;
-  }
+  if (optind < argc) return cli_usage_error("unexpected argument '%s'", argv[optind]);
+  if (o->width % o->heads)
+    return cli_usage_error("--width %zu is not divisible by --heads %zu", o->width, o->heads);
+  if (o->checkpoint_every && !o->out) return cli_usage_error("--checkpoint-every needs --out DIR");
+  if (o->n_sweep && (!o->out || o->resume))
+    return cli_usage_error("--sweep-widths needs --out DIR (and cannot --resume)");
   for (size_t i = 0; i < o->n_sweep; i++)
-    if (o->sweep[i] % o->heads) {
-      fprintf(stderr, "train: --sweep-widths: width %zu is not divisible by --heads %zu\n",
-              o->sweep[i], o->heads);
-      return 2;
-    }
+    if (o->sweep[i] % o->heads)
+      return cli_usage_error("--sweep-widths: width %zu is not divisible by --heads %zu", o->sweep[i], o->heads);
   if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 0.1;
   if (!o->warmup_given) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
   return 0;
@@ -250,9 +233,9 @@ static int register_layers(stab_monitor *mon, model *m) {
     stab_layer l_ = {__VA_ARGS__};                                                         \
     if ((st = stab_monitor_add_layer(mon, &l_, NULL)) != STAB_OK) goto fail;                \
   } while (0)
-  ADD(.name = "transformer.wte", .kind = STAB_KIND_EMBEDDING, .d_in = m->c.vocab, .d_out = D,
+  ADD(.name = "transformer.wte", .kind = STAB_KIND_EMBEDDING, .vocab = m->c.vocab, .width = D,
       .weight = model_wte(m, m->params));
-  ADD(.name = "transformer.wpe", .kind = STAB_KIND_EMBEDDING, .d_in = m->c.context, .d_out = D,
+  ADD(.name = "transformer.wpe", .kind = STAB_KIND_EMBEDDING, .vocab = m->c.context, .width = D,
       .weight = model_wpe(m, m->params));
   for (size_t l = 0; l < m->c.depth; l++) {
     model_block w = model_block_at(m, m->params, l);
@@ -273,7 +256,7 @@ static int register_layers(stab_monitor *mon, model *m) {
   }
   ADD(.name = "transformer.ln_f", .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D,
       .weight = model_lnf(m, m->params));
-  ADD(.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = m->c.vocab,
+  ADD(.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = m->c.vocab, .width = D,
       .weight = model_head(m, m->params));
 #undef ADD
   return 0;
@@ -316,8 +299,8 @@ static void check_alarms(const stab_monitor *mon, double threshold, size_t step,
                (x->forward > threshold || x->dependency > threshold);
     if (alarmed[i] || !(nonfinite || over)) continue;
     alarmed[i] = 1;
-    fprintf(stderr, "%strain: alarm at step %zu: %s (%s) %s: forward %.4g, dependency %.4g, "
-                    "update %.4g\n", tty ? "\r\033[K" : "", step, l->name, stab_kind_name(l->kind),
+    fputs(tty ? "\r\033[K" : "", stderr);
+    cli_error("alarm at step %zu: %s (%s) %s: forward %.4g, dependency %.4g, update %.4g", step, l->name, stab_kind_name(l->kind),
             nonfinite ? "has non-finite weights or update" : "exceeds the threshold",
             x->forward, x->dependency, x->update);
   }
@@ -376,6 +359,38 @@ static int mkdirs(const char *path) {
       *s = '/';
     }
   return mkdir(p, 0777) && errno != EEXIST ? -1 : 0;
+}
+
+/* What a path that is there but of the wrong type is, for the messages of check_out. */
+static const char *path_type(mode_t mode) {
+  return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISREG(mode) ? "a regular file"
+         : S_ISCHR(mode) || S_ISBLK(mode) ? "a device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
+/* --out DIR, checked before the run spends any time: DIR must be a directory if it exists (or
+ * be creatable: no component of it a file), and DIR/trace.h5, when a trace is written, a regular
+ * file if it exists. Anything else is bad input: the message and 2; else 0. (mkdir of an
+ * existing file fails with EEXIST, which mkdirs takes for a directory already there; and the
+ * trace writer refuses a FIFO or a directory at its path only after the model is built.) */
+static int check_out(const char *dir, int with_trace) {
+  struct stat sb;
+  char trace[4200];
+  if (stat(dir, &sb) != 0) {
+    if (errno != ENOTDIR) return 0; /* missing: created; other errors: said when creating it */
+    cli_error("--out %s: cannot create the directory: a component of the path is not a directory", dir);
+    return CLI_USAGE;
+  }
+  if (!S_ISDIR(sb.st_mode)) {
+    cli_error("--out %s: not a directory: it is %s", dir, path_type(sb.st_mode));
+    return CLI_USAGE;
+  }
+  snprintf(trace, sizeof trace, "%s/trace.h5", dir);
+  if (with_trace && stat(trace, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    cli_error("%s: not a regular file: it is %s; the trace cannot go there (remove it, or give "
+              "another --out)", trace, path_type(sb.st_mode));
+    return CLI_USAGE;
+  }
+  return 0;
 }
 
 /* A checkpoint holds one or more copies of the model's tensor table: the weights (prefix ""),
@@ -447,12 +462,12 @@ static int checkpoint(const model *m, const optim *opt, const options *o, const 
   ckpt_part weights = {"", m->params};
   ckpt_part moments[2] = {{"exp_avg.", opt->m}, {"exp_avg_sq.", opt->v}};
   if (mkdirs(o->out) || save_safetensors(m, path, o, steps, &weights, 1)) {
-    fprintf(stderr, "train: cannot write %s: %s\n", path, strerror(errno));
+    cli_error("cannot write %s: %s", path, strerror(errno));
     return 1;
   }
   if (opt->m && (moments_path(mpath, sizeof mpath, path) ||
                  save_safetensors(m, mpath, o, steps, moments, 2))) {
-    fprintf(stderr, "train: cannot write %s: %s\n", mpath, strerror(errno));
+    cli_error("cannot write %s: %s", mpath, strerror(errno));
     return 1;
   }
   return 0;
@@ -591,10 +606,11 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   /* The last tenth is held out for the final evaluation. */
   size_t split = data->n - data->n / 10, B = o.batch, T = o.context;
   if (data->n / 10 < T + 1 || split < T + 1) {
-    fprintf(stderr, "train: %s is too short for context %zu (needs %zu tokens)\n", data->what, T,
+    cli_error("%s is too short for context %zu (needs %zu tokens)", data->what, T,
             10 * (T + 1));
     return 2;
   }
+  if (o.out && (rc = check_out(o.out, o.metrics_every != 0))) return rc;
   model m;
   model_config mc = {.vocab = data->vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
                      .context = T, .biases = o.biases, .untied = o.untied};
@@ -607,7 +623,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   double *extras = NULL;         /* per monitor layer: act_rms, act_cos1 */
   int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
   if ((rc = model_create(&m, &mc)) || model_reserve(&m, B, T) || !tok || !tgt) {
-    fprintf(stderr, "train: %s\n", rc == -1 ? "bad model shape" : "out of memory for the model");
+    cli_error("%s", rc == -1 ? "bad model shape" : "out of memory for the model");
     free(tok), free(tgt), model_free(&m);
     return 1;
   }
@@ -622,14 +638,14 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       snprintf(msg, sizeof msg, "%s is at step %zu, not before --steps %zu", o.resume, start,
                o.steps), lrc = 2;
     if (lrc) {
-      fprintf(stderr, "train: cannot resume: %s\n", msg);
+      cli_error("cannot resume: %s", msg);
       rc = lrc;
       goto out;
     }
   }
   optim_params op = optim_default_params(o.optimizer);
   if (optim_create(&opt, &op, m.tensors, m.n_tensors, m.n_params)) {
-    fprintf(stderr, "train: out of memory for the optimizer\n");
+    cli_error("out of memory for the optimizer");
     goto out;
   }
   if (o.resume) {
@@ -648,26 +664,25 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
         snprintf(msg, sizeof msg, "%s is at step %zu, its checkpoint at %zu", mpath, mstep, start),
             lrc = 2;
       if (lrc) {
-        fprintf(stderr, "train: cannot resume: %s\n", msg);
+        cli_error("cannot resume: %s", msg);
         rc = lrc;
         goto out;
       }
       opt.step = (long)start;
       how = " with its AdamW moments";
     }
-    fprintf(stderr, "train: resuming from %s at step %zu%s\n", o.resume, start, how);
+    cli_error("resuming from %s at step %zu%s", o.resume, start, how);
   }
   if (o.metrics_every) {
     stab_monitor_params mp = stab_monitor_default_params();
     if (stab_monitor_create(&mp, &mon) != STAB_OK || register_layers(mon, &m)) {
-      fprintf(stderr, "train: monitor: %s\n", stab_last_error());
+      cli_error("monitor: %s", stab_last_error());
       goto out;
     }
   }
-  fprintf(stderr,
-          "train: %s\ntrain: model V=%zu D=%zu L=%zu H=%zu T=%zu, %zu parameters (%s head%s); "
-          "%s, lr %g, warmup %zu, batch %zu x %zu, %zu steps\n",
-          data->what, m.c.vocab, o.width, o.depth, o.heads, T, m.n_params,
+  cli_error("%s", data->what);
+  cli_error("model V=%zu D=%zu L=%zu H=%zu T=%zu, %zu parameters (%s head%s); "
+            "%s, lr %g, warmup %zu, batch %zu x %zu, %zu steps", m.c.vocab, o.width, o.depth, o.heads, T, m.n_params,
           o.untied ? "untied" : "tied", o.biases ? ", biases" : "",
           o.optimizer == OPTIM_ADAMW ? "adamw (init std 0.02)" : "steepest (articles' init)",
           o.lr, o.warmup, B, T, o.steps);
@@ -679,13 +694,13 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     blocks = malloc(nl * sizeof *blocks);
     extras = malloc(2 * nl * sizeof *extras);
     if (!blocks || !extras) {
-      fprintf(stderr, "train: out of memory\n");
+      cli_error("out of memory");
       goto out;
     }
     for (size_t i = 0; i < nl; i++) blocks[i] = layer_block(stab_monitor_layer(mon, i)->name);
     if (snprintf(trace_path, sizeof trace_path, "%s/trace.h5", o.out) >= (int)sizeof trace_path ||
         mkdirs(o.out)) {
-      fprintf(stderr, "train: cannot create the directory %s: %s\n", o.out, strerror(errno));
+      cli_error("cannot create the directory %s: %s", o.out, strerror(errno));
       goto out;
     }
     run_config(config, sizeof config, &o, &m);
@@ -701,7 +716,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     tp.resume_step = (int64_t)start; /* replacing the rows of the steps it redoes */
     stab_status ts = stab_trace_open(trace_path, mon, &tp, &trace);
     if (ts != STAB_OK) {
-      fprintf(stderr, "train: trace: %s\n", stab_last_error());
+      cli_error("trace: %s", stab_last_error());
       /* a trace another run is writing, or one of another model: the input, not a failure */
       if (ts == STAB_EBUSY || ts == STAB_EINVAL) rc = 2;
       goto out;
@@ -715,24 +730,24 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     size_t before = o.resume ? start - start % o.metrics_every : 0; /* the last step measured */
     int64_t last = 0;
     if (before > 0 && stab_trace_last_step(trace, &last) != STAB_OK)
-      fprintf(stderr, "train: warning: %s has no rows up to step %zu, where the run resumes: steps "
-                      "%zu..%zu will be missing from it\n", trace_path, start, o.metrics_every, before);
+      cli_error("warning: %s has no rows up to step %zu, where the run resumes: steps "
+                      "%zu..%zu will be missing from it", trace_path, start, o.metrics_every, before);
     else if (before > 0 && last < (int64_t)before)
-      fprintf(stderr, "train: warning: %s ends at step %lld, the run resumes from step %zu: steps "
-                      "%lld..%zu will be missing from it\n", trace_path, (long long)last, start,
+      cli_error("warning: %s ends at step %lld, the run resumes from step %zu: steps "
+                      "%lld..%zu will be missing from it", trace_path, (long long)last, start,
               (long long)last + 1, before);
   }
   if (mon)
-    fprintf(stderr, "train: monitor: %zu layers every %zu steps, %.1f MB\n",
+    cli_error("monitor: %zu layers every %zu steps, %.1f MB",
             stab_monitor_layer_count(mon), o.metrics_every, stab_monitor_memory(mon) / 1e6);
   if (o.optimizer == OPTIM_STEEPEST && !o.untied)
-    fprintf(stderr, "train: warning: steepest with a tied head: the head is the embedding (init "
+    cli_error("warning: steepest with a tied head: the head is the embedding (init "
                     "std 1, not the articles' 1/d), so the first logits are large; --untied "
-                    "follows the articles\n");
+                    "follows the articles");
   int tty = isatty(STDERR_FILENO);
   alarmed = mon ? calloc(stab_monitor_layer_count(mon), 1) : NULL;
   if (mon && !alarmed) {
-    fprintf(stderr, "train: out of memory\n");
+    cli_error("out of memory");
     goto out;
   }
   size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
@@ -747,7 +762,8 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     loss = model_forward(&m, tok, tgt, B, T);
     if (step == start) first_loss = loss;
     if (!isfinite(loss)) {
-      fprintf(stderr, "%strain: the loss is %g at step %zu: stopping\n", tty ? "\n" : "", loss, step);
+      fputs(tty ? "\n" : "", stderr);
+      cli_error("the loss is %g at step %zu: stopping", loss, step);
       goto out;
     }
     model_zero_grad(&m);
@@ -755,20 +771,21 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     int measure = mon && (step + 1) % o.metrics_every == 0;
     double tm = monotonic_seconds();
     if (measure && stab_monitor_snapshot(mon) != STAB_OK) {
-      fprintf(stderr, "train: snapshot: %s\n", stab_last_error());
+      cli_error("snapshot: %s", stab_last_error());
       goto out;
     }
     measure_time += monotonic_seconds() - tm;
     int st = optim_step(&opt, m.params, m.grads, (float)lr);
     if (st != STAB_OK) {
-      fprintf(stderr, "%strain: optimizer step %zu: %s\n", tty ? "\n" : "", step, stab_last_error());
+      fputs(tty ? "\n" : "", stderr);
+      cli_error("optimizer step %zu: %s", step, stab_last_error());
       goto out;
     }
     if (measure) {
       measured = 1;
       tm = monotonic_seconds();
       if (stab_monitor_measure(mon, 1) != STAB_OK) {
-        fprintf(stderr, "train: measure: %s\n", stab_last_error());
+        cli_error("measure: %s", stab_last_error());
         goto out;
       }
       check_alarms(mon, o.alarm, step + 1, tty, alarmed);
@@ -787,13 +804,14 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
         int was_failed = stab_trace_failed(trace);
         stab_status ts = stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras);
         if (!was_failed && stab_trace_failed(trace) && o.trace_errors == STAB_TRACE_CONTINUE) {
-          fprintf(stderr, "%strain: trace: %s\ntrain: going on without the trace; the rows "
-                          "written before are in %s\n", tty ? "\n" : "", stab_last_error(),
-                  trace_path);
+          fputs(tty ? "\n" : "", stderr);
+          cli_error("trace: %s", stab_last_error());
+          cli_error("going on without the trace; the rows written before are in %s", trace_path);
         } else if (ts != STAB_OK) {
-          fprintf(stderr, "%strain: trace: %s\ntrain: stopping; the rows written before are in "
-                          "%s (--trace-errors continue goes on without the trace)\n",
-                  tty ? "\n" : "", stab_last_error(), trace_path);
+          fputs(tty ? "\n" : "", stderr);
+          cli_error("trace: %s", stab_last_error());
+          cli_error("stopping; the rows written before are in %s (--trace-errors continue goes on "
+                    "without the trace)", trace_path);
           goto out;
         }
       }
@@ -858,7 +876,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     stab_status ts = stab_trace_close(trace);
     trace = NULL;
     if (ts != STAB_OK && !failed) {
-      fprintf(stderr, "train: trace: %s\n", stab_last_error());
+      cli_error("trace: %s", stab_last_error());
       goto out;
     }
     printf("trace: %s, %lld measured steps%s (read it with h5py, or h5dump -d /step %s)\n",
@@ -871,7 +889,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   rc = 0;
 out:
   if (trace && stab_trace_close(trace) != STAB_OK)
-    fprintf(stderr, "train: trace: %s\n", stab_last_error());
+    cli_error("trace: %s", stab_last_error());
   free(blocks);
   free(extras);
   free(alarmed);
@@ -912,19 +930,20 @@ static void print_sweep(const options *o, const kind_means *means) {
 }
 
 int main(int argc, char **argv) {
+  cli_init("stabmeter-train");
   options o;
   int rc = parse(argc, argv, &o);
-  if (rc) return rc;
+  if (rc) return rc < 0 ? CLI_OK : rc; /* -1: --help or --version done */
   data_set data;
   char err[1024];
   if (o.data) {
     rc = data_load(&data, o.data, err, sizeof err);
     if (rc) {
-      fprintf(stderr, "train: %s\n", err);
+      cli_error("%s", err);
       return rc;
     }
   } else if (data_builtin(&data, o.corpus_bytes, 1)) {
-    fprintf(stderr, "train: out of memory for the corpus\n");
+    cli_error("out of memory for the corpus");
     return 1;
   }
   if (!o.n_sweep) {
@@ -937,12 +956,12 @@ int main(int argc, char **argv) {
       options run = o;
       run.width = o.sweep[w];
       if (snprintf(dir, sizeof dir, "%s/width-%zu", o.out, run.width) >= (int)sizeof dir) {
-        fprintf(stderr, "train: --out is too long\n");
+        cli_error("--out is too long");
         rc = 2;
         break;
       }
       run.out = dir;
-      fprintf(stderr, "train: sweep: width %zu (%zu of %zu) into %s\n", run.width, w + 1,
+      cli_error("sweep: width %zu (%zu of %zu) into %s", run.width, w + 1,
               o.n_sweep, dir);
       printf("== width %zu: %s\n", run.width, dir);
       fflush(stdout);

@@ -1,6 +1,6 @@
-"""stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces (docs/metrics.md,
-"Trace (HDF5)") and probe reports ("Probe report"), their inputs, and the plotting conventions
-(kind colours, axis labels with units, titles naming the run)."""
+"""stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces
+(docs/metrics.md, "The trace file") and probe reports ("The probe's JSON report"), their inputs,
+and the plotting conventions (kind colours, axis labels with units, titles naming the run)."""
 
 import glob
 import json
@@ -455,7 +455,7 @@ def probe_program():
 
 
 def load_report(text, where):
-    """A probe report from JSON text, checked against docs/metrics.md's "Probe report" shape."""
+    """A probe report from JSON text, checked against the shape docs/metrics.md gives it."""
     try:
         r = json.loads(text)
     except ValueError as e:
@@ -534,7 +534,7 @@ def legend_below(fig, cell, handles, labels, ncol=1):
 
 
 def undefined_panel(ax, kind, metric):
-    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (SPEC.md)" % (metric, kind),
+    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (docs/metrics.md)" % (metric, kind),
             ha="center", va="center", transform=ax.transAxes, color="0.4", fontsize=9)
     ax.set_xticks([])
     ax.set_yticks([])

@@ -158,7 +158,7 @@ static void model_build(model *md, tu_rng *r) {
       l.kind = STAB_KIND_LINEAR, l.d_in = 2 * D, l.d_out = D, l.layout = STAB_LAYOUT_IN_MAJOR;
       md->len[i] = 2 * D * D;
       break;
-    case 3: l.kind = STAB_KIND_EMBEDDING, l.d_in = V, l.d_out = D, md->len[i] = V * D; break;
+    case 3: l.kind = STAB_KIND_EMBEDDING, l.vocab = V, l.width = D, md->len[i] = V * D; break;
     case 4: l.kind = STAB_KIND_GAIN, l.d_in = l.d_out = D, md->len[i] = D; break;
     case 5:
       l.kind = STAB_KIND_ATTENTION, l.d_in = D, l.d_out = HEADS * DH, l.heads = HEADS;
@@ -553,6 +553,83 @@ static size_t check_jsonl(const char *path, expected *x, int want_wall) {
   return lines;
 }
 
+/* ---- the wide form ---------------------------------------------------------------------------- */
+
+/* A wide column's name for an entry: the scalar's own, or LAYER.METRIC. */
+static void wide_name(const entry *e, char *buf, size_t n) {
+  if (e->layer[0]) snprintf(buf, n, "%s.%s", e->layer, e->metric);
+  else snprintf(buf, n, "%s", e->metric);
+}
+
+/* Matches the value of the wide column `name` at `step` against what was written. */
+static void match_wide(expected *x, int64_t step, const char *name, double v, const char *where) {
+  char buf[600];
+  for (size_t i = 0; i < x->n; i++) {
+    entry *e = &x->e[i];
+    if (e->step != step) continue;
+    wide_name(e, buf, sizeof buf);
+    if (strcmp(buf, name)) continue;
+    ck_assert_msg(!e->seen, "%s: step %lld column '%s' twice", where, (long long)step, name);
+    ck_assert_msg(same_bits(e->v, v), "%s: step %lld column '%s' = %.17g, written %.17g", where, (long long)step,
+                  name, v, e->v);
+    e->seen = 1;
+    return;
+  }
+  ck_abort_msg("%s: step %lld column '%s' was never written (or filtered out)", where, (long long)step, name);
+}
+
+enum { WIDE_MAX = 256 };
+static char wide_fields[WIDE_MAX][256];
+static char wide_header_copy[WIDE_MAX][256];
+
+/* Parses a wide CSV export: the header (into wide_header_copy, *n_cols names after "step"),
+ * then every row, each value matched. Returns the rows. */
+static size_t check_wide_csv(const char *path, expected *x, size_t *n_cols) {
+  char *text = slurp(path, NULL);
+  const char *p = text;
+  size_t n = csv_record(&p, wide_header_copy, WIDE_MAX), rows = 0, k;
+  ck_assert_msg(n >= 1 && !strcmp(wide_header_copy[0], "step"), "wide CSV: the header does not start with step");
+  while ((k = csv_record(&p, wide_fields, WIDE_MAX)) > 0) {
+    ck_assert_msg(k == n, "wide CSV: row %zu has %zu fields, the header %zu", rows + 1, k, n);
+    int64_t step = parse_step(wide_fields[0], "wide CSV");
+    for (size_t c = 1; c < n; c++) {
+      double v = parse_double(wide_fields[c], "wide CSV");
+      if (isnan(v)) ck_assert_msg(!strcmp(wide_fields[c], "nan"), "wide CSV: NaN written '%s'", wide_fields[c]);
+      match_wide(x, step, wide_header_copy[c], v, "wide CSV");
+    }
+    rows++;
+  }
+  free(text);
+  *n_cols = n - 1;
+  return rows;
+}
+
+/* Parses a wide JSON-lines export: flat objects, "step" then one key per column in the CSV's
+ * order (wide_header_copy, when n_cols > 0). Returns the lines. */
+static size_t check_wide_jsonl(const char *path, expected *x, size_t n_cols) {
+  char *text = slurp(path, NULL), *save = NULL;
+  size_t lines = 0;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    const char *p = line;
+    jv o;
+    j_value(&p, &o);
+    skip_ws(&p);
+    ck_assert_msg(*p == '\0' && o.type == J_OBJ && o.n >= 1, "wide JSONL: line %zu is not one object", lines + 1);
+    ck_assert_msg(!strcmp(o.keys[0], "step") && o.vals[0].type == J_NUM && o.vals[0].integral,
+                  "wide JSONL: the first key is not an integer step");
+    if (n_cols) ck_assert_int_eq(o.n, n_cols + 1);
+    for (size_t i = 1; i < o.n; i++) {
+      ck_assert_msg(o.vals[i].type != J_OBJ, "wide JSONL: '%s' is nested", o.keys[i]);
+      if (n_cols) ck_assert_str_eq(o.keys[i], wide_header_copy[i]);
+      match_wide(x, o.vals[0].inum, o.keys[i], j_double(&o.vals[i], o.keys[i]), "wide JSONL");
+    }
+    jv_free(&o);
+    lines++;
+  }
+  free(text);
+  return lines;
+}
+
 /* ---- tests ------------------------------------------------------------------------------------ */
 
 static expected want; /* large: static */
@@ -634,6 +711,112 @@ START_TEST(test_filters) {
   text = slurp(out, NULL);
   ck_assert_str_eq(text, "step,layer,kind,metric,value\n");
   free(text);
+  remove_tmpdir();
+}
+END_TEST
+
+static int keep_wte_from_53(const entry *e) { return e->step >= 53 && (!e->layer[0] || !strcmp(e->layer, "wte")); }
+
+/* --wide: every value, bit for bit, under the column LAYER.METRIC (or the scalar's name), in
+ * the long form's order; with the filters and -o; as JSON lines, the same keys flat. */
+START_TEST(test_wide) {
+  make_tmpdir();
+  const char *trace = tmp_path("t.h5"), *out = tmp_path("out"), *csv = tmp_path("wide.csv");
+  write_trace(trace, &want);
+  const char *a1[] = {"--wide", "-o", csv, trace, NULL};
+  export_ok(a1, out);
+  size_t n_cols = 0;
+  ck_assert_int_eq(check_wide_csv(csv, &want, &n_cols), ROWS);
+  all_seen(&want, keep_all, "wide CSV");
+  ck_assert_int_eq(n_cols, 1 + NS + NL * (15 + NE) + HEADS);
+  ck_assert_str_eq(wide_header_copy[1], "wall_time");
+  ck_assert_str_eq(wide_header_copy[2], "loss");
+
+  /* the columns come in the order of the long form's rows of one step */
+  const char *a2[] = {trace, NULL};
+  export_ok(a2, out);
+  char *text = slurp(out, NULL);
+  const char *p = text;
+  char f[5][256], name[600];
+  csv_record(&p, f, 5);
+  size_t col = 1;
+  int64_t first = INT64_MIN;
+  while (csv_record(&p, f, 5) == 5 && parse_step(f[0], "CSV") == first) {
+    if (f[1][0]) snprintf(name, sizeof name, "%s.%s", f[1], f[3]);
+    else snprintf(name, sizeof name, "%s", f[3]);
+    ck_assert_msg(col <= n_cols && !strcmp(name, wide_header_copy[col]), "wide column %zu is '%s', the long form's '%s'",
+                  col, col <= n_cols ? wide_header_copy[col] : "(none)", name);
+    col++;
+  }
+  ck_assert_int_eq(col, n_cols + 1);
+  free(text);
+
+  const char *a3[] = {"--wide", "--format", "jsonl", trace, NULL};
+  export_ok(a3, out);
+  ck_assert_int_eq(check_wide_jsonl(out, &want, n_cols), ROWS);
+  all_seen(&want, keep_all, "wide JSONL");
+
+  /* the filters select columns (--layers, --metrics) and rows (--steps) */
+  const char *a4[] = {"--wide", "--layers", "h.*", "--layers", "attn", "--metrics", "forward,update,loss",
+                      "--steps", "-7:63", "-o", csv, trace, NULL};
+  export_ok(a4, out);
+  ck_assert_int_eq(check_wide_csv(csv, &want, &n_cols), 6);
+  all_seen(&want, keep_filtered, "wide CSV filtered");
+  ck_assert_int_eq(n_cols, 1 + 3 * 2); /* loss; attn, h.2.fc, h.10.fc x forward, update */
+  ck_assert_str_eq(wide_header_copy[1], "loss");
+  ck_assert_str_eq(wide_header_copy[2], "attn.forward");
+  ck_assert_str_eq(wide_header_copy[3], "attn.update");
+  ck_assert_str_eq(wide_header_copy[4], "h.2.fc.forward");
+  ck_assert_str_eq(wide_header_copy[7], "h.10.fc.update");
+  const char *a5[] = {"--wide", "--format", "jsonl", "--steps", "53:", "--layers", "wte", trace, NULL};
+  export_ok(a5, out);
+  ck_assert_int_eq(check_wide_jsonl(out, &want, 0), 7);
+  all_seen(&want, keep_wte_from_53, "wide JSONL --steps 53: --layers wte");
+  /* steps that select nothing: the header alone */
+  const char *a6[] = {"--wide", "--metrics", "loss", "--steps", "24:32", trace, NULL};
+  export_ok(a6, out);
+  text = slurp(out, NULL);
+  ck_assert_str_eq(text, "step,loss\n");
+  free(text);
+  /* a filter that matches nothing is an error, as in long form */
+  const char *a7[] = {"--wide", "--layers", "nope*", trace, NULL};
+  const char *err = tmp_path("err");
+  ck_assert_int_eq(run_export(a7, out, err), 2);
+  remove_tmpdir();
+}
+END_TEST
+
+/* Two columns of one name would make readers keep one silently: refused, naming it, with
+ * nothing written. */
+START_TEST(test_wide_collision) {
+  make_tmpdir();
+  const char *trace = tmp_path("c.h5"), *out = tmp_path("out"), *err = tmp_path("err"), *csv = tmp_path("c.csv");
+  float g[4] = {1, 1, 1, 1};
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  stab_layer l = {.name = "wte", .kind = STAB_KIND_GAIN, .d_in = 4, .d_out = 4, .weight = g};
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &l, NULL));
+  static const char *const scalars[] = {"wte.forward"};
+  stab_trace_params p = stab_trace_default_params();
+  p.scalars = scalars, p.n_scalars = 1;
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(trace, m, &p, &t));
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  const double v[1] = {0.5};
+  TU_ASSERT_OK(stab_trace_append(t, 1, 0.0, v, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  const char *args[] = {"--wide", "-o", csv, trace, NULL};
+  int rc = run_export(args, out, err);
+  char *msg = slurp(err, NULL);
+  ck_assert_msg(rc == 2 && strstr(msg, "'wte.forward'") && strstr(msg, "stabmeter-export: ") == msg,
+                "exit %d, expected 2 naming the column: %s", rc, msg);
+  free(msg);
+  struct stat sb;
+  ck_assert_msg(stat(csv, &sb) != 0, "%s was written", csv);
+  /* the long form has no such trouble */
+  const char *long_args[] = {"-o", csv, trace, NULL};
+  export_ok(long_args, out);
   remove_tmpdir();
 }
 END_TEST
@@ -810,27 +993,30 @@ START_TEST(test_bad_usage) {
   ck_assert_ptr_nonnull(tf);
   fputs("step,layer\n1,x\n", tf);
   fclose(tf);
+  /* try: a usage mistake, so the message is followed by the line pointing at --help */
   static const struct {
     const char *args[6];
-    int rc;
+    int rc, try;
     const char *mention;
   } cases[] = {
-      {{"--format", "xml", "T", NULL}, 2, "--format"},
-      {{"--steps", "5:1", "T", NULL}, 2, "--steps"},
-      {{"--steps", "x:", "T", NULL}, 2, "--steps"},
-      {{"--metrics", "forward,,update", "T", NULL}, 2, "--metrics"},
-      {{"--metrics", "forwardd", "T", NULL}, 2, "forwardd"},
-      {{"--layers", "nope*", "T", NULL}, 2, "nope*"},
-      {{"--bogus", "T", NULL}, 2, "Usage"},
-      {{NULL}, 2, "no trace"},
-      {{"T", "T", NULL}, 2, "more than one"},
-      {{"NOFILE", NULL}, 2, "NOFILE"},
-      {{"TEXT", NULL}, 2, "not an HDF5 file"},
-      {{"-o", "NODIR", "T", NULL}, 1, "NODIR"},
+      {{"--format", "xml", "T", NULL}, 2, 1, "--format: bad value 'xml'"},
+      {{"--steps", "5:1", "T", NULL}, 2, 1, "--steps: bad value '5:1'"},
+      {{"--steps", "x:", "T", NULL}, 2, 1, "--steps: bad value 'x:'"},
+      {{"--metrics", "forward,,update", "T", NULL}, 2, 1, "--metrics: bad value 'forward,,update'"},
+      {{"--metrics", "forwardd", "T", NULL}, 2, 0, "forwardd"},
+      {{"--layers", "nope*", "T", NULL}, 2, 0, "nope*"},
+      {{"--bogus", "T", NULL}, 2, 1, "unknown option '--bogus'"},
+      {{"--wide=yes", "T", NULL}, 2, 1, "'--wide' takes no value"},
+      {{NULL}, 2, 1, "no trace"},
+      {{"T", "T", NULL}, 2, 1, "more than one"},
+      {{"NOFILE", NULL}, 2, 0, "NOFILE"},
+      {{"TEXT", NULL}, 2, 0, "not an HDF5 file"},
+      {{"-o", "NODIR", "T", NULL}, 1, 0, "NODIR"},
   };
   char nofile[128], nodir[128];
   snprintf(nofile, sizeof nofile, "%s/missing.h5", tmpdir);
   snprintf(nodir, sizeof nodir, "%s/no/such/dir/out.csv", tmpdir);
+  static const char try_line[] = "Try 'stabmeter-export --help' for more information.\n";
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     const char *args[6];
     const char *mention = cases[c].mention;
@@ -846,14 +1032,21 @@ START_TEST(test_bad_usage) {
     char *msg = slurp(err, NULL);
     ck_assert_msg(rc == cases[c].rc, "case %zu: exit %d, expected %d (%s)", c, rc, cases[c].rc, msg);
     ck_assert_msg(strstr(msg, mention), "case %zu: the message does not say '%s': %s", c, mention, msg);
-    if (!strstr(msg, "Usage")) /* one line, the usage aside: HDF5 prints none of its own */
-      ck_assert_msg(strchr(msg, '\n') == msg + strlen(msg) - 1, "case %zu: not one line: %s", c, msg);
+    ck_assert_msg(!strncmp(msg, "stabmeter-export: ", 18), "case %zu: the message does not start with the program's name: %s", c, msg);
+    /* one line (HDF5 prints none of its own; no usage dump), then the Try line for a usage mistake */
+    size_t len = strlen(msg), tl = strlen(try_line);
+    int has_try = len > tl && !strcmp(msg + len - tl, try_line);
+    ck_assert_msg(has_try == cases[c].try, "case %zu: %s the line pointing at --help: %s", c,
+                  cases[c].try ? "no" : "unexpected", msg);
+    if (has_try) msg[len - tl] = '\0';
+    ck_assert_msg(strchr(msg, '\n') == msg + strlen(msg) - 1, "case %zu: not one line: %s", c, msg);
     free(msg);
   }
   const char *help[] = {"--help", NULL}, *version[] = {"--version", NULL};
   export_ok(help, out);
   char *o = slurp(out, NULL);
-  ck_assert_ptr_nonnull(strstr(o, "Usage: export"));
+  ck_assert_ptr_nonnull(strstr(o, "Usage: stabmeter-export "));
+  ck_assert_ptr_nonnull(strstr(o, "--wide"));
   free(o);
   export_ok(version, out);
   o = slurp(out, NULL);
@@ -938,6 +1131,8 @@ static Suite *export_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_round_trip);
   tcase_add_test(tc, test_filters);
+  tcase_add_test(tc, test_wide);
+  tcase_add_test(tc, test_wide_collision);
   tcase_add_test(tc, test_live_writer);
   tcase_add_test(tc, test_longer_than_step);
   suite_add_tcase(s, tc);

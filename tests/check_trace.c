@@ -57,8 +57,8 @@ static void model_init(model *md, uint64_t seed, size_t d_out_fc) {
   add(md, (stab_layer){.name = "proj", .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 16,
                        .layout = STAB_LAYOUT_IN_MAJOR},
       D * 16, 0, &r, 0.1);
-  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = D}, V * D, 0, &r, 1.0);
-  add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = V}, V * D, 0, &r,
+  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D}, V * D, 0, &r, 1.0);
+  add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = D}, V * D, 0, &r,
       1.0 / D);
   add(md, (stab_layer){.name = "ln_f", .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D}, D, 0, &r, 1.0);
   add(md, (stab_layer){.name = "b_out", .kind = STAB_KIND_BIAS, .d_in = D, .d_out = D}, D, 0, &r, 0.2);
@@ -1226,7 +1226,7 @@ START_TEST(test_shared_storage) {
   tu_fill_gauss(conv, 1, 3 * C * C, 3 * C * C, 0.2, &r);
   tu_fill_gauss(other, 1, C * C, C * C, 0.2, &r);
   const stab_layer layers[] = {
-      {.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = C, .weight = table},
+      {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = C, .weight = table},
       {.name = "qkv", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C, .weight = qkv},
       {.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = 2, .weight = qkv,
        .weight_k = qkv + C * C},
@@ -1237,7 +1237,7 @@ START_TEST(test_shared_storage) {
       {.name = "c_attn", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C, .layout = STAB_LAYOUT_IN_MAJOR,
        .weight = conv},
       {.name = "other", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .weight = other},
-      {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = C, .d_out = V, .weight = table},
+      {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = C, .weight = table},
   };
   static const struct {
     const char *group, *with;

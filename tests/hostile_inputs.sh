@@ -69,7 +69,8 @@ expect "probe, a FIFO as config.json" 0 "config.json.*FIFO.*ignored" "$probe" "$
 mkfifo "$dir/out-fifo.h5"
 expect "probe --hdf5 FIFO" 1 "out-fifo.h5: not a regular file" "$probe" "$dir/m.safetensors" --hdf5 "$dir/out-fifo.h5" --step 1
 mkdir "$dir/fiforun" && mkfifo "$dir/fiforun/trace.h5"
-expect "train --out, trace.h5 a FIFO" 1 "trace.h5: not a regular file" "$train" $small --steps 2 --out "$dir/fiforun"
+# (train: bad input, exit 2, refused before training, as the usage says)
+expect "train --out, trace.h5 a FIFO" 2 "^stabmeter-train: .*trace.h5: not a regular file" "$train" $small --steps 2 --out "$dir/fiforun"
 [ -p "$dir/out-fifo.h5" ] && [ -p "$dir/fiforun/trace.h5" ] && pass || fail "a FIFO where a trace was to go was replaced"
 
 # A symbolic link to nothing where the trace goes (a run folder copied without its target):

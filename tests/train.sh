@@ -33,6 +33,18 @@ printf 'abc' >"$tmp/tiny.txt"
 expect 2 "file shorter than the context" $train --data "$tmp/tiny.txt"
 
 small="--width 32 --depth 1 --heads 2 --context 16 --batch 8 --corpus-bytes 65536"
+# An --out that cannot hold the run's files is bad input (2), refused before any step is
+# taken: a file or a FIFO as DIR, a file as a component of DIR, a directory or a FIFO where
+# DIR/trace.h5 goes (all were exit 1, after building the model).
+printf x >"$tmp/afile"
+mkfifo "$tmp/afifo"
+mkdir -p "$tmp/holds-dir/trace.h5" "$tmp/holds-fifo"
+mkfifo "$tmp/holds-fifo/trace.h5"
+for out in afile afifo afile/sub holds-dir holds-fifo; do
+  expect 2 "--out $out" $train $small --steps 1 --out "$tmp/$out"
+  grep -q "^stabmeter-train: .*$out" "$tmp/err" || fail "--out $out: the message does not name it: $(cat "$tmp/err")"
+  ! grep -q '^step ' "$tmp/err" || fail "--out $out: trained before refusing it"
+done
 for opt in adamw steepest; do
   expect 0 "training with $opt" $train $small --steps 60 --optimizer $opt --biases --untied \
     --out "$tmp/run-$opt"
