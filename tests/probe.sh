@@ -2,7 +2,10 @@
 # Runs harness/probe on checkpoints written by tests/st_gen (GPT-2 and Llama names; F32,
 # F16, BF16) and checks the table, the JSON report (valid JSON, values equal to
 # stab_layer_metrics in exact mode, --prev updates, the tied head, tensors not measured
-# listed with a reason), the exit codes, and replays the malformed-file corpus (exit 2).
+# listed with a reason), the exit codes, and replays the malformed-file corpus (exit 2); that
+# layer names equal the group names of stabmeter-train's trace of the same model; --sort and
+# --top against python sorting the JSON, the summary against the largest values; --filter and
+# --prev that match nothing (exit 2, one line); the --hdf5 step from the checkpoint's metadata.
 set -u
 top=$(pwd)
 src=${srcdir:-.}
@@ -307,6 +310,29 @@ assert abs(got["caf\u00e9.weight"]["dependency"] - 2.0) < 1e-12          # sigma
 ' "$dir/esc.json" || fail "escapes: names or values wrong in the JSON"
   ok
 fi
+
+# layer names stay unique: of "foo" and "foo.weight" the second keeps its tensor name; a tied
+# head beside a linear layer named lm_head (--kind) is wte.lm_head; the trace takes them all
+if [ -n "$py5" ]; then
+  python3 - "$dir/clash.safetensors" <<'PY'
+import struct, sys
+names = ["wte.weight", "foo", "foo.weight", "lm_head.weight"]
+hdr = ("{" + ", ".join('"%s": {"dtype": "F32", "shape": [4, 4], "data_offsets": [%d, %d]}' % (n, 64 * i, 64 * i + 64)
+                       for i, n in enumerate(names)) + "}").encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(hdr)) + hdr + struct.pack("<64f", *[(i % 5) - 2.0 for i in range(64)]))
+PY
+  "$probe" "$dir/clash.safetensors" --kind 'lm_head.weight=linear' --json --hdf5 "$dir/clash.h5" --step 1 --quiet \
+    >"$dir/clash.json" 2>"$dir/clash.err" || fail "name clash: exit $?: $(cat "$dir/clash.err")"
+  "$py5" - "$dir/clash.json" "$dir/clash.h5" <<'PY' || fail "name clash: names"
+import h5py, json, sys
+got = [(l["name"], l["tensor"], l["kind"]) for l in json.load(open(sys.argv[1]))["layers"]]
+want = [("wte", "wte.weight", "embedding"), ("foo", "foo", "linear"), ("foo.weight", "foo.weight", "linear"),
+        ("lm_head", "lm_head.weight", "linear"), ("wte.lm_head", "wte.weight", "lm_head")]
+assert got == want, got
+assert set(h5py.File(sys.argv[2], "r")["layers"]) == {n for n, _, _ in want}
+PY
+fi
+ok
 
 # a checkpoint of harness/train (GPT-2 names stored out-major, tied, heads in __metadata__):
 # the names the probe gives its layers are the trace's group names, with no renaming (a tied
