@@ -704,5 +704,5 @@ done <"$src/tests/corpus/gguf/EXPECTED"
 [ $n -ge 80 ] || fail "corpus: only $n files"
 ok
 
-echo "probe.sh: $checks groups checked, $fails failures (python3: $have_py, corpus files: $n)"
-[ $fails -eq 0 ]
+echo "probe.sh: python3: $have_py, corpus files: $n"
+summary probe.sh # the closing line in Check's format, which quickstart.sh counts
