@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
   }
   const double g = 0.02;
   if (new_tensor(&t[k], &rng, "wte", V * D, o.gpt2_init ? g : 1.0, 0.0)) return 1;
-  stab_layer emb = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = D, .weight = t[k].w};
+  stab_layer emb = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D, .weight = t[k].w};
   if (add(m, &emb)) return 1;
   k++;
   char nm[64], nb[64];
@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
   if (add(m, &lnf)) return 1;
   k++;
   if (new_tensor(&t[k], &rng, "lm_head", V * D, o.gpt2_init ? g : 1.0 / (double)D, 0.0)) return 1;
-  stab_layer head = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = V, .weight = t[k].w};
+  stab_layer head = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = D, .weight = t[k].w};
   if (add(m, &head)) return 1;
   k++;
 

@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
   stab_layer layers[] = { /* stabmeter */
       {.name = "fc1", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = H, .weight = m.params.fc1w, .bias = m.params.fc1b}, /* stabmeter */
       {.name = "fc2", .kind = STAB_KIND_LINEAR, .d_in = H, .d_out = H, .weight = m.params.fc2w, .bias = m.params.fc2b}, /* stabmeter */
-      {.name = "head", .kind = STAB_KIND_LM_HEAD, .d_in = H, .d_out = K, .weight = m.params.headw}}; /* stabmeter */
+      {.name = "head", .kind = STAB_KIND_LM_HEAD, .vocab = K, .width = H, .weight = m.params.headw}}; /* stabmeter */
   stab_trace_params tp = stab_trace_default_params(); /* stabmeter */
   tp.scalars = scalar_names, tp.n_scalars = 2; /* stabmeter */
   stab_monitor *mon = NULL; /* stabmeter */

@@ -1030,6 +1030,18 @@ static int64_t step_from_name(const char *path) {
   return step;
 }
 
+/* A row's sizes as stab_layer takes them. The row keeps d_in and d_out in its kind's math (the
+ * report prints them); a table is registered by what it is, its V vectors (vocab) of width d. */
+static void set_layer_sizes(stab_layer *L, const row *r) {
+  if (r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD) {
+    L->vocab = r->kind == STAB_KIND_EMBEDDING ? r->d_in : r->d_out;
+    L->width = r->kind == STAB_KIND_EMBEDDING ? r->d_out : r->d_in;
+  } else {
+    L->d_in = r->d_in;
+    L->d_out = r->d_out;
+  }
+}
+
 /* Appends one step holding every measured row to the trace at o->hdf5 (created if missing):
  * a monitor with the rows as its layers carries the metrics to stab_trace_append, under the
  * rows' names (layer_names: a trace's names, unique). 0, or 2 for a trace that does
@@ -1046,11 +1058,12 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   for (size_t i = 0; i < n && st == STAB_OK; i++) {
     const row *r = &rows[i];
     if (!r->measured) continue;
-    stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in,
-                    .d_out = r->d_out, .weight = &never_read, .heads = r->heads,
+    stab_layer L = {.name = r->name, .kind = r->kind,
+                    .weight = &never_read, .heads = r->heads,
                     .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout
                                                                                             : STAB_LAYOUT_NATURAL,
                     .weight_k = r->kind == STAB_KIND_ATTENTION ? &never_read : NULL};
+    set_layer_sizes(&L, r);
     size_t idx;
     if ((st = stab_monitor_add_layer(m, &L, &idx)) == STAB_OK) st = stab_monitor_set_metrics(m, idx, &r->m, r->head_bounds);
   }
@@ -1327,9 +1340,10 @@ static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, i
   const float *w = as_f32(r->t, &rb->w, keep_mapped), *b = r->bias ? as_f32(r->bias, &rb->b, keep_mapped) : NULL;
   const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return 1;
-  stab_layer L = {.name = r->name, .kind = r->kind, .d_in = r->d_in, .d_out = r->d_out,
+  stab_layer L = {.name = r->name, .kind = r->kind,
                   .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
                   .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
+  set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
   if (r->prev_t) {
     before.weight = as_f32(r->prev_t, &rb->pw, 0);

@@ -250,9 +250,9 @@ static int register_layers(stab_monitor *mon, model *m) {
     stab_layer l_ = {__VA_ARGS__};                                                         \
     if ((st = stab_monitor_add_layer(mon, &l_, NULL)) != STAB_OK) goto fail;                \
   } while (0)
-  ADD(.name = "transformer.wte", .kind = STAB_KIND_EMBEDDING, .d_in = m->c.vocab, .d_out = D,
+  ADD(.name = "transformer.wte", .kind = STAB_KIND_EMBEDDING, .vocab = m->c.vocab, .width = D,
       .weight = model_wte(m, m->params));
-  ADD(.name = "transformer.wpe", .kind = STAB_KIND_EMBEDDING, .d_in = m->c.context, .d_out = D,
+  ADD(.name = "transformer.wpe", .kind = STAB_KIND_EMBEDDING, .vocab = m->c.context, .width = D,
       .weight = model_wpe(m, m->params));
   for (size_t l = 0; l < m->c.depth; l++) {
     model_block w = model_block_at(m, m->params, l);
@@ -273,7 +273,7 @@ static int register_layers(stab_monitor *mon, model *m) {
   }
   ADD(.name = "transformer.ln_f", .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D,
       .weight = model_lnf(m, m->params));
-  ADD(.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = m->c.vocab,
+  ADD(.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = m->c.vocab, .width = D,
       .weight = model_head(m, m->params));
 #undef ADD
   return 0;

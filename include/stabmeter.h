@@ -1,7 +1,8 @@
 /* stabmeter.h — per-layer stability metrics of neural-network weights.
  *
  * The three metrics of every layer (forward, dependency and update stability, each
- * defined in SPEC.md) computed from f32 weights in memory: pure functions for one layer,
+ * defined in docs/metrics.md, installed as $(docdir)/metrics.md) computed from f32 weights
+ * in memory: pure functions for one layer,
  * and a monitor that a trainer creates once, registers its layers with, and asks for
  * the metrics every step without any allocation.
  *
@@ -26,9 +27,9 @@ extern "C" {
 #endif
 
 #define STAB_VERSION_MAJOR 0
-#define STAB_VERSION_MINOR 1
+#define STAB_VERSION_MINOR 2
 #define STAB_VERSION_PATCH 0
-#define STAB_VERSION_STRING "0.1.0"
+#define STAB_VERSION_STRING "0.2.0"
 
 /* The version of the library actually linked, "MAJOR.MINOR.PATCH". */
 const char *stab_version(void);
@@ -77,12 +78,21 @@ int stab_utf8_decode(const char *s, size_t n, uint32_t *cp);
 /* ---------------------------------------------------------------------------------- */
 /* Layer kinds and layouts                                                             */
 
+/* Which kind a tensor is (docs/metrics.md has each kind's metrics):
+ *  - a weight matrix with its bias: one linear layer (the bias in .bias, not a layer of its own);
+ *  - a norm: RMSNorm has a gain; LayerNorm has a gain (its weight, kind gain) and a bias (its
+ *    beta, kind bias: a bias with no weight matrix to pair with, the gain being no linear layer);
+ *  - a tied token table is one tensor registered twice, as embedding and as lm_head, under two
+ *    names and with the same .vocab, .width and .weight;
+ *  - a fused q/k/v matrix is registered as its linear layer(s) and, for its q and k blocks, one
+ *    attention layer (both reading the same memory). */
 typedef enum {
   STAB_KIND_LINEAR = 0,    /* weight W (d_in x d_out), optional bias of length d_out */
-  STAB_KIND_EMBEDDING = 1, /* table E, V rows of width d: d_in = V, d_out = d */
-  STAB_KIND_LM_HEAD = 2,   /* classes w_i of width d: d_in = d, d_out = V */
+  STAB_KIND_EMBEDDING = 1, /* token table: .vocab = V rows (one per token), .width = d */
+  STAB_KIND_LM_HEAD = 2,   /* class table: .vocab = V classes (one row each), .width = d */
   STAB_KIND_GAIN = 3,      /* RMSNorm/LayerNorm gain gamma: d_in = d_out = d */
-  STAB_KIND_BIAS = 4,      /* a bias with no weight to pair with: d_in = d_out = d */
+  STAB_KIND_BIAS = 4,      /* a bias with no weight to pair with (a LayerNorm's beta):
+                              d_in = d_out = d */
   STAB_KIND_ATTENTION = 5  /* attention logits of query/key projections, per head */
 } stab_kind;
 
@@ -163,7 +173,18 @@ void stab_spectral_workspace_free(stab_spectral_workspace *ws);
  *         on return the new estimate, unit-norm. Pass the same vector every step.
  *  out    the result. On a non-finite matrix out->nonfinite = 1, sigma NaN, return STAB_OK.
  * The shape must fit the workspace. In exact mode v is left untouched and passes is 1 (the
- * copy); a matrix with a side of at most 32 is run by Lanczos to its exact end. */
+ * copy). Lanczos is exact (to rounding) on narrow matrices, but when depends on which side
+ * is narrow and on v:
+ *  - cols <= 32: always, warm start or not (the whole cols x cols Gram matrix is formed and
+ *    its top eigenvalue taken; rel_err 0);
+ *  - rows <= 32 with cols > 32 (and rows + 4 <= krylov_dim, true of the default): only from a
+ *    cold start (v NULL, all zeros or non-finite), where the Krylov space is run to its end.
+ *    From a warm start the estimate stops at tol like any other matrix's: a lower bound
+ *    within tol, in fewer passes.
+ * cols is the stored row length, so an out-major attention head block (d_h rows of d) is the
+ * second case: stab_layer_metrics (always cold) measures it exactly, a monitor (warm after its
+ * first measurement of each layer) exactly once, then to tol. Power iteration always stops at
+ * tol. */
 stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, const float *b,
                                size_t rows, size_t cols, size_t ld, double *v,
                                stab_sigma_result *out);
@@ -197,12 +218,12 @@ typedef enum {
 } stab_tight_method;
 
 /* Every number measured for one layer. Fields that do not apply to the kind are NaN
- * (counts 0). See SPEC.md for each definition. */
+ * (counts 0). See docs/metrics.md for each definition. */
 typedef struct {
   double forward;          /* forward stability (lm_head: headline log V + 2 d R) */
   double dependency;       /* dependency stability; NaN for embedding, bias, attention */
   double update;           /* update stability; NaN when no update was given, and for
-                              attention (SPEC defines no update for the logit bound) */
+                              attention (no update is defined for the logit bound) */
   double forward_tight;    /* lm_head: log V + d Dm (an upper bound, see tight_method) */
   double dependency_tight; /* lm_head: d Dm */
   double update_tight;     /* lm_head: d dDm */
@@ -220,28 +241,59 @@ typedef struct {
   int flags;               /* STAB_FLAG_* */
 } stab_metrics;
 
-/* A layer as the library sees it. Zero-initialise, then fill what the kind needs.
- *  linear:    weight (d_in x d_out in `layout`), bias (d_out) or NULL
- *  embedding: weight [V][d] (d_in = V, d_out = d); layout NATURAL or IN_MAJOR mean [V][d],
- *             OUT_MAJOR means [d][V]
- *  lm_head:   weight, d_in = d, d_out = V; NATURAL/OUT_MAJOR mean [V][d], IN_MAJOR [d][V]
- *  gain:      weight of length d (d_in = d_out = d)
- *  bias:      weight of length d (d_in = d_out = d)
- *  attention: weight = query projection, weight_k = key projection, each d_in = d,
- *             d_out = heads * d_h, in `layout`; heads > 0; scale 0 means 1/sqrt(d_h)
- * ld is the row stride of the stored matrix in elements; 0 means the stored row length
- * (set it to read a block of a fused matrix, e.g. q and k inside llm.c's qkv).
- * Errors: NULL weight (or weight_k), or a name that is not valid UTF-8, STAB_EINVAL; zero or
- * inconsistent sizes, a stride below the stored row or a matrix past what memory can address
- * (the check of stab_spectral_norm) STAB_EDIM; heads not dividing d_out, or a negative or
- * non-finite scale, STAB_ERANGE. */
+/* A layer as the library sees it. Zero-initialise (designated initialisers), then fill what
+ * the kind needs; every field the kind does not use stays 0 or NULL.
+ *  linear:    d_in, d_out; weight W (d_in x d_out in `layout`), bias (d_out) or NULL
+ *  embedding: vocab = V, width = d; weight the table, one token's vector per row [V][d]
+ *             (layout NATURAL or IN_MAJOR), or per column [d][V] (OUT_MAJOR)
+ *  lm_head:   vocab = V, width = d; weight the table, one class's vector per row [V][d]
+ *             (layout NATURAL or OUT_MAJOR), or per column [d][V] (IN_MAJOR)
+ *  gain:      d_in = d_out = d; weight gamma, d floats
+ *  bias:      d_in = d_out = d; weight b, d floats
+ *  attention: d_in = d, d_out = heads * d_h; weight = query projection, weight_k = key
+ *             projection, each d_in x d_out in `layout`; heads > 0; scale 0 means 1/sqrt(d_h).
+ *             The bound covers the weights only: q and k biases are outside it (register
+ *             them with their linear layers, e.g. the fused qkv's .bias)
+ *
+ * Tables. vocab and width say what the table is, not which side is the layer's input, so they
+ * are the same two numbers for both kinds: a tied table is {.vocab = V, .width = d, .weight =
+ * wte} as embedding and again as lm_head. d_in and d_out stay 0 for a table; given, they must
+ * agree with the kind's math (embedding d_in = V, d_out = d; lm_head d_in = d, d_out = V),
+ * else STAB_EINVAL. A table given d_in and d_out alone (the interface before 0.2.0, where one
+ * pair swapped was accepted and gave plausible wrong values) is STAB_EINVAL, "use .vocab and
+ * .width"; so are vocab or width on any other kind. stab_monitor_layer gives back d_in and
+ * d_out filled in for every kind.
+ *
+ * ld is the row stride of the stored matrix in elements; 0 means the stored row length, i.e.
+ * the rows are contiguous. Set it only to read a block of COLUMNS of a wider stored matrix;
+ * a block of whole rows is contiguous: point weight at its first row and leave ld 0. For a
+ * fused q/k/v of width C:
+ *   llm.c qkvw, out-major [3C][C] (q, k, v are blocks of rows):
+ *     q: {.d_in = C, .d_out = C, .weight = qkvw},  k: .weight = qkvw + C*C,  v: qkvw + 2*C*C;
+ *     attention: {.d_in = C, .d_out = C, .heads = NH, .weight = qkvw, .weight_k = qkvw + C*C}
+ *   HF GPT-2 Conv1D c_attn.weight, in-major [C][3C] (q, k, v are blocks of columns):
+ *     q: {.d_in = C, .d_out = C, .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3*C, .weight = w},
+ *     k: .weight = w + C,  v: .weight = w + 2*C; attention likewise with .weight_k = w + C
+ * WARNING: .ld = 3*C on llm.c's out-major qkvw is accepted and wrong. Its C rows of stride 3C
+ * are rows 0, 3, 6, ... of the fused matrix (a third of q's rows, then k's, then v's): a
+ * matrix of the right shape made of the wrong numbers, inside the buffer. The library cannot
+ * tell it from a legitimate block (the first C input columns of an out-major [C][3C] matrix).
+ *
+ * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, or table sizes given as
+ * above, STAB_EINVAL; zero or inconsistent sizes, a stride below the stored row or a matrix
+ * past what memory can address (the check of stab_spectral_norm) STAB_EDIM; heads not
+ * dividing d_out, or a negative or non-finite scale, STAB_ERANGE. Every message names the
+ * layer. */
 typedef struct {
   const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
                               or NULL outside a monitor */
   stab_kind kind;
-  size_t d_in, d_out;
+  size_t d_in, d_out;      /* linear, attention, gain, bias: inputs and outputs (W is
+                              d_in x d_out); embedding, lm_head: 0 (see vocab, width) */
+  size_t vocab, width;     /* embedding, lm_head only: the table's V rows (tokens; positions
+                              of a position table) or classes, and the length d of each */
   stab_layout layout;
-  size_t ld;
+  size_t ld;               /* row stride in elements, 0 = contiguous rows (see above) */
   const float *weight;
   const float *bias;       /* linear only; NULL if none */
   const float *weight_k;   /* attention only */
@@ -315,7 +367,9 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
 
 size_t stab_monitor_layer_count(const stab_monitor *m);
 
-/* The registered layer (its name is the monitor's copy); NULL if index is out of range. */
+/* The registered layer: the caller's descriptor with its name the monitor's copy and d_in,
+ * d_out filled in for every kind (a table's in its kind's math: embedding V x d, lm_head
+ * d x V, as the trace records them; vocab and width as given). NULL if index is out of range. */
 const stab_layer *stab_monitor_layer(const stab_monitor *m, size_t index);
 
 /* Index of a layer by name, or STAB_ENOTFOUND. */
@@ -333,7 +387,8 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
                                     const float *bias_update);
 
 /* Measures every layer from the live weights, warm-starting each spectral estimate from
- * the previous measurement. with_update: also the update metrics (SNAPSHOT: needs a snapshot
+ * the previous measurement (the first is a cold start: see stab_spectral_norm for what that
+ * changes for matrices with at most 32 rows). with_update: also the update metrics (SNAPSHOT: needs a snapshot
  * taken since the last measurement with update, which uses it up; GIVEN: every non-attention
  * layer's update set). Allocates nothing. A layer with
  * non-finite weights gets NaN metrics and a flag (and a message naming it); the others are
@@ -362,10 +417,11 @@ size_t stab_monitor_memory(const stab_monitor *m);
 /* Steepest descent per kind (the articles' parametrisation)                           */
 
 /* The articles' initial standard deviation of a layer's weights, so that forward stability
- * starts at ~1 (SPEC.md): linear sqrt(d_out/d_in) / (sqrt(d_in) + sqrt(d_out)); embedding 1;
- * lm_head 1/d_in (d_in = d); gain 1 (a constant: every gamma_i = 1, not a std); bias 0.
- * d_in and d_out as in stab_layer. NaN for an unknown kind (attention has no weights of its
- * own) or a zero dimension. */
+ * starts at ~1 (docs/metrics.md): linear sqrt(d_out/d_in) / (sqrt(d_in) + sqrt(d_out));
+ * embedding 1; lm_head 1/d_in (d_in = d, the width); gain 1 (a constant: every gamma_i = 1,
+ * not a std); bias 0. d_in and d_out in the kind's math, as stab_monitor_layer gives them back:
+ * a table's are embedding (V, d), lm_head (d, V). NaN for an unknown kind (attention has no
+ * weights of its own) or a zero dimension. */
 double stab_init_std(stab_kind kind, size_t d_in, size_t d_out);
 
 typedef enum {
@@ -405,9 +461,9 @@ stab_status stab_normalize_rows(const float *g, size_t rows, size_t cols, double
 stab_status stab_sign(const float *g, size_t n, double scale, float *out);
 
 /* ---------------------------------------------------------------------------------- */
-/* The trace: every measured step of a monitor, in an HDF5 file (SPEC.md, "Trace")      */
+/* The trace: every measured step of a monitor, in an HDF5 file (docs/metrics.md)       */
 
-/* The file, as SPEC.md has it (every dataset one-dimensional, float64 unless said, chunked,
+/* The file (every dataset one-dimensional, float64 unless said, chunked,
  * extendable, row i of each belonging to /step[i]; a value that does not exist is NaN):
  *   /                   attrs format = "stabmeter-trace", format_version = 1 (int), library_version,
  *                       created_utc ("YYYY-MM-DDTHH:MM:SSZ"), run_config (JSON text, "{}" if none)
@@ -415,7 +471,8 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  *   /wall_time          seconds since the run began, as the caller gives them
  *   /scalars/<name>     one per declared scalar (loss, learning rate ...)
  *   /layers/<layer>/    one group per monitor layer, '/' in its name replaced by '.'; attrs name
- *                       (the unmapped name), kind (stab_kind_name), d_in, d_out, param_count (int64),
+ *                       (the unmapped name), kind (stab_kind_name), d_in, d_out (as stab_monitor_layer
+ *                       gives them: a table's in its kind's math), param_count (int64),
  *                       layout: "out_major" or "in_major" (the stored matrix of linear and attention,
  *                       and of an embedding or lm_head whose vectors are columns), "rows" (one
  *                       token's or class's vector per row, and the single row of gain and bias)

@@ -116,6 +116,9 @@ double stabi_sumsq(const float *a, const float *b, size_t rows, size_t cols, siz
 
 /* Where a layer's numbers sit in memory, resolved and validated from its descriptor. */
 typedef struct {
+  size_t d_in, d_out;     /* the layer's sizes in its kind's math, y = x W with W d_in x d_out:
+                             a table's from its vocab and width (embedding V x d, lm_head d x V),
+                             every other kind's as given */
   size_t rows, cols, ld;  /* the stored matrix (gain, bias: 1 x d) */
   int items_are_rows;     /* embedding, lm_head: the token/class vectors are rows */
   size_t heads, dh;       /* attention: heads and head width */

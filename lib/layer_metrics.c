@@ -1,4 +1,4 @@
-/* layer_metrics.c — the three metrics of one layer of each kind (SPEC.md, "Per layer kind"),
+/* layer_metrics.c — the three metrics of one layer of each kind (docs/metrics.md, per kind),
  * from its weights and optionally its update. Shared by stab_layer_metrics (one call, its own
  * workspace) and the monitor (borrowed workspace, warm-start vectors kept between steps). */
 #include "internal.h"
@@ -17,10 +17,54 @@ stab_metrics_params stab_metrics_default_params(void) {
 
 static const char *layer_name(const stab_layer *l) { return l->name ? l->name : "(unnamed)"; }
 
-/* Sets the stored shape of a d_in x d_out matrix in `layout` (natural = `natural_out_major`). */
-static void matrix_shape(const stab_layer *l, int out_major, stabi_shape *sh) {
-  sh->rows = out_major ? l->d_out : l->d_in;
-  sh->cols = out_major ? l->d_in : l->d_out;
+/* Sets the stored shape of the d_in x d_out matrix of sh, out-major or in-major. */
+static void matrix_shape(int out_major, stabi_shape *sh) {
+  sh->rows = out_major ? sh->d_out : sh->d_in;
+  sh->cols = out_major ? sh->d_in : sh->d_out;
+}
+
+static int is_table(stab_kind kind) { return kind == STAB_KIND_EMBEDDING || kind == STAB_KIND_LM_HEAD; }
+
+/* The layer's d_in and d_out in its kind's math, into sh. A table is described by what it is
+ * (vocab V rows or classes, width d) because its d_in and d_out trade places between the two
+ * kinds: given as d_in/d_out, a tied table registered as embedding and as lm_head took one pair
+ * swapped, and either swap was accepted and gave plausible wrong values. So a table with only
+ * d_in/d_out (the interface before 0.2.0) is refused rather than guessed at, and d_in/d_out
+ * given beside vocab/width must agree with them. */
+static stab_status layer_dims(const stab_layer *l, const char *who, const char *name, stabi_shape *sh) {
+  const char *kind = stab_kind_name(l->kind);
+  if (!is_table(l->kind)) {
+    if (l->vocab || l->width)
+      return stabi_fail(STAB_EINVAL,
+                        "%s: layer '%s' (%s) has vocab %zu and width %zu: those are for embedding and "
+                        "lm_head tables; a %s takes d_in and d_out",
+                        who, name, kind, l->vocab, l->width, kind);
+    if (l->d_in == 0 || l->d_out == 0)
+      return stabi_fail(STAB_EDIM, "%s: layer '%s' (%s) has d_in %zu and d_out %zu; both must be > 0",
+                        who, name, kind, l->d_in, l->d_out);
+    sh->d_in = l->d_in;
+    sh->d_out = l->d_out;
+    return STAB_OK;
+  }
+  if (!l->vocab && !l->width && (l->d_in || l->d_out))
+    return stabi_fail(STAB_EINVAL,
+                      "%s: layer '%s' (%s) gives its table as d_in %zu, d_out %zu: use .vocab (V, the "
+                      "table's rows or classes) and .width (d, the length of each row) and leave d_in "
+                      "and d_out 0 (changed in stabmeter 0.2.0)",
+                      who, name, kind, l->d_in, l->d_out);
+  if (l->vocab == 0 || l->width == 0)
+    return stabi_fail(STAB_EDIM, "%s: layer '%s' (%s) has vocab %zu and width %zu; both must be > 0",
+                      who, name, kind, l->vocab, l->width);
+  const int head = l->kind == STAB_KIND_LM_HEAD;
+  sh->d_in = head ? l->width : l->vocab;
+  sh->d_out = head ? l->vocab : l->width;
+  if ((l->d_in && l->d_in != sh->d_in) || (l->d_out && l->d_out != sh->d_out))
+    return stabi_fail(STAB_EINVAL,
+                      "%s: layer '%s' (%s): d_in %zu and d_out %zu contradict vocab %zu and width %zu "
+                      "(for %s d_in = %s = %zu, d_out = %s = %zu); leave d_in and d_out 0",
+                      who, name, kind, l->d_in, l->d_out, l->vocab, l->width, kind, head ? "width" : "vocab",
+                      sh->d_in, head ? "vocab" : "width", sh->d_out);
+  return STAB_OK;
 }
 
 stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape *sh) {
@@ -38,20 +82,19 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
     return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown layout %d", who, name,
                       (int)l->layout);
   if (!l->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%s' has no weight (NULL)", who, name);
-  if (l->d_in == 0 || l->d_out == 0)
-    return stabi_fail(STAB_EDIM, "%s: layer '%s' has d_in %zu and d_out %zu; both must be > 0",
-                      who, name, l->d_in, l->d_out);
+  stab_status st = layer_dims(l, who, name, sh);
+  if (st != STAB_OK) return st;
   switch (l->kind) {
   case STAB_KIND_LINEAR:
   case STAB_KIND_ATTENTION:
-    matrix_shape(l, l->layout != STAB_LAYOUT_IN_MAJOR, sh);
+    matrix_shape(l->layout != STAB_LAYOUT_IN_MAJOR, sh);
     break;
   case STAB_KIND_EMBEDDING: /* d_in = V: natural [V][d] is in-major */
-    matrix_shape(l, l->layout == STAB_LAYOUT_OUT_MAJOR, sh);
+    matrix_shape(l->layout == STAB_LAYOUT_OUT_MAJOR, sh);
     sh->items_are_rows = l->layout != STAB_LAYOUT_OUT_MAJOR;
     break;
   case STAB_KIND_LM_HEAD: /* d_out = V: natural [V][d] is out-major */
-    matrix_shape(l, l->layout != STAB_LAYOUT_IN_MAJOR, sh);
+    matrix_shape(l->layout != STAB_LAYOUT_IN_MAJOR, sh);
     sh->items_are_rows = l->layout != STAB_LAYOUT_IN_MAJOR;
     break;
   case STAB_KIND_GAIN:
@@ -66,7 +109,7 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
   char what[96];
   snprintf(what, sizeof what, "layer '%.60s'", name);
   sh->ld = l->ld;
-  stab_status st = stabi_check_extent(who, what, sh->rows, sh->cols, &sh->ld, NULL);
+  st = stabi_check_extent(who, what, sh->rows, sh->cols, &sh->ld, NULL);
   if (st != STAB_OK) return st;
   if (l->kind == STAB_KIND_ATTENTION) {
     if (!l->weight_k)

@@ -7,7 +7,7 @@
 #include <string.h>
 
 typedef struct {
-  stab_layer layer;   /* the caller's descriptor, with name pointing at our copy */
+  stab_layer layer;   /* the caller's descriptor, name pointing at our copy, d_in/d_out filled in */
   stabi_shape shape;
   double *warm;       /* warm-start vectors, stabi_warm_len doubles */
   float *snap_w, *snap_b; /* SNAPSHOT mode: the weights before the step (stride kept) */
@@ -112,6 +112,10 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
   st = stabi_layer_shape(layer, who, &e.shape);
   if (st != STAB_OK) return st;
   e.layer = *layer;
+  /* d_in and d_out in the kind's math for every kind, a table's included (given as vocab and
+   * width): what stab_monitor_layer shows, and what the trace records per layer as before. */
+  e.layer.d_in = e.shape.d_in;
+  e.layer.d_out = e.shape.d_out;
   const int snapshot = m->params.update_mode == STAB_UPDATE_SNAPSHOT && layer->kind != STAB_KIND_ATTENTION;
   const size_t warm_len = stabi_warm_len(layer, &e.shape);
   const size_t work_len = stabi_layer_work(&e.shape, m->params.metrics.tight);

@@ -1,7 +1,8 @@
 # %% [markdown]
 # # Checkpoints side by side
 #
-# The probe's per-layer metrics (SPEC.md, "Probe report") for a series of checkpoints, or two:
+# The probe's per-layer metrics (docs/metrics.md, "The probe's JSON report") for a series of
+# checkpoints, or two:
 # `harness/probe --json` runs on each checkpoint, with `--prev` the one before it so that the
 # update stability is the change between consecutive checkpoints (the first has none). Reports
 # already written by `probe --json` can be given instead of checkpoints.

@@ -1,6 +1,6 @@
-"""stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces (SPEC.md,
-"Trace (HDF5)") and probe reports ("Probe report"), their inputs, and the plotting conventions
-(kind colours, axis labels with units, titles naming the run)."""
+"""stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces
+(docs/metrics.md, "The trace file") and probe reports ("The probe's JSON report"), their inputs,
+and the plotting conventions (kind colours, axis labels with units, titles naming the run)."""
 
 import glob
 import json
@@ -204,7 +204,7 @@ def trace_from_file(f, path, metrics=None):
     except ValueError as e:
         raise InputError("trace %s: run_config is not JSON (%s)" % (path, e)) from None
     steps = np.asarray(f["step"][:], dtype=np.int64)
-    n = len(steps)  # SPEC: every dataset is index-aligned with /step; it sets the row count
+    n = len(steps)  # docs/metrics.md: every dataset is index-aligned with /step; it sets the row count
     wall = _fit(f["wall_time"][:], n) if "wall_time" in f else np.full(n, np.nan)
     scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items()} if "scalars" in f else {}
     layers = []
@@ -451,7 +451,7 @@ def probe_program():
 
 
 def load_report(text, where):
-    """A probe report from JSON text, checked against SPEC's "Probe report" shape."""
+    """A probe report from JSON text, checked against the shape docs/metrics.md gives it."""
     try:
         r = json.loads(text)
     except ValueError as e:
@@ -530,7 +530,7 @@ def legend_below(fig, cell, handles, labels, ncol=1):
 
 
 def undefined_panel(ax, kind, metric):
-    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (SPEC.md)" % (metric, kind),
+    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (docs/metrics.md)" % (metric, kind),
             ha="center", va="center", transform=ax.transAxes, color="0.4", fontsize=9)
     ax.set_xticks([])
     ax.set_yticks([])

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # One training run, layer by layer
 #
-# Every layer's forward, dependency and update stability (SPEC.md) at every measured step of one
+# Every layer's forward, dependency and update stability (docs/metrics.md) at every measured step of one
 # stabmeter trace, one row of panels per layer kind, on log axes, under the training loss.
 # In each panel the three layers that reached the largest value are drawn in colour and named
 # below it; the others are grey. Red bands mark steps where the loss or a layer went
@@ -75,7 +75,7 @@ for metric in st.METRICS:
 # ## Every layer over the run
 #
 # Rows: the layer kinds present; columns: the three stabilities. A well-parametrised model
-# keeps each of them Θ(1) (SPEC.md); the update stability follows the learning-rate schedule.
+# keeps each of them Θ(1) (docs/metrics.md); the update stability follows the learning-rate schedule.
 
 # %%
 kinds = tr.kinds()

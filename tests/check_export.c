@@ -158,7 +158,7 @@ static void model_build(model *md, tu_rng *r) {
       l.kind = STAB_KIND_LINEAR, l.d_in = 2 * D, l.d_out = D, l.layout = STAB_LAYOUT_IN_MAJOR;
       md->len[i] = 2 * D * D;
       break;
-    case 3: l.kind = STAB_KIND_EMBEDDING, l.d_in = V, l.d_out = D, md->len[i] = V * D; break;
+    case 3: l.kind = STAB_KIND_EMBEDDING, l.vocab = V, l.width = D, md->len[i] = V * D; break;
     case 4: l.kind = STAB_KIND_GAIN, l.d_in = l.d_out = D, md->len[i] = D; break;
     case 5:
       l.kind = STAB_KIND_ATTENTION, l.d_in = D, l.d_out = HEADS * DH, l.heads = HEADS;

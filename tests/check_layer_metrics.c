@@ -1,11 +1,12 @@
-/* check_layer_metrics.c — stab_layer_metrics for every layer kind against the SPEC.md
- * definitions computed independently (LAPACKE sigma, brute-force norms and diameters), and
+/* check_layer_metrics.c — stab_layer_metrics for every layer kind against the definitions of
+ * docs/metrics.md computed independently (LAPACKE sigma, brute-force norms and diameters), and
  * each definition checked by brute force on sampled inputs: no RMS-1 input ever exceeds a
  * reported bound, and the top singular direction attains the exact ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h" /* PACKAGE_VERSION, from configure.ac */
 #include "stabmeter.h"
 #include "testutil.h"
 
@@ -228,6 +229,113 @@ START_TEST(test_linear_ld) {
 }
 END_TEST
 
+/* ---- fused q/k/v: the two layouts the header shows ------------------------------------------ */
+
+/* A fused qkv of width C: llm.c's out-major [3C][C] (q, k, v are blocks of rows) or HF GPT-2
+ * Conv1D's in-major [C][3C] (blocks of columns). The blocks are scaled 1, 6 and 36, so that a
+ * block read from the wrong place, or mixing two blocks, is off by far more than rounding. */
+enum { QKV_C = 40, QKV_HEADS = 4 };
+static const float qkv_scale[3] = {1.0f, 6.0f, 36.0f};
+
+static float *make_qkv(int in_major, tu_rng *r) {
+  const size_t C = QKV_C;
+  float *w = tu_floats(3 * C * C);
+  tu_fill_gauss(w, 1, 3 * C * C, 3 * C * C, 1.0 / sqrt((double)C), r);
+  for (size_t i = 0; i < (in_major ? C : 3 * C); i++)
+    for (size_t j = 0; j < (in_major ? 3 * C : C); j++)
+      w[i * (in_major ? 3 * C : C) + j] *= qkv_scale[in_major ? j / C : i / C];
+  return w;
+}
+
+/* Block p (0 q, 1 k, 2 v) copied out as its own contiguous C x C matrix, stored as in the
+ * fused one (out-major: its C rows; in-major: its C columns of every row). */
+static float *qkv_block(const float *w, int in_major, size_t p) {
+  const size_t C = QKV_C;
+  float *b = tu_floats(C * C);
+  for (size_t i = 0; i < C; i++)
+    for (size_t j = 0; j < C; j++) b[i * C + j] = in_major ? w[i * 3 * C + p * C + j] : w[(p * C + i) * C + j];
+  return b;
+}
+
+/* The per-head logit bounds s d_h (f sigma(Wq_h)) (f sigma(Wk_h)), f = sqrt(d / d_h), from
+ * contiguous copies of the q and k blocks, by LAPACK. */
+static void ref_head_bounds(const float *q, const float *k, int in_major, double *bound) {
+  const size_t C = QKV_C, dh = C / QKV_HEADS;
+  const double f = sqrt((double)C / (double)dh), s = 1.0 / sqrt((double)dh);
+  for (size_t h = 0; h < QKV_HEADS; h++) {
+    /* head h: out-major rows h dh.. (dh x C), in-major columns h dh.. (C x dh) */
+    size_t off = in_major ? h * dh : h * dh * C, rows = in_major ? C : dh, cols = in_major ? dh : C;
+    bound[h] = s * (double)dh * (f * ref_sigma(q + off, rows, cols, C)) * (f * ref_sigma(k + off, rows, cols, C));
+  }
+}
+
+/* Each recipe of the header gives, for q, k and v, the values of the separate block and, for
+ * the attention layer, the bounds of the separate q and k blocks. */
+START_TEST(test_fused_qkv_layouts) {
+  const size_t C = QKV_C;
+  static const char *part = "qkv";
+  tu_rng r;
+  tu_rng_init(&r, 105);
+  for (int in_major = 0; in_major < 2; in_major++) {
+    float *w = make_qkv(in_major, &r), *blk[3];
+    for (size_t p = 0; p < 3; p++) {
+      blk[p] = qkv_block(w, in_major, p);
+      /* llm.c: {.d_in = C, .d_out = C, .weight = qkvw + p*C*C}, ld 0. HF: in-major, .ld = 3C,
+       * .weight = w + p*C */
+      stab_layer l = {.name = "attn.qkv", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C,
+                      .layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_NATURAL,
+                      .ld = in_major ? 3 * C : 0, .weight = in_major ? w + p * C : w + p * C * C};
+      linear_ref ref = ref_linear(blk[p], NULL, NULL, NULL, C, C, in_major, 0);
+      char what[96];
+      snprintf(what, sizeof what, "%s: %c block", in_major ? "HF Conv1D [C][3C]" : "llm.c qkvw [3C][C]", part[p]);
+      check_linear(what, &l, NULL, &ref);
+    }
+    stab_layer a = {.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = QKV_HEADS,
+                    .layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_NATURAL, .ld = in_major ? 3 * C : 0,
+                    .weight = w, .weight_k = in_major ? w + C : w + C * C};
+    double want[QKV_HEADS], got[QKV_HEADS], worst = 0.0;
+    ref_head_bounds(blk[0], blk[1], in_major, want);
+    stab_metrics_params prm = params_with(STAB_SPECTRAL_EXACT, STAB_TIGHT_CENTRED);
+    stab_metrics m = measure(&a, NULL, &prm, got, in_major ? "HF attention" : "llm.c attention");
+    for (size_t h = 0; h < QKV_HEADS; h++) {
+      TU_ASSERT_REL(got[h], want[h], 3.0 * tu_tol_exact(C, C), "%s attention, head %zu", in_major ? "HF" : "llm.c", h);
+      worst = fmax(worst, want[h]);
+    }
+    TU_ASSERT_REL(m.forward, worst, 3.0 * tu_tol_exact(C, C), "%s attention forward", in_major ? "HF" : "llm.c");
+    for (size_t p = 0; p < 3; p++) free(blk[p]);
+    free(w);
+  }
+}
+END_TEST
+
+/* What the header warns of: the HF recipe (.ld = 3C) applied to llm.c's out-major qkvw is
+ * accepted, stays inside the buffer, and measures rows p, p + 3, p + 6, ... of the fused
+ * matrix (rows of q, then of k, then of v), not block p. */
+START_TEST(test_fused_qkv_ld_on_out_major) {
+  const size_t C = QKV_C;
+  tu_rng r;
+  tu_rng_init(&r, 106);
+  float *w = make_qkv(0, &r), *rows = tu_floats(C * C);
+  for (size_t p = 0; p < 3; p++) {
+    for (size_t i = 0; i < C; i++) memcpy(rows + i * C, w + (3 * i + p) * C, C * sizeof(float));
+    float *blk = qkv_block(w, 0, p);
+    stab_layer l = {.name = "attn.qkv", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .ld = 3 * C,
+                    .weight = w + p * C};
+    stab_metrics_params prm = params_with(STAB_SPECTRAL_EXACT, STAB_TIGHT_CENTRED);
+    stab_metrics m = measure(&l, NULL, &prm, NULL, "ld 3C on out-major qkvw");
+    double read = ref_sigma(rows, C, C, C), block = ref_sigma(blk, C, C, C);
+    TU_ASSERT_REL(m.sigma, read, tu_tol_exact(C, C), "block %zu with ld 3C: sigma of rows %zu, %zu, ...", p, p,
+                  p + 3);
+    ck_assert_msg(fabs(m.sigma / block - 1.0) > 0.1,
+                  "block %zu with ld 3C: sigma %.6g is within 10%% of the block's own %.6g: the test data "
+                  "does not tell the two readings apart", p, m.sigma, block);
+    free(blk);
+  }
+  free(rows);
+  free(w);
+}
+END_TEST
+
 START_TEST(test_linear_update) {
   enum { DIN = 120, DOUT = 80 };
   tu_rng r;
@@ -416,7 +524,7 @@ START_TEST(test_embedding) {
   double *e = tu_to_double(e1, NULL, V, D, D, 0), *de = tu_to_double(e1, e0, V, D, D, 0),
          *eb = tu_to_double(e0, NULL, V, D, D, 0);
 
-  stab_layer l = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = D,
+  stab_layer l = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D,
                   .layout = STAB_LAYOUT_NATURAL, .weight = e1};
   stab_layer b = l;
   b.weight = e0;
@@ -597,7 +705,7 @@ START_TEST(test_lm_head) {
     ck_assert_msg(ref.centred < 0.5 * ref.R, "test data: centred radius %g vs R %g", ref.centred, ref.R);
   char what[160];
 
-  stab_layer l = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = d, .d_out = V,
+  stab_layer l = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = d,
                   .layout = STAB_LAYOUT_NATURAL, .weight = w1};
   stab_layer b = l;
   b.weight = w0;
@@ -662,7 +770,7 @@ START_TEST(test_lm_head_bruteforce) {
   tu_rng_init(&r, 311 + (uint64_t)_i);
   float *w1 = make_lm(V, d, lm_sets[_i].shifted, &r);
   double *w = tu_to_double(w1, NULL, V, d, d, 0);
-  stab_layer l = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = d, .d_out = V,
+  stab_layer l = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = d,
                   .layout = STAB_LAYOUT_NATURAL, .weight = w1};
   stab_metrics_params pc = params_with(STAB_SPECTRAL_LANCZOS, STAB_TIGHT_CENTRED);
   stab_metrics_params pe = params_with(STAB_SPECTRAL_LANCZOS, STAB_TIGHT_EXACT);
@@ -723,6 +831,85 @@ START_TEST(test_lm_head_bruteforce) {
   free(dir);
   free(w);
   free(w1);
+}
+END_TEST
+
+/* ---- tables: vocab and width, the same for both kinds ---------------------------------------- */
+
+/* One [V][d] table registered as a tied model does, as embedding and as lm_head with the same
+ * .vocab, .width and .weight: each kind gives its definition by brute force. V != d, so a
+ * table read the other way round would change every value. */
+START_TEST(test_table_vocab_width) {
+  enum { V = 70, D = 24 };
+  tu_rng r;
+  tu_rng_init(&r, 321);
+  float *w = make_lm(V, D, 0, &r);
+  for (size_t j = 0; j < D; j++) w[17 * D + j] *= 3.0f;  // one row sets the max
+  double *wd = tu_to_double(w, NULL, V, D, D, 0);
+  const double R = ref_max_row_rms_d(wd, V, D), dm = ref_diameter_rows_d(wd, V, D);
+  stab_layer emb = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D, .weight = w};
+  stab_layer head = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = D, .weight = w};
+  stab_metrics_params p = params_with(STAB_SPECTRAL_LANCZOS, STAB_TIGHT_EXACT);
+  stab_metrics me = measure(&emb, NULL, &p, NULL, "tied table as embedding");
+  stab_metrics mh = measure(&head, NULL, &p, NULL, "tied table as lm_head");
+  TU_ASSERT_REL(me.forward, R, 1e-12, "embedding forward = max_i ||E_i||_RMS");
+  TU_ASSERT_REL(mh.forward, log((double)V) + 2.0 * D * R, 1e-12, "lm_head forward = log V + 2 d R");
+  TU_ASSERT_REL(mh.dependency, 2.0 * D * R, 1e-12, "lm_head dependency = 2 d R");
+  TU_ASSERT_REL(mh.dependency_tight, D * dm, 1e-9, "lm_head dependency_tight = d Dm");
+
+  /* d_in and d_out beside them, in the kind's math: the same numbers */
+  stab_layer emb2 = emb, head2 = head;
+  emb2.d_in = V, emb2.d_out = D;
+  head2.d_in = D, head2.d_out = V;
+  stab_metrics me2 = measure(&emb2, NULL, &p, NULL, "embedding with d_in, d_out too");
+  stab_metrics mh2 = measure(&head2, NULL, &p, NULL, "lm_head with d_in, d_out too");
+  ck_assert_msg(me2.forward == me.forward && mh2.forward == mh.forward, "consistent d_in, d_out changed a value");
+
+  /* ... and contradicting them: refused, naming the layer and both pairs */
+  stab_metrics m;
+  head2.d_in = V, head2.d_out = D;  // the embedding's pair on the head
+  TU_ASSERT_STATUS(stab_layer_metrics(&head2, NULL, NULL, &m, NULL), STAB_EINVAL, "lm_head d_in V, d_out d");
+  ck_assert_msg(strstr(stab_last_error(), "'lm_head'") && strstr(stab_last_error(), "contradict"),
+                "message: %s", stab_last_error());
+  emb2.d_out = V;
+  TU_ASSERT_STATUS(stab_layer_metrics(&emb2, NULL, NULL, &m, NULL), STAB_EINVAL, "embedding d_out V");
+
+  /* The interface before 0.2.0, d_in and d_out alone, right or swapped: refused, never read
+   * either way, with a message saying what to write instead */
+  static const stab_kind kinds[] = {STAB_KIND_EMBEDDING, STAB_KIND_LM_HEAD};
+  for (int k = 0; k < 2; k++)
+    for (int swapped = 0; swapped < 2; swapped++) {
+      stab_layer old = {.name = "old", .kind = kinds[k], .d_in = swapped ? D : V, .d_out = swapped ? V : D,
+                        .weight = w};
+      const char *what = stab_kind_name(kinds[k]);
+      TU_ASSERT_STATUS(stab_layer_metrics(&old, NULL, NULL, &m, NULL), STAB_EINVAL, "%s given d_in %zu, d_out %zu",
+                       what, old.d_in, old.d_out);
+      const char *e = stab_last_error();
+      ck_assert_msg(strstr(e, "'old'") && strstr(e, what) && strstr(e, "use .vocab") && strstr(e, ".width"),
+                    "%s: the message does not name the layer or say to use .vocab and .width: %s", what, e);
+      TU_ASSERT_NAN(m.forward, "%s refused", what);
+    }
+
+  /* vocab and width belong to tables only */
+  stab_layer fc = {.name = "fc", .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = D, .vocab = V, .width = D,
+                   .weight = w};
+  TU_ASSERT_STATUS(stab_layer_metrics(&fc, NULL, NULL, &m, NULL), STAB_EINVAL, "linear with vocab and width");
+  ck_assert_msg(strstr(stab_last_error(), "'fc'") && strstr(stab_last_error(), "d_in and d_out"), "message: %s",
+                stab_last_error());
+  free(wd);
+  free(w);
+}
+END_TEST
+
+/* stab_layer changed in 0.2.0 (vocab, width): the header's version, configure's and the
+ * library's must say so alike, or a caller's version check passes against the wrong one. */
+START_TEST(test_version_of_the_interface) {
+  char composed[32];
+  snprintf(composed, sizeof composed, "%d.%d.%d", STAB_VERSION_MAJOR, STAB_VERSION_MINOR, STAB_VERSION_PATCH);
+  ck_assert_str_eq(composed, STAB_VERSION_STRING);
+  ck_assert_str_eq(STAB_VERSION_STRING, PACKAGE_VERSION);
+  ck_assert_str_eq(stab_version(), STAB_VERSION_STRING);
+  ck_assert_msg(STAB_VERSION_MAJOR > 0 || STAB_VERSION_MINOR >= 2, "stab_layer has vocab and width since 0.2.0");
 }
 END_TEST
 
@@ -1030,10 +1217,10 @@ START_TEST(test_nonfinite_weight) {
     l.bias = b;
     break;
   case 2:
-    l.kind = STAB_KIND_EMBEDDING, l.d_in = DI, l.d_out = DO;
+    l.kind = STAB_KIND_EMBEDDING, l.vocab = DI, l.width = DO;
     break;
   case 3:
-    l.kind = STAB_KIND_LM_HEAD, l.d_in = DO, l.d_out = DI;
+    l.kind = STAB_KIND_LM_HEAD, l.vocab = DI, l.width = DO;
     break;
   case 4:
   case 5:
@@ -1085,6 +1272,8 @@ START_TEST(test_nonfinite_update) {
                                     STAB_KIND_GAIN, STAB_KIND_BIAS};
   stab_layer l = {.name = "l", .kind = kinds[_i], .d_in = DI, .d_out = DO, .weight = w};
   if (kinds[_i] == STAB_KIND_GAIN || kinds[_i] == STAB_KIND_BIAS) l.d_out = DI;
+  if (kinds[_i] == STAB_KIND_EMBEDDING || kinds[_i] == STAB_KIND_LM_HEAD)
+    l.d_in = l.d_out = 0, l.vocab = DI, l.width = DO;
   stab_layer b = l;
   b.weight = w0;
   const char *ctx = stab_kind_name(kinds[_i]);
@@ -1196,12 +1385,13 @@ START_TEST(test_invalid_arguments) {
   TU_ASSERT_FAILS(stab_layer_metrics(&g, NULL, NULL, &m, NULL), "gain with d_in != d_out");
   g.kind = STAB_KIND_BIAS;
   TU_ASSERT_FAILS(stab_layer_metrics(&g, NULL, NULL, &m, NULL), "bias with d_in != d_out");
-  stab_layer e = {.name = "e", .kind = STAB_KIND_EMBEDDING, .d_in = 0, .d_out = 8, .weight = w};
+  stab_layer e = {.name = "e", .kind = STAB_KIND_EMBEDDING, .vocab = 0, .width = 8, .weight = w};
   TU_ASSERT_STATUS(stab_layer_metrics(&e, NULL, NULL, &m, NULL), STAB_EDIM, "embedding V 0");
   e.kind = STAB_KIND_LM_HEAD;
-  e.d_in = 8;
-  e.d_out = 0;
   TU_ASSERT_STATUS(stab_layer_metrics(&e, NULL, NULL, &m, NULL), STAB_EDIM, "lm_head V 0");
+  e.vocab = 8;
+  e.width = 0;
+  TU_ASSERT_STATUS(stab_layer_metrics(&e, NULL, NULL, &m, NULL), STAB_EDIM, "lm_head d 0");
 
   stab_layer a = {.name = "a", .kind = STAB_KIND_ATTENTION, .d_in = 4, .d_out = 12, .weight = w,
                   .weight_k = w, .heads = 3};
@@ -1221,7 +1411,7 @@ START_TEST(test_invalid_arguments) {
   TU_ASSERT_FAILS(stab_layer_metrics(&ok, NULL, &p, &m, NULL), "tol -1");
   p = stab_metrics_default_params();
   p.tight = (stab_tight_method)9;
-  e.d_out = 6;
+  e.width = 6;
   TU_ASSERT_FAILS(stab_layer_metrics(&e, NULL, &p, &m, NULL), "tight method 9");
 
   stab_layer before = ok;
@@ -1238,6 +1428,8 @@ static Suite *layer_metrics_suite(void) {
   tcase_add_test(tc, test_linear_natural_is_out_major);
   tcase_add_test(tc, test_linear_in_major);
   tcase_add_test(tc, test_linear_ld);
+  tcase_add_test(tc, test_fused_qkv_layouts);
+  tcase_add_test(tc, test_fused_qkv_ld_on_out_major);
   tcase_add_test(tc, test_linear_update);
   tcase_add_loop_test(tc, test_linear_vector_shapes, 0, 5);
   tcase_add_test(tc, test_linear_bruteforce);
@@ -1252,6 +1444,11 @@ static Suite *layer_metrics_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_lm_head, 0, 3);
   tcase_add_loop_test(tc, test_lm_head_bruteforce, 0, 3);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("interface"); /* what changed in 0.2.0; Check's default timeout (make check: 600 s) */
+  tcase_add_test(tc, test_table_vocab_width);
+  tcase_add_test(tc, test_version_of_the_interface);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("gain_bias");

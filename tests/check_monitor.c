@@ -58,16 +58,16 @@ static void model_init(model *md, uint64_t seed, int tied) {
   add(md, (stab_layer){.name = "proj", .kind = STAB_KIND_LINEAR, .d_in = 48, .d_out = 40,
                        .layout = STAB_LAYOUT_IN_MAJOR, .ld = 120},
       48, 40, 120, 40, 0, 0, &r, 0.08);
-  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = 200, .d_out = 32},
+  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = 200, .width = 32},
       200, 32, 0, 0, 0, 0, &r, 1.0);
   if (tied) {
     size_t i = md->n++;
-    md->layers[i] = (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = 32,
-                                 .d_out = 200, .weight = md->layers[2].weight};
+    md->layers[i] = (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = 200,
+                                 .width = 32, .weight = md->layers[2].weight};
     md->rows[i] = 200, md->cols[i] = 32, md->ld[i] = 32;
     md->tied = 1;
   } else {
-    add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = 32, .d_out = 200},
+    add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = 200, .width = 32},
         200, 32, 0, 0, 0, 0, &r, 1.0 / 32.0);
   }
   add(md, (stab_layer){.name = "ln_f", .kind = STAB_KIND_GAIN, .d_in = 32, .d_out = 32},
@@ -218,8 +218,19 @@ START_TEST(test_register_and_lookup) {
     ck_assert_str_eq(l->name, md.layers[i].name);
     ck_assert_msg(l->name != md.layers[i].name, "%s: the monitor did not copy the name", l->name);
     ck_assert_int_eq(l->kind, md.layers[i].kind);
-    ck_assert_uint_eq(l->d_in, md.layers[i].d_in);
-    ck_assert_uint_eq(l->d_out, md.layers[i].d_out);
+    if (l->kind == STAB_KIND_EMBEDDING || l->kind == STAB_KIND_LM_HEAD) {
+      /* registered as vocab 200, width 32 (d_in, d_out 0): the copy has them in the kind's
+       * math, embedding 200 -> 32, lm_head 32 -> 200, the values a trace records */
+      ck_assert_uint_eq(l->vocab, 200);
+      ck_assert_uint_eq(l->width, 32);
+      ck_assert_uint_eq(l->d_in, (l->kind == STAB_KIND_EMBEDDING ? 200 : 32));
+      ck_assert_uint_eq(l->d_out, (l->kind == STAB_KIND_EMBEDDING ? 32 : 200));
+    } else {
+      ck_assert_uint_eq(l->d_in, md.layers[i].d_in);
+      ck_assert_uint_eq(l->d_out, md.layers[i].d_out);
+      ck_assert_uint_eq(l->vocab, 0);
+      ck_assert_uint_eq(l->width, 0);
+    }
     ck_assert_ptr_eq(l->weight, md.layers[i].weight);
     size_t idx = 999;
     TU_ASSERT_OK(stab_monitor_find(m, md.layers[i].name, &idx));
@@ -415,8 +426,8 @@ START_TEST(test_given_mode) {
       want = ref_max_row_rms_d(dd, rows, cols);
       break;
     case STAB_KIND_LM_HEAD:
-      want = 2.0 * (double)l->d_in * ref_max_row_rms_d(dd, rows, cols);
-      want_tight = (double)l->d_in * ref_diameter_rows_d(dd, rows, cols);
+      want = 2.0 * (double)l->width * ref_max_row_rms_d(dd, rows, cols);
+      want_tight = (double)l->width * ref_diameter_rows_d(dd, rows, cols);
       break;
     case STAB_KIND_GAIN:
       want = 0.0;
@@ -645,6 +656,112 @@ START_TEST(test_set_metrics) {
 }
 END_TEST
 
+/* ---- tables: vocab and width --------------------------------------------------------------- */
+
+/* A tied table, one [V][d] buffer registered as embedding and as lm_head with the same .vocab,
+ * .width and .weight: each gives its definition by brute force, and the monitor's copies carry
+ * d_in and d_out in each kind's math (what a trace records). A table in the interface before
+ * 0.2.0 (d_in, d_out only), right or swapped, is refused and leaves the monitor as it was. */
+START_TEST(test_tied_table) {
+  enum { V = 90, D = 20 };
+  tu_rng r;
+  tu_rng_init(&r, 71);
+  float *w = tu_floats(V * D);
+  tu_fill_gauss(w, V, D, D, 1.0 / D, &r);
+  for (size_t j = 0; j < D; j++) w[5 * D + j] *= 4.0f;  // one row sets the max
+  stab_monitor_params p = stab_monitor_default_params();
+  p.metrics.tight = STAB_TIGHT_EXACT;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&p, &m));
+  static const stab_kind kinds[] = {STAB_KIND_EMBEDDING, STAB_KIND_LM_HEAD};
+  for (int k = 0; k < 2; k++)
+    for (int swapped = 0; swapped < 2; swapped++) {
+      stab_layer old = {.name = "wte", .kind = kinds[k], .d_in = swapped ? D : V, .d_out = swapped ? V : D,
+                        .weight = w};
+      TU_ASSERT_STATUS(stab_monitor_add_layer(m, &old, NULL), STAB_EINVAL, "%s given d_in %zu, d_out %zu",
+                       stab_kind_name(kinds[k]), old.d_in, old.d_out);
+      ck_assert_msg(strstr(stab_last_error(), "stab_monitor_add_layer") && strstr(stab_last_error(), "'wte'") &&
+                        strstr(stab_last_error(), "use .vocab") && strstr(stab_last_error(), ".width"),
+                    "message: %s", stab_last_error());
+    }
+  ck_assert_uint_eq(stab_monitor_layer_count(m), 0);
+
+  stab_layer emb = {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D, .weight = w};
+  stab_layer head = {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = D, .weight = w};
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &emb, NULL));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &head, NULL));
+  const stab_layer *ce = stab_monitor_layer(m, 0), *ch = stab_monitor_layer(m, 1);
+  ck_assert(ce->vocab == V && ce->width == D && ch->vocab == V && ch->width == D);
+  ck_assert_msg(ce->d_in == V && ce->d_out == D, "embedding copy: d_in %zu, d_out %zu", ce->d_in, ce->d_out);
+  ck_assert_msg(ch->d_in == D && ch->d_out == V, "lm_head copy: d_in %zu, d_out %zu", ch->d_in, ch->d_out);
+  /* a copy handed back registers again as it is (its d_in and d_out agree with vocab, width) */
+  stab_layer again = *ch;
+  again.name = "lm_head again";
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &again, NULL));
+
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  double *wd = tu_to_double(w, NULL, V, D, D, 0);
+  const double R = ref_max_row_rms_d(wd, V, D), dm = ref_diameter_rows_d(wd, V, D);
+  const stab_metrics *me = stab_monitor_metrics(m, 0), *mh = stab_monitor_metrics(m, 1), *ma = stab_monitor_metrics(m, 2);
+  TU_ASSERT_REL(me->forward, R, 1e-12, "embedding forward = max_i ||E_i||_RMS");
+  TU_ASSERT_REL(mh->forward, log((double)V) + 2.0 * D * R, 1e-12, "lm_head forward = log V + 2 d R");
+  TU_ASSERT_REL(mh->dependency_tight, D * dm, 1e-9, "lm_head dependency_tight = d Dm");
+  ck_assert_msg(ma->forward == mh->forward, "the head registered from its copy: forward %.17g, %.17g", ma->forward,
+                mh->forward);
+  free(wd);
+  stab_monitor_free(m);
+  free(w);
+}
+END_TEST
+
+/* ---- exact below 32, warm and cold ---------------------------------------------------------- */
+
+/* What the header promises of Lanczos on narrow matrices in a monitor, which warm-starts every
+ * measurement after its first: at most 32 columns, exact at every step; at most 32 rows (and
+ * more columns), exact on the first (cold) measurement, then within tol below the exact value. */
+START_TEST(test_narrow_exact_and_warm) {
+  enum { FEW = 16, MANY = 200, STEPS = 4 };
+  tu_rng r;
+  tu_rng_init(&r, 72);
+  float *wide = tu_floats(FEW * MANY), *tall = tu_floats(MANY * FEW);
+  tu_fill_gauss(wide, FEW, MANY, MANY, 0.1, &r);
+  tu_fill_gauss(tall, MANY, FEW, FEW, 0.1, &r);
+  /* out-major: rows = d_out */
+  stab_layer few_rows = {.name = "few rows", .kind = STAB_KIND_LINEAR, .d_in = MANY, .d_out = FEW, .weight = wide};
+  stab_layer few_cols = {.name = "few cols", .kind = STAB_KIND_LINEAR, .d_in = FEW, .d_out = MANY, .weight = tall};
+  stab_monitor_params p = stab_monitor_default_params();
+  p.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&p, &m));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &few_rows, NULL));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &few_cols, NULL));
+  const double tol = p.metrics.spectral.tol, exact = tu_tol_exact(FEW, MANY);
+  for (int s = 0; s < STEPS; s++) {
+    TU_ASSERT_OK(stab_monitor_measure(m, 0));
+    const stab_metrics *a = stab_monitor_metrics(m, 0), *b = stab_monitor_metrics(m, 1);
+    double ra = ref_sigma(wide, FEW, MANY, MANY), rb = ref_sigma(tall, MANY, FEW, FEW);
+    TU_ASSERT_REL(b->sigma, rb, exact, "16 columns, step %d", s);
+    ck_assert_msg(b->sigma_rel_err == 0.0, "16 columns, step %d: rel_err %g", s, b->sigma_rel_err);
+    if (s == 0) {
+      TU_ASSERT_REL(a->sigma, ra, exact, "16 rows, cold");
+    } else {
+      TU_ASSERT_REL(a->sigma, ra, tol, "16 rows, warm, step %d", s);
+      TU_ASSERT_LE(a->sigma, ra, tu_round_slack(FEW, MANY), "16 rows, warm, step %d: a lower bound", s);
+      ck_assert_msg(a->sigma_rel_err <= tol, "16 rows, warm, step %d: rel_err %g", s, a->sigma_rel_err);
+    }
+    /* stab_layer_metrics starts cold every time: exact */
+    stab_metrics one;
+    TU_ASSERT_OK(stab_layer_metrics(&few_rows, NULL, &p.metrics, &one, NULL));
+    TU_ASSERT_REL(one.sigma, ra, exact, "16 rows, stab_layer_metrics, step %d", s);
+    tu_add_relative_noise(wide, FEW, MANY, MANY, 1e-2, &r);
+    tu_add_relative_noise(tall, MANY, FEW, FEW, 1e-2, &r);
+  }
+  stab_monitor_free(m);
+  free(wide);
+  free(tall);
+}
+END_TEST
+
 static Suite *monitor_suite(void) {
   Suite *s = suite_create("monitor");
   TCase *tc = tcase_create("lifecycle");
@@ -662,6 +779,8 @@ static Suite *monitor_suite(void) {
   tcase_add_loop_test(tc, test_snapshot_mode, 0, 2);
   tcase_add_test(tc, test_given_mode);
   tcase_add_test(tc, test_warm_start);
+  tcase_add_test(tc, test_narrow_exact_and_warm);
+  tcase_add_test(tc, test_tied_table);
   tcase_add_test(tc, test_nan_isolation);
   suite_add_tcase(s, tc);
   return s;

@@ -50,8 +50,8 @@ START_TEST(test_steepest_step_sizes) {
       double want = lr, lo = 1.0 - 1e-4, hi = 1.0 + 1e-4;
       switch (t->kind) {
       case STAB_KIND_LINEAR: l.d_in = t->cols, l.d_out = rows, lo = 0.68, hi = 1.21; break;
-      case STAB_KIND_EMBEDDING: l.d_in = t->rows, l.d_out = t->cols; break;
-      case STAB_KIND_LM_HEAD: l.d_in = t->cols, l.d_out = t->rows, want = 2 * lr; break;
+      case STAB_KIND_EMBEDDING: l.vocab = t->rows, l.width = t->cols; break;
+      case STAB_KIND_LM_HEAD: l.vocab = t->rows, l.width = t->cols, want = 2 * lr; break;
       default: /* gain, bias: a vector; a fused bias is one vector */
         l.d_in = l.d_out = t->size;
         l.weight = m.params + t->offset, l0.weight = before + t->offset;

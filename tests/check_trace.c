@@ -1,5 +1,5 @@
 /* check_trace.c — the HDF5 trace writer, every file read back with the HDF5 C API: the schema
- * of SPEC.md (datasets, types, chunking, unlimited extents, attributes), values equal bit for
+ * of docs/metrics.md (datasets, types, chunking, unlimited extents, attributes), values equal bit for
  * bit to the monitor's metrics, staging and flushing, resume with a matching and a mismatched
  * monitor, a writer killed with SIGKILL, and write failures (no directory, a full disk). */
 #define _GNU_SOURCE /* RTLD_NEXT */
@@ -55,8 +55,8 @@ static void model_init(model *md, uint64_t seed, size_t d_out_fc) {
   add(md, (stab_layer){.name = "proj", .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 16,
                        .layout = STAB_LAYOUT_IN_MAJOR},
       D * 16, 0, &r, 0.1);
-  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .d_in = V, .d_out = D}, V * D, 0, &r, 1.0);
-  add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .d_in = D, .d_out = V}, V * D, 0, &r,
+  add(md, (stab_layer){.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = D}, V * D, 0, &r, 1.0);
+  add(md, (stab_layer){.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = D}, V * D, 0, &r,
       1.0 / D);
   add(md, (stab_layer){.name = "ln_f", .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D}, D, 0, &r, 1.0);
   add(md, (stab_layer){.name = "b_out", .kind = STAB_KIND_BIAS, .d_in = D, .d_out = D}, D, 0, &r, 0.2);

@@ -86,9 +86,10 @@ static stab_layer layer_for(const matrix_case *c, stab_kind kind) {
   l.ld = c->ld;
   l.weight = ptr(c);
   switch (kind) {
-  case STAB_KIND_EMBEDDING: l.d_in = c->rows, l.d_out = c->cols; break; /* [V][d] */
+  case STAB_KIND_EMBEDDING: /* [V][d] */
+  case STAB_KIND_LM_HEAD: l.vocab = c->rows, l.width = c->cols; break;
   case STAB_KIND_ATTENTION: l.d_in = c->cols, l.d_out = c->rows, l.heads = 1, l.weight_k = buf; break;
-  default: l.d_in = c->cols, l.d_out = c->rows; break; /* linear, lm_head: out-major */
+  default: l.d_in = c->cols, l.d_out = c->rows; break; /* linear: out-major */
   }
   return l;
 }

@@ -9,7 +9,6 @@ build=${builddir:-.}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/stab-cli.XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 . "$src/tests/limit.sh"
-LIMIT_SECONDS=${LIMIT_SECONDS:-300}
 
 # prog ARGS... must exit CODE, print PATTERN (ERE) on stderr; stderr at most LINES lines.
 row() {

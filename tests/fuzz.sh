@@ -83,8 +83,11 @@ for r in $readers; do
   files=$(find $dirs -type f | sort)
   nfiles=$(echo "$files" | grep -c .)
   [ "$nfiles" -gt 0 ] || { echo "FAIL: $r: no seeds (tests/seed_gen, tests/corpus/$r, tests/fuzz/regressions/$r)"; fails=$((fails + 1)); continue; }
+  # -timeout: a hang guard per input, far above what any input takes under the sanitizers on a
+  # busy machine (replay never depends on speed; fuzzing below keeps libFuzzer's 10 s, where a
+  # slow input is a finding).
   # shellcheck disable=SC2086
-  if ! "$exe" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=10 $files >"$tmp/replay_$r.log" 2>&1; then
+  if ! "$exe" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=300 $files >"$tmp/replay_$r.log" 2>&1; then
     echo "FAIL: $r: replay of the seed and regression inputs:"
     tail -n 60 "$tmp/replay_$r.log"
     fails=$((fails + 1))

@@ -26,15 +26,15 @@ grep -v '/\* stabmeter \*/$' "$src" >"$tmp/plain.c"
 if grep -n 'stab_\|STAB_\|stabmeter\.h' "$tmp/plain.c"; then fail "stabmeter code outside the marked lines"; fi
 echo "lines added for stabmeter: $added"
 
-# Every line the README shows as added is one of them.
-readme=$srcdir/README.md
+# Every line the manual (docs/instrumenting.md) shows as added is one of them.
+readme=$srcdir/docs/instrumenting.md
 if [ -f "$readme" ]; then
   sed -n '/<!-- instrument: added lines -->/,/<!-- \/instrument -->/p' "$readme" |
     sed -e '/^```/d' -e '/^<!--/d' -e '/^ *$/d' -e '/^ *\/\//d' -e 's/^ *//' -e 's/ *$//' >"$tmp/readme_lines"
-  [ -s "$tmp/readme_lines" ] || fail "README.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
+  [ -s "$tmp/readme_lines" ] || fail "docs/instrumenting.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
   grep '/\* stabmeter \*/$' "$src" | sed -e 's| */\* stabmeter \*/$||' -e 's/^ *//' >"$tmp/marked_lines"
   while IFS= read -r line; do
-    grep -qxF -- "$line" "$tmp/marked_lines" || fail "README shows a line the example does not add: $line"
+    grep -qxF -- "$line" "$tmp/marked_lines" || fail "docs/instrumenting.md shows a line the example does not add: $line"
   done <"$tmp/readme_lines"
 fi
 
@@ -44,6 +44,13 @@ env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make install DESTDIR="$tmp/stage" >"$tmp
   { tail -n 30 "$tmp/install.log"; fail "make install DESTDIR=... failed"; }
 pc=$(find "$tmp/stage" -name stabmeter.pc | head -n 1)
 [ -n "$pc" ] || fail "make install put no stabmeter.pc in the stage"
+# A caller built for an older interface learns how to port from NEWS, installed with the docs;
+# its version is the header's.
+news=$(find "$tmp/stage" -path '*/doc/stabmeter/NEWS' -type f | head -n 1)
+[ -n "$news" ] || fail "make install put no NEWS under \$(docdir) (doc/stabmeter/NEWS) in the stage"
+hdr=$(find "$tmp/stage" -name stabmeter.h -type f | head -n 1)
+version=$(sed -n 's/^#define STAB_VERSION_STRING "\(.*\)"$/\1/p' "$hdr")
+grep -q "^$version " "$news" || fail "the installed NEWS has no entry for the installed header's version $version"
 libdir=$(dirname "$(dirname "$pc")")
 export_prog=$(find "$tmp/stage" -name stabmeter-export -type f | head -n 1)
 [ -n "$export_prog" ] || fail "make install put no stabmeter-export in the stage"

@@ -4,7 +4,7 @@
 # The limit only catches programs that block forever (a FIFO with no writer, a read retried
 # without end). It is far above what any case needs even under the sanitizer build on a busy
 # machine, so no test depends on how fast the machine is: a case that takes 1 s normally gets
-# LIMIT_SECONDS (default 120) before it counts as hung.
+# LIMIT_SECONDS (default 600) before it counts as hung.
 #
 # Provides, after `. "$src/tests/limit.sh"`:
 #   limited CMD...           runs CMD with stdin from /dev/null, stdout to $out_file and stderr
@@ -18,7 +18,7 @@
 #   summary NAME             the closing line; its status is the test's exit status
 # The caller sets dir (a scratch directory) before calling them.
 
-LIMIT_SECONDS=${LIMIT_SECONDS:-120}
+LIMIT_SECONDS=${LIMIT_SECONDS:-600}
 checks=${checks:-0}
 fails=${fails:-0}
 

@@ -1,13 +1,13 @@
 #!/bin/sh
-# readme_snippet.sh NAME — runs the README's snippet NAME (h5py, pandas or gnuplot), taken from
-# README.md itself between <!-- snippet: NAME --> and <!-- /snippet -->, against a short trace
+# readme_snippet.sh NAME — runs the manual's snippet NAME (h5py, xarray, pandas or gnuplot), taken from
+# README.md or docs/*.md itself between <!-- snippet: NAME --> and <!-- /snippet -->, against a short trace
 # written by harness/train, after the README's export commands (snippet "export"), and checks
 # what it prints or draws against the trace's values, so that the README cannot rot.
 # Exit 77 (skipped) with the Debian package to install when the tool is missing.
 set -u
 name=$1
 srcdir=${srcdir:-.}
-readme=$srcdir/README.md
+manual="$srcdir/README.md $srcdir/docs/*.md"
 builddir=$(pwd)
 fail() { echo "FAIL ($name snippet): $*"; exit 1; }
 
@@ -23,6 +23,12 @@ case $name in
       if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import pandas' 2>/dev/null; then py=$c; break; fi
     done
     [ -n "$py" ] || { echo "SKIP: pandas is not importable (Debian: apt-get install python3-pandas)"; exit 77; } ;;
+  xarray)
+    py=
+    for c in "${PYTHON:-python3}" /usr/bin/python3; do
+      if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import xarray, h5netcdf' 2>/dev/null; then py=$c; break; fi
+    done
+    [ -n "$py" ] || { echo "SKIP: xarray or h5netcdf is not importable (Debian: apt-get install python3-xarray python3-h5netcdf)"; exit 77; } ;;
   gnuplot) command -v gnuplot >/dev/null 2>&1 || { echo "SKIP: gnuplot not found (Debian: apt-get install gnuplot-nox)"; exit 77; } ;;
   *) fail "unknown snippet" ;;
 esac
@@ -33,13 +39,13 @@ snippet() {
     $0 == want { on = 1; found = 1; next }
     on && $0 == "<!-- /snippet -->" { on = 0; next }
     on && !/^```/ { print }
-    END { if (!found) exit 1 }' "$readme"
+    END { if (!found) exit 1 }' $manual
 }
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/readme_$name.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
-snippet "$name" >"$tmp/snippet" && [ -s "$tmp/snippet" ] || fail "README.md has no snippet '$name'"
-snippet export >"$tmp/export.sh" && [ -s "$tmp/export.sh" ] || fail "README.md has no snippet 'export'"
+snippet "$name" >"$tmp/snippet" && [ -s "$tmp/snippet" ] || fail "neither README.md nor docs/*.md has snippet '$name'"
+snippet export >"$tmp/export.sh" && [ -s "$tmp/export.sh" ] || fail "neither README.md nor docs/*.md has snippet 'export'"
 
 # The README's commands run from a build directory: harness/train and harness/export there.
 mkdir -p "$tmp/harness" "$tmp/runs/demo"
@@ -87,6 +93,20 @@ for line in open("out.txt"):
 ok = len(got) == 3 and all(g[1] == w[1] and abs(g[0] - w[0]) <= 1e-6 + 1e-5 * abs(w[0]) for g, w in zip(got, want))
 if not ok:
     sys.exit("FAIL (pandas snippet): printed %s, the trace's largest are %s" % (got, want))
+PY
+  ;;
+xarray)
+  "$py" snippet >out.txt 2>err.txt || { cat err.txt; fail "python failed"; }
+  cat out.txt
+  # What it prints: the last step, that step's forward stability of transformer.h.0.mlp.c_fc, its unit.
+  "$py" - <<'PY' || exit 1
+import csv, sys
+rows = [r for r in csv.DictReader(open("runs/demo/trace.csv")) if r["layer"] == "transformer.h.0.mlp.c_fc" and r["metric"] == "forward"]
+want = (int(rows[-1]["step"]), float(rows[-1]["value"]), "1")
+got = open("out.txt").read().split()
+ok = len(got) == 3 and int(got[0]) == want[0] and abs(float(got[1]) - want[1]) <= 1e-12 * abs(want[1]) and got[2] == want[2]
+if not ok:
+    sys.exit("FAIL (xarray snippet): printed %s, the trace holds %s" % (got, want))
 PY
   ;;
 gnuplot)

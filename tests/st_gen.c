@@ -167,8 +167,9 @@ static double head_sigma(const float *m, size_t ld, int in_major, size_t first, 
   return sqrt(jacobi_max(g, dh));
 }
 
-/* The bound per head (docs/metrics.md), s d_h F_q F_k with F = sqrt(d/d_h) sigma, s = 1/sqrt(d_h): lines
- * "<name> <h> <bound>" in heads_out, and the max as a .ref line of kind attention. */
+/* The attention logit bound per head (docs/metrics.md), s d_h F_q F_k with F = sqrt(d/d_h)
+ * sigma, s = 1/sqrt(d_h): lines "<name> <h> <bound>" in heads_out, and the max as a .ref line of
+ * kind attention. */
 static void attention_ref(FILE *ref, FILE *heads_out, const char *name, const float *q, const float *k, size_t ld,
                           int in_major, size_t kfirst, size_t d, size_t heads, size_t kv, size_t dh) {
   double worst = 0;
@@ -279,17 +280,19 @@ static int llmc(const char *prefix, const char *dtype) {
          ln2w = attb + L * C, ln2b = ln2w + L * C, fcw = ln2b + L * C, fcb = fcw + (size_t)L * 4 * C * C,
          fcpw = fcb + L * 4 * C, fcpb = fcpw + (size_t)L * 4 * C * C, lnfw = fcpb + L * C, lnfb = lnfw + C;
   int rc = 0;
-#define LAYER(nm, k, din, dout, off, boff)                                                          \
+/* n1, n2: d_in and d_out, or for a table (embedding, lm_head) vocab and width */
+#define LAYER(nm, k, n1, n2, off, boff)                                                             \
   do {                                                                                               \
-    stab_layer x = {.kind = (k), .d_in = (din), .d_out = (dout), .weight = a + (off),               \
-                    .bias = (boff) == (size_t)-1 ? NULL : a + (boff)};                              \
+    stab_layer x = {.kind = (k), .weight = a + (off), .bias = (boff) == (size_t)-1 ? NULL : a + (boff)}; \
+    if ((k) == STAB_KIND_EMBEDDING || (k) == STAB_KIND_LM_HEAD) x.vocab = (n1), x.width = (n2);      \
+    else x.d_in = (n1), x.d_out = (n2);                                                              \
     stab_layer y = x;                                                                                \
     y.weight = b + (off), y.bias = (boff) == (size_t)-1 ? NULL : b + (boff);                        \
     rc |= ref_line(ref, nm, &x, &y);                                                                 \
   } while (0)
   const size_t none = (size_t)-1;
   LAYER("wte", STAB_KIND_EMBEDDING, V, C, wte, none);
-  LAYER("wte", STAB_KIND_LM_HEAD, C, V, wte, none);
+  LAYER("wte", STAB_KIND_LM_HEAD, V, C, wte, none);
   LAYER("wpe", STAB_KIND_EMBEDDING, T, C, wpe, none);
   char nm[64];
   for (size_t l = 0; l < L; l++) {
@@ -414,10 +417,9 @@ int main(int argc, char **argv) {
         L.layout = s[i].in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
         L.d_in = s[i].in_major ? r : c, L.d_out = s[i].in_major ? c : r;
         if (s[i].bias) L.bias = find(s, n, s[i].bias)->after, B.bias = find(s, n, s[i].bias)->before;
-      } else if (kind == STAB_KIND_EMBEDDING) L.d_in = r, L.d_out = c;
-      else if (kind == STAB_KIND_LM_HEAD) L.d_in = c, L.d_out = r;
+      } else if (kind == STAB_KIND_EMBEDDING || kind == STAB_KIND_LM_HEAD) L.vocab = r, L.width = c; /* [V][d] */
       else L.d_in = L.d_out = r;
-      B.layout = L.layout, B.d_in = L.d_in, B.d_out = L.d_out;
+      B.layout = L.layout, B.d_in = L.d_in, B.d_out = L.d_out, B.vocab = L.vocab, B.width = L.width;
       stab_metrics m;
       if (stab_layer_metrics(&L, &B, &mp, &m, NULL) != STAB_OK) {
         fprintf(stderr, "st_gen: %s: %s\n", s[i].name, stab_last_error());

@@ -21,7 +21,7 @@ writer=$!
 import os, sys, time
 import h5py
 path, writer = sys.argv[1], int(sys.argv[2])
-deadline = time.time() + 60
+deadline = time.time() + 600  # a hang guard, never a speed expectation
 while not os.path.exists(path) and time.time() < deadline:
     time.sleep(0.01)
 f = None

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
       l.kind = STAB_KIND_LINEAR, l.d_in = D, l.d_out = D;
     } else if (i == 1) {
       snprintf(name, sizeof name, "wte");
-      l.kind = STAB_KIND_EMBEDDING, l.d_in = V, l.d_out = D;
+      l.kind = STAB_KIND_EMBEDDING, l.vocab = V, l.width = D;
     } else if (i == 2) {
       snprintf(name, sizeof name, "ln_f");
       l.kind = STAB_KIND_GAIN, l.d_in = D, l.d_out = D;
