@@ -1091,7 +1091,7 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
 /* ---- options ----------------------------------------------------------------------- */
 
 static void usage(void) {
-  printf("Usage: stabmeter-probe CHECKPOINT [OPTIONS]\n"
+  printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
          "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16\n"
          "tensors; quantized ones listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
