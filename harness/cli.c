@@ -2,6 +2,7 @@
  * program name in every message, the same parsers for option values in every program. */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -101,8 +102,9 @@ int cli_real(const char *option, const char *value, double lo, int lo_open, doub
   snprintf(want, sizeof want, "a number %s %g and %s %g", lo_open ? ">" : ">=", lo, hi_open ? "<" : "<=", hi);
   char *end;
   errno = 0;
-  double v = value && *value ? strtod(value, &end) : NAN;
-  if (!value || !*value || *end || errno == ERANGE || !isfinite(v) || (lo_open ? v <= lo : v < lo) ||
+  /* strtod skips leading blanks; a value is the number alone, as for cli_whole */
+  double v = value && *value && !isspace((unsigned char)*value) ? strtod(value, &end) : NAN;
+  if (!value || !*value || isnan(v) || *end || errno == ERANGE || !isfinite(v) || (lo_open ? v <= lo : v < lo) ||
       (hi_open ? v >= hi : v > hi))
     return cli_bad_value(option, value ? value : "", want);
   *out = v;

@@ -1,9 +1,11 @@
 /* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors,
- * GGUF or llm.c),
- * optionally with the update against an older checkpoint: each tensor's kind inferred from
- * its name and shape by the rule table below, the metrics computed by the library, printed
- * as an aligned table or as the SPEC probe report (JSON). */
+ * GGUF or llm.c), optionally with the update against an older checkpoint: each tensor's kind
+ * inferred from its name and shape by the rule table below, the metrics computed by the
+ * library, printed as an aligned table (rows in the checkpoint's order or sorted by a metric,
+ * then the largest value per kind and metric, and the units) or as the probe report (JSON);
+ * definitions in docs/metrics.md. Layers are named as stabmeter-train's trace names them. */
 #include "ckpt_guard.h"
+#include "cli.h"
 #include "clock.h"
 #include "stabmeter.h"
 
@@ -25,7 +27,8 @@
 
 /* ---- the rule table ----------------------------------------------------------------
  * Applied to every tensor in file order; the first rule that matches decides.
- *  1. --filter GLOB given and the name matches none: not probed (the user's choice).
+ *  1. --filter does not decide here: it keeps or drops the rows the rules make (keep_row),
+ *     so that it can name a layer (lm_head, X.logits) as well as a tensor.
  *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8; GGUF's quantized types): listed as
  *     not measured, with the type's name.
  *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
@@ -50,17 +53,37 @@
  * 10. 1-D X.bias otherwise: bias.
  * 11. anything else: listed as not measured.
  * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
- * exists is tied: that embedding is reported a second time as lm_head. */
+ * exists is tied: that embedding is reported a second time as lm_head.
+ * A row's name is the layer's name as stabmeter-train's trace has it (layer_names): the tensor
+ * name without a trailing ".weight" (transformer.h.0.mlp.c_fc), a bias of its own keeping its
+ * ".bias" (it would clash with its norm's gain), an attention row X.logits, the tied head
+ * "lm_head"; a tensor not measured keeps its tensor name. */
+
+/* Where the definitions are: the repository's docs/metrics.md, installed under the doc
+ * directory (the build sets STAB_DOCDIR to $(docdir)). */
+#ifndef STAB_DOCDIR
+#define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
+#endif
 
 typedef struct {
   const char *glob;
   char value[16];
 } override;
 
+/* --sort: the checkpoint's order, name order, or a metric, largest first (sort_names order) */
+enum { SORT_FILE, SORT_NAME, SORT_FORWARD, SORT_DEPENDENCY, SORT_UPDATE, SORT_SIGMA, SORT_REL_UPDATE,
+       SORT_FORWARD_TIGHT, SORT_DEPENDENCY_TIGHT, SORT_UPDATE_TIGHT };
+static const char *const sort_names[] = {"file",       "name",          "forward",          "dependency",
+                                         "update",     "sigma",         "rel_update",       "forward_tight",
+                                         "dependency_tight", "update_tight", NULL};
+
 typedef struct {
   const char *checkpoint, *reference;
   const char *hdf5; /* --hdf5: the trace to append this checkpoint's step to */
-  int64_t step;     /* --step, or -1 */
+  int64_t step;     /* --step, the checkpoint's metadata, its file name; or -1 */
+  const char *step_from; /* where step came from, for the messages and the report */
+  int sort;         /* SORT_* */
+  size_t top;       /* --top N, or 0: every row */
   size_t heads;     /* --heads, or 0: from the file's metadata or config.json */
   int per_head;     /* --per-head: a table row per attention head */
   int out_major_file; /* the checkpoint is harness/train's: GPT-2 names, nn.Linear layouts */
@@ -78,6 +101,8 @@ typedef struct {
 typedef struct {
   const stab_ckpt_tensor *t, *bias;
   const stab_ckpt_tensor *tk; /* attention: the key projection (t is the query) */
+  const stab_ckpt_tensor *prev_t, *prev_bias; /* --prev: what the update is against, or NULL */
+  const char *no_update; /* --prev: why the reference has no counterpart (static), or NULL */
   const char *name;           /* the row's name: t->name, or owned_name */
   char *owned_name;
   size_t heads;               /* attention */
@@ -331,7 +356,7 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
   if (n > b->cap) {
     float *p = realloc(b->buf, n * sizeof *p);
     if (!p) {
-      fprintf(stderr, "probe: out of memory converting '%s' (%zu floats)\n", t->name, n);
+      cli_error("out of memory converting '%s' (%zu floats)", t->name, n);
       return NULL;
     }
     b->buf = p, b->cap = n;
@@ -342,7 +367,7 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
   for (size_t i = 0; i < n; i += BLOCK) {
     size_t k = n - i < BLOCK ? n - i : BLOCK;
     if (stab_ckpt_read_f32(t, i, k, b->buf + i) != STAB_OK) {
-      fprintf(stderr, "probe: %s\n", stab_last_error());
+      cli_error("%s", stab_last_error());
       return NULL;
     }
     if (keep_mapped || page <= 0) continue;
@@ -357,6 +382,85 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
     if (released < t->data) released = t->data;
   }
   return b->buf;
+}
+
+/* ---- the order of the rows (--sort, --top) and the summary ---------------------------- */
+
+/* The value --sort METRIC orders by (SORT_FORWARD ...). */
+static double sort_value(const row *r, int sort) {
+  switch (sort) {
+  case SORT_FORWARD: return r->m.forward;
+  case SORT_DEPENDENCY: return r->m.dependency;
+  case SORT_UPDATE: return r->m.update;
+  case SORT_SIGMA: return r->m.sigma;
+  case SORT_REL_UPDATE: return r->m.rel_update;
+  case SORT_FORWARD_TIGHT: return r->m.forward_tight;
+  case SORT_DEPENDENCY_TIGHT: return r->m.dependency_tight;
+  case SORT_UPDATE_TIGHT: return r->m.update_tight;
+  default: return NAN;
+  }
+}
+
+static const row *order_rows; /* qsort's context for by_sort */
+static int order_sort;
+
+/* Largest first, a row without the value (NaN) after every row with one; ties (and --sort
+ * name's equal names) in the checkpoint's order, so the order is the same on every run. */
+static int by_sort(const void *pa, const void *pb) {
+  size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+  if (order_sort == SORT_NAME) {
+    int c = strcmp(order_rows[a].name, order_rows[b].name);
+    if (c) return c;
+  } else if (order_sort != SORT_FILE) {
+    double x = sort_value(&order_rows[a], order_sort), y = sort_value(&order_rows[b], order_sort);
+    if (isnan(x) != isnan(y)) return isnan(x) ? 1 : -1;
+    if (x != y && !isnan(x)) return x > y ? -1 : 1;
+  }
+  return a < b ? -1 : a > b;
+}
+
+/* The measured rows in the order the report shows them (--sort), at most --top of them:
+ * indices into rows, *count of them. NULL when out of memory. */
+static size_t *report_order(const options *o, const row *rows, size_t n, size_t *count) {
+  size_t *idx = malloc((n ? n : 1) * sizeof *idx), k = 0;
+  if (!idx) return NULL;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].measured) idx[k++] = i;
+  order_rows = rows, order_sort = o->sort;
+  qsort(idx, k, sizeof *idx, by_sort);
+  *count = o->top && o->top < k ? o->top : k;
+  return idx;
+}
+
+/* The summary: per kind, the layer with the largest forward, dependency and update. */
+static const stab_kind summary_kinds[] = {STAB_KIND_LINEAR, STAB_KIND_EMBEDDING, STAB_KIND_LM_HEAD,
+                                          STAB_KIND_GAIN,   STAB_KIND_BIAS,      STAB_KIND_ATTENTION};
+static const char *const summary_metrics[] = {"forward", "dependency", "update"};
+enum { N_SUMMARY_KINDS = sizeof summary_kinds / sizeof summary_kinds[0], N_SUMMARY_METRICS = 3 };
+
+/* The unit of a row's forward, dependency and update (docs/metrics.md): the LM head bounds a
+ * loss, in nats; every other kind is an RMS ratio (the attention row bounds a logit). */
+static const char *unit_of(stab_kind kind) { return kind == STAB_KIND_LM_HEAD ? "nats" : "1"; }
+
+/* The row of that kind with the largest value of metric m (0 forward, 1 dependency, 2 update),
+ * or SIZE_MAX when none has one: dependency is not defined for an embedding, a bias or the
+ * attention logits, update not for the logits nor without --prev (has_update 0). A layer whose
+ * weights (or update) hold NaN or Inf is the worst there is, its value NaN: a summary must not
+ * hide it behind the finite ones. */
+static size_t worst_row(const row *rows, size_t n, stab_kind kind, int m, int has_update) {
+  if (m == 1 && (kind == STAB_KIND_EMBEDDING || kind == STAB_KIND_BIAS || kind == STAB_KIND_ATTENTION)) return SIZE_MAX;
+  if (m == 2 && (kind == STAB_KIND_ATTENTION || !has_update)) return SIZE_MAX;
+  size_t best = SIZE_MAX;
+  double bv = -INFINITY;
+  for (size_t i = 0; i < n; i++) {
+    const row *r = &rows[i];
+    if (!r->measured || r->kind != kind) continue;
+    double v = m == 0 ? r->m.forward : m == 1 ? r->m.dependency : r->m.update;
+    unsigned broken = m == 2 ? STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE : STAB_FLAG_NONFINITE_WEIGHT;
+    if (isnan(v) && (r->m.flags & broken)) return i;
+    if (!isnan(v) && v > bv) bv = v, best = i;
+  }
+  return best;
 }
 
 /* ---- output ------------------------------------------------------------------------ */
@@ -435,24 +539,39 @@ static void print_json_metadata(const ckpt *f) {
   fputs("}", stdout);
 }
 
-static void print_json(const options *o, const ckpt *ck, row *rows, size_t n) {
-  printf("{\"format\": \"stabmeter-probe\", \"format_version\": 1, \"checkpoint\": ");
+/* The message of a row in the errors: why it was not measured, or why it has no update. */
+static void error_message(const row *r, char *buf, size_t cap) {
+  if (r->error) snprintf(buf, cap, "%s", r->error);
+  else snprintf(buf, cap, "no update: %s in the reference checkpoint", r->no_update);
+}
+
+static void print_json(const options *o, const ckpt *ck, const row *rows, size_t n, const size_t *order,
+                       size_t count) {
+  printf("{\"format\": \"stabmeter-probe\", \"format_version\": 2, \"checkpoint\": ");
   json_string(o->checkpoint);
   printf(", \"reference\": ");
   if (o->reference) json_string(o->reference);
   else fputs("null", stdout);
+  if (o->step >= 0) {
+    printf(", \"step\": %lld, \"step_source\": ", (long long)o->step);
+    json_string(o->step_from);
+  } else {
+    fputs(", \"step\": null, \"step_source\": null", stdout);
+  }
+  printf(", \"sort\": \"%s\", \"top\": ", sort_names[o->sort]);
+  if (o->top) printf("%zu", o->top);
+  else fputs("null", stdout);
   printf(", \"metadata\": ");
   print_json_metadata(ck);
   printf(", \"layers\": [");
-  int first = 1;
-  for (size_t i = 0; i < n; i++) {
-    const row *r = &rows[i];
-    if (!r->measured) continue;
+  for (size_t j = 0; j < count; j++) {
+    const row *r = &rows[order[j]];
     const stab_metrics *m = &r->m;
-    printf("%s\n  {\"name\": ", first ? "" : ",");
-    first = 0;
+    printf("%s\n  {\"name\": ", j ? "," : "");
     json_string(r->name);
-    printf(", \"kind\": \"%s\", \"shape\": [", stab_kind_name(r->kind));
+    printf(", \"tensor\": ");
+    json_string(r->t->name);
+    printf(", \"kind\": \"%s\", \"unit\": \"%s\", \"shape\": [", stab_kind_name(r->kind), unit_of(r->kind));
     for (size_t d = 0; d < r->t->ndim; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)r->t->shape[d]);
     printf("], \"dtype\": \"%s\", \"layout\": \"%s\", \"d_in\": %zu, \"d_out\": %zu", r->t->dtype_name,
            layout_name(r), r->d_in, r->d_out);
@@ -472,6 +591,8 @@ static void print_json(const options *o, const ckpt *ck, row *rows, size_t n) {
     if (r->bias) json_string(r->bias->name);
     else fputs("null", stdout);
     if (r->kind == STAB_KIND_ATTENTION) {
+      printf(", \"key_tensor\": ");
+      json_string(r->tk->name);
       printf(", \"heads\": %zu, \"head_bounds\": [", r->heads);
       for (size_t h = 0; h < r->heads; h++) {
         if (h) fputs(", ", stdout);
@@ -486,15 +607,34 @@ static void print_json(const options *o, const ckpt *ck, row *rows, size_t n) {
     if (m->flags & STAB_FLAG_NOT_CONVERGED) printf("%s\"not_converged\"", f++ ? ", " : "");
     printf("]}");
   }
-  printf("],\n \"errors\": [");
-  first = 1;
+  /* the largest value per kind and metric, over every layer measured (--top aside) */
+  printf("],\n \"summary\": {");
+  int kinds = 0;
+  for (size_t k = 0; k < N_SUMMARY_KINDS; k++) {
+    int metrics = 0;
+    for (int m = 0; m < N_SUMMARY_METRICS; m++) {
+      size_t w = worst_row(rows, n, summary_kinds[k], m, o->reference != NULL);
+      if (w == SIZE_MAX) continue;
+      if (!metrics++) printf("%s\n  \"%s\": {", kinds++ ? "," : "", stab_kind_name(summary_kinds[k]));
+      printf("%s\"%s\": {\"layer\": ", metrics > 1 ? ", " : "", summary_metrics[m]);
+      json_string(rows[w].name);
+      printf(", \"value\": ");
+      json_number(m == 0 ? rows[w].m.forward : m == 1 ? rows[w].m.dependency : rows[w].m.update);
+      printf(", \"unit\": \"%s\"}", unit_of(summary_kinds[k]));
+    }
+    if (metrics) putchar('}');
+  }
+  printf("},\n \"errors\": [");
+  int first = 1;
   for (size_t i = 0; i < n; i++) {
-    if (!rows[i].error) continue;
+    if (!rows[i].error && !rows[i].no_update) continue;
+    char why[1024];
+    error_message(&rows[i], why, sizeof why);
     printf("%s\n  {\"name\": ", first ? "" : ",");
     first = 0;
     json_string(rows[i].name);
     printf(", \"message\": ");
-    json_string(rows[i].error);
+    json_string(why);
     printf("}");
   }
   printf("]}\n");
@@ -538,7 +678,8 @@ static const char *shown(const char *s, char *buf, size_t cap) {
   return buf;
 }
 
-static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
+static void print_table(const options *o, const ckpt *f, const row *rows, size_t n, const size_t *order,
+                        size_t count) {
   printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
          o->reference ? o->reference : "");
   for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
@@ -560,16 +701,23 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
            "layers %zu, heads %zu, channels %zu\n", c->version, c->version == 5 ? "bf16" : "f32", c->max_t, c->vocab,
            c->padded_vocab, c->layers, c->heads, c->channels);
   }
+  if (o->step >= 0) printf("step %lld, from %s\n", (long long)o->step, o->step_from);
+  if (o->sort != SORT_FILE || o->top) {
+    size_t measured = 0;
+    for (size_t i = 0; i < n; i++) measured += rows[i].measured;
+    printf("%zu of %zu layers, %s%s%s\n", count, measured,
+           o->sort == SORT_FILE ? "in the checkpoint's order" : o->sort == SORT_NAME ? "by name" : "by ",
+           o->sort > SORT_NAME ? sort_names[o->sort] : "", o->sort > SORT_NAME ? ", largest first" : "");
+  }
   int w = 5;
-  for (size_t i = 0; i < n; i++)
-    if (rows[i].measured && (int)strlen(rows[i].name) + (o->per_head ? 8 : 0) > w)
-      w = (int)strlen(rows[i].name) + (o->per_head ? 8 : 0);
+  for (size_t j = 0; j < count; j++)
+    if ((int)strlen(rows[order[j]].name) + (o->per_head ? 8 : 0) > w)
+      w = (int)strlen(rows[order[j]].name) + (o->per_head ? 8 : 0);
   printf("\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, "layer", "kind", "shape", "dtype", "forward",
          "dependency", "update", "sigma", "rel_err", "notes");
-  for (size_t i = 0; i < n; i++) {
-    const row *r = &rows[i];
-    if (!r->measured) continue;
-    char shape[48], a[4][24], e[24], notes[128] = "", name[1024];
+  for (size_t j = 0; j < count; j++) {
+    const row *r = &rows[order[j]];
+    char shape[48], a[4][24], e[24], notes[700] = "", name[1024];
     if (r->t->ndim == 2)
       snprintf(shape, sizeof shape, "%llux%llu", (unsigned long long)r->t->shape[0], (unsigned long long)r->t->shape[1]);
     else snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
@@ -580,7 +728,11 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
     if (isnan(r->m.sigma_rel_err)) snprintf(e, sizeof e, "-");
     else snprintf(e, sizeof e, "%.1e", r->m.sigma_rel_err);
     if (r->layout == STAB_LAYOUT_IN_MAJOR && r->kind == STAB_KIND_LINEAR) strcat(notes, "in-major ");
-    if (r->tied) strcat(notes, "tied ");
+    if (r->tied) {
+      char tn[600];
+      size_t k = strlen(notes);
+      snprintf(notes + k, sizeof notes - k, "tied to %s ", shown(r->t->name, tn, sizeof tn));
+    }
     if (r->bias) strcat(notes, "+bias ");
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
@@ -601,12 +753,31 @@ static void print_table(const options *o, const ckpt *f, row *rows, size_t n) {
              r->t->dtype_name, b, "-", "-", "-", "-", h / (r->heads / r->kv_heads));
     }
   }
+  /* the largest value per kind and metric, over every layer measured (--top aside) */
   int any = 0;
+  for (size_t k = 0; k < N_SUMMARY_KINDS; k++)
+    for (int m = 0; m < N_SUMMARY_METRICS; m++) {
+      size_t i = worst_row(rows, n, summary_kinds[k], m, o->reference != NULL);
+      if (i == SIZE_MAX) continue;
+      char v[24], name[1024];
+      double x = m == 0 ? rows[i].m.forward : m == 1 ? rows[i].m.dependency : rows[i].m.update;
+      if (!any++) printf("\nlargest per kind and metric:\n");
+      if (isnan(x)) snprintf(v, sizeof v, "NaN");
+      else fmt_num(v, sizeof v, x);
+      printf("  %-9s  %-10s  %11s %-4s  %s%s\n", stab_kind_name(summary_kinds[k]), summary_metrics[m], v,
+             unit_of(summary_kinds[k]), shown(rows[i].name, name, sizeof name),
+             isnan(x) ? " (non-finite weights)" : "");
+    }
+  if (count)
+    printf("\nunits: forward, dependency, update: RMS ratio (1), nats for lm_head rows; sigma: spectral norm of the "
+           "stored matrix (1); rel_err: relative (1). Definitions: docs/metrics.md\n");
+  any = 0;
   for (size_t i = 0; i < n; i++)
-    if (rows[i].error) {
-      if (!any++) printf("\nnot measured:\n");
-      char name[1024], why[1024];
-      printf("  %s: %s\n", shown(rows[i].name, name, sizeof name), shown(rows[i].error, why, sizeof why));
+    if (rows[i].error || rows[i].no_update) {
+      if (!any++) printf("\nnot measured%s:\n", o->reference ? " (or without an update)" : "");
+      char name[1024], why[1024], msg[1024];
+      error_message(&rows[i], msg, sizeof msg);
+      printf("  %s: %s\n", shown(rows[i].name, name, sizeof name), shown(msg, why, sizeof why));
     }
 }
 
@@ -710,7 +881,7 @@ static size_t heads_of(const options *o, const ckpt *f, const char **from, char 
   int fd;
   struct stat sb;
   if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) {
-    if (stat(path, &sb) == 0) fprintf(stderr, "probe: %s; ignored\n", stab_last_error());
+    if (stat(path, &sb) == 0) cli_error("%s; ignored", stab_last_error());
     return 0;
   }
   FILE *fp = fdopen(fd, "r");
@@ -745,9 +916,6 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
     size_t stem = strlen(tq->name) - strlen(attn_rules[rule].q);
     char kname[600], lname[600];
     snprintf(lname, sizeof lname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].logits);
-    int keep = o->nfilters == 0;
-    for (size_t k = 0; k < o->nfilters && !keep; k++) keep = !fnmatch(o->filters[k], lname, 0);
-    if (!keep) continue;
     row q, k;
     classify(o, tq, f->gg != NULL, &q);
     if (q.error || q.kind != STAB_KIND_LINEAR) {
@@ -875,8 +1043,8 @@ static void set_layer_sizes(stab_layer *L, const row *r) {
 }
 
 /* Appends one step holding every measured row to the trace at o->hdf5 (created if missing):
- * a monitor with the rows as its layers carries the metrics to stab_trace_append. The tied
- * head's layer is "lm_head" (names must be unique in a trace). 0, or 2 for a trace that does
+ * a monitor with the rows as its layers carries the metrics to stab_trace_append, under the
+ * rows' names (layer_names: a trace's names, unique). 0, or 2 for a trace that does
  * not match these layers or names that clash, another writer holds, or whose last step is not
  * before this one; 1 for other failures, with a message. */
 static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
@@ -887,14 +1055,10 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   stab_trace *t = NULL;
   int rc = 0;
   stab_status st = stab_monitor_create(&mp, &m);
-  int head_taken = 0;
-  for (size_t i = 0; i < n; i++) head_taken |= rows[i].measured && !rows[i].tied && !strcmp(rows[i].name, "lm_head");
   for (size_t i = 0; i < n && st == STAB_OK; i++) {
     const row *r = &rows[i];
     if (!r->measured) continue;
-    char tied[600];
-    snprintf(tied, sizeof tied, "%s.lm_head", r->name);
-    stab_layer L = {.name = r->tied ? (head_taken ? tied : "lm_head") : r->name, .kind = r->kind,
+    stab_layer L = {.name = r->name, .kind = r->kind,
                     .weight = &never_read, .heads = r->heads,
                     .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout
                                                                                             : STAB_LAYOUT_NATURAL,
@@ -916,7 +1080,7 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   if (st == STAB_OK) st = stab_trace_close(t);
   else stab_trace_close(t);
   if (st != STAB_OK) {
-    fprintf(stderr, "probe: %s: %s\n", o->hdf5, stab_last_error());
+    cli_error("%s: %s", o->hdf5, stab_last_error());
     /* another writer holds the trace, or it does not fit: a step not after its last, other layers */
     rc = st == STAB_EINVAL || st == STAB_EEXIST || st == STAB_EBUSY || st == STAB_ERANGE ? 2 : 1;
   }
@@ -926,60 +1090,78 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
 
 /* ---- options ----------------------------------------------------------------------- */
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "Usage: probe CHECKPOINT [OPTIONS]\n"
-          "Stability metrics of every layer of a checkpoint (see SPEC.md): safetensors, GGUF v2/v3\n"
-          "(F32, F16, BF16 tensors; quantized ones listed as unsupported), or llm.c GPT-2\n"
-          "(magic 20240326, f32 or bf16; fused qkv split into q, k, v plus each block's attention\n"
-          "logit bound h.N.attn.logits; wte reported as embedding and tied lm_head, padding rows left out).\n\n"
-          "  --prev OLDER        also the update metrics against OLDER (tensors matched by name)\n"
-          "  --json              the SPEC probe report as JSON instead of the table\n"
-          "  --tol X             relative tolerance of each spectral norm, 1e-12 to 0.5 (default 1e-3)\n"
-          "  --exact             spectral norms by LAPACK SVD in f64 (slow; the reference)\n"
-          "  --tight M           LM-head tight bound: centred (default, O(V d)), exact (all pairs,\n"
-          "                      O(V^2 d)) or none\n"
-          "  --filter GLOB       probe only tensors whose name matches (repeatable)\n"
-          "  --kind GLOB=KIND    force the kind: linear, embedding, lm_head, gain, bias or skip\n"
-          "  --layout GLOB=L     force a linear layout: in_major or out_major\n"
-          "  --hdf5 FILE         also append the results to the trace FILE (SPEC trace schema, created\n"
-          "                      if missing) as one step: probing a series of checkpoints builds a trace\n"
-          "  --step N            that step's number (default: from the file name, e.g. step-000100.*\n"
-          "                      or model_00000100.bin)\n"
-          "  --heads H           attention heads, for the logit bounds of query/key pairs (default:\n"
-          "                      GGUF metadata, safetensors __metadata__, or config.json beside the file)\n"
-          "  --per-head          a table row per attention head (the JSON always has head_bounds)\n"
-          "  --quiet             no progress on stderr\n"
-          "  --help, --version\n\n"
-          "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings, token_embd,\n"
-          "word_embeddings, position_embd, ...* embedding; *lm_head, output, embed_out* lm_head; other 2-D linear, out-major\n"
-          "except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj} in Conv1D's shape\n"
-          "(in-major; c_attn [d][3d], c_fc wider than tall, mlp.c_proj taller than wide); 1-D X.bias\n"
-          "with a linear X.weight folded into it; 1-D *norm*/ln* weights gain, their .bias bias; other\n"
-          "1-D .bias bias. Integer dtypes, scalars and 3-D+ tensors are listed as not measured. With no\n"
-          "lm_head tensor, the token embedding is reported also as lm_head (tied).\n"
-          "Exit status: 0 success, 1 failure, 2 bad usage or a malformed/unreadable checkpoint.\n");
+static void usage(void) {
+  printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
+         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16\n"
+         "tensors; quantized ones listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
+         "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
+         "reported as embedding and as the tied lm_head, padding rows left out). Definitions and units:\n"
+         "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n\n"
+         "Options:\n"
+         "  --prev OLDER        also the update metrics against OLDER (tensors matched by name and\n"
+         "                      shape); exit 2 when no tensor matches, a warning naming the layers\n"
+         "                      without a counterpart when some do not\n"
+         "  --json              the probe report as JSON instead of the table\n"
+         "  --sort METRIC       rows by METRIC, largest first: forward, dependency, update, sigma,\n"
+         "                      rel_update, forward_tight, dependency_tight, update_tight; or file\n"
+         "                      (the checkpoint's order, the default) or name; a layer without the\n"
+         "                      value comes last\n"
+         "  --top N             only the first N rows of that order (alone: the N largest forward)\n"
+         "  --tol X             relative tolerance of each spectral norm, 1e-12 to 0.5 (default 1e-3)\n"
+         "  --exact             spectral norms by LAPACK SVD in f64 (slow; the reference)\n"
+         "  --tight M           LM-head tight bound: centred (default, O(V d)), exact (all pairs,\n"
+         "                      O(V^2 d)) or none\n"
+         "  --filter GLOB       only layers whose name, or the name of a tensor they read, matches\n"
+         "                      (repeatable; exit 2 when one matches nothing)\n"
+         "  --kind GLOB=KIND    force the kind of tensors whose name matches: linear, embedding,\n"
+         "                      lm_head, gain, bias or skip\n"
+         "  --layout GLOB=L     force a linear layout: in_major or out_major\n"
+         "  --hdf5 FILE         also append the results to the trace FILE (created if missing) as one\n"
+         "                      step: probing a series of checkpoints builds a trace\n"
+         "  --step N            that step's number (default: the checkpoint's metadata, i.e.\n"
+         "                      safetensors __metadata__ step or global_step, steps of\n"
+         "                      stabmeter-train, GGUF training.iteration_count; else the file name,\n"
+         "                      e.g. step-000100.* or model_00000100.bin)\n"
+         "  --heads H           attention heads, for the logit bounds of query/key pairs (default:\n"
+         "                      GGUF metadata, safetensors __metadata__, or config.json beside the file)\n"
+         "  --per-head          a table row per attention head (the JSON always has head_bounds)\n"
+         "  --quiet             no progress on stderr\n"
+         "  -h, --help          this text\n"
+         "  -V, --version       the version\n\n"
+         "Layers are named as stabmeter-train's trace names them, so a report and a trace join\n"
+         "without renaming: a tensor's name without its trailing .weight (a bias that stands alone\n"
+         "keeps .bias); attention logit bounds X.logits; a tied head lm_head.\n"
+         "Kinds by name and shape (first match): 2-D *wte, wpe, embed_tokens, tok_embeddings,\n"
+         "token_embd, word_embeddings, position_embd, ...* embedding; *lm_head, output, embed_out*\n"
+         "lm_head; other 2-D linear, out-major except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,\n"
+         "mlp.c_fc,mlp.c_proj} in Conv1D's shape (in-major; c_attn [d][3d], c_fc wider than tall,\n"
+         "mlp.c_proj taller than wide); 1-D X.bias with a linear X.weight folded into it; 1-D\n"
+         "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Integer dtypes, scalars\n"
+         "and 3-D+ tensors are listed as not measured. With no lm_head tensor, the token embedding\n"
+         "is reported also as lm_head (tied).\n"
+         "The table ends with the largest value of each metric per kind and its layer, and the\n"
+         "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
+         "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
+         "checkpoint, a --filter or --prev that matches nothing).\n");
 }
 
 static int add_override(override **list, size_t *n, const char *arg, const char *opt, const char *const *allowed) {
   const char *eq = strrchr(arg, '=');
-  if (!eq || eq == arg) {
-    fprintf(stderr, "probe: %s needs GLOB=VALUE, not '%s'\n", opt, arg);
-    return 2;
-  }
   size_t i = 0;
-  while (allowed[i] && strcmp(allowed[i], eq + 1)) i++;
-  if (!allowed[i]) {
-    fprintf(stderr, "probe: %s: unknown value '%s'\n", opt, eq + 1);
-    return 2;
+  while (eq && allowed[i] && strcmp(allowed[i], eq + 1)) i++;
+  if (!eq || eq == arg || !allowed[i]) { /* the whole argument quoted: GLOB=VALUE is one value */
+    char want[160] = "GLOB=VALUE, VALUE one of";
+    for (size_t k = 0; allowed[k]; k++)
+      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", k ? ", " : " ", allowed[k]);
+    return cli_bad_value(opt, arg, want);
   }
   override *p = realloc(*list, (*n + 1) * sizeof *p);
   char *g = strndup(arg, (size_t)(eq - arg));
   if (!p || !g) {
     free(g);
     if (p) *list = p;
-    fprintf(stderr, "probe: out of memory\n");
-    return 1;
+    cli_error("out of memory");
+    return CLI_FAILED;
   }
   *list = p;
   p[*n].glob = g;
@@ -988,112 +1170,89 @@ static int add_override(override **list, size_t *n, const char *arg, const char 
   return 0;
 }
 
-/* The numeric options, parsed strictly, one way: 1, or 0 after a message naming the option.
- * A whole number is decimal digits alone, in [lo, hi]. */
-static int whole_option(const char *opt, const char *arg, unsigned long long lo, unsigned long long hi,
-                        unsigned long long *v) {
-  if (whole_number(arg, lo, hi, v)) return 1;
-  fprintf(stderr, "probe: %s must be a whole number from %llu to %llu, not '%s'\n", opt, lo, hi, arg);
-  return 0;
-}
-
-/* A real number in [lo, hi): all of arg, no leading blank, finite (strtod's under- and
- * overflow refused). */
-static int real_option(const char *opt, const char *arg, double lo, double hi, double *v) {
-  char *end = NULL;
-  errno = 0;
-  double x = arg[0] && !isspace((unsigned char)arg[0]) ? strtod(arg, &end) : NAN;
-  if (end && end != arg && !*end && !errno && x >= lo && x < hi) {
-    *v = x;
-    return 1;
-  }
-  fprintf(stderr, "probe: %s must be a number in [%g, %g), not '%s'\n", opt, lo, hi, arg);
-  return 0;
-}
-
 static int parse(int argc, char **argv, options *o) {
+  enum { O_PREV = 256, O_JSON, O_TOL, O_EXACT, O_TIGHT, O_FILTER, O_KIND, O_LAYOUT, O_QUIET, O_HDF5, O_STEP,
+         O_HEADS, O_PER_HEAD, O_SORT, O_TOP };
   static const struct option longs[] = {
-      {"prev", required_argument, 0, 'p'},  {"json", no_argument, 0, 'j'},
-      {"tol", required_argument, 0, 't'},   {"exact", no_argument, 0, 'e'},
-      {"tight", required_argument, 0, 'T'}, {"filter", required_argument, 0, 'f'},
-      {"kind", required_argument, 0, 'k'},  {"layout", required_argument, 0, 'l'},
-      {"quiet", no_argument, 0, 'q'},       {"help", no_argument, 0, 'h'},
-      {"hdf5", required_argument, 0, 'H'},  {"step", required_argument, 0, 'S'},
-      {"heads", required_argument, 0, 'A'}, {"per-head", no_argument, 0, 'P'},
-      {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
+      {"prev", required_argument, 0, O_PREV},   {"json", no_argument, 0, O_JSON},
+      {"tol", required_argument, 0, O_TOL},     {"exact", no_argument, 0, O_EXACT},
+      {"tight", required_argument, 0, O_TIGHT}, {"filter", required_argument, 0, O_FILTER},
+      {"kind", required_argument, 0, O_KIND},   {"layout", required_argument, 0, O_LAYOUT},
+      {"quiet", no_argument, 0, O_QUIET},       {"help", no_argument, 0, 'h'},
+      {"hdf5", required_argument, 0, O_HDF5},   {"step", required_argument, 0, O_STEP},
+      {"heads", required_argument, 0, O_HEADS}, {"per-head", no_argument, 0, O_PER_HEAD},
+      {"sort", required_argument, 0, O_SORT},   {"top", required_argument, 0, O_TOP},
+      {"version", no_argument, 0, 'V'},         {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
+  static const char *const tights[] = {"centred", "exact", "none", NULL};
+  static const stab_tight_method tight_of[] = {STAB_TIGHT_CENTRED, STAB_TIGHT_EXACT, STAB_TIGHT_NONE};
   memset(o, 0, sizeof *o);
   o->tol = 1e-3;
   o->step = -1;
-  int c, rc;
-  while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+  o->sort = SORT_FILE;
+  int c, rc, sort_given = 0;
+  unsigned long long v;
+  while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
     switch (c) {
-    case 'p': o->reference = optarg; break;
-    case 'j': o->json = 1; break;
-    case 'H': o->hdf5 = optarg; break;
-    case 'P': o->per_head = 1; break;
-    case 'A': {
-      unsigned long long v;
-      if (!whole_option("--heads", optarg, 1, MAX_HEADS, &v)) return 2;
+    case O_PREV: o->reference = optarg; break;
+    case O_JSON: o->json = 1; break;
+    case O_HDF5: o->hdf5 = optarg; break;
+    case O_PER_HEAD: o->per_head = 1; break;
+    case O_HEADS:
+      if ((rc = cli_whole("--heads", optarg, 1, MAX_HEADS, &v))) return rc;
       o->heads = (size_t)v;
       break;
-    }
-    case 'S': {
-      unsigned long long v;
-      if (!whole_option("--step", optarg, 0, INT64_MAX, &v)) return 2;
+    case O_STEP:
+      if ((rc = cli_whole("--step", optarg, 0, INT64_MAX, &v))) return rc;
       o->step = (int64_t)v;
+      o->step_from = "--step";
       break;
-    }
-    case 'q': o->quiet = 1; break;
-    case 'e': o->exact = 1; break;
-    case 't':
+    case O_SORT:
+      if ((rc = cli_choice("--sort", optarg, sort_names, &o->sort))) return rc;
+      sort_given = 1;
+      break;
+    case O_TOP:
+      if ((rc = cli_whole("--top", optarg, 1, SIZE_MAX, &v))) return rc;
+      o->top = (size_t)v;
+      break;
+    case O_QUIET: o->quiet = 1; break;
+    case O_EXACT: o->exact = 1; break;
+    case O_TOL:
       /* the library's own bounds: below STAB_SPECTRAL_TOL_MIN every layer would only run out
        * of passes and be reported not converged */
-      if (!real_option("--tol", optarg, STAB_SPECTRAL_TOL_MIN, 0.5, &o->tol)) return 2;
+      if ((rc = cli_real("--tol", optarg, STAB_SPECTRAL_TOL_MIN, 0, 0.5, 1, &o->tol))) return rc;
       break;
-    case 'T':
-      if (!strcmp(optarg, "centred")) o->tight = STAB_TIGHT_CENTRED;
-      else if (!strcmp(optarg, "exact")) o->tight = STAB_TIGHT_EXACT;
-      else if (!strcmp(optarg, "none")) o->tight = STAB_TIGHT_NONE;
-      else {
-        fprintf(stderr, "probe: --tight must be centred, exact or none, not '%s'\n", optarg);
-        return 2;
-      }
+    case O_TIGHT: {
+      int i;
+      if ((rc = cli_choice("--tight", optarg, tights, &i))) return rc;
+      o->tight = tight_of[i];
       break;
-    case 'f': {
+    }
+    case O_FILTER: {
       const char **p = realloc(o->filters, (o->nfilters + 1) * sizeof *p);
-      if (!p) return 1;
+      if (!p) return cli_error("out of memory"), CLI_FAILED;
       o->filters = p;
       p[o->nfilters++] = optarg;
       break;
     }
-    case 'k':
+    case O_KIND:
       if ((rc = add_override(&o->kinds, &o->nkinds, optarg, "--kind", kinds))) return rc;
       break;
-    case 'l':
+    case O_LAYOUT:
       if ((rc = add_override(&o->layouts, &o->nlayouts, optarg, "--layout", layouts))) return rc;
       break;
-    case 'h': usage(stdout); exit(0);
-    case 'V': printf("probe (stabmeter) %s\n", stab_version()); exit(0);
-    default: usage(stderr); return 2;
+    case 'h': usage(); return -1;
+    case 'V': cli_version(); return -1;
+    default: return cli_getopt_error(c, argv);
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "probe: %s\n", optind >= argc ? "no checkpoint given" : "more than one checkpoint given");
-    usage(stderr);
-    return 2;
-  }
+  if (optind != argc - 1)
+    return cli_usage_error("%s", optind >= argc ? "no checkpoint given" : "more than one checkpoint given");
   o->checkpoint = argv[optind];
-  if (o->step >= 0 && !o->hdf5) {
-    fprintf(stderr, "probe: --step is the step of the --hdf5 trace; give --hdf5 FILE too\n");
-    return 2;
-  }
-  if (o->hdf5 && o->step < 0 && (o->step = step_from_name(o->checkpoint)) < 0) {
-    fprintf(stderr, "probe: %s: no step number in the file name (e.g. step-000100.safetensors); give --step N\n",
-            o->checkpoint);
-    return 2;
-  }
+  /* --top alone: the largest forward values, the number every kind has */
+  if (o->top && !sort_given) o->sort = SORT_FORWARD;
+  if (o->step >= 0 && !o->hdf5) return cli_usage_error("--step is the step of the --hdf5 trace; give --hdf5 FILE too");
   return 0;
 }
 
@@ -1102,11 +1261,11 @@ static int parse(int argc, char **argv, options *o) {
 static int shrank(const char *path) {
   struct stat sb;
   if (stat(path, &sb) == 0)
-    fprintf(stderr, "probe: %s: the file shrank to %lld bytes while it was being read (truncated or rewritten "
-            "by another process?): its data past that is gone; no report\n", path, (long long)sb.st_size);
+    cli_error("%s: the file shrank to %lld bytes while it was being read (truncated or rewritten "
+            "by another process?): its data past that is gone; no report", path, (long long)sb.st_size);
   else
-    fprintf(stderr, "probe: %s: the file changed while it was being read (now: %s): its data past the new end is "
-            "gone; no report\n", path, strerror(errno));
+    cli_error("%s: the file changed while it was being read (now: %s): its data past the new end is "
+            "gone; no report", path, strerror(errno));
   return 2;
 }
 
@@ -1128,12 +1287,12 @@ static int open_checkpoint(const char *path, ckpt *f) {
       hi = (uintptr_t)t->data + t->count * t->elem_size > hi ? (uintptr_t)t->data + t->count * t->elem_size : hi;
     }
     if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
-      fprintf(stderr, "probe: %s: too many checkpoints to guard\n", path);
+      cli_error("%s: too many checkpoints to guard", path);
       return 1;
     }
     return 0;
   }
-  fprintf(stderr, "probe: %s\n", stab_last_error());
+  cli_error("%s", stab_last_error());
   return st == STAB_ENOMEM ? 1 : 2;
 }
 
@@ -1155,10 +1314,27 @@ static void row_buffers_free(row_buffers *rb) {
   free(rb->w.buf), free(rb->b.buf), free(rb->k.buf), free(rb->pw.buf), free(rb->pb.buf);
 }
 
+/* The reference checkpoint's tensors row r's update is measured against (--prev): the same
+ * names, the same shapes, a dtype the probe reads, into r->prev_t and r->prev_bias. NULL when
+ * found, else why not (for the row's message). Attention rows have no update (the articles
+ * define none for the logit bound). */
+static const char *find_counterpart(const ckpt *prev, row *r) {
+  const stab_ckpt_tensor *pt = ck_find(prev, r->t->name), *pbias = r->bias ? ck_find(prev, r->bias->name) : NULL;
+  if (!pt) return "not found";
+  if (r->bias && !pbias) return "its bias is not found";
+  int same = pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
+             !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
+             (!r->bias || (pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
+  if (!same) return "a different shape or dtype";
+  r->prev_t = pt, r->prev_bias = pbias;
+  return NULL;
+}
+
 /* Measures one row into r->m (r->measured = 1): 0, or 1 after a message on stderr. Its mapped
- * pages are handed back afterwards unless keep_mapped (a tied head comes next). Safe to run
- * for different rows at once: each thread brings its own buffers. */
-static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
+ * pages are handed back afterwards unless keep_mapped (a tied head comes next). The update is
+ * against r->prev_t (find_counterpart), when set. Safe to run for different rows at once: each
+ * thread brings its own buffers. */
+static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
   stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
   if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
   const float *w = as_f32(r->t, &rb->w, keep_mapped), *b = r->bias ? as_f32(r->bias, &rb->b, keep_mapped) : NULL;
@@ -1169,30 +1345,16 @@ static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_bu
                   .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
   set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
-  const stab_ckpt_tensor *prev_t = NULL, *prev_bias = NULL;
-  if (prev && r->kind != STAB_KIND_ATTENTION) { /* SPEC defines no update of the logit bound */
-    const stab_ckpt_tensor *pt = NULL, *pbias = NULL;
-    pt = ck_find(prev, r->t->name);
-    if (r->bias) pbias = ck_find(prev, r->bias->name);
-    int same = pt && pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
-               !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
-               (!r->bias || (pbias && pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
-    if (same) {
-      before.weight = as_f32(pt, &rb->pw, 0);
-      before.bias = r->bias ? as_f32(pbias, &rb->pb, 0) : NULL;
-      if (!before.weight || (r->bias && !before.bias)) return 1;
-      bp = &before;
-      prev_t = pt, prev_bias = pbias;
-    } else {
-      /* the layer stands without its update; the reason goes to errors */
-      set_error(r, "no update: %s in the reference checkpoint",
-                !pt ? "not found" : (r->bias && !pbias) ? "its bias is not found" : "a different shape or dtype", 0);
-    }
+  if (r->prev_t) {
+    before.weight = as_f32(r->prev_t, &rb->pw, 0);
+    before.bias = r->bias ? as_f32(r->prev_bias, &rb->pb, 0) : NULL;
+    if (!before.weight || (r->bias && !before.bias)) return 1;
+    bp = &before;
   }
   stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, mp)
                                                   : stab_layer_metrics(&L, bp, mp, &r->m, r->head_bounds);
   if (st != STAB_OK) {
-    fprintf(stderr, "probe: %s: %s\n", r->name, stab_last_error());
+    cli_error("%s: %s", r->name, stab_last_error());
     return 1;
   }
   r->measured = 1;
@@ -1200,8 +1362,196 @@ static int measure_row(row *r, ckpt *prev, const stab_metrics_params *mp, row_bu
    * peak memory stays near the largest layers, not the file */
   if (!keep_mapped) {
     stab_ckpt_release(r->t), stab_ckpt_release(r->bias), stab_ckpt_release(r->tk);
-    if (bp) stab_ckpt_release(prev_t), stab_ckpt_release(prev_bias);
+    if (bp) stab_ckpt_release(r->prev_t), stab_ckpt_release(r->prev_bias);
   }
+  return 0;
+}
+
+/* ---- the rows' names, --filter and --prev ------------------------------------------- */
+
+/* qsort's order for layer_names: rows by their name (the rows being sorted are sorted_rows). */
+static int by_row_name(const void *a, const void *b) {
+  return strcmp(sorted_rows[*(const size_t *)a].name, sorted_rows[*(const size_t *)b].name);
+}
+
+/* Names every row as a trace of the same model names its layer (see the rule table): the
+ * trainer registers "transformer.h.0.mlp.c_fc" for the tensor transformer.h.0.mlp.c_fc.weight
+ * and "lm_head" for its tied head, so a report and a trace join on the name. A stripped name
+ * that another row already has keeps its tensor name (a file may hold both "x" and "x.weight").
+ * 0, or 1 when out of memory. */
+static int layer_names(row *rows, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    row *r = &rows[i];
+    if (r->owned_name || r->tied || r->error || r->kind == STAB_KIND_BIAS || !ends_with(r->t->name, ".weight")) continue;
+    if (!(r->owned_name = strndup(r->t->name, strlen(r->t->name) - 7))) return 1;
+    r->name = r->owned_name;
+  }
+  size_t *by_name = malloc((n ? n : 1) * sizeof *by_name);
+  if (!by_name) return 1;
+  for (size_t i = 0; i < n; i++) by_name[i] = i;
+  sorted_rows = rows;
+  qsort(by_name, n, sizeof *by_name, by_row_name);
+  int head_taken = 0;
+  for (size_t k = 0; k < n; k++) {
+    row *r = &rows[by_name[k]];
+    head_taken |= !r->tied && !strcmp(r->name, "lm_head");
+    int clash = (k > 0 && !strcmp(rows[by_name[k - 1]].name, r->name)) ||
+                (k + 1 < n && !strcmp(rows[by_name[k + 1]].name, r->name));
+    if (clash && r->owned_name && !r->tied && r->kind != STAB_KIND_ATTENTION) {
+      free(r->owned_name);
+      r->owned_name = NULL;
+      r->name = r->t->name;
+    }
+  }
+  free(by_name);
+  for (size_t i = 0; i < n; i++) {
+    row *r = &rows[i];
+    if (!r->tied) continue;
+    /* a file with an lm_head of its own and a tied head besides (--kind made it so) */
+    char buf[600];
+    snprintf(buf, sizeof buf, "%.*s.lm_head", (int)(strlen(r->t->name) - (ends_with(r->t->name, ".weight") ? 7 : 0)),
+             r->t->name);
+    if (!(r->owned_name = strdup(head_taken ? buf : "lm_head"))) return 1;
+    r->name = r->owned_name;
+  }
+  return 0;
+}
+
+/* 1 when glob matches row r's name or the name of a tensor it reads (weight, bias, key). */
+static int row_matches(const row *r, const char *glob) {
+  return !fnmatch(glob, r->name, 0) || !fnmatch(glob, r->t->name, 0) ||
+         (r->bias && !fnmatch(glob, r->bias->name, 0)) || (r->tk && !fnmatch(glob, r->tk->name, 0));
+}
+
+static void row_free(row *r) { free(r->owned_error), free(r->owned_name), free(r->head_bounds); }
+
+/* --filter: keeps the rows some filter matches (row_matches), in their order; *tied_src
+ * follows the tied head's embedding (SIZE_MAX when either is dropped: the head, if kept, is
+ * then measured alone). A filter that matches nothing is a typo, as in stabmeter-export: the
+ * message names it, and the status is 2 with nothing kept. */
+static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src) {
+  if (!o->nfilters) return 0;
+  for (size_t k = 0; k < o->nfilters; k++) {
+    size_t i = 0;
+    while (i < *n && !row_matches(&rows[i], o->filters[k])) i++;
+    if (i == *n) {
+      cli_error("--filter '%s' matches no layer or tensor name of %s (names like '%s', '%s')", o->filters[k],
+                o->checkpoint, *n ? rows[0].name : "", *n > 1 ? rows[*n - 1].name : "");
+      return CLI_USAGE;
+    }
+  }
+  size_t kept = 0, src = SIZE_MAX;
+  for (size_t i = 0; i < *n; i++) {
+    int keep = 0;
+    for (size_t k = 0; k < o->nfilters && !keep; k++) keep = row_matches(&rows[i], o->filters[k]);
+    if (!keep) {
+      row_free(&rows[i]);
+      continue;
+    }
+    if (i == *tied_src) src = kept;
+    rows[kept++] = rows[i];
+  }
+  /* the tied head is the last row; its embedding must have been kept for the two to share a
+   * mapping */
+  *tied_src = kept && rows[kept - 1].tied ? src : SIZE_MAX;
+  *n = kept;
+  return 0;
+}
+
+/* --prev: finds each row's counterpart in the reference checkpoint. None at all means the two
+ * files are not two checkpoints of one model (or the wrong file was given): 2 and a message
+ * naming both. Some missing: a warning with their count and first names; those layers have no
+ * update (their reason goes to the report's errors). */
+static int match_reference(const options *o, const ckpt *prev, row *rows, size_t n) {
+  size_t asked = 0, found = 0, missing_name = 0;
+  char first[256] = "";
+  for (size_t i = 0; i < n; i++) {
+    row *r = &rows[i];
+    if (r->error || r->kind == STAB_KIND_ATTENTION) continue;
+    asked++;
+    if (!(r->no_update = find_counterpart(prev, r))) {
+      found++;
+      continue;
+    }
+    missing_name += !strcmp(r->no_update, "not found");
+    size_t len = strlen(first);
+    if (asked - found <= 3)
+      snprintf(first + len, sizeof first - len, "%s%s", len ? ", " : "", r->name);
+  }
+  if (asked && !found) {
+    cli_error("--prev %s: none of the %zu layers of %s has a counterpart there (%s): not an earlier "
+              "checkpoint of the same model", o->reference, asked, o->checkpoint,
+              missing_name == asked ? "no tensor of the same name" : "no tensor of the same name and shape");
+    return CLI_USAGE;
+  }
+  if (found < asked)
+    cli_error("warning: --prev %s: %zu of %zu layers have no counterpart there, so no update: %s%s", o->reference,
+              asked - found, asked, first, asked - found > 3 ? ", ..." : "");
+  return 0;
+}
+
+/* ---- the step (--hdf5) -------------------------------------------------------------- */
+
+/* The training step the checkpoint's own metadata gives, or -1: safetensors __metadata__
+ * "step" or "global_step", or "steps" in a file of stabmeter-train (the steps taken, which is
+ * the step its trace records these weights at); GGUF training.iteration_count (llama.cpp's
+ * training files; general.* has no step). llm.c's header has none. A key present with a value
+ * that is not a whole number is -1 with why saying so. */
+static int64_t step_from_metadata(const options *o, const ckpt *f, const char **from, char *why, size_t cap) {
+  static const char *const keys[] = {"step", "global_step", "steps", NULL};
+  static const char *const said[] = {"the checkpoint's __metadata__ step", "the checkpoint's __metadata__ global_step",
+                                     "the checkpoint's __metadata__ steps (stabmeter-train's)"};
+  unsigned long long v;
+  why[0] = '\0';
+  for (size_t j = 0; f->st && keys[j]; j++) {
+    if (!strcmp(keys[j], "steps") && !o->out_major_file) continue; /* another producer's "steps" may be the total */
+    for (size_t i = 0; i < stab_safetensors_metadata_count(f->st); i++) {
+      const char *k, *val;
+      stab_safetensors_metadata(f->st, i, &k, &val);
+      if (strcmp(k, keys[j])) continue;
+      if (whole_number(val, 0, INT64_MAX, &v)) {
+        *from = said[j];
+        return (int64_t)v;
+      }
+      snprintf(why, cap, "__metadata__ %s is '%.40s', not a whole number", k, val);
+      return -1;
+    }
+  }
+  if (f->gg) {
+    uint64_t u;
+    stab_status st = stab_gguf_get_uint(f->gg, "training.iteration_count", &u);
+    if (st == STAB_OK && u <= INT64_MAX) {
+      *from = "the checkpoint's GGUF training.iteration_count";
+      return (int64_t)u;
+    }
+    if (st != STAB_ENOTFOUND) snprintf(why, cap, "GGUF training.iteration_count is not a whole number");
+  }
+  return -1;
+}
+
+/* o->step and o->step_from: --step, else the metadata's, else the file name's. With --hdf5 the
+ * choice is said on stderr (unless --quiet), a disagreement between the sources is a warning,
+ * and no step at all is bad input (2). */
+static int decide_step(options *o, const ckpt *f) {
+  const char *meta_from = NULL;
+  char why[160];
+  int64_t meta = step_from_metadata(o, f, &meta_from, why, sizeof why), named = step_from_name(o->checkpoint);
+  if (o->hdf5 && why[0]) cli_error("warning: %s: %s; not used as the step", o->checkpoint, why);
+  if (o->step < 0 && meta >= 0) o->step = meta, o->step_from = meta_from;
+  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = "the file name";
+  if (!o->hdf5) return 0;
+  if (o->step < 0) {
+    cli_error("%s: no step in its metadata or its file name (e.g. step-000100.safetensors); give --step N",
+              o->checkpoint);
+    return CLI_USAGE;
+  }
+  if (meta >= 0 && meta != o->step)
+    cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step, o->step_from,
+              meta_from, (long long)meta);
+  else if (named >= 0 && named != o->step)
+    cli_error("warning: %s: step %lld from %s, but the file name says %lld", o->checkpoint, (long long)o->step,
+              o->step_from, (long long)named);
+  if (!o->quiet) cli_error("%s: step %lld, from %s", o->hdf5, (long long)o->step, o->step_from);
   return 0;
 }
 
@@ -1221,16 +1571,17 @@ static void prefer_sleeping_threads(char **argv) {
 
 int main(int argc, char **argv) {
   prefer_sleeping_threads(argv); /* first: nothing is printed twice */
+  cli_init("stabmeter-probe");
   options o;
   int rc = parse(argc, argv, &o);
-  if (rc) return rc;
+  if (rc) return rc < 0 ? CLI_OK : rc; /* < 0: --help or --version done */
   if (ckpt_guard_install()) {
-    fprintf(stderr, "probe: cannot install the SIGBUS handler: %s\n", strerror(errno));
+    cli_error("cannot install the SIGBUS handler: %s", strerror(errno));
     return 1;
   }
   ckpt f = {0}, prevc = {0}, *prev = NULL;
   row *rows = NULL;
-  size_t n = 0;
+  size_t n = 0, *order = NULL, shown_rows = 0;
   if ((rc = open_checkpoint(o.checkpoint, &f))) goto out;
   if (o.reference) {
     prev = &prevc;
@@ -1242,19 +1593,11 @@ int main(int argc, char **argv) {
     stab_safetensors_metadata(f.st, i, &k, &v);
     if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) o.out_major_file = 1;
   }
+  if ((rc = decide_step(&o, &f))) goto out;
   size_t nt = ck_count(&f);
   rows = calloc(2 * nt + 1, sizeof *rows); /* + 1: a tied lm_head; attention rows (llm.c) */
-  if (!rows) {
-    fprintf(stderr, "probe: out of memory\n");
-    rc = 1;
-    goto out;
-  }
-  for (size_t i = 0; i < nt; i++) {
-    const stab_ckpt_tensor *t = ck_tensor(&f, i);
-    int keep = o.nfilters == 0;
-    for (size_t k = 0; k < o.nfilters && !keep; k++) keep = !fnmatch(o.filters[k], t->name, 0);
-    if (keep) classify(&o, t, f.gg != NULL, &rows[n++]);
-  }
+  if (!rows) goto oom;
+  for (size_t i = 0; i < nt; i++) classify(&o, ck_tensor(&f, i), f.gg != NULL, &rows[n++]);
   for (size_t i = 0; i < n; i++) rows[i].name = rows[i].t->name;
   /* llm.c: each block's attention logits, from its q and k (their name is the row name) */
   if (f.lc) {
@@ -1264,9 +1607,6 @@ int main(int argc, char **argv) {
       snprintf(q, sizeof q, "h.%zu.attn.q.weight", l);
       snprintf(k, sizeof k, "h.%zu.attn.k.weight", l);
       snprintf(nm, sizeof nm, "h.%zu.attn.logits", l);
-      int keep = o.nfilters == 0;
-      for (size_t j = 0; j < o.nfilters && !keep; j++) keep = !fnmatch(o.filters[j], nm, 0);
-      if (!keep) continue;
       row *r = &rows[n];
       memset(r, 0, sizeof *r);
       r->t = ck_find(&f, q), r->tk = ck_find(&f, k);
@@ -1276,29 +1616,19 @@ int main(int argc, char **argv) {
       r->head_bounds = calloc(c->heads, sizeof *r->head_bounds);
       if (!r->t || !r->tk || !r->owned_name || !r->head_bounds) {
         free(r->owned_name), free(r->head_bounds);
-        fprintf(stderr, "probe: out of memory\n");
-        rc = 1;
-        goto out;
+        goto oom;
       }
       r->name = r->owned_name;
       n++;
     }
   }
   /* safetensors, GGUF: attention logits of every query/key pair found by name */
-  if (!f.lc && add_attention_rows(&o, &f, rows, &n)) {
-    fprintf(stderr, "probe: out of memory\n");
-    rc = 1;
-    goto out;
-  }
+  if (!f.lc && add_attention_rows(&o, &f, rows, &n)) goto oom;
   /* rule 8: fold X.bias into a linear X.weight of matching width. The weight is looked up
    * in the rows sorted by name: a file of n tensors costs n log n, not n^2 (a hostile llm.c
    * header declaring 20000 one-channel blocks took minutes with a scan per bias). */
   size_t *by_name = malloc((n ? n : 1) * sizeof *by_name);
-  if (!by_name) {
-    fprintf(stderr, "probe: out of memory\n");
-    rc = 1;
-    goto out;
-  }
+  if (!by_name) goto oom;
   for (size_t i = 0; i < n; i++) by_name[i] = i;
   sorted_rows = rows;
   qsort(by_name, n, sizeof *by_name, by_tensor_name);
@@ -1330,8 +1660,8 @@ int main(int argc, char **argv) {
     n = k;
   }
   /* a tied model: no lm_head, one token embedding reported again as the head. A head tensor
-   * that is not a row (filtered out, or of a type not read, e.g. a quantized GGUF output)
-   * still means the model is not tied. */
+   * that is not a row (of a type not read, e.g. a quantized GGUF output) still means the model
+   * is not tied. */
   int has_head = 0;
   size_t tied_src = SIZE_MAX; /* the embedding row a tied head (rows[n - 1]) repeats */
   for (size_t i = 0; i < n; i++) has_head |= !rows[i].error && rows[i].kind == STAB_KIND_LM_HEAD;
@@ -1356,6 +1686,9 @@ int main(int argc, char **argv) {
     h->owned_name = NULL, h->head_bounds = NULL;
     has_head = 1;
   }
+  if (layer_names(rows, n)) goto oom;
+  if ((rc = filter_rows(&o, rows, &n, &tied_src))) goto out;
+  if (prev && (rc = match_reference(&o, prev, rows, n))) goto out;
 
   stab_metrics_params mp = stab_metrics_default_params();
   mp.spectral.tol = o.tol;
@@ -1408,10 +1741,10 @@ int main(int argc, char **argv) {
 #endif
           d = done;
           double eta = d > 0 ? (t - t0) * (work - d) / d : 0;
-          fprintf(stderr, "probe: layer %zu/%zu %s, %.1f s, ETA %.0f s\n", k + 1, n, r->name, t - t0, eta);
+          cli_error("layer %zu/%zu %s, %.1f s, ETA %.0f s", k + 1, n, r->name, t - t0, eta);
           last = t;
         }
-        if (measure_row(r, prev, &mp, &rb, i == tied_src) || ckpt_guard_tripped()) {
+        if (measure_row(r, &mp, &rb, i == tied_src) || ckpt_guard_tripped()) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -1435,18 +1768,22 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
-    fprintf(stderr, "probe: %zu tensors in %.1f s\n", n, monotonic_seconds() - t0);
+    cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - t0);
   if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
-  if (o.json) print_json(&o, &f, rows, n);
-  else print_table(&o, &f, rows, n);
+  if (!(order = report_order(&o, rows, n, &shown_rows))) goto oom;
+  if (o.json) print_json(&o, &f, rows, n, order, shown_rows);
+  else print_table(&o, &f, rows, n, order, shown_rows);
   if (fflush(stdout) != 0 || ferror(stdout)) {
-    fprintf(stderr, "probe: error writing the output\n");
+    cli_error("error writing the output");
     rc = 1;
   }
+  goto out;
+oom:
+  cli_error("out of memory");
+  rc = 1;
 out:
-  for (size_t i = 0; rows && i < n; i++)
-    free(rows[i].owned_error), free(rows[i].owned_name), free(rows[i].head_bounds);
-  free(rows);
+  for (size_t i = 0; rows && i < n; i++) row_free(&rows[i]);
+  free(rows), free(order);
   ckpt_guard_reset();
   ck_close(&f);
   ck_close(&prevc);

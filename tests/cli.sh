@@ -82,10 +82,15 @@ train|--batch 99999999999999999999999|--batch
 train|--metrics-every x|--metrics-every
 train|--alarm nan|--alarm
 train|--trace-errors maybe|--trace-errors
-probe|--tol abc $ck|--tol
-probe|--heads 0 $ck|--heads
-probe|--tight loose $ck|--tight
-probe|--step -3 $ck|--step
+probe|$ck --tol abc|--tol
+probe|$ck --heads 0|--heads
+probe|$ck --tight loose|--tight
+probe|$ck --step -3|--step
+probe|$ck --sort fastest|--sort
+probe|$ck --top 0|--top
+probe|$ck --top x|--top
+probe|$ck --kind x=banana|--kind
+probe|$ck --layout x=diagonal|--layout
 bench|--sizes abc|--sizes
 bench|--threads x|--threads
 export|--format xml|--format

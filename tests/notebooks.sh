@@ -118,7 +118,7 @@ check(re.search(r"^step 12 .*step-000012\.safetensors", text, re.M) and
 report = json.loads(subprocess.run(["./harness/probe", "--json", "--quiet", tmp + "/run/model.safetensors",
                                     "--prev", tmp + "/run/step-000012.safetensors"],
                                    capture_output=True, text=True, check=True).stdout)
-fc = [l for l in report["layers"] if l["name"].endswith("mlp.c_fc.weight")][0]
+fc = [l for l in report["layers"] if l["name"].endswith("mlp.c_fc")][0]
 upd = text[text.index("update stability"):]
 m = re.search(r"^%s\s+linear\s+-\s+(\S+)" % re.escape(fc["name"]), upd, re.M)
 check(m and abs(float(m.group(1)) - fc["update"]) <= 1e-3 * fc["update"],
