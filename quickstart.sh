@@ -12,6 +12,8 @@ packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           clang libclang-rt-14-dev)
 # The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
 packages+=(python3-pandas gnuplot-nox)
+# tests/trace_readers.sh opens traces with xarray (both engines) and ncdump.
+packages+=(python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin)
 # the man pages, made from each program's --help (Makefile.am)
 packages+=(help2man)
 # notebooks-export/ (make notebooks, tests/notebooks.sh)

@@ -278,6 +278,10 @@ static int open_group(trace *t, const char *name, hid_t *g, char ***names, size_
   return list_links(t, *g, where, names, n);
 }
 
+/* From format_version 2 every group holds a copy of /step named step (so that a netCDF reader
+ * opening the group alone has its coordinate): it is not a column. */
+static int is_step_copy(const trace *t, const char *name) { return t->version >= 2 && !strcmp(name, "step"); }
+
 static int open_scalars(trace *t, const trace_filter *o) {
   hid_t g = H5I_INVALID_HID;
   char **names = NULL;
@@ -289,7 +293,8 @@ static int open_scalars(trace *t, const trace_filter *o) {
     goto out;
   }
   for (size_t i = 0; i < n && !rc; i++)
-    if (metric_wanted(o, names[i])) rc = new_column(t, g, "/scalars", names[i], &t->scalars[t->n_scalars++]);
+    if (!is_step_copy(t, names[i]) && metric_wanted(o, names[i]))
+      rc = new_column(t, g, "/scalars", names[i], &t->scalars[t->n_scalars++]);
   if (!rc) qsort(t->scalars, t->n_scalars, sizeof *t->scalars, column_name_cmp);
 out:
   free_names(names, n);
@@ -328,7 +333,8 @@ static int open_layer(trace *t, const trace_filter *o, hid_t layers, const char 
     goto out;
   }
   for (size_t i = 0; i < n && !rc; i++)
-    if (metric_wanted(o, names[i])) rc = new_column(t, g, where, names[i], &l->cols[l->n_cols++]);
+    if (!is_step_copy(t, names[i]) && metric_wanted(o, names[i]))
+      rc = new_column(t, g, where, names[i], &l->cols[l->n_cols++]);
   if (!rc) qsort(l->cols, l->n_cols, sizeof *l->cols, column_cmp);
 out:
   free_names(names, n);
@@ -467,7 +473,9 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
   if (strcmp(format, "stabmeter-trace"))
     return bad(t, "the attribute format of the root group is '%s', not 'stabmeter-trace'", format);
   if ((rc = int_attr(t, t->file, "the root group", "format_version", &version))) return rc;
-  if (version != 1) return bad(t, "format_version %" PRId64 ": this program reads version 1", version);
+  if (version != 1 && version != 2)
+    return bad(t, "format_version %" PRId64 ": this program reads versions 1 and 2", version);
+  t->version = version;
 
   /* /step first: its length is the row count, and the writer extends every other dataset
    * before it, so each of them then holds at least that many rows. */

@@ -44,6 +44,7 @@ typedef struct {
   int live;            /* its writer was running at the open (it holds the write lock) */
   hid_t file, step, mem;
   int swmr;            /* opened with SWMR_READ */
+  int64_t version;     /* format_version: 1, or 2 (each group also holds a copy of /step, "step") */
   hsize_t rows;        /* len(/step): the rows every dataset has (others may be longer) */
   trace_column wall;   /* /wall_time; wall.d < 0 when not read */
   trace_column *scalars; /* by name */

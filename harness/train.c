@@ -721,6 +721,10 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       if (ts == STAB_EBUSY || ts == STAB_EINVAL) rc = 2;
       goto out;
     }
+    /* Until it is closed the file is marked open for writing (SWMR), and a plain HDF5 open
+     * (h5dump, ncdump, xarray) refuses it: say what reads it, and how to repair it after a kill. */
+    fprintf(stderr, "train: trace: %s; while this runs or if it is killed, h5py (swmr=True) and stabmeter-export "
+            "read it; after a kill, `h5clear -s %s` lets h5dump, ncdump and xarray open it\n", trace_path, trace_path);
     /* A resumed run's trace should hold the steps measured before its checkpoint; when it does
      * not (the trace failed or was replaced while checkpoints went on), the gap stays. */
     size_t before = o.resume ? start - start % o.metrics_every : 0; /* the last step measured */

@@ -129,6 +129,28 @@ typedef struct {
 /* Validates a layer (who names the caller in messages) and resolves its storage. */
 stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape *out);
 
+/* ---- which registered layers share stored numbers (monitor.c, shared_storage.c) ---- */
+
+/* The resolved storage of the monitor's layer i, as registered; NULL when i is out of range. */
+const stabi_shape *stabi_monitor_shape(const stab_monitor *m, size_t i);
+
+/* One tensor registered twice (a tied embedding and LM head), or a layer whose weights point
+ * into another's (q and k inside a fused qkv linear), found from the address ranges of every
+ * layer's stored numbers (weight, weight_k, bias), so that counting parameters per layer does
+ * not count a float twice. */
+typedef struct {
+  int64_t *unique;  /* (n_layers) floats of the layer that no layer registered before it holds:
+                       the sum over layers is the number of distinct floats */
+  size_t **with;    /* (n_layers) the other layers holding at least one of its floats, ascending */
+  size_t *n_with;   /* (n_layers) */
+  size_t n_layers;
+} stabi_sharing;
+
+/* Fills *out for every layer of m (who names the caller in messages). STAB_ENOMEM. */
+stab_status stabi_sharing_find(const stab_monitor *m, const char *who, stabi_sharing *out);
+/* Frees what stabi_sharing_find allocated; a zeroed struct is a no-op. */
+void stabi_sharing_free(stabi_sharing *s);
+
 /* The update of a layer: dW = w - w_sub (w_sub NULL: dW = w), same for bias and key. */
 typedef struct {
   const float *w, *w_sub, *b, *b_sub, *k, *k_sub;

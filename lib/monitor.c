@@ -74,6 +74,10 @@ void stab_monitor_free(stab_monitor *m) {
 
 size_t stab_monitor_layer_count(const stab_monitor *m) { return m ? m->count : 0; }
 
+const stabi_shape *stabi_monitor_shape(const stab_monitor *m, size_t i) {
+  return m && i < m->count ? &m->layers[i].shape : NULL;
+}
+
 const stab_layer *stab_monitor_layer(const stab_monitor *m, size_t index) {
   return m && index < m->count ? &m->layers[index].layer : NULL;
 }

@@ -1,10 +1,13 @@
 /* trace.c — the HDF5 trace writer: every measured step of a monitor appended as one row of
- * one-dimensional extendable datasets (SPEC.md, "Trace"), written in SWMR mode so that a reader
- * can follow the file while training runs and a killed writer loses nothing it had flushed. */
+ * one-dimensional extendable datasets (docs/metrics.md, "Trace"), written in SWMR mode so that a
+ * reader can follow the file while training runs and a killed writer loses nothing it had
+ * flushed. /step is a dimension scale and every dataset says its units, so that netCDF tools
+ * (xarray, ncdump) read the trace as labelled data. */
 #define _GNU_SOURCE /* F_OFD_SETLK, fallocate, renameat2 */
 #include "internal.h"
 
 #include <hdf5.h>
+#include <hdf5_hl.h> /* H5DS: /step as a dimension scale */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +27,12 @@ enum { CHUNK_ROWS = 256 };
  * dataset costs little more than one of a row, and rows written but not flushed could reach
  * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. */
 enum { STAGE_ROWS = 256 };
+
+/* The format this library writes. 2: /step a dimension scale, and each group (/scalars, every
+ * layer's) a copy of it named step that is the scale of the group's datasets; units, long_name
+ * and description attributes; storage sharing. A version 1 trace appended to is brought to
+ * version 2 first (add_step_copies, describe). */
+enum { FORMAT_VERSION = 2 };
 
 /* The stab_metrics fields every layer records, in file order. */
 enum { N_METRICS = 15 };
@@ -51,6 +60,119 @@ static void metric_values(const stab_metrics *m, double *v) {
   v[14] = m->flags;
 }
 
+/* ---- what each dataset means, in words ------------------------------------------------ */
+
+/* The units and long_name attributes of every dataset the library knows (CF conventions: "1" is
+ * dimensionless; the LM head's values bound a loss, in nats), after docs/metrics.md. The first
+ * row whose name matches and whose kind is the layer's, or ANY, applies; kind-specific rows
+ * come first. A dataset with a declared name this table lacks (a scalar or a layer extra the
+ * trainer made up) gets its name as long_name and no units: we do not know them. */
+enum { ANY = -1, NOT_LAYER = -2 };
+typedef struct {
+  const char *name;
+  int kind; /* a stab_kind, ANY, or NOT_LAYER for /step, /wall_time and /scalars */
+  const char *units, *long_name;
+} wording;
+
+static const wording words[] = {
+    {"step", NOT_LAYER, "1", "optimizer step"},
+    {"wall_time", NOT_LAYER, "s", "seconds since the run began"},
+    {"loss", NOT_LAYER, "nats", "training loss (mean cross-entropy of the batch)"},
+    {"lr", NOT_LAYER, "1", "learning rate"},
+    {"grad_norm", NOT_LAYER, "1", "gradient norm"},
+    {"forward", STAB_KIND_LINEAR, "1", "forward stability: max ||x W + b||_RMS over ||x||_RMS = 1 "
+                                       "(sqrt(d_in/d_out) sigma(W) + ||b||_RMS)"},
+    {"forward", STAB_KIND_EMBEDDING, "1", "forward stability: max_i ||E_i||_RMS, the largest row RMS of the table"},
+    {"forward", STAB_KIND_LM_HEAD, "nats", "forward stability: bound on the loss, log V + 2 d R, R = max_i ||w_i||_RMS"},
+    {"forward", STAB_KIND_GAIN, "1", "forward stability: max_i |gamma_i|"},
+    {"forward", STAB_KIND_BIAS, "1", "forward stability: ||b||_RMS"},
+    {"forward", STAB_KIND_ATTENTION, "1", "attention logit bound: max over heads of s d_h F_q F_k, bounding |s <q, k>| "
+                                          "over ||x||_RMS = 1 (q and k biases not included)"},
+    {"dependency", STAB_KIND_LINEAR, "1", "dependency stability: Lipschitz constant sqrt(d_in/d_out) sigma(W)"},
+    {"dependency", STAB_KIND_LM_HEAD, "nats", "dependency stability: 2 d R, the loss's Lipschitz bound in x"},
+    {"dependency", STAB_KIND_GAIN, "1", "dependency stability: max_i |gamma_i|"},
+    {"dependency", ANY, "1", "dependency stability: not defined for this kind (NaN)"},
+    {"update", STAB_KIND_LINEAR, "1", "update stability: max ||x dW + db||_RMS over ||x||_RMS = 1 "
+                                      "(sqrt(d_in/d_out) sigma(dW) + ||db||_RMS)"},
+    {"update", STAB_KIND_EMBEDDING, "1", "update stability: max_i ||dE_i||_RMS"},
+    {"update", STAB_KIND_LM_HEAD, "nats", "update stability: 2 d dR, bound on the loss's change"},
+    {"update", STAB_KIND_GAIN, "1", "update stability: max_i |dgamma_i|"},
+    {"update", STAB_KIND_BIAS, "1", "update stability: ||db||_RMS"},
+    {"update", ANY, "1", "update stability: not defined for this kind (NaN)"},
+    {"forward_tight", STAB_KIND_LM_HEAD, "nats", "tighter forward bound: log V + d Dm, Dm the class vectors' RMS diameter"},
+    {"dependency_tight", STAB_KIND_LM_HEAD, "nats", "tighter dependency bound: d Dm"},
+    {"update_tight", STAB_KIND_LM_HEAD, "nats", "tighter update bound: d dDm"},
+    {"forward_tight", ANY, "1", "tighter forward bound: lm_head only (NaN)"},
+    {"dependency_tight", ANY, "1", "tighter dependency bound: lm_head only (NaN)"},
+    {"update_tight", ANY, "1", "tighter update bound: lm_head only (NaN)"},
+    {"spread", STAB_KIND_EMBEDDING, "1", "spread: max_{i,j} ||E_i - E_j||_RMS (an upper bound)"},
+    {"spread", STAB_KIND_LM_HEAD, "nats", "spread: 4 d R, the earlier revision's dependency bound over two labels"},
+    {"spread", ANY, "1", "spread: embedding and lm_head only (NaN)"},
+    {"sigma", STAB_KIND_LINEAR, "1", "sigma(W), the weight's largest singular value (estimate, a lower bound)"},
+    {"sigma", ANY, "1", "sigma(W): linear only (NaN)"},
+    {"sigma_rel_err", ANY, "1", "estimated relative error of sigma"},
+    {"sigma_update", STAB_KIND_LINEAR, "1", "sigma(dW), the update's largest singular value (estimate)"},
+    {"sigma_update", ANY, "1", "sigma(dW): linear only (NaN)"},
+    {"sigma_update_rel_err", ANY, "1", "estimated relative error of sigma_update"},
+    {"rel_update", ANY, "1", "relative update ||dW||_F / ||W||_F, weights after the step, bias included"},
+    {"passes", ANY, "1", "count of passes over the weights by the spectral estimates"},
+    {"update_passes", ANY, "1", "count of passes over the update by its spectral estimate"},
+    {"flags", ANY, "1", "bit flags: 1 non-finite weight, 2 non-finite update, 4 spectral estimate not converged"},
+    {"act_rms", ANY, "1", "RMS of the hidden state (residual stream) of this layer's block"},
+    {"act_cos1", ANY, "1", "|cos(h, 1)|: the hidden state's angle to the all-ones vector (mean drift)"},
+    /* head<h>_bound, looked up under this name */
+    {"head_bound", STAB_KIND_ATTENTION, "1", "logit bound of one head: s d_h F_q,h F_k,h, bounding |s <q_h, k_h>|"},
+};
+
+/* The wording of dataset `name` of a layer of `kind` (NOT_LAYER: /step, /wall_time, /scalars);
+ * NULL when unknown. */
+static const wording *wording_of(const char *name, int kind) {
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+    const wording *w = &words[i];
+    if (strcmp(w->name, name) != 0) continue;
+    if (w->kind == kind || (w->kind == ANY && kind != NOT_LAYER)) return w;
+  }
+  return NULL;
+}
+
+/* The description attribute of a layer's group: its kind and stored shape in words, from the
+ * storage the monitor resolved (sh), so that it says what the numbers were computed from. */
+static void describe_layer(const stab_layer *l, const stabi_shape *sh, char *buf, size_t len) {
+  const int out_major = l->layout != STAB_LAYOUT_IN_MAJOR;
+  const size_t d_in = out_major ? sh->cols : sh->rows, d_out = out_major ? sh->rows : sh->cols;
+  char stride[64] = "";
+  if (sh->ld != sh->cols) snprintf(stride, sizeof stride, ", rows %zu floats apart (ld)", sh->ld);
+  switch (l->kind) {
+  case STAB_KIND_LINEAR:
+    snprintf(buf, len, "linear layer y = x W%s, d_in %zu -> d_out %zu, stored %s%s; %s", l->bias ? " + b" : "", d_in,
+             d_out, out_major ? "out-major [d_out][d_in]" : "in-major [d_in][d_out]", stride,
+             l->bias ? "with a bias of length d_out" : "no bias");
+    return;
+  case STAB_KIND_ATTENTION:
+    snprintf(buf, len, "attention logits s <q, k> of %zu heads of width %zu, q = x W_q and k = x W_k, "
+             "d_in %zu -> d_out %zu each, stored %s%s; q and k biases are outside the bound", sh->heads, sh->dh,
+             d_in, d_out, out_major ? "out-major [d_out][d_in]" : "in-major [d_in][d_out]", stride);
+    return;
+  case STAB_KIND_EMBEDDING:
+    snprintf(buf, len, "embedding table E, V %zu ids (tokens or positions) of width d %zu, stored %s%s", sh->items_are_rows ? sh->rows : sh->cols,
+             sh->items_are_rows ? sh->cols : sh->rows,
+             sh->items_are_rows ? "[V][d], one row per id" : "[d][V], one column per id", stride);
+    return;
+  case STAB_KIND_LM_HEAD:
+    snprintf(buf, len, "LM head, V %zu classes of width d %zu (loss logsumexp_i <x, w_i - w_t>), stored %s%s",
+             sh->items_are_rows ? sh->rows : sh->cols, sh->items_are_rows ? sh->cols : sh->rows,
+             sh->items_are_rows ? "[V][d], one row per class" : "[d][V], one column per class", stride);
+    return;
+  case STAB_KIND_GAIN:
+    snprintf(buf, len, "RMSNorm or LayerNorm gain gamma of length d %zu (the square linear layer diag(gamma))", sh->cols);
+    return;
+  case STAB_KIND_BIAS:
+    snprintf(buf, len, "bias vector of length d %zu with no weight to pair with", sh->cols);
+    return;
+  }
+  snprintf(buf, len, "layer of kind %d", (int)l->kind);
+}
+
 struct stab_trace {
   char *path;
   const stab_monitor *m;
@@ -62,6 +184,8 @@ struct stab_trace {
                          metrics, head bounds and extras */
   size_t n_dsets;
   size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
+  size_t first_copy;  /* dsets from here on are the groups' copies of /step: /scalars/step, then
+                         each layer's (int64, written from stage_step like /step) */
   size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS): a full stage is flushed */
   double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
                          column 0 unused (step is int64) */
@@ -70,6 +194,7 @@ struct stab_trace {
   int64_t written;    /* rows in the file, all flushed */
   int64_t last_step;  /* the step of the last row in the file or staged, if has_last */
   int has_last;
+  int64_t file_version; /* format_version of the file opened: 1 until describe upgrades it */
   off_t reserved;     /* the file's blocks are allocated up to this offset (see reserve) */
   int no_reserve;     /* the file system cannot reserve space (no fallocate) */
   stab_trace_on_error on_error;
@@ -229,6 +354,9 @@ static stab_status check_names(const char *who, const char *what, const char *co
     if (!s || !s[0]) return stabi_fail(STAB_EINVAL, "%s: %s[%zu] is empty", who, what, i);
     if (strchr(s, '/') || strcmp(s, ".") == 0)
       return stabi_fail(STAB_EINVAL, "%s: %s[%zu] '%s' is not a valid dataset name", who, what, i, s);
+    if (strcmp(s, "step") == 0) /* every group links /step under that name */
+      return stabi_fail(STAB_EINVAL, "%s: %s[%zu] 'step' is taken: each group holds /step under that name", who,
+                        what, i);
     for (size_t j = 0; j < i; j++)
       if (strcmp(names[j], s) == 0)
         return stabi_fail(STAB_EINVAL, "%s: %s '%s' is declared twice", who, what, s);
@@ -511,6 +639,7 @@ typedef struct {
   hid_t str;          /* variable-length UTF-8 string type */
   hid_t dcpl_f, dcpl_i; /* chunked creation properties: float64 (fill NaN), int64 */
   hid_t space0;       /* [0] of [unlimited] */
+  const stabi_sharing *share; /* which layers share storage */
 } builder;
 
 static stab_status new_dataset(stab_trace *t, const builder *b, hid_t loc, const char *name,
@@ -539,8 +668,137 @@ static stab_status create_layer(stab_trace *t, const builder *b, hid_t layers, s
     const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
     st = new_dataset(t, b, g, name, t->layer_first[i] + k, 0);
   }
+  if (st == STAB_OK) st = new_dataset(t, b, g, "step", t->first_copy + 1 + i, 1);
 out:
   H5Gclose(g);
+  return st;
+}
+
+/* ---- the description: dimension scale, units, words ------------------------------------ */
+
+/* Attributes written again by an upgrade (a version 1 trace, or one whose upgrade was cut short)
+ * replace what is there. */
+static herr_t set_string(hid_t obj, const char *name, hid_t str, const char *value) {
+  if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
+  return put_string(obj, name, str, value);
+}
+
+static herr_t set_int(hid_t obj, const char *name, int64_t value) {
+  if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
+  return put_int(obj, name, value);
+}
+
+/* A one-dimensional attribute of n strings. */
+static herr_t set_strings(hid_t obj, const char *name, hid_t str, const char *const *values, size_t n) {
+  herr_t rc = -1;
+  hsize_t dim = n;
+  hid_t space = H5I_INVALID_HID, a = H5I_INVALID_HID;
+  if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
+  if ((space = H5Screate_simple(1, &dim, NULL)) < 0) goto out;
+  if ((a = H5Acreate2(obj, name, str, space, H5P_DEFAULT, H5P_DEFAULT)) < 0) goto out;
+  if (H5Awrite(a, str, values) < 0) goto out;
+  rc = 0;
+out:
+  if (rc == 0) { /* on failure, closing would clear the error stack before h5fail reads it */
+    rc = H5Aclose(a);
+    if (H5Sclose(space) < 0) rc = -1;
+  }
+  return rc;
+}
+
+/* Dataset d (where/name, for messages) gets /step (step; < 0 for /step itself) as the scale of
+ * its only dimension, and its units and long_name (key names its row in words). */
+static stab_status describe_dataset(const builder *b, hid_t d, hid_t step, const char *where, const char *name,
+                                    const char *key, int kind) {
+  if (step >= 0) {
+    htri_t on = H5DSis_attached(d, step, 0);
+    if (on < 0 || (!on && H5DSattach_scale(d, step, 0) < 0))
+      return h5fail(b->who, b->path, "cannot attach /step as the dimension scale of %s/%s", where, name);
+  }
+  const wording *w = wording_of(key, kind);
+  if (set_string(d, "long_name", b->str, w ? w->long_name : name) < 0 ||
+      (w && set_string(d, "units", b->str, w->units) < 0))
+    return h5fail(b->who, b->path, "cannot write the units of %s/%s", where, name);
+  return STAB_OK;
+}
+
+/* Each group's step: a copy of /step that is the dimension scale of the group's datasets, so
+ * that a group read alone (xarray's open_dataset(path, group=...)) has its coordinate, and a
+ * reader resolving an unlimited dimension's length through the scale's REFERENCE_LIST (h5netcdf
+ * opens every dataset listed there) visits the group's datasets, not the whole trace's (9 s per
+ * group for 80 layers with one scale for all). A group's datasets are in dsets from `first` to
+ * `first + n`; its copy at `copy`. */
+static stab_status describe_group_datasets(stab_trace *t, const builder *b, const char *where, size_t first,
+                                           size_t n, size_t copy, const stab_layer *l) {
+  const stab_trace_params *p = b->p;
+  const hid_t scale = t->dsets[copy];
+  htri_t is = H5DSis_scale(scale);
+  if (is < 0 || (!is && H5DSset_scale(scale, "step") < 0))
+    return h5fail(b->who, b->path, "cannot make %s/step a dimension scale", where);
+  stab_status st = describe_dataset(b, scale, H5I_INVALID_HID, where, "step", "step", NOT_LAYER);
+  for (size_t k = 0; k < n && st == STAB_OK; k++) {
+    char buf[64];
+    const char *name, *key;
+    if (!l) {
+      name = key = p->scalars[k];
+    } else {
+      name = layer_dset_name(l, k, p->layer_extras, buf, sizeof buf);
+      key = k >= N_METRICS && k < N_METRICS + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) ? "head_bound" : name;
+    }
+    st = describe_dataset(b, t->dsets[first + k], scale, where, name, key, l ? (int)l->kind : NOT_LAYER);
+  }
+  return st;
+}
+
+/* A layer group's description, param_count_unique and shares_storage_with (the other groups
+ * holding some of its floats; written only when there are any). */
+static stab_status describe_group(const stab_trace *t, const builder *b, hid_t g, size_t i, char *const *gnames) {
+  const stab_layer *l = stab_monitor_layer(t->m, i);
+  char text[512];
+  describe_layer(l, stabi_monitor_shape(t->m, i), text, sizeof text);
+  if (set_string(g, "description", b->str, text) < 0 || set_int(g, "param_count_unique", b->share->unique[i]) < 0)
+    return h5fail(b->who, b->path, "cannot write the description of layer '%s'", l->name);
+  size_t n = b->share->n_with[i];
+  if (!n) return STAB_OK;
+  const char **names = malloc(n * sizeof *names);
+  if (!names) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+  for (size_t k = 0; k < n; k++) names[k] = gnames[b->share->with[i][k]];
+  herr_t rc = set_strings(g, "shares_storage_with", b->str, names, n);
+  free(names);
+  if (rc < 0) return h5fail(b->who, b->path, "cannot write which layers share storage with '%s'", l->name);
+  return STAB_OK;
+}
+
+/* Everything format_version 2 adds to the datasets of t (all open, the groups' copies of /step
+ * included): /step and each copy made a dimension scale and attached to the datasets beside it,
+ * units and long_name on each, the layers' descriptions. Before SWMR writing starts (it allows
+ * no new attribute). Each piece already there is kept or rewritten, so an upgrade cut short is
+ * finished by the next append. */
+static stab_status describe(stab_trace *t, const builder *b, char *const *gnames) {
+  const hid_t step = t->dsets[0];
+  hid_t layers = H5I_INVALID_HID, g = H5I_INVALID_HID;
+  htri_t scale = H5DSis_scale(step);
+  if (scale < 0 || (!scale && H5DSset_scale(step, "step") < 0))
+    return h5fail(b->who, b->path, "cannot make /step a dimension scale");
+  stab_status st = describe_dataset(b, step, H5I_INVALID_HID, "", "step", "step", NOT_LAYER);
+  if (st == STAB_OK) st = describe_dataset(b, t->dsets[1], step, "", "wall_time", "wall_time", NOT_LAYER);
+  if (st == STAB_OK) st = describe_group_datasets(t, b, "/scalars", 2, t->n_scalars, t->first_copy, NULL);
+  if (st != STAB_OK) return st;
+  if ((layers = H5Gopen2(t->file, "layers", H5P_DEFAULT)) < 0) return h5fail(b->who, b->path, "cannot open /layers");
+  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) {
+    const stab_layer *l = stab_monitor_layer(t->m, i);
+    char where[600];
+    snprintf(where, sizeof where, "/layers/%s", gnames[i]);
+    if ((g = H5Gopen2(layers, gnames[i], H5P_DEFAULT)) < 0) {
+      st = h5fail(b->who, b->path, "cannot open %s", where);
+      break;
+    }
+    st = describe_group(t, b, g, i, gnames);
+    if (st == STAB_OK)
+      st = describe_group_datasets(t, b, where, t->layer_first[i], layer_dsets(l, t->n_extras), t->first_copy + 1 + i, l);
+    H5Gclose(g);
+  }
+  H5Gclose(layers);
   return st;
 }
 
@@ -558,7 +816,7 @@ static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char
   struct tm tm;
   if (gmtime_r(&now, &tm)) strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
   else snprintf(created, sizeof created, "unknown");
-  if (put_string(t->file, "format", b->str, "stabmeter-trace") < 0 || put_int(t->file, "format_version", 1) < 0 ||
+  if (put_string(t->file, "format", b->str, "stabmeter-trace") < 0 || put_int(t->file, "format_version", FORMAT_VERSION) < 0 ||
       put_string(t->file, "library_version", b->str, stab_version()) < 0 ||
       put_string(t->file, "created_utc", b->str, created) < 0 ||
       put_string(t->file, "run_config", b->str, p->run_config ? p->run_config : "{}") < 0)
@@ -573,7 +831,9 @@ static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char
   }
   for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
     st = new_dataset(t, b, scalars, p->scalars[s], 2 + s, 0);
+  if (st == STAB_OK) st = new_dataset(t, b, scalars, "step", t->first_copy, 1);
   for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = create_layer(t, b, layers, i, gnames[i]);
+  if (st == STAB_OK) st = describe(t, b, gnames);
 out:
   if (scalars >= 0) H5Gclose(scalars);
   if (layers >= 0) H5Gclose(layers);
@@ -634,9 +894,11 @@ static stab_status check_layer(stab_trace *t, const builder *b, hid_t layers, si
     const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
     st = open_dataset(t, b, g, where, name, t->layer_first[i] + k);
   }
-  if (st == STAB_OK && have != n)
+  const hsize_t step_link = t->file_version >= 2; /* its copy of /step */
+  if (st == STAB_OK && step_link) st = open_dataset(t, b, g, where, "step", t->first_copy + 1 + i);
+  if (st == STAB_OK && have != n + step_link)
     st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has %llu datasets in the trace, %zu expected "
-                    "(other heads or layer extras)", who, path, where, (unsigned long long)have, n);
+                    "(other heads or layer extras)", who, path, where, (unsigned long long)(have - step_link), n);
 out:
   H5Gclose(g);
   return st;
@@ -667,7 +929,7 @@ static stab_status drop_rows_after(stab_trace *t, const builder *b, hsize_t *row
   hsize_t keep = 0;
   while (keep < *rows && steps[keep] <= b->p->resume_step) keep++;
   for (size_t k = 0; keep < *rows && k < t->n_dsets; k++)
-    if (H5Dset_extent(t->dsets[k], &keep) < 0) {
+    if (t->dsets[k] >= 0 && H5Dset_extent(t->dsets[k], &keep) < 0) {
       st = h5fail(b->who, b->path, "cannot remove the rows after the resumed step");
       goto out;
     }
@@ -687,6 +949,47 @@ static stab_status read_last_step(stab_trace *t, const builder *b, hsize_t rows)
   if (fs >= 0) H5Sclose(fs);
   if (ms >= 0) H5Sclose(ms);
   t->has_last = st == STAB_OK;
+  return st;
+}
+
+/* The copy of /step in group loc (where, for messages) into dsets[k], holding the rows of /step
+ * (steps): created, or opened when an upgrade cut short made it already. */
+static stab_status step_copy(stab_trace *t, const builder *b, hid_t loc, const char *where, size_t k,
+                             const int64_t *steps, hsize_t rows) {
+  htri_t has = H5Lexists(loc, "step", H5P_DEFAULT);
+  if (has < 0) return h5fail(b->who, b->path, "cannot look into %s", where);
+  t->dsets[k] = has ? H5Dopen2(loc, "step", H5P_DEFAULT)
+                    : H5Dcreate2(loc, "step", H5T_STD_I64LE, b->space0, H5P_DEFAULT, b->dcpl_i, H5P_DEFAULT);
+  if (t->dsets[k] < 0) return h5fail(b->who, b->path, "cannot create %s/step", where);
+  if (H5Dset_extent(t->dsets[k], &rows) < 0 ||
+      (rows && H5Dwrite(t->dsets[k], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0))
+    return h5fail(b->who, b->path, "cannot write %s/step", where);
+  return STAB_OK;
+}
+
+/* Upgrading a version 1 trace (rows rows): each group gets its copy of /step. */
+static stab_status add_step_copies(stab_trace *t, const builder *b, char *const *gnames, hsize_t rows) {
+  int64_t *steps = malloc((rows ? rows : 1) * sizeof *steps);
+  hid_t g = H5I_INVALID_HID;
+  if (!steps) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+  stab_status st = STAB_OK;
+  if (rows && H5Dread(t->dsets[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0) {
+    st = h5fail(b->who, b->path, "cannot read /step");
+    goto out;
+  }
+  for (size_t i = 0; i <= t->n_layers && st == STAB_OK; i++) {
+    char where[600];
+    if (i == 0) snprintf(where, sizeof where, "/scalars");
+    else snprintf(where, sizeof where, "/layers/%s", gnames[i - 1]);
+    if ((g = H5Gopen2(t->file, where, H5P_DEFAULT)) < 0) {
+      st = h5fail(b->who, b->path, "cannot open %s", where);
+      break;
+    }
+    st = step_copy(t, b, g, where, t->first_copy + i, steps, rows);
+    H5Gclose(g);
+  }
+out:
+  free(steps);
   return st;
 }
 
@@ -714,9 +1017,11 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if (get_string(t->file, "format", b->str, format, sizeof format) < 0 || strcmp(format, "stabmeter-trace") != 0 ||
       get_int(t->file, "format_version", &version) < 0)
     return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no format = \"stabmeter-trace\")", who, path);
-  if (version != 1)
-    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes 1", who, path,
-                      (long long)version);
+  if (version != 1 && version != FORMAT_VERSION)
+    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes %d (and upgrades 1)", who,
+                      path, (long long)version, FORMAT_VERSION);
+  t->file_version = version;
+  const hsize_t step_link = version >= 2; /* each group's copy of /step */
   if ((st = open_dataset(t, b, t->file, "the root", "step", 0)) != STAB_OK) return st;
   if ((st = open_dataset(t, b, t->file, "the root", "wall_time", 1)) != STAB_OK) return st;
   if (H5Lexists(t->file, "scalars", H5P_DEFAULT) <= 0 || H5Lexists(t->file, "layers", H5P_DEFAULT) <= 0)
@@ -729,10 +1034,11 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   hsize_t have = 0;
   for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
     st = open_dataset(t, b, scalars, "/scalars", p->scalars[s], 2 + s);
+  if (st == STAB_OK && step_link) st = open_dataset(t, b, scalars, "/scalars", "step", t->first_copy);
   if (st == STAB_OK) st = link_count(b, scalars, "/scalars", &have);
-  if (st == STAB_OK && have != t->n_scalars)
+  if (st == STAB_OK && have != t->n_scalars + step_link)
     st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu scalars, %zu declared", who, path,
-                    (unsigned long long)have, t->n_scalars);
+                    (unsigned long long)(have - step_link), t->n_scalars);
   for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = check_layer(t, b, layers, i, gnames[i]);
   if (st == STAB_OK) st = link_count(b, layers, "/layers", &have);
   if (st == STAB_OK && have != t->n_layers)
@@ -746,6 +1052,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if ((st = dataset_rows(b, t->dsets[0], &rows)) != STAB_OK) goto out;
   for (size_t k = 1; k < t->n_dsets; k++) {
     hsize_t n;
+    if (t->dsets[k] < 0) continue; /* a version 1 trace has no copies of /step yet */
     if ((st = dataset_rows(b, t->dsets[k], &n)) != STAB_OK) goto out;
     if (n < rows) {
       st = stabi_fail(STAB_EIO, "%s: %s: damaged trace: a dataset has %llu rows, /step %llu", who, path,
@@ -760,6 +1067,16 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if (p->resume_step > 0 && rows > 0 && (st = drop_rows_after(t, b, &rows)) != STAB_OK) goto out;
   t->written = (int64_t)rows;
   if (rows > 0 && (st = read_last_step(t, b, rows)) != STAB_OK) goto out;
+  /* A version 1 trace appended to becomes version 2, the version number written last. */
+  if (t->file_version < FORMAT_VERSION) {
+    if ((st = add_step_copies(t, b, gnames, rows)) != STAB_OK) goto out;
+    if ((st = describe(t, b, gnames)) != STAB_OK) goto out;
+    if (set_int(t->file, "format_version", FORMAT_VERSION) < 0) {
+      st = h5fail(who, path, "cannot write the new format_version");
+      goto out;
+    }
+    t->file_version = FORMAT_VERSION;
+  }
 out:
   if (scalars >= 0) H5Gclose(scalars);
   if (layers >= 0) H5Gclose(layers);
@@ -978,7 +1295,9 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   const size_t n_layers = stab_monitor_layer_count(m);
   stab_trace *t = calloc(1, sizeof *t);
   char **gnames = n_layers ? calloc(n_layers, sizeof *gnames) : NULL;
-  builder b = {who, path, &p, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID};
+  stabi_sharing share;
+  memset(&share, 0, sizeof share);
+  builder b = {who, path, &p, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, &share};
   hid_t fapl = H5I_INVALID_HID;
   char *tmp = NULL;
   quiet q;
@@ -1021,6 +1340,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
         goto out;
       }
   }
+  t->first_copy = t->n_dsets;
+  t->n_dsets += 1 + n_layers; /* the groups' copies of /step */
   t->dsets = malloc(t->n_dsets * sizeof *t->dsets);
   t->cap = p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
   t->stage = malloc(t->n_dsets * t->cap * sizeof *t->stage);
@@ -1030,6 +1351,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
     goto out;
   }
   for (size_t k = 0; k < t->n_dsets; k++) t->dsets[k] = H5I_INVALID_HID;
+  if ((st = stabi_sharing_find(m, who, &share)) != STAB_OK) goto out;
 
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = CHUNK_ROWS, cap = t->cap;
   const double nan = NAN;
@@ -1065,6 +1387,7 @@ out:
   if (b.dcpl_f >= 0) H5Pclose(b.dcpl_f);
   if (b.dcpl_i >= 0) H5Pclose(b.dcpl_i);
   if (b.space0 >= 0) H5Sclose(b.space0);
+  stabi_sharing_free(&share);
   if (st == STAB_OK) {
     *out = t;
   } else {
@@ -1088,7 +1411,7 @@ static stab_status write_column(stab_trace *t, size_t k, const char *who) {
   herr_t rc = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &count, NULL);
   if (rc >= 0) rc = H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL);
   if (rc >= 0)
-    rc = k == 0 ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
+    rc = k == 0 || k >= t->first_copy ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
                 : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, t->stage + k * t->cap);
   /* HDF5's message is taken before H5Sclose clears it. */
   stab_status st = rc < 0 ? h5fail(who, t->path, "cannot write rows") : STAB_OK;

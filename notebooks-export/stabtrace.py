@@ -206,12 +206,16 @@ def trace_from_file(f, path, metrics=None):
     steps = np.asarray(f["step"][:], dtype=np.int64)
     n = len(steps)  # docs/metrics.md: every dataset is index-aligned with /step; it sets the row count
     wall = _fit(f["wall_time"][:], n) if "wall_time" in f else np.full(n, np.nan)
-    scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items()} if "scalars" in f else {}
+    # From format_version 2 every group holds a copy of /step, "step" (netCDF readers' coordinate): not a series.
+    step_copy = int(f.attrs.get("format_version", 1)) >= 2
+    def is_series(k, d):
+        return isinstance(d, h5py.Dataset) and not (step_copy and k == "step")
+    scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items() if is_series(k, v)} if "scalars" in f else {}
     layers = []
     for name, g in f["layers"].items():
         attrs = {k: _attr(v) for k, v in g.attrs.items()}
         series = {k: _fit(d[:], n) for k, d in g.items()
-                  if isinstance(d, h5py.Dataset) and (metrics is None or k in metrics)}
+                  if is_series(k, d) and (metrics is None or k in metrics)}
         layers.append(Layer(name, attrs.get("kind", "?"), attrs, series))
     order = {k: i for i, k in enumerate(KINDS)}
     layers.sort(key=lambda l: (order.get(l.kind, len(KINDS)), natural_key(l.name)))

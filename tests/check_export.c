@@ -863,7 +863,7 @@ static const struct {
     {"/step float64", "/step"},
     {"format = \"other-trace\"", "format"},
     {"no format attribute", "format"},
-    {"format_version 2", "format_version"},
+    {"format_version 3", "format_version"},
     {"a layer dataset shorter than /step", "/layers/wte/update"},
     {"/wall_time shorter than /step", "/wall_time"},
     {"a layer without forward", "/layers/ln_f/forward"},
@@ -918,7 +918,7 @@ static void apply_damage(const char *path, damage k) {
   case DAMAGE_FORMAT: put_string_attr(f, "format", "other-trace"); break;
   case DAMAGE_NO_FORMAT: ck_assert_int_ge(H5Adelete(f, "format"), 0); break;
   case DAMAGE_VERSION: {
-    int64_t v = 2;
+    int64_t v = 3; /* versions 1 and 2 read */
     hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
     ck_assert_int_ge(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
     H5Aclose(a);

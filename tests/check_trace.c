@@ -1,5 +1,6 @@
 /* check_trace.c — the HDF5 trace writer, every file read back with the HDF5 C API: the schema
- * of docs/metrics.md (datasets, types, chunking, unlimited extents, attributes), values equal bit for
+ * of docs/metrics.md (datasets, types, chunking, unlimited extents, attributes, /step the dimension
+ * scale of every dataset, units, which layers share storage), values equal bit for
  * bit to the monitor's metrics, staging and flushing, resume with a matching and a mismatched
  * monitor, a writer killed with SIGKILL, and write failures (no directory, a full disk). */
 #define _GNU_SOURCE /* RTLD_NEXT */
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <hdf5.h>
+#include <hdf5_hl.h>
 
 #include "stabmeter.h"
 #include "testutil.h"
@@ -234,6 +236,91 @@ static double metric_field(const stab_metrics *m, size_t k) {
   return v[k];
 }
 
+/* Dataset `name` has the scale `step` (its group's) on its dimension, and units and long_name
+ * that are not empty (an attribute the writer skipped would leave netCDF tools without them). */
+static void check_dataset_described(hid_t f, hid_t step, const char *name) {
+  hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  ck_assert_msg(d >= 0, "cannot open %s", name);
+  ck_assert_msg(H5DSis_attached(d, step, 0) > 0, "%s: /step is not its dimension scale", name);
+  char s[512];
+  attr_string(d, "units", s, sizeof s);
+  ck_assert_msg(s[0], "%s: empty units", name);
+  attr_string(d, "long_name", s, sizeof s);
+  ck_assert_msg(s[0], "%s: empty long_name", name);
+  H5Dclose(d);
+}
+
+/* Group `group`'s step: a dimension scale named step holding the values of /step; opened. */
+static hid_t group_step(hid_t f, const char *group) {
+  char name[160], scale[16];
+  snprintf(name, sizeof name, "%s/step", group);
+  ck_assert_msg(H5Lexists(f, name, H5P_DEFAULT) > 0, "%s: no step", group);
+  hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  ck_assert_int_ge(d, 0);
+  ck_assert_msg(H5DSis_scale(d) > 0 && H5DSget_scale_name(d, scale, sizeof scale) == 4 && !strcmp(scale, "step"),
+                "%s is not a dimension scale named step", name);
+  int64_t *mine, *root;
+  hsize_t n = read_dataset(f, name, 1, (void **)&mine), n_root = read_dataset(f, "step", 1, (void **)&root);
+  ck_assert_msg(n == n_root && (n == 0 || memcmp(mine, root, n * sizeof *mine) == 0), "%s differs from /step", name);
+  free(mine), free(root);
+  return d;
+}
+
+/* The netCDF view of the file: /step a dimension scale named step, attached to /wall_time, each
+ * group's copy of it the scale of the group's datasets, units and long_name everywhere, a
+ * description per layer. */
+static void check_described(hid_t f, const model *md) {
+  hid_t step = H5Dopen2(f, "step", H5P_DEFAULT);
+  ck_assert_int_ge(step, 0);
+  ck_assert_msg(H5DSis_scale(step) > 0, "/step is not a dimension scale");
+  char s[512];
+  ck_assert(H5DSget_scale_name(step, s, sizeof s) == 4 && strcmp(s, "step") == 0);
+  attr_string(step, "units", s, sizeof s);
+  ck_assert_str_eq(s, "1");
+  attr_string(step, "long_name", s, sizeof s);
+  ck_assert_msg(s[0], "/step: empty long_name");
+  check_dataset_described(f, step, "wall_time");
+  hid_t gs = group_step(f, "scalars");
+  for (size_t k = 0; k < NS; k++) {
+    char name[64];
+    snprintf(name, sizeof name, "scalars/%s", scalar_names[k]);
+    check_dataset_described(f, gs, name);
+  }
+  H5Dclose(gs);
+  for (size_t i = 0; i < md->n; i++) {
+    const stab_layer *l = &md->layers[i];
+    char g[64], name[128];
+    snprintf(g, sizeof g, "layers/%s", l->name);
+    for (char *c = g + 7; *c; c++)
+      if (*c == '/') *c = '.';
+    gs = group_step(f, g);
+    hid_t gr = H5Gopen2(f, g, H5P_DEFAULT);
+    attr_string(gr, "description", s, sizeof s);
+    ck_assert_msg(strstr(s, stab_kind_name(l->kind)) || (l->kind == STAB_KIND_LM_HEAD && strstr(s, "LM head")) ||
+                      (l->kind == STAB_KIND_GAIN && strstr(s, "gain")),
+                  "%s: description '%s' does not name its kind", g, s);
+    H5Gclose(gr);
+    size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
+    for (size_t k = 0; k < NM + heads + NE; k++) {
+      if (k < NM) snprintf(name, sizeof name, "%s/%s", g, metric_names[k]);
+      else if (k < NM + heads) snprintf(name, sizeof name, "%s/head%zu_bound", g, k - NM);
+      else snprintf(name, sizeof name, "%s/%s", g, extra_names[k - NM - heads]);
+      check_dataset_described(f, gs, name);
+    }
+    H5Dclose(gs);
+  }
+  /* the LM head's values bound a loss: nats; a linear layer's are RMS ratios */
+  hid_t d = H5Dopen2(f, "layers/lm_head/forward", H5P_DEFAULT);
+  attr_string(d, "units", s, sizeof s);
+  ck_assert_str_eq(s, "nats");
+  H5Dclose(d);
+  d = H5Dopen2(f, "layers/proj/forward", H5P_DEFAULT);
+  attr_string(d, "units", s, sizeof s);
+  ck_assert_str_eq(s, "1");
+  H5Dclose(d);
+  H5Dclose(step);
+}
+
 /* The whole file against the rows expected: schema of every dataset and every value. */
 static void check_file(hid_t f, const model *md, const row_want *want, size_t rows) {
   int64_t *steps;
@@ -244,7 +331,7 @@ static void check_file(hid_t f, const model *md, const row_want *want, size_t ro
   ck_assert(read_dataset(f, "wall_time", 0, (void **)&v) == rows);
   for (size_t r = 0; r < rows; r++) assert_same(v[r], want[r].wall, "wall_time", r);
   free(v);
-  ck_assert_uint_eq(link_count(f, "/scalars"), NS);
+  ck_assert_uint_eq(link_count(f, "/scalars"), NS + 1); /* and its copy of /step */
   for (size_t s = 0; s < NS; s++) {
     char name[64];
     snprintf(name, sizeof name, "scalars/%s", scalar_names[s]);
@@ -260,7 +347,7 @@ static void check_file(hid_t f, const model *md, const row_want *want, size_t ro
     for (char *c = g + 7; *c; c++)
       if (*c == '/') *c = '.';
     size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
-    ck_assert_msg(link_count(f, g) == NM + heads + NE, "%s holds %zu datasets", g, link_count(f, g));
+    ck_assert_msg(link_count(f, g) == NM + heads + NE + 1, "%s holds %zu datasets", g, link_count(f, g));
     for (size_t k = 0; k < NM + heads + NE; k++) {
       if (k < NM) snprintf(name, sizeof name, "%s/%s", g, metric_names[k]);
       else if (k < NM + heads) snprintf(name, sizeof name, "%s/head%zu_bound", g, k - NM);
@@ -274,6 +361,7 @@ static void check_file(hid_t f, const model *md, const row_want *want, size_t ro
       free(v);
     }
   }
+  check_described(f, md);
 }
 
 /* Attributes of the root and of every layer group. */
@@ -281,7 +369,7 @@ static void check_attrs(hid_t f, const model *md) {
   char s[256];
   attr_string(f, "format", s, sizeof s);
   ck_assert_str_eq(s, "stabmeter-trace");
-  ck_assert_int_eq(attr_int(f, "format_version"), 1);
+  ck_assert_int_eq(attr_int(f, "format_version"), 2);
   attr_string(f, "library_version", s, sizeof s);
   ck_assert_str_eq(s, stab_version());
   attr_string(f, "run_config", s, sizeof s);
@@ -1101,6 +1189,101 @@ START_TEST(test_create_failure) {
 }
 END_TEST
 
+/* ---- storage shared between layers ------------------------------------------------------ */
+
+/* The shares_storage_with names of a group, joined by ' ' into buf ("" when it has none). */
+static void shared_with(hid_t f, const char *group, char *buf, size_t len) {
+  buf[0] = '\0';
+  hid_t g = H5Gopen2(f, group, H5P_DEFAULT);
+  ck_assert_int_ge(g, 0);
+  if (H5Aexists(g, "shares_storage_with") > 0) {
+    hid_t a = H5Aopen(g, "shares_storage_with", H5P_DEFAULT), type = H5Aget_type(a), sp = H5Aget_space(a);
+    hssize_t n = H5Sget_simple_extent_npoints(sp);
+    ck_assert(n > 0 && n < 8);
+    char *v[8];
+    ck_assert_int_ge(H5Aread(a, type, v), 0);
+    for (hssize_t k = 0; k < n; k++) {
+      size_t at = strlen(buf);
+      snprintf(buf + at, len - at, "%s%s", k ? " " : "", v[k]);
+      H5free_memory(v[k]);
+    }
+    H5Sclose(sp), H5Tclose(type), H5Aclose(a);
+  }
+  H5Gclose(g);
+}
+
+/* A tied table (one buffer as embedding and LM head), q and k inside an out-major fused qkv
+ * (llm.c: contiguous blocks), and in HF's in-major [d][3d] c_attn, where q, k and v interleave
+ * row by row: a linear over v alone shares nothing with the attention over q and k although
+ * their address ranges overlap. Summing param_count_unique counts each float once. */
+START_TEST(test_shared_storage) {
+  enum { C = 8 };
+  float *table = tu_floats(V * C), *qkv = tu_floats(3 * C * C), *conv = tu_floats(3 * C * C), *other = tu_floats(C * C);
+  tu_rng r;
+  tu_rng_init(&r, 3);
+  tu_fill_gauss(table, 1, V * C, V * C, 1.0, &r);
+  tu_fill_gauss(qkv, 1, 3 * C * C, 3 * C * C, 0.2, &r);
+  tu_fill_gauss(conv, 1, 3 * C * C, 3 * C * C, 0.2, &r);
+  tu_fill_gauss(other, 1, C * C, C * C, 0.2, &r);
+  const stab_layer layers[] = {
+      {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = C, .weight = table},
+      {.name = "qkv", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C, .weight = qkv},
+      {.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = 2, .weight = qkv,
+       .weight_k = qkv + C * C},
+      {.name = "v", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3 * C,
+       .weight = conv + 2 * C},
+      {.name = "hf_attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = 2,
+       .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3 * C, .weight = conv, .weight_k = conv + C},
+      {.name = "c_attn", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C, .layout = STAB_LAYOUT_IN_MAJOR,
+       .weight = conv},
+      {.name = "other", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .weight = other},
+      {.name = "lm_head", .kind = STAB_KIND_LM_HEAD, .vocab = V, .width = C, .weight = table},
+  };
+  static const struct {
+    const char *group, *with;
+    int64_t unique;
+  } want[] = {
+      {"layers/wte", "lm_head", V * C},
+      {"layers/qkv", "attn", 3 * C * C},
+      {"layers/attn", "qkv", 0},
+      {"layers/v", "c_attn", C * C},
+      {"layers/hf_attn", "c_attn", 2 * C * C},
+      {"layers/c_attn", "v hf_attn", 0},
+      {"layers/other", "", C * C},
+      {"layers/lm_head", "wte", 0},
+  };
+  make_tmpdir();
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) TU_ASSERT_OK(stab_monitor_add_layer(m, &layers[i], NULL));
+  stab_trace *t = NULL;
+  const char *path = tmp_path("shared.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_OK(stab_trace_append(t, 1, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  hid_t f = open_read(path, 0);
+  int64_t sum = 0, distinct = V * C + 3 * C * C + 3 * C * C + C * C;
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    char got[256];
+    shared_with(f, want[i].group, got, sizeof got);
+    ck_assert_msg(strcmp(got, want[i].with) == 0, "%s shares storage with '%s', expected '%s'", want[i].group, got,
+                  want[i].with);
+    hid_t g = H5Gopen2(f, want[i].group, H5P_DEFAULT);
+    int64_t u = attr_int(g, "param_count_unique");
+    ck_assert_msg(u == want[i].unique, "%s: param_count_unique %lld, expected %lld", want[i].group, (long long)u,
+                  (long long)want[i].unique);
+    sum += u;
+    H5Gclose(g);
+  }
+  ck_assert_int_eq(sum, distinct);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  free(table), free(qkv), free(conv), free(other);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(test_arguments) {
   make_tmpdir();
   model md;
@@ -1118,16 +1301,20 @@ START_TEST(test_arguments) {
   p.flush_every = 0;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
   p = stab_trace_default_params();
-  const char *bad[][2] = {{"loss", "a/b"}, {"loss", "loss"}, {"loss", ""}};
-  for (size_t k = 0; k < 3; k++) {
+  /* "step" names each group's copy of /step */
+  const char *bad[][2] = {{"loss", "a/b"}, {"loss", "loss"}, {"loss", ""}, {"loss", "step"}};
+  for (size_t k = 0; k < 4; k++) {
     p.scalars = bad[k], p.n_scalars = 2;
     TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL, "scalars %zu", k);
     ck_assert_ptr_null(t);
   }
   p = stab_trace_default_params();
-  const char *clash[] = {"sigma"};
+  const char *clash[] = {"sigma"}, *step[] = {"step"};
   p.layer_extras = clash, p.n_layer_extras = 1;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  p.layer_extras = step;
+  TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  ck_assert_msg(strstr(stab_last_error(), "'step' is taken"), "message: %s", stab_last_error());
   p.layer_extras = NULL;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
 
@@ -1171,6 +1358,7 @@ static Suite *trace_suite(void) {
   tcase_add_loop_test(tc, test_write_failure, 0, 2);
   tcase_add_test(tc, test_create_failure);
   tcase_add_test(tc, test_arguments);
+  tcase_add_test(tc, test_shared_storage);
   suite_add_tcase(s, tc);
   return s;
 }

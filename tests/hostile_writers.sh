@@ -24,7 +24,7 @@ trap 'exit 1' INT TERM
 small="--width 32 --depth 1 --heads 2 --context 16 --batch 8 --corpus-bytes 65536"
 
 # rows FILE: the length of /step (h5dump reads a closed trace with a plain open)
-rows() { h5dump -H -d /step "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
+rows() { h5dump -A 0 -H -d /step "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
 # quiet WHAT FILE: no HDF5 diagnostics, exit-time noise, temporary names or addresses in FILE
 quiet() {
   if grep -Eq 'HDF5|infinite loop|FL,FL|\.tmp|0x[0-9a-f]{6}' "$2"; then

@@ -13,9 +13,10 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: trace_writer [--steps N] [--flush-every K] [--delay-ms M] [--layers L]\n"
-             "                    [--expect FILE] [--bench] PATH\n"
+             "                    [--expect FILE] [--bench] [--append --first-step S] PATH\n"
              "  default: 4 layers of every kind (one named blocks/0/fc), 20 steps, flush every step;\n"
-             "  --layers L: L linear layers 32 x 32 instead; --bench: time the appends alone\n");
+             "  --layers L: L linear layers 32 x 32 instead; --bench: time the appends alone;\n"
+             "  --append: add the steps S .. S+N-1 to the trace at PATH (an older one, say)\n");
 }
 
 int main(int argc, char **argv) {
@@ -25,12 +26,14 @@ int main(int argc, char **argv) {
                                        {"layers", required_argument, 0, 'l'},
                                        {"expect", required_argument, 0, 'e'},
                                        {"bench", no_argument, 0, 'b'},
+                                       {"append", no_argument, 0, 'a'},
+                                       {"first-step", required_argument, 0, 'F'},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
-  long steps = 20, flush_every = 1, delay_ms = 0, n_linear = 0;
+  long steps = 20, flush_every = 1, delay_ms = 0, n_linear = 0, first = 0;
   const char *expect = NULL;
-  int bench = 0, c;
+  int bench = 0, append = 0, c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
     case 's': steps = strtol(optarg, NULL, 10); break;
@@ -39,6 +42,8 @@ int main(int argc, char **argv) {
     case 'l': n_linear = strtol(optarg, NULL, 10); break;
     case 'e': expect = optarg; break;
     case 'b': bench = 1; break;
+    case 'a': append = 1; break;
+    case 'F': first = strtol(optarg, NULL, 10); break;
     case 'h': usage(stdout); return 0;
     case 'V': printf("trace_writer (stabmeter) %s\n", stab_version()); return 0;
     default: usage(stderr); return 2;
@@ -93,6 +98,7 @@ int main(int argc, char **argv) {
   p.scalars = scalars, p.n_scalars = 2;
   p.layer_extras = extras, p.n_layer_extras = 1;
   p.run_config = "{\"model\": \"trace_writer\"}";
+  p.append = append;
   stab_trace *t = NULL;
   if (stab_trace_open(path, m, &p, &t) != STAB_OK) {
     fprintf(stderr, "trace_writer: %s\n", stab_last_error());
@@ -112,7 +118,7 @@ int main(int argc, char **argv) {
     double sc[2] = {1.0 / (double)(s + 1), 1e-3};
     for (size_t i = 0; i < n_layers; i++) ex[i] = (double)i + 0.5 * (double)s;
     double a = monotonic_seconds();
-    if (stab_trace_append(t, s, a - t0, sc, ex) != STAB_OK) rc = 1;
+    if (stab_trace_append(t, first + s, a - t0, sc, ex) != STAB_OK) rc = 1;
     in_append += monotonic_seconds() - a;
     if (delay_ms) {
       struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};

@@ -9,10 +9,10 @@ tmp=$(mktemp -d /tmp/check_train.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 status=0
 fail() { echo "FAIL: $*"; status=1; }
-# rows FILE DATASET: the length of a trace dataset (h5dump, from hdf5-tools)
-rows() { h5dump -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
+# rows FILE DATASET: the length of a trace dataset (h5dump, from hdf5-tools; -A 0: not its attributes)
+rows() { h5dump -A 0 -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
 # first FILE DATASET: its first value
-first() { h5dump -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
+first() { h5dump -A 0 -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
 expect() { # expected-status description command...
   want=$1; what=$2; shift 2
   "$@" >"$tmp/out" 2>"$tmp/err"; got=$?
@@ -103,11 +103,11 @@ expect 0 "adamw resume at step 4" $train $small --steps 8 --untied \
 grep -q "at step 4 with its AdamW moments" "$tmp/err" || fail "moments not announced: $(cat "$tmp/err")"
 cmp -s "$tmp/afull/model.safetensors" "$tmp/full/model.safetensors" &&
   fail "adamw and steepest gave the same weights"
-[ "$(h5dump -d /step "$tmp/afull/trace.h5" | grep '(0):')" = "   (0): 1, 2, 3, 4, 5, 6, 7, 8" ] ||
-  fail "resumed trace steps: $(h5dump -d /step "$tmp/afull/trace.h5" | grep '(0):')"
+[ "$(h5dump -A 0 -d /step "$tmp/afull/trace.h5" | grep '(0):')" = "   (0): 1, 2, 3, 4, 5, 6, 7, 8" ] ||
+  fail "resumed trace steps: $(h5dump -A 0 -d /step "$tmp/afull/trace.h5" | grep '(0):')"
 for d in /layers/transformer.h.0.mlp.c_fc/update /layers/lm_head/forward /scalars/loss; do
-  [ "$(h5dump -d $d "$tmp/afull/trace.h5" | grep -A3 DATA)" = \
-    "$(h5dump -d $d "$tmp/afull-trace.h5" | grep -A3 DATA)" ] ||
+  [ "$(h5dump -A 0 -d $d "$tmp/afull/trace.h5" | grep -A3 DATA)" = \
+    "$(h5dump -A 0 -d $d "$tmp/afull-trace.h5" | grep -A3 DATA)" ] ||
     fail "resumed trace $d differs from the straight run's"
 done
 expect 0 "adamw straight to step 8, elsewhere" $train $small --steps 8 --untied --out "$tmp/astraight"
