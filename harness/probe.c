@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -1047,8 +1048,41 @@ static void set_layer_sizes(stab_layer *L, const row *r) {
  * rows' names (layer_names: a trace's names, unique). 0, or 2 for a trace that does
  * not match these layers or names that clash, another writer holds, or whose last step is not
  * before this one; 1 for other failures, with a message. */
+/* Addresses standing for where each tensor sits in the checkpoint file, for the trace's record of
+ * shared storage: the library finds which layers share storage (param_count_unique,
+ * shares_storage_with) from the addresses they are registered with, and the probe measures from
+ * buffers it reuses, so it registers each tensor at the address of its place in the file
+ * instead, in a reservation that is never read or written (PROT_NONE): one float per byte of
+ * the file. Tensors with disjoint bytes get disjoint ranges (a tensor of count elements of at
+ * least one byte each spans at most its bytes' range); a tied head is its embedding's tensor,
+ * an attention row reads inside its q and k tensors, so theirs overlap as their storage does. */
+typedef struct {
+  void *base;
+  size_t bytes;
+} file_space;
+
+static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
+  uint64_t end = 0;
+  for (size_t i = 0; i < n; i++) {
+    const stab_ckpt_tensor *ts[] = {rows[i].t, rows[i].bias, rows[i].tk};
+    for (size_t k = 0; k < 3; k++)
+      if (ts[k] && ts[k]->offset + ts[k]->count > end) end = ts[k]->offset + ts[k]->count;
+  }
+  fs->bytes = (size_t)(end ? end : 1) * sizeof(float);
+  fs->base = mmap(NULL, fs->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return fs->base != MAP_FAILED;
+}
+
+static const float *file_address(const file_space *fs, const stab_ckpt_tensor *t, size_t elem_offset) {
+  return t ? (const float *)fs->base + t->offset + elem_offset : NULL;
+}
+
 static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
-  static const float never_read = 0; /* the monitor only carries metrics set from outside */
+  file_space fs;
+  if (!file_space_reserve(&fs, rows, n)) {
+    cli_error("%s: cannot reserve address space for the trace's layers: %s", o->hdf5, strerror(errno));
+    return 1;
+  }
   stab_monitor_params mp = stab_monitor_default_params();
   mp.update_mode = STAB_UPDATE_NONE;
   stab_monitor *m = NULL;
@@ -1058,11 +1092,13 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   for (size_t i = 0; i < n && st == STAB_OK; i++) {
     const row *r = &rows[i];
     if (!r->measured) continue;
-    stab_layer L = {.name = r->name, .kind = r->kind,
-                    .weight = &never_read, .heads = r->heads,
-                    .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout
-                                                                                            : STAB_LAYOUT_NATURAL,
-                    .weight_k = r->kind == STAB_KIND_ATTENTION ? &never_read : NULL};
+    int attention = r->kind == STAB_KIND_ATTENTION;
+    stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads,
+                    .weight = file_address(&fs, r->t, attention ? r->q_off : 0),
+                    .weight_k = attention ? file_address(&fs, r->tk, r->k_off) : NULL,
+                    .bias = r->kind == STAB_KIND_LINEAR ? file_address(&fs, r->bias, 0) : NULL,
+                    .ld = attention ? r->ld : 0,
+                    .layout = r->kind == STAB_KIND_LINEAR || attention ? r->layout : STAB_LAYOUT_NATURAL};
     set_layer_sizes(&L, r);
     size_t idx;
     if ((st = stab_monitor_add_layer(m, &L, &idx)) == STAB_OK) st = stab_monitor_set_metrics(m, idx, &r->m, r->head_bounds);
@@ -1085,6 +1121,7 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
     rc = st == STAB_EINVAL || st == STAB_EEXIST || st == STAB_EBUSY || st == STAB_ERANGE ? 2 : 1;
   }
   stab_monitor_free(m);
+  munmap(fs.base, fs.bytes);
   return rc;
 }
 

@@ -379,6 +379,16 @@ assert json.load(open(sys.argv[2]))["step"] == 2 and json.load(open(sys.argv[3])
 p = h5py.File(sys.argv[4], "r")
 if set(p["layers"]) != set(f["layers"]) or list(p["step"][:]) != [4]:
     print("probe's trace", sorted(p["layers"]), list(p["step"][:])); bad += 1
+# the storage the groups share (a tied head, the logits inside c_attn), as the trainer records it
+# from its own buffers: the probe registers the checkpoint's tensors by their place in the file
+def sharing(g):
+    s = g.attrs.get("shares_storage_with")
+    return (int(g.attrs["param_count"]), int(g.attrs["param_count_unique"]),
+            sorted(x.decode() if isinstance(x, bytes) else x for x in (s if s is not None else [])))
+for name in set(p["layers"]) & set(f["layers"]):
+    if sharing(p["layers"][name]) != sharing(f["layers"][name]):
+        print(name, "probe's trace (param_count, unique, shares):", sharing(p["layers"][name]),
+              "trainer's:", sharing(f["layers"][name])); bad += 1
 sys.exit(1 if bad else 0)
 PY
   done
