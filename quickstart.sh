@@ -51,10 +51,15 @@ count_logs() {
     while read -r n f e; do
       passed=$((passed + n - f - e)); failed=$((failed + f + e))
     done < <(sed -n 's/.*Checks: \([0-9]*\), Failures: \([0-9]*\), Errors: \([0-9]*\).*/\1 \2 \3/p' "$log")
-    if grep -q '^FAIL\|^ERROR' "${log%.log}.trs" 2>/dev/null; then
-      echo "---- $log ----"; cat "$log"
-    fi
+    show_if_failed "$log"
   done
+}
+
+# A test's log, when its result file (automake's .trs: ":test-result: FAIL") says it failed.
+show_if_failed() {
+  if grep -q '^:test-result: \(FAIL\|ERROR\)' "${1%.log}.trs" 2>/dev/null; then
+    echo "---- $1 ----"; cat "$1"
+  fi
 }
 
 # One closing line over both builds: the plain one, and the same tests built with
@@ -67,7 +72,14 @@ run_tests() {
   if [ $rc -eq 0 ]; then
     # The tarball must build and pass its tests on its own, out of tree (the fuzzers only
     # replay their corpora there: they have just fuzzed).
-    FUZZ_SECONDS=0 make -j"$(nproc)" distcheck >distcheck.log 2>&1 || { tail -n 40 distcheck.log; echo "make distcheck failed"; failed=$((failed + 1)); }
+    # A failed distcheck leaves its build in stabmeter-VERSION/_build/sub: show what failed
+    # there before the sanitizer build's make distdir replaces that folder.
+    if ! FUZZ_SECONDS=0 make -j"$(nproc)" distcheck >distcheck.log 2>&1; then
+      tail -n 40 distcheck.log
+      local log
+      for log in stabmeter-*/_build/sub/tests/*.log; do [ -f "$log" ] && show_if_failed "$log"; done
+      echo "make distcheck failed"; failed=$((failed + 1))
+    fi
   fi
   local plain_passed=$passed plain_failed=$failed
   rc=0
