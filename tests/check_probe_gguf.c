@@ -598,31 +598,129 @@ START_TEST(test_quant_layouts) {
 END_TEST
 
 /* ---- round trips: weights quantized by the test, probed ------------------------------- */
+/* Simple reference quantizers (round to nearest on a grid chosen to cover the block, scales
+ * rounded up to f16 so that no quant clamps), writing each field with set_bits at the bit
+ * offsets ref_element reads; the dequantized block comes from ref_element, and each element's
+ * bound is half its grid step (plus f32 rounding of the offset arithmetic). */
 
-/* A symmetric quantizer for the 32-element types whose level is d * (q - offset): d from the
- * block's largest |w| rounded to f16, q the nearest level; every element is within d / 2 of
- * its weight (d / 2 plus the clamp at the top level, which the scale choice avoids). */
-static void quantize_block(int type, const float *w, unsigned char *b, float *deq, double *bound) {
-  float amax = 0;
-  for (int j = 0; j < 32; j++) amax = fabsf(w[j]) > amax ? fabsf(w[j]) : amax;
-  const int levels = type == 8 ? 127 : type == 2 ? 7 : 15; /* Q8_0, Q4_0, Q5_0 */
-  uint16_t dh = f16_at_least(amax / (float)levels * 1.001f);
-  float d = stab_f16_to_f32(dh);
-  memset(b, 0, 34);
-  b[0] = (unsigned char)dh, b[1] = (unsigned char)(dh >> 8);
-  for (int j = 0; j < 32; j++) {
-    int q = d > 0 ? (int)lrintf(w[j] / d) : 0;
-    if (q > levels) q = levels;
-    if (q < -levels - 1) q = -levels - 1;
-    if (type == 8) b[2 + j] = (unsigned char)(int8_t)q;
-    else {
-      unsigned u = (unsigned)(q + (type == 2 ? 8 : 16));
-      b[(type == 2 ? 2 : 6) + j % 16] |= (unsigned char)((u & 15) << (4 * (j / 16)));
-      if (type == 6 && (u & 16)) b[2 + j / 8] |= (unsigned char)(1u << (j % 8));
-    }
-    deq[j] = ref_element(type, b, (unsigned)j);
+static void set_bits(unsigned char *p, unsigned bit, unsigned width, unsigned v) {
+  for (unsigned k = 0; k < width; k++) {
+    unsigned char m = (unsigned char)(1u << ((bit + k) % 8));
+    if ((v >> k) & 1) p[(bit + k) / 8] |= m;
+    else p[(bit + k) / 8] &= (unsigned char)~m;
   }
-  *bound = d / 2.0 * (1 + 1e-6);
+}
+static float put_half(unsigned char *b, unsigned byte, float x) { /* the f16 >= x (x >= 0) */
+  uint16_t h = f16_at_least(x);
+  set_bits(b, 8 * byte, 16, h);
+  return stab_f16_to_f32(h);
+}
+static int nearest(double x, int lo, int hi) {
+  long q = lrint(x);
+  return (int)(q < lo ? lo : q > hi ? hi : q);
+}
+
+/* The block of q->block weights w into b (q->bytes), its dequantized values into deq and each
+ * element's error bound into bnd. */
+static void quantize_one(const qtype *q, const float *w, unsigned char *b, float *deq, double *bnd) {
+  memset(b, 0, q->bytes);
+  double step[256], off[256]; /* per element: grid step and offset (deq = step q - off) */
+  switch (q->type) {
+  case 8: case 2: case 6: { /* Q8_0, Q4_0, Q5_0: d (q - bias) */
+    const int top = q->type == 8 ? 127 : q->type == 2 ? 7 : 15, bias = q->type == 8 ? 0 : top + 1;
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(w[j]));
+    const float d = put_half(b, 0, amax / (float)top * 1.001f);
+    for (int j = 0; j < 32; j++) {
+      unsigned u = (unsigned)(nearest(w[j] / d, -top - 1, top) + bias);
+      if (q->type == 8) set_bits(b, 16 + 8 * j, 8, u & 255);
+      else set_bits(b, 8 * ((q->type == 2 ? 2 : 6) + j % 16) + 4 * (j / 16), 4, u & 15);
+      if (q->type == 6) set_bits(b, 16 + j, 1, u >> 4);
+      step[j] = d, off[j] = 0;
+    }
+    break;
+  }
+  case 3: case 7: { /* Q4_1, Q5_1: d q + m */
+    const int top = q->type == 3 ? 15 : 31;
+    float lo = w[0], hi = w[0];
+    for (int j = 0; j < 32; j++) lo = fminf(lo, w[j]), hi = fmaxf(hi, w[j]);
+    /* m: the f16 at or below lo (lo < 0 here: the negated f16 at least -lo) */
+    uint16_t mh = (uint16_t)(f16_at_least(-lo) | 0x8000u);
+    set_bits(b, 16, 16, mh);
+    const float m = stab_f16_to_f32(mh), d = put_half(b, 0, (hi - m) / (float)top * 1.001f);
+    for (int j = 0; j < 32; j++) {
+      unsigned u = (unsigned)nearest((w[j] - m) / d, 0, top);
+      set_bits(b, 8 * ((q->type == 3 ? 4 : 8) + j % 16) + 4 * (j / 16), 4, u & 15);
+      if (q->type == 7) set_bits(b, 32 + j, 1, u >> 4);
+      step[j] = d, off[j] = -m;
+    }
+    break;
+  }
+  case 14: { /* Q6_K: d sc_k (q - 32), 16 sub-blocks of 16 */
+    float sub[16], smax = 0;
+    for (int k = 0; k < 16; k++) {
+      sub[k] = 0;
+      for (int l = 0; l < 16; l++) sub[k] = fmaxf(sub[k], fabsf(w[16 * k + l]) / 31.0f);
+      smax = fmaxf(smax, sub[k]);
+    }
+    const float d = put_half(b, 208, smax / 127.0f * 1.001f);
+    for (int k = 0; k < 16; k++) {
+      int sc = (int)ceilf(sub[k] / d * 1.0001f);
+      if (sc > 127) sc = 127;
+      set_bits(b, 8 * (192 + k), 8, (unsigned)sc);
+      for (int l = 0; l < 16; l++) step[16 * k + l] = d * (float)sc, off[16 * k + l] = 0;
+    }
+    for (unsigned e = 0; e < 256; e++) {
+      unsigned h = e / 128, g = e % 128 / 32, l = e % 32;
+      unsigned u = (unsigned)(nearest(step[e] > 0 ? w[e] / step[e] : 0, -32, 31) + 32);
+      set_bits(b, 8 * (64 * h + l + 32 * (g & 1)) + 4 * (g >> 1), 4, u & 15);
+      set_bits(b, 8 * (128 + 32 * h + l) + 2 * g, 2, u >> 4);
+    }
+    break;
+  }
+  case 12: { /* Q4_K: (d sc_s) q - (dmin m_s), 8 sub-blocks of 32 */
+    float lo[8], hi[8], lmax = 0, rmax = 0;
+    for (int s = 0; s < 8; s++) {
+      lo[s] = 0, hi[s] = 0;
+      for (int l = 0; l < 32; l++) lo[s] = fminf(lo[s], w[32 * s + l]), hi[s] = fmaxf(hi[s], w[32 * s + l]);
+      lmax = fmaxf(lmax, -lo[s]);
+    }
+    const float dmin = put_half(b, 2, lmax / 63.0f * 1.001f);
+    int mins[8], scs[8];
+    float offs[8];
+    for (int s = 0; s < 8; s++) {
+      mins[s] = dmin > 0 ? (int)ceilf(-lo[s] / dmin * 1.0001f) : 0;
+      if (mins[s] > 63) mins[s] = 63;
+      offs[s] = dmin * (float)mins[s];
+      rmax = fmaxf(rmax, (hi[s] + offs[s]) / 15.0f);
+    }
+    const float d = put_half(b, 0, rmax / 63.0f * 1.001f);
+    for (int s = 0; s < 8; s++) {
+      scs[s] = (int)ceilf((hi[s] + offs[s]) / 15.0f / d * 1.0001f);
+      if (scs[s] > 63) scs[s] = 63;
+      for (int what = 0; what < 2; what++) {
+        unsigned v = (unsigned)(what ? mins[s] : scs[s]), at = 8 * 4;
+        if (s < 4) set_bits(b, at + 8 * ((unsigned)s + 4 * (unsigned)what), 6, v);
+        else {
+          set_bits(b, at + 8 * ((unsigned)s + 4) + 4 * (unsigned)what, 4, v & 15);
+          set_bits(b, at + 8 * ((unsigned)s - 4 + 4 * (unsigned)what) + 6, 2, v >> 4);
+        }
+      }
+      const float st = d * (float)scs[s];
+      for (int l = 0; l < 32; l++) {
+        unsigned u = (unsigned)nearest(st > 0 ? (w[32 * s + l] + offs[s]) / st : 0, 0, 15);
+        set_bits(b, 8 * (16 + 32 * ((unsigned)s / 2) + (unsigned)l) + 4 * ((unsigned)s % 2), 4, u);
+        step[32 * s + l] = st, off[32 * s + l] = offs[s];
+      }
+    }
+    break;
+  }
+  default: ck_abort_msg("%s has no reference quantizer", q->name);
+  }
+  for (unsigned e = 0; e < q->block; e++) {
+    deq[e] = ref_element(q->type, b, e);
+    bnd[e] = step[e] / 2 + 1e-6 * (fabs(w[e]) + off[e] + step[e]);
+  }
 }
 
 /* The probe on a GGUF file whose linear layer the test quantized itself: every element within
@@ -630,29 +728,38 @@ static void quantize_block(int type, const float *w, unsigned char *b, float *de
  * the test's own dequantized matrix. */
 START_TEST(test_quant_round_trip) {
   make_tmpdir();
-  const int types[] = {8, 2, 6};
-  const char *names[] = {"Q8_0", "Q4_0", "Q5_0"};
-  const unsigned bytes[] = {34, 18, 22};
-  enum { D_OUT = 24, D_IN = 64 };
-  float w[D_OUT * D_IN], deq[D_OUT * D_IN];
-  for (int i = 0; i < D_OUT * D_IN; i++) w[i] = (float)((int)(qrand() % 20001) - 10000) * 1e-4f;
-  for (int k = 0; k < 3; k++) {
-    unsigned char *data = calloc(D_OUT * D_IN / 32, bytes[k]), blk[34];
-    double bound;
-    for (int b = 0; b < D_OUT * D_IN / 32; b++) {
-      quantize_block(types[k], w + 32 * b, blk, deq + 32 * b, &bound);
-      memcpy(data + (size_t)b * bytes[k], blk, bytes[k]);
-      for (int j = 0; j < 32; j++)
-        ck_assert_msg(fabs((double)w[32 * b + j] - deq[32 * b + j]) <= bound, "%s: |w - deq| %g > %g", names[k],
-                      fabs((double)w[32 * b + j] - deq[32 * b + j]), bound);
+  const int types[] = {8, 2, 3, 6, 7, 14, 12};
+  enum { D_OUT = 24, D_IN = 512, N = D_OUT * D_IN };
+  float *w = malloc(N * sizeof *w), *deq = malloc(N * sizeof *deq);
+  double *bnd = malloc(N * sizeof *bnd);
+  for (int i = 0; i < N; i++) w[i] = (float)((int)(qrand() % 20001) - 10000) * 1e-4f;
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+    const qtype *q = NULL;
+    for (int i = 0; i < NQTYPES; i++)
+      if (qtypes[i].type == types[k]) q = &qtypes[i];
+    const size_t nblocks = N / q->block;
+    unsigned char *data = malloc(nblocks * q->bytes);
+    for (size_t b = 0; b < nblocks; b++) {
+      quantize_one(q, w + b * q->block, data + b * q->bytes, deq + b * q->block, bnd + b * q->block);
+      for (size_t j = b * q->block; j < (b + 1) * q->block; j++)
+        ck_assert_msg(fabs((double)w[j] - deq[j]) <= bnd[j], "%s element %zu: |%g - %g| > %g", q->name, j,
+                      (double)w[j], (double)deq[j], bnd[j]);
     }
     gw_file g;
     gw_init(&g);
     gw_kv_str(&g, "general.architecture", "llama");
-    gw_tensor(&g, "blk.0.ffn_up.weight", 2, (uint64_t[]){D_IN, D_OUT}, (uint32_t)types[k], data, (size_t)D_OUT * D_IN / 32 * bytes[k]);
+    gw_tensor(&g, "blk.0.ffn_up.weight", 2, (uint64_t[]){D_IN, D_OUT}, (uint32_t)q->type, data, nblocks * q->bytes);
     const char *path = tmp_path("rt.gguf");
     ck_assert_int_eq(gw_write(&g, path), 0);
     free(data);
+    /* the library reads back the test's own dequantized matrix */
+    stab_gguf *f = NULL;
+    TU_ASSERT_OK(stab_gguf_open(path, &f));
+    float *got = malloc(N * sizeof *got);
+    TU_ASSERT_OK(stab_ckpt_read_f32(stab_gguf_tensor(f, 0), 0, N, got));
+    ck_assert_msg(memcmp(got, deq, N * sizeof *got) == 0, "%s: read back differs from the test's dequantization", q->name);
+    free(got);
+    stab_gguf_close(f);
     const char *bd = getenv("builddir");
     char cmd[2048], out[65536];
     snprintf(cmd, sizeof cmd, "%s/harness/probe --json --exact '%s'", bd ? bd : ".", path);
@@ -662,14 +769,15 @@ START_TEST(test_quant_round_trip) {
     out[len] = '\0';
     ck_assert_int_eq(pclose(p), 0);
     char want_dtype[64];
-    snprintf(want_dtype, sizeof want_dtype, "\"dtype\": \"%s\"", names[k]);
+    snprintf(want_dtype, sizeof want_dtype, "\"dtype\": \"%s\"", q->name);
     const char *row = strstr(out, "\"tensor\": \"blk.0.ffn_up.weight\"");
-    ck_assert_msg(row && strstr(row, want_dtype), "%s: no row with %s in %s", names[k], want_dtype, out);
+    ck_assert_msg(row && strstr(row, want_dtype), "%s: no row with %s in %s", q->name, want_dtype, out);
     const char *s = strstr(row, "\"sigma\": ");
     ck_assert_ptr_nonnull(s);
     double sigma = strtod(s + 9, NULL), ref = ref_sigma(deq, D_OUT, D_IN, D_IN);
-    ck_assert_msg(fabs(sigma - ref) <= 1e-9 * ref, "%s: probe sigma %.17g, LAPACK %.17g", names[k], sigma, ref);
+    ck_assert_msg(fabs(sigma - ref) <= 1e-9 * ref, "%s: probe sigma %.17g, LAPACK %.17g", q->name, sigma, ref);
   }
+  free(w), free(deq), free(bnd);
   remove_tmpdir();
 }
 END_TEST
