@@ -30,8 +30,9 @@
  * Applied to every tensor in file order; the first rule that matches decides.
  *  1. --filter does not decide here: it keeps or drops the rows the rules make (keep_row),
  *     so that it can name a layer (lm_head, X.logits) as well as a tensor.
- *  2. dtype not F32/F16/BF16 (integers, bool, F64, FP8; GGUF's quantized types): listed as
- *     not measured, with the type's name.
+ *  2. dtype neither F32/F16/BF16 nor a GGUF quantized type the library dequantizes (integers,
+ *     bool, F64, FP8; GGUF's Q8_1, Q8_K, grid I-quants, TQ*, MXFP4): listed as not measured,
+ *     with the type's name.
  *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
  *     (linear, embedding, lm_head) or a 1-D one (gain, bias), else listed with the mismatch.
  *  4. 0-D, or 3-D and up: listed as not measured (no rule for them), --kind or not.
@@ -210,7 +211,8 @@ static void classify(const options *o, const stab_ckpt_tensor *t, int gguf_file,
   module_of(t->name, mod, sizeof mod);
   if (t->dtype == STAB_DTYPE_OTHER) {
     if (gguf_file)
-      set_error(r, "unsupported GGML type %s: the probe reads F32, F16 and BF16 tensors", t->dtype_name, 0);
+      set_error(r, "unsupported GGML type %s: the probe reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                   "Q2_K-Q6_K, IQ4_NL and IQ4_XS tensors", t->dtype_name, 0);
     else set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
     return;
   }
@@ -371,7 +373,8 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
       cli_error("%s", stab_last_error());
       return NULL;
     }
-    if (keep_mapped || page <= 0) continue;
+    /* a quantized tensor's blocks do not map to whole elements: handed back once, below */
+    if (keep_mapped || page <= 0 || !t->elem_size) continue;
     /* from the last page boundary released up to the end of this block: whole pages only
      * (stab_ckpt_release rounds inwards), each page released once */
     const unsigned char *end = t->data + (i + k) * t->elem_size;
@@ -382,6 +385,7 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
     released = (const unsigned char *)((uintptr_t)end / (uintptr_t)page * (uintptr_t)page);
     if (released < t->data) released = t->data;
   }
+  if (!keep_mapped && !t->elem_size) stab_ckpt_release(t);
   return b->buf;
 }
 
@@ -1129,8 +1133,9 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
 
 static void usage(void) {
   printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
-         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16\n"
-         "tensors; quantized ones listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
+         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16,\n"
+         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS tensors, dequantized as ggml does;\n"
+         "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
          "reported as embedding and as the tied lm_head, padding rows left out). Definitions and units:\n"
          "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n\n"
@@ -1319,9 +1324,10 @@ static int open_checkpoint(const char *path, ckpt *f) {
     uintptr_t lo = UINTPTR_MAX, hi = 0;
     for (size_t i = 0; i < ck_count(f); i++) {
       const stab_ckpt_tensor *t = ck_tensor(f, i);
-      if (!t->count || !t->elem_size) continue; /* empty, or block-quantized: never read */
+      const uint64_t nb = stab_ckpt_nbytes(t);
+      if (!nb) continue; /* empty, or a block type never read */
       lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
-      hi = (uintptr_t)t->data + t->count * t->elem_size > hi ? (uintptr_t)t->data + t->count * t->elem_size : hi;
+      hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
     }
     if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
       cli_error("%s: too many checkpoints to guard", path);

@@ -687,8 +687,10 @@ typedef enum {
   STAB_DTYPE_F32 = 0,
   STAB_DTYPE_F16 = 1,   /* IEEE binary16 */
   STAB_DTYPE_BF16 = 2,  /* bfloat16: the high half of an f32 */
-  STAB_DTYPE_OTHER = 3  /* a valid type of the format that is not converted to f32 (integers,
-                           bool, F64, FP8): listed, never measured */
+  STAB_DTYPE_OTHER = 3, /* a valid type of the format that is not converted to f32 (integers,
+                           bool, F64, FP8, GGUF's I-quants but IQ4_*): listed, never measured */
+  STAB_DTYPE_QUANT = 4  /* a GGUF block-quantized type that converts to f32 (dtype_name says
+                           which: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) */
 } stab_dtype;
 
 /* Dimensions a tensor may have; a file with more is rejected (STAB_EFORMAT). */
@@ -708,10 +710,18 @@ typedef struct {
 } stab_ckpt_tensor;
 
 /* Elements [first, first + n) of t (flat, row-major) as f32, into out (n floats). F16 and
- * BF16 convert exactly (subnormals, infinities and NaNs included); F32 is copied.
+ * BF16 convert exactly (subnormals, infinities and NaNs included); F32 is copied;
+ * STAB_DTYPE_QUANT dequantizes exactly as ggml does (the same f32 values, bit for bit),
+ * decoding each block the range touches, so a range may start and end anywhere.
  * Errors: NULL pointers STAB_EINVAL; a range outside the tensor STAB_ERANGE; dtype
- * STAB_DTYPE_OTHER STAB_EINVAL. */
+ * STAB_DTYPE_OTHER STAB_EINVAL; a STAB_DTYPE_QUANT tensor whose count is not whole blocks
+ * STAB_EFORMAT. */
 stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out);
+
+/* Bytes of data t spans: count * elem_size, or for a block-quantized GGUF type (elem_size 0)
+ * its blocks times the bytes per block; 0 for a NULL or empty tensor, or a block type this
+ * library does not know. */
+uint64_t stab_ckpt_nbytes(const stab_ckpt_tensor *t);
 
 /* Hands the mapped pages that lie wholly inside t back to the kernel (madvise
  * MADV_DONTNEED): the process's resident memory drops by them, t stays valid, and a later
@@ -796,10 +806,13 @@ int stab_llmc_is(const char *path);
  * then, at a multiple of general.alignment (default 32), the data section the offsets are
  * relative to. The reader hands tensors out with shape[] outermost first, i.e. reversed
  * from ne[]: a matrix with ne = {d_in, d_out} comes out as shape {d_out, d_in}, out-major.
- * F32, F16 and BF16 tensors convert to f32 (stab_ckpt_read_f32); every other GGML type
- * (quantized Q4_0 ... IQ4_XS, TQ*, MXFP4, integers, F64) is STAB_DTYPE_OTHER with its GGML
- * type name in dtype_name and, for block-quantized types, elem_size 0 (their bytes per
- * element are not whole). Tensors come in file order. Every count, string length, array
+ * F32, F16 and BF16 tensors convert to f32 (stab_ckpt_read_f32), and so do the quantized
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+ * (STAB_DTYPE_QUANT, dequantized exactly as ggml does); every other GGML type (Q8_1, Q8_K,
+ * the grid-based I-quants IQ1_* IQ2_* IQ3_*, TQ*, MXFP4, integers, F64) is STAB_DTYPE_OTHER.
+ * dtype_name is always the GGML type name; block-quantized types have elem_size 0 (their
+ * bytes per element are not whole: stab_ckpt_nbytes gives the bytes) and a row (ne[0]) of
+ * whole blocks. Tensors come in file order. Every count, string length, array
  * length, dimension, offset and byte range is checked against the file before anything is
  * allocated for it; a malformed file is STAB_EFORMAT with a message naming the file, the
  * field and its byte offset. Duplicate tensor names and duplicate keys are errors, and so are

@@ -1,16 +1,25 @@
 /* ckpt_convert.c — checkpoint element types to f32: exact F16 and BF16 conversion by bit
- * manipulation, a range of a tensor at a time so that callers convert block by block. */
+ * manipulation, GGUF's quantized blocks by gguf_dequant.c, a range of a tensor at a time so
+ * that callers convert block by block. */
 #include "internal.h"
 
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+uint64_t stab_ckpt_nbytes(const stab_ckpt_tensor *t) {
+  if (!t || !t->count) return 0;
+  if (t->elem_size) return t->count * t->elem_size;
+  const stabi_quant_type *q = stabi_quant_find(t->dtype_name);
+  /* the readers checked blocks * bytes fits 64 bits and the file */
+  return q ? t->count / q->block * q->bytes : 0;
+}
+
 void stab_ckpt_release(const stab_ckpt_tensor *t) {
   if (!t || !t->data || !t->count) return;
   long page = sysconf(_SC_PAGESIZE);
   if (page <= 0) return;
-  uintptr_t begin = (uintptr_t)t->data, end = begin + (uintptr_t)(t->count * t->elem_size);
+  uintptr_t begin = (uintptr_t)t->data, end = begin + (uintptr_t)stab_ckpt_nbytes(t);
   uintptr_t a = (begin + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
   uintptr_t b = end / (uintptr_t)page * (uintptr_t)page;
   /* Only whole pages inside t: a neighbour sharing a page keeps it. The mapping is private and
@@ -22,7 +31,8 @@ void stab_ckpt_prefetch(const stab_ckpt_tensor *t) {
   if (!t || !t->data || !t->count) return;
   long page = sysconf(_SC_PAGESIZE);
   if (page <= 0) return;
-  uintptr_t begin = (uintptr_t)t->data, end = begin + (uintptr_t)(t->count * t->elem_size);
+  uintptr_t begin = (uintptr_t)t->data, end = begin + (uintptr_t)stab_ckpt_nbytes(t);
+  if (end == begin) return;
   uintptr_t a = begin / (uintptr_t)page * (uintptr_t)page;
   /* One call maps every page (Linux 5.14 and later); where the kernel does not know the advice
    * it fails with EINVAL and the reads fault the pages in one by one as before. On the development
@@ -85,6 +95,11 @@ stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t
     const unsigned char *p = t->data + first * 2;
     for (size_t i = 0; i < n; i++) out[i] = stab_bf16_to_f32(load_le16(p + 2 * i));
     return STAB_OK;
+  }
+  case STAB_DTYPE_QUANT: {
+    const stabi_quant_type *q = stabi_quant_find(t->dtype_name);
+    if (q) return stabi_dequant(t, q, first, n, out);
+    break;
   }
   case STAB_DTYPE_OTHER: break;
   }

@@ -15,7 +15,9 @@
 #define ARRAY_NEST_MAX 8        /* arrays of arrays: bounded recursion */
 
 /* ---- GGML tensor types: block size (elements) and bytes per block ------------------ */
-/* The numbers are the file's; types removed from ggml (4, 5, 31-33, 36-38) are unknown. */
+/* The numbers are the file's; types removed from ggml (4, 5, 31-33, 36-38) are unknown.
+ * STAB_DTYPE_OTHER here: read_tensor_info makes a quantized type STAB_DTYPE_QUANT when
+ * gguf_dequant.c decodes it. */
 
 typedef struct {
   const char *name;
@@ -335,7 +337,8 @@ static stab_status read_tensor_info(stab_gguf *f, cursor *c, size_t index) {
   if ((st = read_u64(c, &off, "a tensor's offset")) != STAB_OK) return st;
   t->offset = off; /* relative to the data section until the layout is checked */
   t->dtype_name = gt->name;
-  t->dtype = gt->dtype;
+  /* a quantized type is measurable when gguf_dequant.c decodes its blocks */
+  t->dtype = gt->block > 1 && stabi_quant_find(gt->name) ? STAB_DTYPE_QUANT : gt->dtype;
   t->elem_size = gt->block == 1 ? gt->bytes : 0;
   t->ndim = nd;
   for (uint32_t d = 0; d < nd; d++) t->shape[d] = ne[nd - 1 - d];

@@ -201,4 +201,22 @@ stab_status stabi_mapped_open(stabi_mapped *m, const char *path, uint64_t min_by
 /* Unmaps and frees what m holds, leaving it empty; an empty m (zeroed, or closed) is fine. */
 void stabi_mapped_close(stabi_mapped *m);
 
+/* ---- GGUF block-quantized tensors (gguf_dequant.c) ---- */
+
+/* One ggml block layout: its GGML name, elements and bytes per block, and the decoder that
+ * writes a block's `block` elements as f32, exactly as ggml's dequantize_row does. */
+typedef struct {
+  const char *name;
+  uint32_t block, bytes;
+  void (*decode)(const unsigned char *blk, float *out);
+} stabi_quant_type;
+
+/* The layout named dtype_name ("Q4_K", ...), or NULL when it is not one decoded here. */
+const stabi_quant_type *stabi_quant_find(const char *dtype_name);
+/* Elements [first, first + n) of t, stored as q (the range already checked against t->count),
+ * into out: decodes each block the range touches. STAB_EFORMAT when t->count is not whole
+ * blocks. */
+stab_status stabi_dequant(const stab_ckpt_tensor *t, const stabi_quant_type *q, uint64_t first, size_t n,
+                          float *out);
+
 #endif /* STABMETER_INTERNAL_H */

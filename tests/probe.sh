@@ -194,14 +194,14 @@ else
 fi
 
 # GGUF with llama.cpp names: ne[] order (attn_k ne = {16, 8} is 8x16, d_in 16), tied
-# token_embd, the Q8_0 tensor listed by its type, metadata shown; values as for safetensors
+# token_embd, the Q8_0 tensor measured and shown with its type, metadata shown; values as for safetensors
 for dt in F32 F16 BF16; do
   p=$dir/gguf_$dt
   "$gen" "$p" gguf $dt || { fail "st_gen gguf $dt"; continue; }
   table "$p" gguf "gguf $dt"
   grep -Eq "^blk\.0\.attn_k +linear +8x16 +$dt " "$p.txt" || fail "gguf $dt: attn_k shape"
   grep -Eq '^lm_head +lm_head .*tied to token_embd\.weight' "$p.txt" || fail "gguf $dt: tied head"
-  grep -q 'blk.0.ffn_up.weight: unsupported GGML type Q8_0' "$p.txt" || fail "gguf $dt: Q8_0 tensor not listed"
+  grep -Eq '^blk\.0\.ffn_up +linear +40x32 +Q8_0 ' "$p.txt" || fail "gguf $dt: Q8_0 tensor not measured as Q8_0"
   grep -q 'rope_freqs.weight: a 1-D tensor' "$p.txt" || fail "gguf $dt: rope_freqs not listed"
   grep -Eq '^blk\.0\.attn_logits +attention .* 4 heads, 2 key heads' "$p.txt" || fail "gguf $dt: attention row"
   "$probe" "$p.gguf" --per-head >"$p.ph.txt" || fail "gguf $dt: --per-head exit $?"

@@ -15,7 +15,8 @@
  * st_gen OUT_PREFIX gguf F32|F16|BF16 writes OUT_PREFIX.gguf, OUT_PREFIX.prev.gguf and
  * OUT_PREFIX.ref: a Llama-shaped GGUF with llama.cpp's tensor names (ne[] reversed from the
  * shapes below), tied (no output.weight), 4 query heads and 2 key/value heads in the metadata,
- * one Q8_0 tensor and one F32 rope_freqs that the probe must list as not measured. */
+ * one Q8_0 tensor (all zeros: measured, shown as Q8_0) and one F32 rope_freqs that the probe
+ * must list as not measured. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,11 +1,37 @@
 /* fuzz_gguf.c — libFuzzer target for the GGUF reader (lib/ckpt_gguf.c): opens the input, and
  * when the reader accepts it, checks the header against the raw bytes, every tensor (read in
- * full when it is F32, F16 or BF16), name lookups and every metadata pair. */
+ * full when it is F32, F16, BF16 or a quantized type the library decodes), name lookups and
+ * every metadata pair. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* A quantized tensor the library decodes: its blocks lie inside the file, it reads whole
+ * (ASan sees any read past its blocks), and a range that starts and ends inside blocks gives
+ * the same bits as the whole read. */
+static void check_quantized(const stab_ckpt_tensor *t, size_t size) {
+  uint64_t nb = stab_ckpt_nbytes(t);
+  FUZZ_CHECK(!t->count || nb > 0, "'%s': %s of %llu elements spans no bytes", t->name, t->dtype_name,
+             (unsigned long long)t->count);
+  FUZZ_CHECK(t->offset <= size && nb <= size - t->offset, "'%s': %llu bytes from %llu are past the file", t->name,
+             (unsigned long long)nb, (unsigned long long)t->offset);
+  if (!t->count) return;
+  size_t n = (size_t)t->count;
+  float *all = malloc(n * sizeof *all), *part = malloc(n * sizeof *part);
+  FUZZ_CHECK(all && part, "out of memory for %zu floats", n);
+  FUZZ_CHECK(stab_ckpt_read_f32(t, 0, n, all) == STAB_OK, "'%s': %s not read: %s", t->name, t->dtype_name,
+             stab_last_error());
+  if (n > 2) {
+    size_t first = 1 + n / 3 % 31, k = n - first - 1; /* off the block boundaries */
+    FUZZ_CHECK(stab_ckpt_read_f32(t, first, k, part) == STAB_OK, "'%s': range not read", t->name);
+    FUZZ_CHECK(!memcmp(part, all + first, k * sizeof *part), "'%s': [%zu, %zu) differs from the whole read",
+               t->name, first, first + k);
+  }
+  free(all), free(part);
+}
 
 /* The reader accepted the input: everything it hands out must agree with the bytes. */
 static void check_accepted(stab_gguf *f, const uint8_t *data, size_t size, const char *path) {
@@ -27,8 +53,10 @@ static void check_accepted(stab_gguf *f, const uint8_t *data, size_t size, const
     FUZZ_CHECK(t->offset <= size, "'%s' starts past the end of the file", t->name);
     if (t->elem_size > 0) {
       fuzz_check_tensor(t, data, size); /* F32, F16, BF16 and the other fixed-size types */
+    } else if (t->dtype == STAB_DTYPE_QUANT) {
+      check_quantized(t, size);
     } else {
-      /* block-quantized: listed with its type name, never read as f32 */
+      /* block-quantized of a type not decoded: listed with its type name, never read as f32 */
       float x;
       FUZZ_CHECK(t->dtype == STAB_DTYPE_OTHER, "'%s': element size 0 for dtype %s", t->name, t->dtype_name);
       FUZZ_CHECK(stab_ckpt_read_f32(t, 0, 1, &x) != STAB_OK, "'%s': quantized %s read as f32", t->name,

@@ -1,16 +1,19 @@
 /* seed_gen.c — writes the smallest valid checkpoints of each reader's format for the fuzzers'
  * seed corpora (tests/fuzz/run.sh adds the larger model-shaped files of tests/st_gen): small
  * inputs let libFuzzer spend its mutations on the index rather than on data bytes.
- * Usage: seed_gen DIR   writes DIR/safetensors/ and DIR/llmc/ (DIR must exist).
+ * Usage: seed_gen DIR   writes DIR/safetensors/, DIR/llmc/ and DIR/gguf/ (DIR must exist).
  * safetensors: every dtype the format names, a scalar and a zero-sized tensor, metadata with
  * escapes, and F16/BF16/F32 data holding every class of value (zeros, subnormals, infinities,
- * NaNs); llmc: one-block models in f32 and bf16 with every header field distinct. */
+ * NaNs); llmc: one-block models in f32 and bf16 with every header field distinct; gguf: one
+ * block of each quantized type the library decodes (a file each, and all in one file), so that
+ * the fuzzer starts inside the block decoders. */
 #include <errno.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <string.h>
 
+#include "gguf_writer.h"
 #include "st_writer.h"
 
 static unsigned char buf[4096];
@@ -92,17 +95,51 @@ static int llmc(const char *dir, int bf16) {
   return (fclose(f) == 0 && ok) ? 0 : 1;
 }
 
+/* GGML numbers, block elements and bytes of the decoded quantized types. */
+static const struct {
+  const char *name;
+  uint32_t type, block, bytes;
+} quants[] = {{"q4_0", 2, 32, 18},    {"q4_1", 3, 32, 20},   {"q5_0", 6, 32, 22},     {"q5_1", 7, 32, 24},
+              {"q8_0", 8, 32, 34},    {"q2_k", 10, 256, 84}, {"q3_k", 11, 256, 110},  {"q4_k", 12, 256, 144},
+              {"q5_k", 13, 256, 176}, {"q6_k", 14, 256, 210}, {"iq4_nl", 20, 32, 18}, {"iq4_xs", 23, 256, 136}};
+enum { NQ = sizeof quants / sizeof quants[0] };
+
+/* Block bytes: a spread of quants; every f16 a block may hold read as 1.0 or so (0x3c..). */
+static void block_bytes(unsigned char *b, size_t n) {
+  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(i * 37 + 11);
+  for (size_t i = 1; i < n; i += 2) b[i] = 0x3c; /* high bytes of any aligned f16: ~1 */
+}
+
+static int gguf(const char *dir) {
+  char path[1024];
+  gw_file all;
+  gw_init(&all);
+  for (size_t k = 0; k < NQ; k++) {
+    block_bytes(buf, quants[k].bytes);
+    gw_file one;
+    gw_init(&one);
+    uint64_t ne[2] = {quants[k].block, 1};
+    gw_tensor(&one, "w", 2, ne, quants[k].type, buf, quants[k].bytes);
+    gw_tensor(&all, quants[k].name, 2, ne, quants[k].type, buf, quants[k].bytes);
+    snprintf(path, sizeof path, "%s/gguf/%s.gguf", dir, quants[k].name);
+    if (gw_write(&one, path)) return 1;
+  }
+  snprintf(path, sizeof path, "%s/gguf/every_quant.gguf", dir);
+  return gw_write(&all, path);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: seed_gen DIR (writes DIR/safetensors/ and DIR/llmc/)\n");
+    fprintf(stderr, "usage: seed_gen DIR (writes DIR/safetensors/, DIR/llmc/ and DIR/gguf/)\n");
     return 2;
   }
   char sub[1024];
-  for (int k = 0; k < 2; k++) { /* an existing directory is fine: seeds are overwritten */
-    snprintf(sub, sizeof sub, "%s/%s", argv[1], k ? "llmc" : "safetensors");
+  const char *subs[] = {"safetensors", "llmc", "gguf"};
+  for (int k = 0; k < 3; k++) { /* an existing directory is fine: seeds are overwritten */
+    snprintf(sub, sizeof sub, "%s/%s", argv[1], subs[k]);
     if (mkdir(sub, 0777) != 0 && errno != EEXIST) return perror(sub), 1;
   }
-  if (safetensors(argv[1]) || llmc(argv[1], 0) || llmc(argv[1], 1)) {
+  if (safetensors(argv[1]) || llmc(argv[1], 0) || llmc(argv[1], 1) || gguf(argv[1])) {
     perror("seed_gen");
     return 1;
   }
