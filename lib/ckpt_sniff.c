@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -102,10 +103,12 @@ static int is_safetensors(const head *h) {
   return h->n >= 9 && h->b[8] == '{' && has_u32le(h, 0, &lo) && has_u32le(h, 4, &hi) && hi == 0 && lo >= 2;
 }
 
-/* Text: no NUL byte and valid UTF-8 in the bytes read; a sequence cut by the end of the read
- * (the file goes on) does not count against it. */
+/* Text: valid UTF-8 without control characters other than whitespace and ESC (a log's
+ * colours) in the bytes read; a sequence cut by the end of the read (the file goes on) does not
+ * count against it. */
 static int is_text(const head *h) {
-  if (memchr(h->b, 0, h->n)) return 0;
+  for (size_t i = 0; i < h->n; i++)
+    if (h->b[i] == 0 || (h->b[i] < 0x20 && !strchr("\t\n\v\f\r\033", h->b[i])) || h->b[i] == 0x7f) return 0;
   size_t bad = stabi_utf8_invalid_at((const char *)h->b, h->n);
   return bad == (size_t)-1 || (h->size > h->n && h->n - bad < 4);
 }
@@ -122,6 +125,9 @@ static stab_file_kind kind_of(const head *h, const char *path) {
   uint32_t magic;
   stab_file_kind k;
   if (h->size == 0 || h->n == 0) return STAB_FILE_EMPTY;
+  /* first: a header length is any 8 bytes below 2^32 (its low byte may be a pickle's 0x80, its
+   * low bytes "GG"), and no magic below has four zero bytes then '{' at bytes 4-8 */
+  if (is_safetensors(h)) return STAB_FILE_SAFETENSORS;
   if (starts(h, "GGUF", 4)) return STAB_FILE_GGUF;
   if (has_u32le(h, 0, &magic)) {
     if (magic == LLMC_MODEL_MAGIC) return STAB_FILE_LLMC;
@@ -138,7 +144,6 @@ static stab_file_kind kind_of(const head *h, const char *path) {
   if (starts(h, "\x28\xb5\x2f\xfd", 4)) return STAB_FILE_ZSTD;
   if (starts(h, "\xfd" "7zXZ\0", 6)) return STAB_FILE_XZ;
   if (starts(h, "BZh", 3) && h->n >= 4 && h->b[3] >= '1' && h->b[3] <= '9') return STAB_FILE_BZIP2;
-  if (is_safetensors(h)) return STAB_FILE_SAFETENSORS;
   if (looks_onnx(h, path)) return STAB_FILE_ONNX;
   if (is_text(h)) return text_kind(h);
   return STAB_FILE_UNKNOWN;
@@ -252,12 +257,21 @@ stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind) {
   uint64_t size;
   stab_status st = stab_input_open(path, 0, &fd, &size);
   if (st != STAB_OK) return st;
-  unsigned char buf[STAB_SNIFF_BYTES];
-  size_t want = size < sizeof buf ? (size_t)size : sizeof buf, got = 0;
+  /* exactly as many bytes as the file has (up to the cap), on the heap: a test that looked past
+   * what was read would then be caught by the sanitizers, not read a stack buffer's leftovers */
+  size_t want = size < STAB_SNIFF_BYTES ? (size_t)size : STAB_SNIFF_BYTES, got = 0;
+  unsigned char *buf = malloc(want ? want : 1);
+  if (!buf) {
+    close(fd);
+    return stabi_fail(STAB_ENOMEM, "%s: cannot allocate %zu bytes to read its start", path, want);
+  }
   while (got < want) { /* pread may return less than asked; 0 means the file shrank */
     ssize_t r = pread(fd, buf + got, want - got, (off_t)got);
     if (r < 0) {
+      int err = errno;
       close(fd);
+      free(buf);
+      errno = err;
       return stabi_fail(STAB_EIO, "%s: cannot read its first %zu bytes: %s", path, want, strerror(errno));
     }
     if (r == 0) break;
@@ -266,6 +280,8 @@ stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind) {
   close(fd);
   head h = {buf, got, size};
   *kind = kind_of(&h, path);
-  if (*kind == STAB_FILE_SAFETENSORS || *kind == STAB_FILE_GGUF || *kind == STAB_FILE_LLMC) return STAB_OK;
-  return refuse(path, *kind, &h);
+  st = *kind == STAB_FILE_SAFETENSORS || *kind == STAB_FILE_GGUF || *kind == STAB_FILE_LLMC ? STAB_OK
+                                                                                           : refuse(path, *kind, &h);
+  free(buf);
+  return st;
 }
