@@ -110,7 +110,15 @@ static int is_text(const head *h) {
   for (size_t i = 0; i < h->n; i++)
     if (h->b[i] == 0 || (h->b[i] < 0x20 && !strchr("\t\n\v\f\r\033", h->b[i])) || h->b[i] == 0x7f) return 0;
   size_t bad = stabi_utf8_invalid_at((const char *)h->b, h->n);
-  return bad == (size_t)-1 || (h->size > h->n && h->n - bad < 4);
+  if (bad == (size_t)-1) return 1;
+  if (h->size <= h->n) return 0; /* the whole file was read: nothing was cut */
+  /* cut: a lead byte announcing more bytes than are left, followed by continuation bytes only */
+  const unsigned lead = h->b[bad];
+  const size_t len = (lead & 0xe0) == 0xc0 ? 2 : (lead & 0xf0) == 0xe0 ? 3 : (lead & 0xf8) == 0xf0 ? 4 : 0;
+  if (len == 0 || bad + len <= h->n) return 0;
+  for (size_t i = bad + 1; i < h->n; i++)
+    if ((h->b[i] & 0xc0) != 0x80) return 0;
+  return 1;
 }
 
 static stab_file_kind text_kind(const head *h) {
