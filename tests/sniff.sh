@@ -109,6 +109,9 @@ PY
   refused stored.pt 'a PyTorch checkpoint \(zip'
   refused arrays.npz 'a numpy archive \(.npz\)'
   refused other.zip 'a zip archive that is not a PyTorch checkpoint'
+  # --prev goes through the same sniff
+  expect "--prev a PyTorch checkpoint" 2 "^stabmeter-probe: $s/pytorch_model.bin: a PyTorch checkpoint \(zip" \
+    "$probe" "$s/m.safetensors" --prev "$s/pytorch_model.bin"
 fi
 
 # ---- every prefix of each sample: never a crash, never past the end -----------------
