@@ -879,11 +879,12 @@ typedef enum {
   STAB_FILE_LLMC,            /* an llm.c GPT-2 checkpoint: int32 magic 20240326 */
   STAB_FILE_LLMC_OTHER,      /* another llm.c file: tokenizer (20240328), token shard
                                 (20240520), debug state (20240327) */
-  STAB_FILE_PYTORCH_ZIP,     /* torch.save's zip: first entry data.pkl or DIR/data.pkl */
+  STAB_FILE_PYTORCH_ZIP,     /* torch.save's zip: an entry data.pkl or DIR/data.pkl among those in
+                                the bytes read */
   STAB_FILE_PYTORCH_LEGACY,  /* torch.save's format before 1.6: a pickled magic number */
   STAB_FILE_PICKLE,          /* any other pickle of protocol 2 to 5 */
   STAB_FILE_NPY,             /* "\x93NUMPY" */
-  STAB_FILE_NPZ,             /* a zip whose first entry ends in .npy */
+  STAB_FILE_NPZ,             /* a zip whose entries in the bytes read all end in .npy */
   STAB_FILE_ZIP,             /* any other zip archive */
   STAB_FILE_ONNX,            /* named *.onnx and starting with ModelProto's ir_version field */
   STAB_FILE_GGML,            /* llama.cpp's formats before GGUF: GGML, GGMF, GGJT, GGLA, GGSN */

@@ -45,17 +45,28 @@ static int contains(const head *h, const char *needle) {
   return 0;
 }
 
-/* A ZIP file's first local header (PK\3\4): its entry's name is at byte 30, name_len at 26.
- * torch.save writes "ARCHIVE/data.pkl" first (ARCHIVE the file's stem, "archive" since torch
- * 1.6's default); numpy.savez writes NAME.npy entries only. */
+/* A ZIP file's entries as their local headers give them (PK\3\4; name_len at byte 26,
+ * extra_len at 28, the compressed size at 18, the name at 30), walked while they lie in the
+ * bytes read and their sizes are in the header (bit 3 of the flags unset). torch.save writes
+ * "ARCHIVE/data.pkl" (ARCHIVE the file's stem, or "archive") among its first entries;
+ * numpy.savez writes NAME.npy entries only. */
 static stab_file_kind zip_kind(const head *h) {
-  if (h->n < 30) return STAB_FILE_ZIP;
-  size_t len = (size_t)h->b[26] | (size_t)h->b[27] << 8;
-  if (len == 0 || 30 + len > h->n) return STAB_FILE_ZIP;
-  const char *name = (const char *)h->b + 30;
-  if ((len == 8 && !memcmp(name, "data.pkl", 8)) || ends_with(name, len, "/data.pkl")) return STAB_FILE_PYTORCH_ZIP;
-  if (ends_with(name, len, ".npy")) return STAB_FILE_NPZ;
-  return STAB_FILE_ZIP;
+  size_t at = 0, npy = 0, other = 0;
+  while (at + 30 <= h->n && !memcmp(h->b + at, "PK\3\4", 4)) {
+    const unsigned char *e = h->b + at;
+    const size_t len = (size_t)e[26] | (size_t)e[27] << 8, extra = (size_t)e[28] | (size_t)e[29] << 8;
+    const uint64_t data = (uint64_t)e[18] | (uint64_t)e[19] << 8 | (uint64_t)e[20] << 16 | (uint64_t)e[21] << 24;
+    if (len == 0 || len > h->n - at - 30) break;
+    const char *name = (const char *)e + 30;
+    if ((len == 8 && !memcmp(name, "data.pkl", 8)) || ends_with(name, len, "/data.pkl")) return STAB_FILE_PYTORCH_ZIP;
+    if (ends_with(name, len, ".npy")) npy++;
+    else other++;
+    if (e[6] & 8) break; /* sizes in a descriptor after the data: the next entry's place is unknown */
+    const uint64_t next = (uint64_t)at + 30 + len + extra + data;
+    if (next > h->n) break;
+    at = (size_t)next;
+  }
+  return npy && !other ? STAB_FILE_NPZ : STAB_FILE_ZIP;
 }
 
 /* A pickle of protocol 2 or later starts with PROTO (0x80) and its version. torch.save's legacy

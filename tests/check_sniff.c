@@ -49,6 +49,18 @@ static const sample samples[] = {
     S("p.bin", "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x10\0\0\0archive/data.pkl",
       STAB_FILE_PYTORCH_ZIP),
     S("q.pt", "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x08\0\0\0data.pkl", STAB_FILE_PYTORCH_ZIP),
+    /* data.pkl second, after an entry of 3 stored bytes and 4 bytes of extra field */
+    S("r.pt", "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\x03\0\0\0\x03\0\0\0\x09\0\x04\0r/versionXXXX3\n\n"
+              "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x0a\0\0\0r/data.pkl",
+      STAB_FILE_PYTORCH_ZIP),
+    /* the same second entry after one whose sizes come later (flag bit 3): not looked for */
+    S("s.pt", "PK\3\4\x14\0\x08\0\0\0\0\0\0\0\0\0\0\0\x03\0\0\0\x03\0\0\0\x09\0\x04\0r/versionXXXX3\n\n"
+              "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x0a\0\0\0r/data.pkl",
+      STAB_FILE_ZIP),
+    /* .npy then another name: a zip, not an npz */
+    S("f.zip", "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x05\0\0\0w.npy"
+               "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x04\0\0\0note",
+      STAB_FILE_ZIP),
     S("a.npz", "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x05\0\0\0w.npy", STAB_FILE_NPZ),
     /* the name's length points past the file: a zip, and nothing read beyond */
     S("e.zip", "PK\3\4\x14\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\xff\0\0\0data.pkl", STAB_FILE_ZIP),
