@@ -1312,11 +1312,19 @@ static int shrank(const char *path) {
 }
 
 static int open_checkpoint(const char *path, ckpt *f) {
-  /* by the magic; a .gguf file without it is a GGUF file with a bad magic */
+  /* The format by the file's first bytes. A binary file of no known format named .gguf or
+   * .safetensors is one with a broken header: its reader says which field is wrong. Any other
+   * file is refused with what it is (a PyTorch checkpoint, a trace, text, ...). */
+  stab_file_kind kind;
+  stab_status st = stab_ckpt_sniff(path, &kind);
+  if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".gguf")) kind = STAB_FILE_GGUF, st = STAB_OK;
+  if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".safetensors"))
+    kind = STAB_FILE_SAFETENSORS, st = STAB_OK;
   ckpt_guard_opening(path); /* the readers parse the index from the mapping */
-  stab_status st = stab_llmc_is(path)                           ? stab_llmc_open(path, &f->lc)
-                   : stab_gguf_is(path) || ends_with(path, ".gguf") ? stab_gguf_open(path, &f->gg)
-                                                                : stab_safetensors_open(path, &f->st);
+  if (st == STAB_OK)
+    st = kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
+         : kind == STAB_FILE_GGUF ? stab_gguf_open(path, &f->gg)
+                                  : stab_safetensors_open(path, &f->st);
   ckpt_guard_opening(NULL);
   if (ckpt_guard_tripped()) return shrank(path);
   if (st == STAB_OK) {

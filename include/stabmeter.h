@@ -871,6 +871,64 @@ const char *stab_gguf_value_type_name(stab_gguf_type type);
  * no error recorded; never blocks: see stab_input_open). */
 int stab_gguf_is(const char *path);
 
+/* ---------------------------------------------------------------------------------- */
+/* What a file is                                                                      */
+/*
+ * A checkpoint given to a reader that is not of its format gets a message about that format
+ * ("header length 7022349238375811707 ... is larger than the file"), which tells the user
+ * nothing. stab_ckpt_sniff says what the file is from its first bytes and its size, before
+ * any reader parses it: it never decompresses, never unpickles, never follows an offset, and
+ * reads at most STAB_SNIFF_BYTES bytes from the start of the file.
+ */
+
+/* The most bytes stab_ckpt_sniff reads, all from offset 0. */
+#define STAB_SNIFF_BYTES 8192
+
+typedef enum {
+  STAB_FILE_UNKNOWN = 0,     /* binary, none of the below */
+  STAB_FILE_EMPTY,           /* 0 bytes */
+  STAB_FILE_SAFETENSORS,     /* an 8-byte little-endian header length below 2^32, then '{' */
+  STAB_FILE_GGUF,            /* "GGUF" */
+  STAB_FILE_LLMC,            /* an llm.c GPT-2 checkpoint: int32 magic 20240326 */
+  STAB_FILE_LLMC_OTHER,      /* another llm.c file: tokenizer (20240328), token shard
+                                (20240520), debug state (20240327) */
+  STAB_FILE_PYTORCH_ZIP,     /* torch.save's zip: an entry data.pkl or DIR/data.pkl among those in
+                                the bytes read */
+  STAB_FILE_PYTORCH_LEGACY,  /* torch.save's format before 1.6: a pickled magic number */
+  STAB_FILE_PICKLE,          /* any other pickle of protocol 2 to 5 */
+  STAB_FILE_NPY,             /* "\x93NUMPY" */
+  STAB_FILE_NPZ,             /* a zip whose entries in the bytes read all end in .npy */
+  STAB_FILE_ZIP,             /* any other zip archive */
+  STAB_FILE_ONNX,            /* named *.onnx and starting with ModelProto's ir_version field */
+  STAB_FILE_GGML,            /* llama.cpp's formats before GGUF: GGML, GGMF, GGJT, GGLA, GGSN */
+  STAB_FILE_HDF5,            /* the HDF5 signature, not a stabmeter trace as far as it shows */
+  STAB_FILE_TRACE,           /* HDF5 holding the string "stabmeter-trace" in its first bytes */
+  STAB_FILE_GZIP,
+  STAB_FILE_ZSTD,
+  STAB_FILE_XZ,
+  STAB_FILE_BZIP2,
+  STAB_FILE_LFS_POINTER,     /* a Git LFS pointer: text naming the real file by its hash */
+  STAB_FILE_SHARD_INDEX,     /* a sharded checkpoint's JSON index (with "weight_map") */
+  STAB_FILE_TEXT,            /* valid UTF-8 without NUL bytes (as far as it was read) */
+  STAB_FILE_KIND_COUNT       /* the number of kinds, not a kind */
+} stab_file_kind;
+
+/* Says what the file at path is, opened through stab_input_open.
+ *  path  a regular file (a FIFO or device is refused without blocking)
+ *  kind  receives the kind; STAB_FILE_UNKNOWN on an I/O error
+ * Returns STAB_OK for the kinds the library reads (SAFETENSORS, GGUF, LLMC), which are
+ * then for the reader to validate. For every other kind, STAB_EFORMAT with a one-line message
+ * (stab_last_error) naming the path, what the file is and what to do with it (convert a
+ * PyTorch checkpoint to safetensors, read a trace with stabmeter-export, decompress a
+ * compressed file, ...); an unknown binary file's message gives its first bytes in hex.
+ * Errors: NULL path or kind STAB_EINVAL; a path that cannot be opened, is not a regular file or
+ * cannot be read, STAB_EIO (the message of stab_input_open). Thread-safe. */
+stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind);
+
+/* What a kind is, as a noun phrase for a message ("a PyTorch checkpoint (zip)"); "?" for a
+ * value outside the enum. Static storage. */
+const char *stab_file_kind_name(stab_file_kind kind);
+
 #ifdef __cplusplus
 }
 #endif
