@@ -21,12 +21,14 @@
 #define HAVE_X86_KERNELS 1
 #endif
 
-/* Rows [r0, r1) of one chunk: for nv vectors x_v (x + v cols), acc_v = sum_i d_iv r_i with
- * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, overwritten); returns
- * sum_i d_i0^2. Every build has the same shape: blocks of rows, then single rows. nv is
+/* Rows [r0, r1) of one chunk: for nv vectors x_v (x + v cols), acc_v += sum_i d_iv r_i with
+ * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, zeroed by the caller);
+ * returns quad + sum_i d_i0^2, added row by row. A chunk stored as 16-bit numbers arrives as
+ * successive tiles of whole 8-row blocks, each call carrying acc and quad on from the last,
+ * so the sums are the very ones a single call over the f32 rows makes. Every build has the same shape: blocks of rows, then single rows. nv is
  * 1 or 2: a second vector reuses each converted element, so it costs far less than a pass. */
 typedef double (*chunk_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                           size_t ld, const double *x, double *acc, int nv);
+                           size_t ld, const double *x, double *acc, int nv, double quad);
 
 /* ---- portable C ---- */
 
@@ -35,9 +37,7 @@ static inline double elem(const float *a, const float *b, size_t j) {
 }
 
 static double chunk_generic(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                            size_t ld, const double *x, double *acc, int nv) {
-  double quad = 0.0;
-  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+                            size_t ld, const double *x, double *acc, int nv, double quad) {
   for (size_t i = r0; i < r1; i++) {
     const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
     for (int v = 0; v < nv; v++) {
@@ -84,11 +84,10 @@ AVX2 double hsum4(__m256d v) {
 
 /* Blocks of R rows (R = 4 or 8): x and acc are loaded once per R rows. */
 AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                            size_t ld, const double *x, double *acc, const int nv, const int R) {
+                            size_t ld, const double *x, double *acc, const int nv, const int R,
+                            double quad) {
   const size_t c4 = cols & ~(size_t)3;
-  double quad = 0.0;
   size_t i = r0;
-  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
   for (; i + (size_t)R <= r1; i += (size_t)R) {
     const float *A[8], *B[8];
 #pragma GCC unroll 8
@@ -173,12 +172,12 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
  * blocks of 4 (4096^2, two vectors: 3.0 against 3.6 ms a pass). */
 __attribute__((target("avx2,fma"))) static double
 chunk_avx2(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
-           const double *x, double *acc, int nv) {
+           const double *x, double *acc, int nv, double quad) {
   if (nv == 2)
-    return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 2, 8)
-             : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8);
-  return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 1, 8)
-           : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1, 8);
+    return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 2, 8, quad)
+             : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8, quad);
+  return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 1, 8, quad)
+           : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1, 8, quad);
 }
 
 /* ---- AVX-512: eight doubles a vector ---- */
@@ -193,12 +192,10 @@ AVX512 __m512d load8(const float *a, const float *b, size_t j) {
 /* Blocks of 8 rows: with 32 zmm registers the sums of 8 rows for two vectors fit. */
 AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_t r1,
                                 size_t cols, size_t ld, const double *x, double *acc,
-                                const int nv) {
+                                const int nv, double quad) {
   enum { R = 8 };
   const size_t c8 = cols & ~(size_t)7;
-  double quad = 0.0;
   size_t i = r0;
-  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
   for (; i + R <= r1; i += R) {
     const float *A[R], *B[R];
 #pragma GCC unroll 8
@@ -280,12 +277,12 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
 
 __attribute__((target("avx512f"))) static double
 chunk_avx512(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
-             const double *x, double *acc, int nv) {
+             const double *x, double *acc, int nv, double quad) {
   if (nv == 2)
-    return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 2)
-             : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2);
-  return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 1)
-           : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1);
+    return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 2, quad)
+             : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2, quad);
+  return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 1, quad)
+           : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1, quad);
 }
 
 #endif /* HAVE_X86_KERNELS */
@@ -345,10 +342,29 @@ size_t stabi_chunk_count(size_t rows) {
  * on one. */
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
 
-double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
-                        const double *x, double *y, double *partial, int threads, int nv) {
+/* One chunk of rows [r0, r1). F32 rows are read where they are; 16-bit rows (or a mix: a
+ * BF16 matrix against an F32 one) are converted tile by tile into this thread's tile pair. */
+static double chunk(chunk_fn fn, const stabi_src *m, size_t r0, size_t r1, size_t cols, const double *x,
+                    double *acc, int nv, float *tile) {
+  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+  if (stabi_src_is_f32(m)) return fn(m->a, m->b, r0, r1, cols, m->ld, x, acc, nv, 0.0);
+  const size_t step = stabi_tile_rows(cols);
+  float *ta = tile, *tb = m->b ? tile + step * cols : NULL;
+  double quad = 0.0;
+  for (size_t i = r0; i < r1; i += step) {
+    size_t k = r1 - i < step ? r1 - i : step;
+    stabi_tile_f32(m->a, m->at, m->ld, i, k, cols, ta);
+    if (tb) stabi_tile_f32(m->b, m->bt, m->ld, i, k, cols, tb);
+    quad = fn(ta, tb, 0, k, cols, cols, x, acc, nv, quad);
+  }
+  return quad;
+}
+
+double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
+                        double *partial, const stabi_tiles *tiles, int threads, int nv) {
   const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
   const chunk_fn fn = kernel()->fn;
+  const int tiled = !stabi_src_is_f32(m);
   double quad[STABI_MAX_CHUNKS];
   int nt = 1;
 #ifdef _OPENMP
@@ -357,6 +373,7 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
   /* a thread past the chunk count would have nothing to do; asking OpenMP for, say, INT_MAX
    * of them makes libgomp abort the process when it cannot create them */
   if ((size_t)nt > nchunks) nt = (int)nchunks;
+  if (tiled && nt > tiles->slots) nt = tiles->slots; /* one tile pair per thread */
 #else
   (void)threads;
 #endif
@@ -367,7 +384,15 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
 #endif
   for (size_t k = 0; k < nchunks; k++) {
     const size_t r0 = k * rows / nchunks, r1 = (k + 1) * rows / nchunks;
-    quad[k] = fn(a, b, r0, r1, cols, ld, x, acc0 + k * span, nv);
+    float *tile = NULL;
+    if (tiled) {
+      int me = 0;
+#ifdef _OPENMP
+      me = omp_get_thread_num();
+#endif
+      tile = tiles->buf + (size_t)me * 2 * tiles->floats;
+    }
+    quad[k] = chunk(fn, m, r0, r1, cols, x, acc0 + k * span, nv, tile);
   }
   double total = 0.0;
   for (size_t k = 0; k < nchunks; k++) total += quad[k];
