@@ -389,6 +389,38 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
   return b->buf;
 }
 
+/* How the library can read t where it is mapped: F32 (4-byte aligned), F16 or BF16 on a
+ * little-endian host, the file's bytes being the host's 16-bit values; -1 when it must be
+ * converted to f32 first (quantized, unaligned F32, a big-endian host). */
+static int readable_in_place(const stab_ckpt_tensor *t) {
+  if (!t || !little_endian()) return -1;
+  if (t->dtype == STAB_DTYPE_F32) return (uintptr_t)t->data % sizeof(float) == 0 ? STAB_DTYPE_F32 : -1;
+  if (t->dtype == STAB_DTYPE_F16 || t->dtype == STAB_DTYPE_BF16) return (int)t->dtype;
+  return -1;
+}
+
+/* The dtype a layer made of t, bias and tk (either may be NULL) is handed to the library in:
+ * t's own when all three are read in place in it (a layer has one dtype), else F32 (converted).
+ * Reading BF16 where it is mapped is what keeps the probe's memory bounded: as f32, Llama-7B's
+ * 32000 x 4096 embedding alone is a 524 MB copy per measuring thread. */
+static stab_dtype layer_dtype(const stab_ckpt_tensor *t, const stab_ckpt_tensor *bias, const stab_ckpt_tensor *tk) {
+  int d = readable_in_place(t);
+  if (d < 0 || (bias && readable_in_place(bias) != d) || (tk && readable_in_place(tk) != d)) return STAB_DTYPE_F32;
+  return (stab_dtype)d;
+}
+
+/* t as the library reads it in dtype (from layer_dtype): its mapping when dtype is t's own,
+ * else as_f32's conversion. */
+static const float *weights_as(const stab_ckpt_tensor *t, stab_dtype dtype, f32buf *b, int keep_mapped) {
+  if (readable_in_place(t) == (int)dtype) return (const float *)(const void *)t->data;
+  return as_f32(t, b, keep_mapped);
+}
+
+/* p advanced by k elements of dtype: the library counts offsets in elements of the layer's dtype. */
+static const float *elem_at(const float *p, stab_dtype dtype, size_t k) {
+  return (const float *)(const void *)((const unsigned char *)p + k * (dtype == STAB_DTYPE_F32 ? 4 : 2));
+}
+
 /* ---- the order of the rows (--sort, --top) and the summary ---------------------------- */
 
 /* The value --sort METRIC orders by (SORT_FORWARD ...). */
@@ -980,13 +1012,14 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
   return 0;
 }
 
-/* The logit bounds of attention row r, from q and k as f32 (r->q_off, r->k_off into them):
- * the library's attention metrics when every query head has its own key head, else one
+/* The logit bounds of attention row r, from q and k stored as dtype (r->q_off, r->k_off into
+ * them): the library's attention metrics when every query head has its own key head, else one
  * single-head measurement per query head against its group's key head. */
-static stab_status measure_attention(row *r, const float *q, const float *k, const stab_metrics_params *mp) {
+static stab_status measure_attention(row *r, const float *q, const float *k, stab_dtype dtype,
+                                     const stab_metrics_params *mp) {
   stab_layer L = {.name = r->name, .kind = STAB_KIND_ATTENTION, .d_in = r->d_in, .d_out = r->d_out,
-                  .layout = r->layout, .ld = r->ld, .weight = q + r->q_off, .weight_k = k + r->k_off,
-                  .heads = r->heads};
+                  .layout = r->layout, .ld = r->ld, .weight = elem_at(q, dtype, r->q_off),
+                  .weight_k = elem_at(k, dtype, r->k_off), .heads = r->heads, .dtype = dtype};
   if (r->kv_heads == r->heads) return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
   size_t dh = r->d_out / r->heads, group = r->heads / r->kv_heads;
   size_t step = r->layout == STAB_LAYOUT_IN_MAJOR ? dh : dh * r->ld; /* one head's block */
@@ -995,8 +1028,8 @@ static stab_status measure_attention(row *r, const float *q, const float *k, con
     stab_layer one = L;
     stab_metrics m;
     one.d_out = dh, one.heads = 1;
-    one.weight = L.weight + h * step;
-    one.weight_k = L.weight_k + (h / group) * step;
+    one.weight = elem_at(L.weight, dtype, h * step);
+    one.weight_k = elem_at(L.weight_k, dtype, (h / group) * step);
     stab_status st = stab_layer_metrics(&one, NULL, mp, &m, &r->head_bounds[h]);
     if (st != STAB_OK) return st;
     if (h == 0) r->m = m;
@@ -1388,21 +1421,26 @@ static const char *find_counterpart(const ckpt *prev, row *r) {
 static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
   stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
   if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
-  const float *w = as_f32(r->t, &rb->w, keep_mapped), *b = r->bias ? as_f32(r->bias, &rb->b, keep_mapped) : NULL;
-  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
+  /* F16 and BF16 go to the library as they are mapped (it converts a few rows at a time);
+   * only quantized, unaligned or big-endian tensors are converted whole */
+  const stab_dtype dt = layer_dtype(r->t, r->bias, r->tk);
+  const float *w = weights_as(r->t, dt, &rb->w, keep_mapped);
+  const float *b = r->bias ? weights_as(r->bias, dt, &rb->b, keep_mapped) : NULL;
+  const float *wk = r->tk == r->t ? w : r->tk ? weights_as(r->tk, dt, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return 1;
   stab_layer L = {.name = r->name, .kind = r->kind,
                   .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
-                  .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
+                  .weight = w, .bias = b, .weight_k = wk, .heads = r->heads, .dtype = dt};
   set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
-  if (r->prev_t) {
-    before.weight = as_f32(r->prev_t, &rb->pw, 0);
-    before.bias = r->bias ? as_f32(r->prev_bias, &rb->pb, 0) : NULL;
+  if (r->prev_t) { /* in its own dtype: a BF16 checkpoint against an F32 one reads both in place */
+    before.dtype = layer_dtype(r->prev_t, r->bias ? r->prev_bias : NULL, NULL);
+    before.weight = weights_as(r->prev_t, before.dtype, &rb->pw, 0);
+    before.bias = r->bias ? weights_as(r->prev_bias, before.dtype, &rb->pb, 0) : NULL;
     if (!before.weight || (r->bias && !before.bias)) return 1;
     bp = &before;
   }
-  stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, mp)
+  stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, dt, mp)
                                                   : stab_layer_metrics(&L, bp, mp, &r->m, r->head_bounds);
   if (st != STAB_OK) {
     cli_error("%s: %s", r->name, stab_last_error());
