@@ -129,13 +129,15 @@ static const char *const dtype_names[] = {"BF16", "F16"};
 
 /* ---- linear ------------------------------------------------------------------------------ */
 
-/* out-major and in-major, with a bias, with before; shapes around the tile (8 rows of 3000 and
- * 327 rows of 100: a 75-row chunk holds 9 tiles and 3 rows), 1 row, 1 column */
+/* out-major and in-major, with a bias, with before; shapes around the tile: 3000 x 400 has
+ * more than the 2^20 elements converted whole (smaller 16-bit matrices are converted once per
+ * estimate), so its passes go through tiles of 8 rows of 3000, a 66-row chunk holding 8 tiles
+ * and 2 rows; 320 rows of 100 a tile; 1 row, 1 column */
 static const struct {
   size_t d_in, d_out;
   stab_layout layout;
 } linear_shapes[] = {
-    {3000, 300, STAB_LAYOUT_OUT_MAJOR}, {100, 1000, STAB_LAYOUT_OUT_MAJOR}, {301, 1, STAB_LAYOUT_OUT_MAJOR},
+    {3000, 400, STAB_LAYOUT_OUT_MAJOR}, {100, 1000, STAB_LAYOUT_OUT_MAJOR}, {301, 1, STAB_LAYOUT_OUT_MAJOR},
     {1, 45, STAB_LAYOUT_OUT_MAJOR},     {333, 77, STAB_LAYOUT_IN_MAJOR},    {5, 3, STAB_LAYOUT_IN_MAJOR},
 };
 #define NLINEAR (sizeof linear_shapes / sizeof linear_shapes[0])
@@ -242,6 +244,14 @@ START_TEST(test_attention) {
                    .layout = STAB_LAYOUT_IN_MAJOR, .ld = d, .weight = q.f + 60, .weight_k = k.f + 1000, .heads = 5};
   snprintf(what, sizeof what, "attention in-major block, ld %zu, %s", d, dtype_names[_i]);
   check_layer(what, li, &q, NULL, &k, NULL, NULL, NULL);
+  /* one head of 260 rows of 4100 (over 2^20 elements: through the tiles, 8 rows each, a
+   * boundary every 8 rows of the head's block and 4 left) */
+  twin q1 = twin_random(260 * d, dt, 0.05, &r), k1 = twin_random(260 * d, dt, 0.05, &r);
+  stab_layer one = {.name = "attn1", .kind = STAB_KIND_ATTENTION, .d_in = d, .d_out = 260, .weight = q1.f,
+                    .weight_k = k1.f, .heads = 1};
+  snprintf(what, sizeof what, "attention, one head of 260 rows, %s", dtype_names[_i]);
+  check_layer(what, one, &q1, NULL, &k1, NULL, NULL, NULL);
+  twin_free(&q1), twin_free(&k1);
   /* GQA: query head 3 against key head 1, one head each */
   stab_layer g = {.name = "gqa", .kind = STAB_KIND_ATTENTION, .d_in = d, .d_out = dh, .weight = q.f + 3 * dh * d,
                   .weight_k = k.f + 1 * dh * d, .heads = 1};
