@@ -295,11 +295,13 @@ typedef struct {
  *
  * Stored as F16 or BF16 (.dtype): weight, bias and weight_k point to 16-bit elements (cast the
  * uint16_t pointer: `.weight = (const float *)bf16`, no alignment beyond 2 bytes needed), and
- * ld and every offset into a fused matrix count elements, as for f32. The passes convert a few
- * rows at a time into a small f32 tile (about 128 KiB, at least 8 rows) and run the f32 kernels
- * on it: the metrics are bit-identical to those of the same layer converted to f32 first (the
- * conversion is exact), and no f32 copy of the tensor is made. Other dtypes (QUANT, OTHER) are
- * not read natively: convert them (stab_ckpt_read_f32). The monitor takes F32 layers only.
+ * ld and every offset into a fused matrix count elements, as for f32. The SIMD pass kernels
+ * read BF16 as it is stored; other 16-bit passes convert a few rows at a time into a small f32
+ * tile (about 128 KiB, at least 8 rows; a matrix of at most 2^20 elements, e.g. an attention
+ * head's block, is converted once per estimate, 4 MiB). The metrics are bit-identical to those
+ * of the same layer converted to f32 first (the conversion is exact; the sums are the same),
+ * and no f32 copy of the tensor is made. Other dtypes (QUANT, OTHER) are not read natively:
+ * convert them (stab_ckpt_read_f32). The monitor takes F32 layers only.
  *
  * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, a dtype other than F32,
  * F16 or BF16, or table sizes given as above, STAB_EINVAL; zero or inconsistent sizes, a stride below the stored row or a matrix
