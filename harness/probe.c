@@ -1456,12 +1456,15 @@ static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, i
   return 0;
 }
 
-/* The share of the run a row stands for in the ETA: the numbers it reads. An attention row
- * reads its q and k blocks (counting only q's tensor, as before, put Llama-7B's 32 attention
- * rows, last in the table, at 1/14 of the work for a quarter of the time, and the ETA said
- * 2 s with 10 s to go); a fused qkv's row reads two thirds of its tensor. */
+/* The share of the run a row stands for in the ETA: the numbers it reads, times how often.
+ * An attention row reads its q and k blocks (counting only q's tensor put Llama-7B's 32
+ * attention rows, last in the table, at 1/14 of the work for a quarter of the time: the ETA
+ * said 2 s with 10 s to go); a table is swept twice where a linear layer's Lanczos makes 10 to
+ * 30 passes (counted as a linear, Llama-7B's embedding, first, made the ETA 10 s at 1.3 s
+ * into a 26.5 s run). */
 static double row_work(const row *r) {
   if (r->kind == STAB_KIND_ATTENTION) return 2.0 * (double)r->d_in * (double)r->d_out;
+  if (r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD) return 0.15 * (double)r->t->count;
   return (double)r->t->count;
 }
 

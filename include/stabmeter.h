@@ -12,8 +12,8 @@
  *  - Every function that can fail returns a stab_status (STAB_OK = 0, errors negative);
  *    results come back through output pointers. The library never prints, never exits,
  *    never aborts; a failure's detail is in stab_last_error() of the calling thread.
- *  - Weights are f32; every sum accumulates in f64. Results do not depend on the number
- *    of threads.
+ *  - Weights are f32 (stab_layer_metrics also reads F16 and BF16 as stored: stab_layer.dtype);
+ *    every sum accumulates in f64. Results do not depend on the number of threads.
  *  - A metric that does not exist for a kind, or is not yet measured, is NaN.
  */
 #ifndef STABMETER_H
