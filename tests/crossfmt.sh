@@ -2,7 +2,8 @@
 # crossfmt.sh — probe --prev across formats: a GGUF file against the safetensors it was converted
 # from by tests/gguf_convert (llama.cpp's names, q/k row permutation, Conv1D transpose), both
 # ways. F32: every layer's update exactly 0, and large q/k updates when the file skipped the
-# permutation (so the zeros are not vacuous); Qwen2 (no permutation) also 0. Q8_0, Q4_K, F16:
+# permutation (so the zeros are not vacuous); Qwen2 (no permutation) and Gemma (norms plus one)
+# also 0. Q8_0, Q4_K, F16:
 # every layer's update and rel_update equal gguf_convert --reference (the file's blocks decoded
 # by the tests' own decoder, minus the original, LAPACK f64 sigma) within 1e-5 relative, on a
 # Llama model, an HF GPT-2 (in-major Conv1D, biases) and a stabmeter-train checkpoint. An
@@ -41,6 +42,11 @@ if mode == "zero":                      # every update exactly 0
     for l in layers:
         if l["update"] != 0 or l["rel_update"] != 0:
             bad.append("%s: update %r rel_update %r, want 0" % (l["name"], l["update"], l["rel_update"]))
+elif mode == "f32-rounding":            # 0, but a norm's w + 1 - 1 is w only to f32 rounding
+    for l in layers:
+        lim = 2.0 ** -22 if l["kind"] == "gain" else 0
+        if not (0 <= l["update"] <= lim):
+            bad.append("%s: update %r, want at most %g" % (l["name"], l["update"], lim))
 elif mode == "unpermuted":              # q and k far off, everything else 0
     for l in layers:
         qk = any(s in l["tensor"] for s in ("attn_q.", "attn_k.", "q_proj.", "k_proj."))
@@ -107,6 +113,15 @@ expect "convert as qwen2" 0 '' "$conv" --arch qwen2 "$dir/l.safetensors" "$dir/q
 expect "probe qwen2 GGUF" 0 '' "$probe" --quiet --json --exact "$dir/q.f32.gguf" --prev "$dir/l.safetensors"
 cp "$out_file" "$dir/q.json"
 check "$dir/q.json" zero "" "qwen2 F32"
+
+# Gemma: HF's order too, and llama.cpp stores its norm weights plus one
+expect "convert as gemma" 0 '' "$conv" --arch gemma "$dir/l.safetensors" "$dir/gm.f32.gguf" F32
+expect "probe gemma GGUF" 0 '' "$probe" --quiet --json --exact "$dir/gm.f32.gguf" --prev "$dir/l.safetensors"
+cp "$out_file" "$dir/gm.json"
+check "$dir/gm.json" zero "" "gemma F32 (norms stored plus one)"
+expect "probe safetensors --prev gemma GGUF" 0 '' "$probe" --quiet --json --exact "$dir/l.safetensors" --prev "$dir/gm.f32.gguf"
+cp "$out_file" "$dir/gm2.json"
+check "$dir/gm2.json" f32-rounding "" "gemma F32, the other way"
 
 # ---- quantized: each layer's error against the reference -----------------------------------
 # Llama: 21 layers (embedding, 2 x 9, output_norm, lm_head) and each row of 256 or 512 is whole

@@ -5,7 +5,7 @@
  * --reference, the quantization error each layer of such a pair must show, computed here from
  * the file's blocks decoded by the tests' own decoder, independently of the probe.
  *
- * Usage: gguf_convert [--arch llama|qwen2|gpt2] [--heads H] [--kv-heads K] [--no-permute]
+ * Usage: gguf_convert [--arch llama|qwen2|gemma|gpt2] [--heads H] [--kv-heads K] [--no-permute]
  *                     IN.safetensors OUT.gguf TYPE
  *   TYPE: F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K or Q4_K. 1-D tensors (norms, biases) stay
  *   F32, as llama.cpp keeps them. A weight whose rows are not whole blocks of TYPE falls back
@@ -14,7 +14,9 @@
  *   Llama's q_proj and k_proj rows permuted within each head as LlamaModel.permute does (the
  *   query heads for q, the key heads for k; --no-permute leaves them, to show what a missed
  *   permutation looks like); HF GPT-2 Conv1D weights transposed unless the file is
- *   stabmeter-train's (out-major already). Metadata: general.architecture, general.name,
+ *   stabmeter-train's (out-major already); --arch gemma stores the norm weights plus one, as
+ *   llama.cpp does for Gemma (whose HF weights are w - 1), and qwen2 and gemma keep HF's q/k
+ *   row order (their converter classes do not permute). Metadata: general.architecture, general.name,
  *   general.file_type, general.quantization_version, <arch>.context_length,
  *   embedding_length, block_count, feed_forward_length, attention.head_count and
  *   head_count_kv, rope.dimension_count (llama), the norm epsilon. No tokenizer: llama.cpp
@@ -174,6 +176,7 @@ typedef struct {
   const char *arch;
   size_t heads, kv_heads, dh;
   int permute, conv1d_in_major;
+  float norm_offset; /* added to norm weights (Gemma) */
 } model;
 
 /* The architecture, heads and layouts of st (arch_opt, heads_opt, kv_opt: the options or 0). */
@@ -205,6 +208,7 @@ static int describe(const stab_safetensors *st, const char *arch_opt, size_t hea
   if (!m->kv_heads) m->kv_heads = m->heads;
   if (q) m->dh = (size_t)q->shape[0] / m->heads;
   m->permute = !strcmp(m->arch, "llama");
+  m->norm_offset = !strcmp(m->arch, "gemma") ? 1.0f : 0.0f;
   const char *producer = metadata(st, "producer");
   m->conv1d_in_major = gpt2_arch(m->arch) && !(producer && !strncmp(producer, "stabmeter-train", 15));
   return 0;
@@ -230,6 +234,8 @@ static float *converted_values(const model *m, const stab_ckpt_tensor *t, const 
     *rows = *cols, *cols = r;
     return y;
   }
+  if (weight && m->norm_offset != 0.0f && strstr(module, "_norm"))
+    for (size_t e = 0; e < (size_t)t->count; e++) x[e] += m->norm_offset;
   int q = !strcmp(module, "attn_q"), k = !strcmp(module, "attn_k");
   if (permute && m->permute && (q || k)) {
     /* a bias is one column of rows values */
@@ -547,8 +553,8 @@ int main(int argc, char **argv) {
   if (argc - a != (ref ? 2 : 3)) return usage();
   const out_type *want = ref ? NULL : type_named(argv[a + 2]);
   if (!ref && !want) return fprintf(stderr, "gguf_convert: unknown type '%s'\n", argv[a + 2]), 2;
-  if (arch && strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "gpt2"))
-    return fprintf(stderr, "gguf_convert: --arch llama, qwen2 or gpt2\n"), 2;
+  if (arch && strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "gemma") && strcmp(arch, "gpt2"))
+    return fprintf(stderr, "gguf_convert: --arch llama, qwen2, gemma or gpt2\n"), 2;
   stab_safetensors *st = NULL;
   if (stab_safetensors_open(argv[a], &st) != STAB_OK) {
     fprintf(stderr, "gguf_convert: %s\n", stab_last_error());
