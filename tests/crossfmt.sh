@@ -198,4 +198,16 @@ expect "a tensor renamed" 0 "warning: .* 1 of 21 layers have no counterpart" \
 if grep -q "model.layers.1.mlp.up_proj: no update: not found (looked for 'blk.1.ffn_up.weight')" "$out_file"; then pass; else
   fail "the layer without a counterpart does not say which name was looked for"; grep -A3 "not measured" "$out_file"; fi
 
+# no head counts in the GGUF metadata: q and k cannot be put back in order, so no update for
+# them (said), the other layers measured
+python3 -c '
+import sys
+b = open(sys.argv[1], "rb").read()
+open(sys.argv[2], "wb").write(b.replace(b"llama.attention.head_count", b"llama.attention.head_cxxxx"))' "$dir/l.f32.gguf" "$dir/noheads.gguf"
+expect "no head counts" 0 "warning: .* 4 of 21 layers have no counterpart" \
+  "$probe" --quiet "$dir/noheads.gguf" --prev "$dir/l.safetensors"
+if grep -q "blk.0.attn_k: no update: no row order (the GGUF metadata has no valid llama.attention.head_count" "$out_file" &&
+  grep -q "^blk.0.attn_v .* 0 " "$out_file"; then pass; else
+  fail "without head counts, q and k do not say why they have no update"; grep -A8 "not measured" "$out_file"; fi
+
 summary crossfmt.sh
