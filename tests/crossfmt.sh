@@ -6,7 +6,7 @@
 # also 0. Q8_0, Q4_K, F16:
 # every layer's update and rel_update equal gguf_convert --reference (the file's blocks decoded
 # by the tests' own decoder, minus the original, LAPACK f64 sigma) within 1e-5 relative, on a
-# Llama model, an HF GPT-2 (in-major Conv1D, biases) and a stabmeter-train checkpoint. An
+# Llama model, an HF GPT-2 (in-major Conv1D, biases) and stabmeter-train checkpoints (Q4_0 too). An
 # architecture with no name map and a pair of different models are refused (exit 2) with
 # their message. Skipped (77) without python3, which reads the JSON reports.
 set -u
@@ -169,6 +169,16 @@ cp "$out_file" "$dir/t.ref"
 expect "probe it --prev the checkpoint" 0 '' "$probe" --quiet --json --exact "$dir/t.gguf" --prev "$dir/run/model.safetensors"
 cp "$out_file" "$dir/t.json"
 check "$dir/t.json" ref:10 "$dir/t.ref"
+
+# with biases and a head of its own (output.weight), in Q4_0
+expect "train with biases, untied" 0 '' "$top/harness/train" --width 32 --depth 1 --heads 2 --context 8 --batch 2 \
+  --steps 2 --corpus-bytes 4096 --biases --untied --out "$dir/run2"
+expect "convert it to Q4_0" 0 '' "$conv" "$dir/run2/model.safetensors" "$dir/t2.gguf" Q4_0
+expect "reference of it" 0 '' "$conv" --reference "$dir/run2/model.safetensors" "$dir/t2.gguf"
+cp "$out_file" "$dir/t2.ref"
+expect "probe the checkpoint --prev it" 0 '' "$probe" --quiet --json --exact "$dir/run2/model.safetensors" --prev "$dir/t2.gguf"
+cp "$out_file" "$dir/t2.json"
+check "$dir/t2.json" ref:10 "$dir/t2.ref"
 
 # ---- refused: no name map, different models ---------------------------------------------
 # the Llama GGUF renamed to an architecture with no map (same length, so the file stays valid)
