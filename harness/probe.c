@@ -1407,7 +1407,8 @@ static const char *gguf_arch(const stab_gguf *g) {
   return kv && kv->type == STAB_GGUF_STRING ? kv->s : NULL;
 }
 
-/* Sets r's owned reason for having no update (the message names the tensor looked for). */
+/* Sets r's owned reason for having no update (the message names the tensor looked for): fmt
+ * with one or two %s, a and b (b unused by a format with one). */
 static const char *no_update_because(row *r, const char *fmt, const char *a, const char *b) {
   char buf[700];
   snprintf(buf, sizeof buf, fmt, a, b);
@@ -1464,12 +1465,13 @@ static const char *find_converted(const ckpt *cur, const ckpt *prev, row *r) {
   stab_name_transform how, bhow;
   const stab_ckpt_tensor *pt = converted_find(cur, prev, arch, r->t->name, &how, tried, sizeof tried);
   if (!pt && !tried[0]) return "not found (no counterpart name: the tensor is not in the name map)";
-  if (!pt) return no_update_because(r, "not found (looked for '%s'%s)", tried, "");
+  if (!pt) return no_update_because(r, "not found (looked for '%s')", tried, NULL);
   const stab_ckpt_tensor *pbias = NULL;
   if (r->bias && !(pbias = converted_find(cur, prev, arch, r->bias->name, &bhow, btried, sizeof btried)))
-    return no_update_because(r, "its bias is not found (looked for '%s'%s)", btried[0] ? btried : r->bias->name, "");
+    return no_update_because(r, "its bias is not found (looked for '%s')", btried[0] ? btried : r->bias->name, NULL);
   /* the HF side is in-major when it has Conv1D's layout: the row's own, or the rule's for it */
-  int hf_in_major = cur->gg ? !made_by_train(hf) && pt->ndim == 2 && conv1d_shape(pt->name, (size_t)pt->shape[0], (size_t)pt->shape[1])
+  int hf_in_major = cur->gg ? !made_by_train(hf) && pt->ndim == 2 &&
+                                  conv1d_shape(pt->name, (size_t)pt->shape[0], (size_t)pt->shape[1])
                             : r->layout == STAB_LAYOUT_IN_MAJOR && r->kind == STAB_KIND_LINEAR;
   int transposed = how.conv1d && hf_in_major && r->t->ndim == 2;
   int same = pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
