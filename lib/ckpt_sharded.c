@@ -245,7 +245,7 @@ void stab_sharded_close(stab_sharded *f) {
 }
 
 /* Opens shard k, saying what went wrong in the index's terms. */
-static stab_status open_shard(stab_sharded *f, size_t k, const char *first_tensor) {
+static stab_status open_shard(stab_sharded *f, size_t k, const char *first_tensor, size_t listed) {
   const char *ipath = f->index ? f->index->path : f->dir;
   stab_status st = stab_safetensors_open(f->shard_paths[k], &f->shards[k]);
   if (st == STAB_OK || !f->index) return st;
@@ -257,7 +257,7 @@ static stab_status open_shard(stab_sharded *f, size_t k, const char *first_tenso
                      : st == STAB_EFORMAT              ? "is not a valid safetensors file"
                                                        : "cannot be read";
   return stabi_fail(st, "%s: shard '%s' (holding tensor '%.200s'%s) %s: %s", ipath, f->index->shards[k], first_tensor,
-                    f->index->count > 1 ? " and others" : "", what, inner);
+                    listed > 1 ? " and others" : "", what, inner);
 }
 
 /* The shards against the index: each tensor in exactly the shard the index names. */
@@ -370,13 +370,11 @@ stab_status stab_sharded_open(const char *path, stab_sharded **out) {
   }
   size_t total = 0;
   for (size_t k = 0; k < f->nshards; k++) {
-    const char *first = "?";
+    const char *first = NULL; /* the shard's first tensor by name, for the message */
+    size_t listed = 0;
     for (size_t i = 0; f->index && i < f->index->count; i++)
-      if (f->index->shard_of[i] == k) {
-        first = f->index->names[i];
-        break;
-      }
-    if ((st = open_shard(f, k, first)) != STAB_OK) goto out;
+      if (f->index->shard_of[i] == k) listed++, first = first ? first : f->index->names[i];
+    if ((st = open_shard(f, k, first ? first : "?", listed)) != STAB_OK) goto out;
     total += stab_safetensors_count(f->shards[k]);
   }
   if (!(f->tensors = malloc((total ? total : 1) * sizeof *f->tensors)) ||
