@@ -37,9 +37,10 @@ static stab_status get_count(const scopes *s, const char *const *keys, uint64_t 
     const stabi_json *v = lookup(s, keys[k], &nested);
     if (!v || v->type == STABI_JSON_NULL) continue;
     const char *where = nested ? "text_config." : "";
+    int str = v->type == STABI_JSON_STRING;
     if (v->type != STABI_JSON_NUMBER)
       return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %s%s%.40s%s, not a whole number", s->path, where, keys[k],
-                        stabi_json_type_name(v), v->s ? " \"" : "", v->s ? v->s : "", v->s ? "\"" : "");
+                        stabi_json_type_name(v), str ? " \"" : "", str ? v->s : "", str ? "\"" : "");
     if (!v->is_uint || v->u < lo || v->u > COUNT_MAX)
       return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %g, not a whole number from %llu to %llu", s->path, where,
                         keys[k], v->num, (unsigned long long)lo, (unsigned long long)COUNT_MAX);

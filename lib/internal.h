@@ -226,17 +226,22 @@ typedef enum {
   STABI_JSON_ARRAY, STABI_JSON_OBJECT
 } stabi_json_type;
 
-/* One JSON value; a tree owns its children. */
+/* One JSON value; a tree owns its children. Kept small (48 bytes): a hostile file of N bytes
+ * can hold N / 2 values, and the tree must stay within a small multiple of the file. */
 typedef struct stabi_json {
   stabi_json_type type;
-  size_t at;                 /* byte offset of the value in the text, for messages */
-  double num;                /* NUMBER */
   int is_uint;               /* NUMBER written as a non-negative integer that fits 64 bits: u */
-  uint64_t u;
-  char *s;                   /* STRING, decoded (valid UTF-8, no NUL) */
+  size_t at;                 /* byte offset of the value in the text, for messages */
   size_t n;                  /* ARRAY, OBJECT: members */
-  struct stabi_json *items;  /* (n) values */
-  char **keys;               /* OBJECT: (n) keys, decoded, unique */
+  uint64_t u;
+  union {
+    double num;              /* NUMBER */
+    char *s;                 /* STRING, decoded (valid UTF-8, no NUL) */
+    struct {
+      struct stabi_json *items; /* ARRAY, OBJECT: (n) values */
+      char **keys;              /* OBJECT: (n) keys, decoded, unique */
+    };
+  };
 } stabi_json;
 
 /* Parses len bytes of text (path names it in messages) into *out: strict RFC 8259, strings valid

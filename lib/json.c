@@ -271,11 +271,14 @@ static stab_status parse_value(cursor *c, stabi_json *v, int depth) {
 
 void stabi_json_free(stabi_json *v) {
   if (!v) return;
-  for (size_t i = 0; i < v->n; i++) {
-    stabi_json_free(&v->items[i]);
-    if (v->keys) free(v->keys[i]);
+  if (v->type == STABI_JSON_STRING) free(v->s);
+  if (v->type == STABI_JSON_ARRAY || v->type == STABI_JSON_OBJECT) {
+    for (size_t i = 0; i < v->n; i++) {
+      stabi_json_free(&v->items[i]);
+      if (v->keys) free(v->keys[i]);
+    }
+    free(v->items), free(v->keys);
   }
-  free(v->items), free(v->keys), free(v->s);
   memset(v, 0, sizeof *v);
 }
 
