@@ -42,7 +42,7 @@ static stab_status get_count(const scopes *s, const char *const *keys, uint64_t 
       return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %s%s%.40s%s, not a whole number", s->path, where, keys[k],
                         stabi_json_type_name(v), str ? " \"" : "", str ? v->s : "", str ? "\"" : "");
     if (!v->is_uint || v->u < lo || v->u > COUNT_MAX)
-      return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %g, not a whole number from %llu to %llu", s->path, where,
+      return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %g, not a whole number from %llu to %llu (in digits)", s->path, where,
                         keys[k], v->num, (unsigned long long)lo, (unsigned long long)COUNT_MAX);
     if (!first) {
       first = keys[k], *out = (size_t)v->u;
