@@ -309,6 +309,15 @@ static void ck_meta(const ckpt *c, size_t i, const char **k, const char **v) {
   if (c->sh) stab_sharded_metadata(c->sh, i, k, v);
   else stab_safetensors_metadata(c->st, i, k, v);
 }
+/* Where t's bytes sit in the checkpoint as one sequence of bytes: its offset in its file, after
+ * the earlier shards' bytes for a sharded model (their offsets restart in every shard). */
+static uint64_t ck_place(const ckpt *c, const stab_ckpt_tensor *t) {
+  size_t i;
+  if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
+  uint64_t base = 0;
+  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++) base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
+  return base + t->offset;
+}
 static void ck_close(ckpt *c) {
   stab_safetensors_close(c->st);
   stab_gguf_close(c->gg);
@@ -1052,14 +1061,16 @@ static void set_layer_sizes(stab_layer *L, const row *r) {
 typedef struct {
   void *base;
   size_t bytes;
+  const ckpt *ck; /* the places are its (ck_place: the shards one after another) */
 } file_space;
 
-static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
+static int file_space_reserve(file_space *fs, const ckpt *ck, const row *rows, size_t n) {
   uint64_t end = 0;
+  fs->ck = ck;
   for (size_t i = 0; i < n; i++) {
     const stab_ckpt_tensor *ts[] = {rows[i].t, rows[i].bias, rows[i].tk};
     for (size_t k = 0; k < 3; k++)
-      if (ts[k] && ts[k]->offset + ts[k]->count > end) end = ts[k]->offset + ts[k]->count;
+      if (ts[k] && ck_place(ck, ts[k]) + ts[k]->count > end) end = ck_place(ck, ts[k]) + ts[k]->count;
   }
   fs->bytes = (size_t)(end ? end : 1) * sizeof(float);
   fs->base = mmap(NULL, fs->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1067,12 +1078,12 @@ static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
 }
 
 static const float *file_address(const file_space *fs, const stab_ckpt_tensor *t, size_t elem_offset) {
-  return t ? (const float *)fs->base + t->offset + elem_offset : NULL;
+  return t ? (const float *)fs->base + ck_place(fs->ck, t) + elem_offset : NULL;
 }
 
-static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
+static int write_trace(const options *o, const ckpt *ck, const row *rows, size_t n, int64_t step) {
   file_space fs;
-  if (!file_space_reserve(&fs, rows, n)) {
+  if (!file_space_reserve(&fs, ck, rows, n)) {
     cli_error("%s: cannot reserve address space for the trace's layers: %s", o->hdf5, strerror(errno));
     return 1;
   }
@@ -1891,7 +1902,7 @@ int main(int argc, char **argv) {
   }
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
     cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - t0);
-  if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
+  if (o.hdf5 && (rc = write_trace(&o, &f, rows, n, o.step))) goto out;
   if (!(order = report_order(&o, rows, n, &shown_rows))) goto oom;
   if (o.json) print_json(&o, &f, rows, n, order, shown_rows);
   else print_table(&o, &f, rows, n, order, shown_rows);

@@ -90,6 +90,19 @@ if same "$dir/dirprev.json" "$out_file"; then pass; else fail "--prev DIR differ
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert all(l["update"] is not None for l in r["layers"] if l["kind"] != "attention"), r' \
   "$dir/dirprev.json" && pass || fail "--prev DIR: an update missing"
 
+# --hdf5: the trace's record of shared storage sees the shards one after another (their offsets
+# restart in every file: taken as they are, tensors of different shards looked like one storage)
+if command -v h5dump >/dev/null 2>&1; then
+  attrs() { h5dump -A "$1" | grep -Ev '"[0-9]{4}-[0-9]{2}-[0-9]{2}T|^HDF5 "'; }
+  expect "--hdf5 of the directory" 0 '' "$probe" "$model" --hdf5 "$dir/dir.h5" --step 1 --quiet
+  expect "--hdf5 of the single file" 0 '' "$probe" "$dir/one/model.safetensors" --hdf5 "$dir/one.h5" --step 1 --quiet
+  attrs "$dir/dir.h5" >"$dir/dir.attrs" && attrs "$dir/one.h5" >"$dir/one.attrs"
+  if cmp -s "$dir/dir.attrs" "$dir/one.attrs"; then pass; else
+    fail "--hdf5: the directory's trace attributes (param_count_unique, shares_storage_with) differ from the file's"
+    diff "$dir/dir.attrs" "$dir/one.attrs" | head -n 10
+  fi
+fi
+
 # one shard alone: its embedding is not the model's head (that is in shard 3); said so
 expect "one shard" 0 'shard 1 of 3 .*probe the directory' "$probe" --json "$model/model-00001-of-00003.safetensors"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert not any(l["kind"] == "lm_head" for l in r["layers"]), r["layers"]' \
