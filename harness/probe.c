@@ -1654,9 +1654,18 @@ static int decide_step(options *o, const ckpt *f) {
   const char *meta_from = NULL;
   char why[160];
   int64_t meta = step_from_metadata(o, f, &meta_from, why, sizeof why), named = step_from_name(o->checkpoint);
+  const char *name_is = "the file name";
+  if (named < 0 && f->sh) {
+    /* a sharded model: its directory's name (the Hugging Face Trainer's checkpoint-500/), a
+     * trailing '/' aside */
+    char d[4096];
+    snprintf(d, sizeof d, "%s", stab_sharded_directory(f->sh));
+    for (size_t k = strlen(d); k > 1 && d[k - 1] == '/'; k--) d[k - 1] = '\0';
+    if ((named = step_from_name(d)) >= 0) name_is = "the directory's name";
+  }
   if (o->hdf5 && why[0]) cli_error("warning: %s: %s; not used as the step", o->checkpoint, why);
   if (o->step < 0 && meta >= 0) o->step = meta, o->step_from = meta_from;
-  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = "the file name";
+  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = name_is;
   if (!o->hdf5) return 0;
   if (o->step < 0) {
     cli_error("%s: no step in its metadata or its file name (e.g. step-000100.safetensors); give --step N",
@@ -1667,8 +1676,8 @@ static int decide_step(options *o, const ckpt *f) {
     cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step, o->step_from,
               meta_from, (long long)meta);
   else if (named >= 0 && named != o->step)
-    cli_error("warning: %s: step %lld from %s, but the file name says %lld", o->checkpoint, (long long)o->step,
-              o->step_from, (long long)named);
+    cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step,
+              o->step_from, name_is, (long long)named);
   if (!o->quiet) cli_error("%s: step %lld, from %s", o->hdf5, (long long)o->step, o->step_from);
   return 0;
 }

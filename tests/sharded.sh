@@ -103,6 +103,11 @@ if command -v h5dump >/dev/null 2>&1; then
   fi
 fi
 
+# --hdf5 of a Hugging Face Trainer's checkpoint-500/ (a trailing '/' as the shell completes it):
+# the step from the directory's name
+cp -r "$model" "$dir/checkpoint-500"
+expect "--hdf5 checkpoint-500/" 0 "step 500, from the directory's name" "$probe" "$dir/checkpoint-500/" --hdf5 "$dir/t500.h5"
+
 # one shard alone: its embedding is not the model's head (that is in shard 3); said so
 expect "one shard" 0 'shard 1 of 3 .*probe the directory' "$probe" --json "$model/model-00001-of-00003.safetensors"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert not any(l["kind"] == "lm_head" for l in r["layers"]), r["layers"]' \
