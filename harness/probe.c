@@ -55,7 +55,9 @@
  * 10. 1-D X.bias otherwise: bias.
  * 11. anything else: listed as not measured.
  * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
- * exists is tied: that embedding is reported a second time as lm_head.
+ * exists is tied: that embedding is reported a second time as lm_head. "No lm_head" is over
+ * the whole model (every shard; for one shard given alone, the names its index lists), and
+ * config.json's tie_word_embeddings false makes the head missing rather than tied.
  * A row's name is the layer's name as stabmeter-train's trace has it (layer_names): the tensor
  * name without a trailing ".weight" (transformer.h.0.mlp.c_fc), a bias of its own keeping its
  * ".bias" (it would clash with its norm's gain), an attention row X.logits, the tied head
@@ -1133,7 +1135,9 @@ static int write_trace(const options *o, const ckpt *ck, const row *rows, size_t
 
 static void usage(void) {
   printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
-         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16,\n"
+         "Stability metrics of every layer of a checkpoint: safetensors (a file, or a Hugging Face\n"
+         "model directory or its model.safetensors.index.json: every shard as one model, heads and\n"
+         "the tied head from its config.json), GGUF v2/v3 (F32, F16, BF16,\n"
          "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS tensors, dequantized as ggml does;\n"
          "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
@@ -1179,8 +1183,9 @@ static void usage(void) {
          "mlp.c_fc,mlp.c_proj} in Conv1D's shape (in-major; c_attn [d][3d], c_fc wider than tall,\n"
          "mlp.c_proj taller than wide); 1-D X.bias with a linear X.weight folded into it; 1-D\n"
          "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Integer dtypes, scalars\n"
-         "and 3-D+ tensors are listed as not measured. With no lm_head tensor, the token embedding\n"
-         "is reported also as lm_head (tied).\n"
+         "and 3-D+ tensors are listed as not measured. With no lm_head tensor in the model, the token\n"
+         "embedding is reported also as lm_head (tied), unless config.json says tie_word_embeddings\n"
+         "false.\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
