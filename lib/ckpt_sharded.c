@@ -337,7 +337,8 @@ stab_status stab_sharded_open(const char *path, stab_sharded **out) {
   if (S_ISDIR(sb.st_mode)) {
     /* transformers' own order: a single model.safetensors first, else the index */
     if (!(f->dir = strdup(path))) goto oom;
-    char *single = join(path, SINGLE_NAME);
+    for (size_t k = strlen(f->dir); k > 1 && f->dir[k - 1] == '/'; k--) f->dir[k - 1] = '\0'; /* "d/": d/shard */
+    char *single = join(f->dir, SINGLE_NAME);
     if (!single) goto oom;
     if (stat(single, &sb) == 0) {
       f->nshards = 1;
@@ -348,7 +349,7 @@ stab_status stab_sharded_open(const char *path, stab_sharded **out) {
       f->shard_paths[0] = single;
     } else {
       free(single);
-      if (!(index_path = index_in(path, &st))) {
+      if (!(index_path = index_in(f->dir, &st))) {
         if (st == STAB_ENOTFOUND)
           st = stabi_fail(STAB_EFORMAT, "%s: a directory with neither %s nor %s (a Hugging Face model's weights)", path,
                           SINGLE_NAME, INDEX_NAME);

@@ -244,7 +244,8 @@ typedef struct stabi_json {
   };
 } stabi_json;
 
-/* Parses len bytes of text (path names it in messages) into *out: strict RFC 8259, strings valid
+/* Parses len bytes of text (path names it in messages) into *out: strict RFC 8259 (plus Python's
+ * NaN, Infinity and -Infinity, as numbers), strings valid
  * UTF-8 without \u0000, no duplicate key in an object, nesting at most 64 deep. STAB_EFORMAT
  * naming path and the byte offset; STAB_ENOMEM. On failure *out holds nothing. */
 stab_status stabi_json_parse(const char *text, size_t len, const char *path, stabi_json *out);

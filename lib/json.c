@@ -1,6 +1,8 @@
 /* json.c — a small strict JSON parser (RFC 8259) into a tree, for the JSON files that sit beside a
  * checkpoint: a Hugging Face config.json and a sharded model's index. The safetensors header keeps
  * its own parser, fixed to that header's schema; these files are free-form, so they get a tree.
+ * Strict RFC 8259, but for the words NaN, Infinity and -Infinity, which Python's json module
+ * writes for such floats and so appear in real config.json files.
  * Every failure names the file and the byte offset; every allocation is bounded by a small
  * multiple of the text's length, and nesting by JSON_MAX_DEPTH, so a hostile file cannot make the
  * parser allocate or recurse without bound. */
@@ -261,6 +263,13 @@ static stab_status parse_value(cursor *c, stabi_json *v, int depth) {
   if (ch == '"') {
     v->type = STABI_JSON_STRING;
     return parse_string(c, &v->s);
+  }
+  /* Python's json.dump writes a float's infinity or NaN as these words (allow_nan is its
+   * default), so config.json files with them exist: taken as numbers, never as whole ones */
+  if (literal(c, "NaN") || literal(c, "Infinity") || literal(c, "-Infinity")) {
+    v->type = STABI_JSON_NUMBER;
+    v->num = c->p[v->at] == 'N' ? NAN : c->p[v->at] == '-' ? -INFINITY : INFINITY;
+    return STAB_OK;
   }
   if (ch == '-' || (ch >= '0' && ch <= '9')) return parse_number(c, v);
   if (literal(c, "true")) return v->type = STABI_JSON_TRUE, STAB_OK;

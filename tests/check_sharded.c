@@ -96,6 +96,12 @@ START_TEST(test_config_values) {
   c = config_of(" \r\n\t{ \"model_type\" : \"ll\\u0061ma\\u00e9\\ud83d\\ude00\" , \"n_head\" : 4 } \n");
   ck_assert_str_eq(c.model_type, "llama\xc3\xa9\xf0\x9f\x98\x80");
   ck_assert_uint_eq(c.num_attention_heads, 4);
+  /* Python's json.dump writes infinities and NaN as words: read as numbers, never as counts */
+  c = config_of("{\"n_head\": 4, \"max_position_embeddings\": Infinity, \"eps\": [NaN, -Infinity]}");
+  ck_assert_uint_eq(c.num_attention_heads, 4);
+  stab_hf_config bad;
+  ck_assert_int_eq(stab_hf_config_read(put("config.json", "{\"n_head\": Infinity}"), &bad), STAB_EFORMAT);
+  ck_assert(strstr(stab_last_error(), "\"n_head\" is inf, not a whole number") != NULL);
 }
 END_TEST
 

@@ -194,6 +194,15 @@ PY
 bad "an empty weight_map" 2 "$ixre: \"weight_map\" is empty" <<'PY'
 ix["weight_map"] = {}
 PY
+# the index a FIFO: refused at once (never waiting for a writer)
+mkfifo "$dir/fifo.index.json"
+expect "the index a FIFO" 2 "fifo\.index\.json: not a regular file: it is a FIFO" "$probe" "$dir/fifo.index.json"
+# the directory with a trailing '/' (as the shell completes it): the same model, paths without '//'
+expect "the directory as DIR/" 0 '' "$probe" --json "$model/"
+if same "$out_file" "$dir/one.json"; then pass; else fail "DIR/ differs from the single file"; fi
+rm -rf "$dir/slash" && cp -r "$model" "$dir/slash" && rm "$dir/slash/$s2"
+expect "DIR/ with a shard missing" 2 "[^/]/slash/model\.safetensors\.index\.json: shard '$s2' .* unreadable: [^ ]*[^/]/slash/$s2: cannot open" \
+  "$probe" "$dir/slash/"
 # a tensor in two shards (shard_split.py --dup writes the copy)
 python3 "$split" "$dir/one/model.safetensors" "$dir/dup" 3 --dup model.norm.weight || exit 1
 expect "a tensor in two shards" 2 "dup/model\.safetensors\.index\.json: tensor 'model.norm.weight' is in two shards, '$s3' and 'model-dup\.safetensors'" \
