@@ -284,7 +284,6 @@ typedef struct {
   stab_sharded *sh;          /* a directory or an index: every shard */
   stab_shard_index *siblings; /* st is one shard of the model this index describes, or NULL */
   stab_hf_config cfg;        /* config.json of the model's directory (all 0 / -1: none) */
-  int has_cfg;
 } ckpt;
 
 static size_t ck_count(const ckpt *c) {
@@ -317,7 +316,8 @@ static uint64_t ck_place(const ckpt *c, const stab_ckpt_tensor *t) {
   size_t i;
   if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
   uint64_t base = 0;
-  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++) base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
+  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++)
+    base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
   return base + t->offset;
 }
 static void ck_close(ckpt *c) {
@@ -955,7 +955,7 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
     else if (!heads && bad_heads[0])
       snprintf(why, sizeof why, "%s", bad_heads);
     else if (!heads)
-      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
+      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or the model's config.json)");
     else if (q_out % heads)
       snprintf(why, sizeof why, "%zu heads (from %s) do not divide the query width %zu", heads, from, q_out);
     else if (from_config && f->cfg.head_dim && q_out != heads * f->cfg.head_dim)
@@ -1348,10 +1348,7 @@ static int read_config(const char *path, ckpt *f) {
   struct stat sb;
   if (stat(cfg, &sb) != 0) return 0;
   stab_status st = stab_hf_config_read(cfg, &f->cfg);
-  if (st == STAB_OK) {
-    f->has_cfg = 1;
-    return 0;
-  }
+  if (st == STAB_OK) return 0;
   if (st == STAB_EFORMAT || st == STAB_ERANGE) {
     cli_error("%s", stab_last_error());
     return 2;
