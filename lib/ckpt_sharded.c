@@ -369,15 +369,23 @@ stab_status stab_sharded_open(const char *path, stab_sharded **out) {
     for (size_t k = 0; k < f->nshards; k++)
       if (!(f->shard_paths[k] = join(f->dir, f->index->shards[k]))) goto oom;
   }
-  size_t total = 0;
-  for (size_t k = 0; k < f->nshards; k++) {
-    const char *first = NULL; /* the shard's first tensor by name, for the message */
-    size_t listed = 0;
-    for (size_t i = 0; f->index && i < f->index->count; i++)
-      if (f->index->shard_of[i] == k) listed++, first = first ? first : f->index->names[i];
-    if ((st = open_shard(f, k, first ? first : "?", listed)) != STAB_OK) goto out;
-    total += stab_safetensors_count(f->shards[k]);
+  /* each shard's first tensor by name and how many the index lists there, for the messages:
+   * one pass, not one per shard (an index may name as many shards as tensors) */
+  size_t total = 0, *first = calloc(f->nshards, sizeof *first), *listed = calloc(f->nshards, sizeof *listed);
+  if (!first || !listed) {
+    free(first), free(listed);
+    goto oom;
   }
+  for (size_t i = f->index ? f->index->count : 0; i-- > 0;) {
+    first[f->index->shard_of[i]] = i;
+    listed[f->index->shard_of[i]]++;
+  }
+  for (size_t k = 0; k < f->nshards && st == STAB_OK; k++) {
+    st = open_shard(f, k, f->index ? f->index->names[first[k]] : "?", listed[k]);
+    if (st == STAB_OK) total += stab_safetensors_count(f->shards[k]);
+  }
+  free(first), free(listed);
+  if (st != STAB_OK) goto out;
   if (!(f->tensors = malloc((total ? total : 1) * sizeof *f->tensors)) ||
       !(f->shard_of = malloc((total ? total : 1) * sizeof *f->shard_of)) ||
       !(f->by_name = malloc((total ? total : 1) * sizeof *f->by_name)))
