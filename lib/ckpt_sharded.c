@@ -251,6 +251,10 @@ static stab_status open_shard(stab_sharded *f, size_t k, const char *first_tenso
   if (st == STAB_OK || !f->index) return st;
   char inner[1024];
   snprintf(inner, sizeof inner, "%s", stab_last_error());
+  /* a shard of another format (an index of PyTorch .bin shards): what it is, and what to do */
+  stab_file_kind kind;
+  if (st == STAB_EFORMAT && stab_ckpt_sniff(f->shard_paths[k], &kind) != STAB_OK && kind != STAB_FILE_UNKNOWN)
+    snprintf(inner, sizeof inner, "%s", stab_last_error());
   struct stat sb;
   const char *what = stat(f->shard_paths[k], &sb) != 0 ? "is missing or unreadable"
                      : !S_ISREG(sb.st_mode)            ? "is not a regular file"
@@ -350,9 +354,16 @@ stab_status stab_sharded_open(const char *path, stab_sharded **out) {
     } else {
       free(single);
       if (!(index_path = index_in(f->dir, &st))) {
-        if (st == STAB_ENOTFOUND)
-          st = stabi_fail(STAB_EFORMAT, "%s: a directory with neither %s nor %s (a Hugging Face model's weights)", path,
-                          SINGLE_NAME, INDEX_NAME);
+        if (st == STAB_ENOTFOUND) {
+          /* PyTorch weights are the other thing a model directory holds: said, with what to do */
+          char *bin = join(f->dir, "pytorch_model.bin"), *binx = join(f->dir, "pytorch_model.bin.index.json");
+          int torch = (bin && stat(bin, &sb) == 0) || (binx && stat(binx, &sb) == 0);
+          free(bin), free(binx);
+          st = stabi_fail(STAB_EFORMAT, "%s: a directory with neither %s nor %s (a Hugging Face model's weights)%s",
+                          path, SINGLE_NAME, INDEX_NAME,
+                          torch ? "; it has PyTorch weights (pytorch_model.bin): convert them to safetensors, e.g. "
+                                  "with transformers' save_pretrained(..., safe_serialization=True)" : "");
+        }
         goto out;
       }
     }

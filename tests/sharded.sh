@@ -218,6 +218,15 @@ bad "no metadata" 0 '' <<'PY'
 del ix["metadata"]
 PY
 grep -q warning "$err_file" && fail "no metadata: a warning: $(cat "$err_file")" || pass
+# PyTorch weights: the directory says so; an index of .bin shards names what the shard is
+mkdir "$dir/torch" && printf 'PK\003\004' >"$dir/torch/pytorch_model.bin"
+expect "a directory of PyTorch weights" 2 "torch: a directory with neither .*; it has PyTorch weights .*convert them to safetensors" \
+  "$probe" "$dir/torch"
+printf '\200\002\212\012\154\374\234\106\371\040\152\250\120\031.' >"$dir/torch/pytorch_model-00001-of-00001.bin"
+printf '{"weight_map": {"a": "pytorch_model-00001-of-00001.bin"}}\n' >"$dir/torch/pytorch_model.bin.index.json"
+expect "an index of PyTorch shards" 2 \
+  "shard 'pytorch_model-00001-of-00001\.bin' .* is not a valid safetensors file: .*a PyTorch checkpoint \(legacy pickle" \
+  "$probe" "$dir/torch/pytorch_model.bin.index.json"
 # a directory with no weights; with two indexes and no model.safetensors.index.json
 mkdir "$dir/empty"
 expect "a directory without weights" 2 "empty: a directory with neither model.safetensors nor model.safetensors.index.json" \
