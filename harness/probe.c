@@ -55,7 +55,9 @@
  * 10. 1-D X.bias otherwise: bias.
  * 11. anything else: listed as not measured.
  * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
- * exists is tied: that embedding is reported a second time as lm_head.
+ * exists is tied: that embedding is reported a second time as lm_head. "No lm_head" is over
+ * the whole model (every shard; for one shard given alone, the names its index lists), and
+ * config.json's tie_word_embeddings false makes the head missing rather than tied.
  * A row's name is the layer's name as stabmeter-train's trace has it (layer_names): the tensor
  * name without a trailing ".weight" (transformer.h.0.mlp.c_fc), a bias of its own keeping its
  * ".bias" (it would clash with its norm's gain), an attention row X.logits, the tied head
@@ -278,32 +280,59 @@ static void classify(const options *o, const stab_ckpt_tensor *t, int gguf_file,
   }
 }
 
-/* ---- checkpoints: safetensors, GGUF or llm.c, by the file's first bytes ------------- */
+/* ---- checkpoints: safetensors, GGUF or llm.c, by the file's first bytes; a Hugging Face
+ * directory or index (all its shards as one) -------------------------------------------- */
 
 typedef struct {
   stab_safetensors *st;
   stab_gguf *gg;
   stab_llmc *lc;
+  stab_sharded *sh;          /* a directory or an index: every shard */
+  stab_shard_index *siblings; /* st is one shard of the model this index describes, or NULL */
+  stab_hf_config cfg;        /* config.json of the model's directory (all 0 / -1: none) */
 } ckpt;
 
 static size_t ck_count(const ckpt *c) {
-  return c->st ? stab_safetensors_count(c->st) : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
+  return c->sh ? stab_sharded_count(c->sh) : c->st ? stab_safetensors_count(c->st)
+         : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
 }
 static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
-  return c->st ? stab_safetensors_tensor(c->st, i) : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
+  return c->sh ? stab_sharded_tensor(c->sh, i) : c->st ? stab_safetensors_tensor(c->st, i)
+         : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
 }
 static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i)
+  stab_status st = c->sh ? stab_sharded_find(c->sh, name, &i)
+                   : c->st ? stab_safetensors_find(c->st, name, &i)
                    : c->gg ? stab_gguf_find(c->gg, name, &i)
                            : stab_llmc_find(c->lc, name, &i);
   return st == STAB_OK ? ck_tensor(c, i) : NULL;
+}
+/* safetensors' __metadata__ (a sharded model's: its first shard's) */
+static size_t ck_meta_count(const ckpt *c) {
+  return c->sh ? stab_sharded_metadata_count(c->sh) : c->st ? stab_safetensors_metadata_count(c->st) : 0;
+}
+static void ck_meta(const ckpt *c, size_t i, const char **k, const char **v) {
+  if (c->sh) stab_sharded_metadata(c->sh, i, k, v);
+  else stab_safetensors_metadata(c->st, i, k, v);
+}
+/* Where t's bytes sit in the checkpoint as one sequence of bytes: its offset in its file, after
+ * the earlier shards' bytes for a sharded model (their offsets restart in every shard). */
+static uint64_t ck_place(const ckpt *c, const stab_ckpt_tensor *t) {
+  size_t i;
+  if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
+  uint64_t base = 0;
+  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++)
+    base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
+  return base + t->offset;
 }
 static void ck_close(ckpt *c) {
   stab_safetensors_close(c->st);
   stab_gguf_close(c->gg);
   stab_llmc_close(c->lc);
-  c->st = NULL, c->gg = NULL, c->lc = NULL;
+  stab_sharded_close(c->sh);
+  stab_shard_index_close(c->siblings);
+  c->st = NULL, c->gg = NULL, c->lc = NULL, c->sh = NULL, c->siblings = NULL;
 }
 
 /* A GGUF metadata value as text: numbers and strings as they are (a long string cut, line
@@ -513,9 +542,9 @@ static const char *layout_name(const row *r) {
  * pairs (numbers, strings, booleans; an array as {"array": type, "length": n}), llm.c's header. */
 static void print_json_metadata(const ckpt *f) {
   fputs("{", stdout);
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     fputs(i ? ", " : "", stdout);
     json_string(k);
     fputs(": ", stdout);
@@ -701,10 +730,10 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
                         size_t count) {
   printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
          o->reference ? o->reference : "");
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
     char sk[256], sv[1024];
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     printf("metadata %s = %s\n", shown(k, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
   for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
@@ -815,9 +844,10 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
  *   X.c_attn.weight   itself, fused: q, k, v in thirds of d_out (GPT-2)    X.logits
  *   X.attn_qkv.weight, X.qkv.weight  itself, fused thirds (GGUF GPT-2, ViT) X.attn_logits, X.logits
  * Heads: --heads, else the GGUF metadata <general.architecture>.attention.head_count, else a
- * safetensors __metadata__ key heads, num_attention_heads or n_head, else the same keys in a
- * config.json beside the checkpoint (Hugging Face's). Key heads (grouped-query attention)
- * follow from the key's width: d_out(k) / d_h. */
+ * safetensors __metadata__ key heads, num_attention_heads or n_head, else the model's
+ * config.json (Hugging Face's: beside the file, or in the model's directory). Key heads
+ * (grouped-query attention) follow from the key's width: d_out(k) / d_h; with heads from
+ * config.json, its num_key_value_heads and head_dim must agree with the widths. */
 static const struct {
   const char *q, *k, *logits; /* suffixes; k NULL: fused qkv */
 } attn_rules[] = {{".q_proj.weight", ".k_proj.weight", ".logits"}, {".query.weight", ".key.weight", ".logits"},
@@ -840,22 +870,6 @@ static int whole_number(const char *s, unsigned long long lo, unsigned long long
   if (*s || x < lo || x > hi) return 0;
   *v = x;
   return 1;
-}
-
-/* A non-negative integer after "key": in JSON text (the first one), or 0. */
-static size_t json_uint(const char *text, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(text, pat);
-  if (!p) return 0;
-  p += strlen(pat);
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-  if (*p++ != ':') return 0;
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '"') p++;
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(p, &end, 10);
-  return (errno || end == p || v > 1u << 20) ? 0 : (size_t)v;
 }
 
 static const char *const head_keys[] = {"heads", "num_attention_heads", "n_head", NULL};
@@ -884,9 +898,9 @@ static size_t heads_of(const options *o, const ckpt *f, const char **from, char 
     }
     return 0;
   }
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     for (size_t j = 0; head_keys[j]; j++) {
       if (strcmp(k, head_keys[j])) continue;
       unsigned long long h;
@@ -897,33 +911,12 @@ static size_t heads_of(const options *o, const ckpt *f, const char **from, char 
       return 0;
     }
   }
-  /* config.json beside the checkpoint (read whole, at most 1 MiB) */
-  char path[4096];
-  const char *slash = strrchr(o->checkpoint, '/');
-  snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - o->checkpoint + 1) : 0, o->checkpoint);
-  /* regular files only (a FIFO there would block the probe); one that is there but cannot be
-   * read is ignored with a word why, a missing one silently: the count is then --heads' */
-  int fd;
-  struct stat sb;
-  if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) {
-    if (stat(path, &sb) == 0) cli_error("%s; ignored", stab_last_error());
-    return 0;
-  }
-  FILE *fp = fdopen(fd, "r");
-  if (!fp) {
-    close(fd);
-    return 0;
-  }
-  char *text = malloc((1 << 20) + 1);
-  size_t n = text ? fread(text, 1, 1 << 20, fp) : 0, h = 0;
-  fclose(fp);
-  if (text) {
-    text[n] = '\0';
-    for (size_t j = 1; head_keys[j] && !h; j++) h = json_uint(text, head_keys[j]);
-  }
-  free(text);
+  /* config.json of the model's directory, read and checked when the checkpoint was opened */
   *from = "config.json";
-  return h;
+  if (f->cfg.num_attention_heads <= MAX_HEADS) return f->cfg.num_attention_heads;
+  snprintf(why, cap, "config.json's num_attention_heads is %zu, more than %d (give --heads H)", f->cfg.num_attention_heads,
+           MAX_HEADS);
+  return 0;
 }
 
 /* Adds an attention row for every query/key pair of the checkpoint (not llm.c's, which has
@@ -933,6 +926,7 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
   const char *from;
   char bad_heads[300];
   size_t heads = heads_of(o, f, &from, bad_heads, sizeof bad_heads);
+  int from_config = !strcmp(from, "config.json"); /* its key heads and head width then apply too */
   for (size_t i = 0; i < ck_count(f); i++) {
     const stab_ckpt_tensor *tq = ck_tensor(f, i), *tk = NULL;
     size_t rule = 0, nr = sizeof attn_rules / sizeof attn_rules[0];
@@ -981,9 +975,15 @@ static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t
     else if (!heads && bad_heads[0])
       snprintf(why, sizeof why, "%s", bad_heads);
     else if (!heads)
-      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
+      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or the model's config.json)");
     else if (q_out % heads)
       snprintf(why, sizeof why, "%zu heads (from %s) do not divide the query width %zu", heads, from, q_out);
+    else if (from_config && f->cfg.head_dim && q_out != heads * f->cfg.head_dim)
+      snprintf(why, sizeof why, "config.json's head_dim %zu times %zu heads is not the query width %zu",
+               f->cfg.head_dim, heads, q_out);
+    else if (from_config && f->cfg.num_key_value_heads && k_out != f->cfg.num_key_value_heads * (q_out / heads))
+      snprintf(why, sizeof why, "config.json's num_key_value_heads %zu (of width %zu) does not match the key width %zu",
+               f->cfg.num_key_value_heads, q_out / heads, k_out);
     else if (k_out % (q_out / heads) || heads % (k_out / (q_out / heads)))
       snprintf(why, sizeof why, "key width %zu is not a whole number of key heads of width %zu dividing %zu heads",
                k_out, q_out / heads, heads);
@@ -1083,14 +1083,16 @@ static void set_layer_sizes(stab_layer *L, const row *r) {
 typedef struct {
   void *base;
   size_t bytes;
+  const ckpt *ck; /* the places are its (ck_place: the shards one after another) */
 } file_space;
 
-static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
+static int file_space_reserve(file_space *fs, const ckpt *ck, const row *rows, size_t n) {
   uint64_t end = 0;
+  fs->ck = ck;
   for (size_t i = 0; i < n; i++) {
     const stab_ckpt_tensor *ts[] = {rows[i].t, rows[i].bias, rows[i].tk};
     for (size_t k = 0; k < 3; k++)
-      if (ts[k] && ts[k]->offset + ts[k]->count > end) end = ts[k]->offset + ts[k]->count;
+      if (ts[k] && ck_place(ck, ts[k]) + ts[k]->count > end) end = ck_place(ck, ts[k]) + ts[k]->count;
   }
   fs->bytes = (size_t)(end ? end : 1) * sizeof(float);
   fs->base = mmap(NULL, fs->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1098,12 +1100,12 @@ static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
 }
 
 static const float *file_address(const file_space *fs, const stab_ckpt_tensor *t, size_t elem_offset) {
-  return t ? (const float *)fs->base + t->offset + elem_offset : NULL;
+  return t ? (const float *)fs->base + ck_place(fs->ck, t) + elem_offset : NULL;
 }
 
-static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
+static int write_trace(const options *o, const ckpt *ck, const row *rows, size_t n, int64_t step) {
   file_space fs;
-  if (!file_space_reserve(&fs, rows, n)) {
+  if (!file_space_reserve(&fs, ck, rows, n)) {
     cli_error("%s: cannot reserve address space for the trace's layers: %s", o->hdf5, strerror(errno));
     return 1;
   }
@@ -1153,7 +1155,9 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
 
 static void usage(void) {
   printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
-         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16,\n"
+         "Stability metrics of every layer of a checkpoint: safetensors (a file, or a Hugging Face\n"
+         "model directory or its model.safetensors.index.json: every shard as one model, heads and\n"
+         "the tied head from its config.json), GGUF v2/v3 (F32, F16, BF16,\n"
          "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS tensors, dequantized as ggml does;\n"
          "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
@@ -1202,8 +1206,9 @@ static void usage(void) {
          "mlp.c_fc,mlp.c_proj} in Conv1D's shape (in-major; c_attn [d][3d], c_fc wider than tall,\n"
          "mlp.c_proj taller than wide); 1-D X.bias with a linear X.weight folded into it; 1-D\n"
          "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Integer dtypes, scalars\n"
-         "and 3-D+ tensors are listed as not measured. With no lm_head tensor, the token embedding\n"
-         "is reported also as lm_head (tied).\n"
+         "and 3-D+ tensors are listed as not measured. With no lm_head tensor in the model, the token\n"
+         "embedding is reported also as lm_head (tied), unless config.json says tie_word_embeddings\n"
+         "false.\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
@@ -1334,40 +1339,104 @@ static int shrank(const char *path) {
   return 2;
 }
 
+/* Registers with the guard the mapped bytes the tensors of one file span. 0, or 1 after a message. */
+static int guard_file(const char *path, const stab_ckpt_tensor *(*tensor)(const void *, size_t), const void *reader,
+                      size_t count) {
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (size_t i = 0; i < count; i++) {
+    const stab_ckpt_tensor *t = tensor(reader, i);
+    const uint64_t nb = stab_ckpt_nbytes(t);
+    if (!nb) continue; /* empty, or a block type never read */
+    lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
+    hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
+  }
+  if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
+    cli_error("%s: too many checkpoint files to guard", path);
+    return 1;
+  }
+  return 0;
+}
+static const stab_ckpt_tensor *ckpt_tensor_of(const void *c, size_t i) { return ck_tensor(c, i); }
+static const stab_ckpt_tensor *shard_tensor_of(const void *s, size_t i) { return stab_safetensors_tensor(s, i); }
+
+/* config.json of the model: in a sharded model's directory, else beside the file. None there is
+ * nothing; one there that is not a readable regular file (a FIFO would block) is ignored with a
+ * word why; a malformed one, or one with a wrong value, is bad input: its values decide heads
+ * and the tied head, and a guess would be a wrong measurement. 0, or the exit status. */
+static int read_config(const char *path, ckpt *f) {
+  char cfg[4096];
+  const char *slash = strrchr(path, '/');
+  if (f->sh) snprintf(cfg, sizeof cfg, "%s/config.json", stab_sharded_directory(f->sh));
+  else snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+  struct stat sb;
+  if (stat(cfg, &sb) != 0) return 0;
+  stab_status st = stab_hf_config_read(cfg, &f->cfg);
+  if (st == STAB_OK) return 0;
+  if (st == STAB_EFORMAT || st == STAB_ERANGE) {
+    cli_error("%s", stab_last_error());
+    return 2;
+  }
+  cli_error("%s; ignored", stab_last_error());
+  return st == STAB_ENOMEM;
+}
+
+/* A single safetensors file that an index beside it lists as one of its shards: said, and kept
+ * (f->siblings), so that the tied head is decided over the whole model. 0, or 1 (no memory). */
+static int find_siblings(const char *path, ckpt *f) {
+  size_t k = 0;
+  stab_status st = stab_shard_index_beside(path, &f->siblings, &k);
+  if (st == STAB_OK) {
+    const char *ix = stab_shard_index_path(f->siblings), *slash = strrchr(ix, '/');
+    cli_error("note: %s is shard %zu of %zu of the model indexed by %s: its other tensors are in the other shards; "
+              "probe the directory (%.*s) to measure the whole model", path, k + 1,
+              stab_shard_index_shard_count(f->siblings), ix, slash ? (int)(slash - ix) : 1, slash ? ix : ".");
+  } else if (st != STAB_ENOTFOUND) {
+    cli_error("warning: %s; the file is probed alone", stab_last_error());
+  }
+  return st == STAB_ENOMEM;
+}
+
 static int open_checkpoint(const char *path, ckpt *f) {
-  /* The format by the file's first bytes. A binary file of no known format named .gguf or
+  /* A directory or a sharded model's index: every shard, as one checkpoint. Otherwise the
+   * format by the file's first bytes. A binary file of no known format named .gguf or
    * .safetensors is one with a broken header: its reader says which field is wrong. Any other
    * file is refused with what it is (a PyTorch checkpoint, a trace, text, ...). */
-  stab_file_kind kind;
-  stab_status st = stab_ckpt_sniff(path, &kind);
+  f->cfg.tie_word_embeddings = -1;
+  struct stat sb;
+  stab_file_kind kind = STAB_FILE_UNKNOWN;
+  stab_status st = STAB_OK;
+  int sharded = (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || ends_with(path, ".index.json");
+  if (!sharded) {
+    st = stab_ckpt_sniff(path, &kind);
+    if (kind == STAB_FILE_SHARD_INDEX) sharded = 1, st = STAB_OK;
+  }
   if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".gguf")) kind = STAB_FILE_GGUF, st = STAB_OK;
   if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".safetensors"))
     kind = STAB_FILE_SAFETENSORS, st = STAB_OK;
   ckpt_guard_opening(path); /* the readers parse the index from the mapping */
   if (st == STAB_OK)
-    st = kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
+    st = sharded                  ? stab_sharded_open(path, &f->sh)
+         : kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
          : kind == STAB_FILE_GGUF ? stab_gguf_open(path, &f->gg)
                                   : stab_safetensors_open(path, &f->st);
   ckpt_guard_opening(NULL);
   if (ckpt_guard_tripped()) return shrank(path);
-  if (st == STAB_OK) {
-    /* from here on, the mapped bytes the tensors span */
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (size_t i = 0; i < ck_count(f); i++) {
-      const stab_ckpt_tensor *t = ck_tensor(f, i);
-      const uint64_t nb = stab_ckpt_nbytes(t);
-      if (!nb) continue; /* empty, or a block type never read */
-      lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
-      hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
-    }
-    if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
-      cli_error("%s: too many checkpoints to guard", path);
-      return 1;
-    }
-    return 0;
+  if (st != STAB_OK) {
+    cli_error("%s", stab_last_error());
+    return st == STAB_ENOMEM ? 1 : 2;
   }
-  cli_error("%s", stab_last_error());
-  return st == STAB_ENOMEM ? 1 : 2;
+  /* from here on, the mapped bytes the tensors span, file by file */
+  if (f->sh) {
+    for (size_t k = 0; k < stab_sharded_shard_count(f->sh); k++) {
+      const stab_safetensors *s = stab_sharded_shard(f->sh, k);
+      if (guard_file(stab_sharded_shard_path(f->sh, k), shard_tensor_of, s, stab_safetensors_count(s))) return 1;
+    }
+    if (stab_sharded_warning(f->sh)) cli_error("warning: %s", stab_sharded_warning(f->sh));
+  } else if (guard_file(path, ckpt_tensor_of, f, ck_count(f))) {
+    return 1;
+  }
+  if (f->st && find_siblings(path, f)) return 1;
+  return f->st || f->sh ? read_config(path, f) : 0;
 }
 
 /* ---- main -------------------------------------------------------------------------- */
@@ -1738,11 +1807,11 @@ static int64_t step_from_metadata(const options *o, const ckpt *f, const char **
                                      "the checkpoint's __metadata__ steps (stabmeter-train's)"};
   unsigned long long v;
   why[0] = '\0';
-  for (size_t j = 0; f->st && keys[j]; j++) {
+  for (size_t j = 0; keys[j]; j++) {
     if (!strcmp(keys[j], "steps") && !o->out_major_file) continue; /* another producer's "steps" may be the total */
-    for (size_t i = 0; i < stab_safetensors_metadata_count(f->st); i++) {
+    for (size_t i = 0; i < ck_meta_count(f); i++) {
       const char *k, *val;
-      stab_safetensors_metadata(f->st, i, &k, &val);
+      ck_meta(f, i, &k, &val);
       if (strcmp(k, keys[j])) continue;
       if (whole_number(val, 0, INT64_MAX, &v)) {
         *from = said[j];
@@ -1771,9 +1840,18 @@ static int decide_step(options *o, const ckpt *f) {
   const char *meta_from = NULL;
   char why[160];
   int64_t meta = step_from_metadata(o, f, &meta_from, why, sizeof why), named = step_from_name(o->checkpoint);
+  const char *name_is = "the file name";
+  if (named < 0 && f->sh) {
+    /* a sharded model: its directory's name (the Hugging Face Trainer's checkpoint-500/), a
+     * trailing '/' aside */
+    char d[4096];
+    snprintf(d, sizeof d, "%s", stab_sharded_directory(f->sh));
+    for (size_t k = strlen(d); k > 1 && d[k - 1] == '/'; k--) d[k - 1] = '\0';
+    if ((named = step_from_name(d)) >= 0) name_is = "the directory's name";
+  }
   if (o->hdf5 && why[0]) cli_error("warning: %s: %s; not used as the step", o->checkpoint, why);
   if (o->step < 0 && meta >= 0) o->step = meta, o->step_from = meta_from;
-  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = "the file name";
+  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = name_is;
   if (!o->hdf5) return 0;
   if (o->step < 0) {
     cli_error("%s: no step in its metadata or its file name (e.g. step-000100.safetensors); give --step N",
@@ -1784,8 +1862,8 @@ static int decide_step(options *o, const ckpt *f) {
     cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step, o->step_from,
               meta_from, (long long)meta);
   else if (named >= 0 && named != o->step)
-    cli_error("warning: %s: step %lld from %s, but the file name says %lld", o->checkpoint, (long long)o->step,
-              o->step_from, (long long)named);
+    cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step,
+              o->step_from, name_is, (long long)named);
   if (!o->quiet) cli_error("%s: step %lld, from %s", o->hdf5, (long long)o->step, o->step_from);
   return 0;
 }
@@ -1823,9 +1901,9 @@ int main(int argc, char **argv) {
     if ((rc = open_checkpoint(o.reference, prev))) goto out;
   }
 
-  for (size_t i = 0; f.st && i < stab_safetensors_metadata_count(f.st); i++) {
+  for (size_t i = 0; i < ck_meta_count(&f); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(f.st, i, &k, &v);
+    ck_meta(&f, i, &k, &v);
     if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) o.out_major_file = 1;
   }
   if ((rc = decide_step(&o, &f))) goto out;
@@ -1905,6 +1983,21 @@ int main(int argc, char **argv) {
     const stab_ckpt_tensor *t = ck_tensor(&f, i);
     has_head = t->ndim == 2 && last_component_in(module_of(t->name, mod, sizeof mod), head_names) &&
                !override_for(o.kinds, o.nkinds, t->name);
+  }
+  /* one shard of a model: a head in another shard is the model's head all the same (the
+   * index has names, not shapes) */
+  for (size_t i = 0; f.siblings && i < stab_shard_index_count(f.siblings) && !has_head; i++) {
+    char mod[512];
+    const char *name = stab_shard_index_tensor(f.siblings, i, NULL);
+    has_head = !ck_find(&f, name) && last_component_in(module_of(name, mod, sizeof mod), head_names) &&
+               !override_for(o.kinds, o.nkinds, name);
+  }
+  /* config.json says the head is not the embedding: with no head tensor, the head is missing,
+   * not tied (true, or no word, and no head tensor: tied, as below) */
+  if (!has_head && f.cfg.tie_word_embeddings == 0) {
+    cli_error("warning: config.json says tie_word_embeddings false, but the checkpoint has no lm_head tensor: "
+              "the head is missing, and no tied head is reported");
+    has_head = 1;
   }
   for (size_t i = 0; i < n && !has_head; i++) {
     char mod[512];
@@ -2004,7 +2097,7 @@ int main(int argc, char **argv) {
   }
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
     cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - t0);
-  if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
+  if (o.hdf5 && (rc = write_trace(&o, &f, rows, n, o.step))) goto out;
   if (!(order = report_order(&o, rows, n, &shown_rows))) goto oom;
   if (o.json) print_json(&o, &f, rows, n, order, shown_rows);
   else print_table(&o, &f, rows, n, order, shown_rows);
