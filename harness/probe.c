@@ -1459,12 +1459,15 @@ static void row_buffers_free(row_buffers *rb) {
   free(rb->pwx.buf), free(rb->pbx.buf);
 }
 
+/* 1 when c is safetensors: one file, or a sharded model of them. */
+static int is_safetensors(const ckpt *c) { return c->st || c->sh; }
+
 /* 1 when c is a file of harness/train (its __metadata__ producer): GPT-2 names, nn.Linear
  * layouts throughout. */
 static int made_by_train(const ckpt *c) {
-  for (size_t i = 0; c->st && i < stab_safetensors_metadata_count(c->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(c); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(c->st, i, &k, &v);
+    ck_meta(c, i, &k, &v);
     if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) return 1;
   }
   return 0;
@@ -1572,7 +1575,7 @@ static const char *find_converted(const ckpt *cur, const ckpt *prev, row *r) {
  * not (for the row's message). Attention rows have no update (the articles define none for
  * the logit bound). */
 static const char *find_counterpart(const ckpt *cur, const ckpt *prev, row *r) {
-  if ((cur->gg != NULL) != (prev->gg != NULL) && (cur->st || prev->st)) return find_converted(cur, prev, r);
+  if ((cur->gg != NULL) != (prev->gg != NULL) && (is_safetensors(cur) || is_safetensors(prev))) return find_converted(cur, prev, r);
   const stab_ckpt_tensor *pt = ck_find(prev, r->t->name), *pbias = r->bias ? ck_find(prev, r->bias->name) : NULL;
   if (!pt) return "not found";
   if (r->bias && !pbias) return "its bias is not found";
@@ -1760,7 +1763,7 @@ static int match_reference(const options *o, const ckpt *cur, const ckpt *prev, 
   size_t asked = 0, found = 0, missing_name = 0;
   char first[256] = "";
   /* a GGUF file against a safetensors: only through a name map of the GGUF's architecture */
-  const stab_gguf *g = cur->gg && prev->st ? cur->gg : prev->gg && cur->st ? prev->gg : NULL;
+  const stab_gguf *g = cur->gg && is_safetensors(prev) ? cur->gg : prev->gg && is_safetensors(cur) ? prev->gg : NULL;
   if (g && !stab_name_map_knows(gguf_arch(g))) {
     cli_error("--prev %s: %s is GGUF and %s safetensors, and the GGUF architecture '%s' has no name map to Hugging "
               "Face names (llama, qwen2, gemma, phi3 and gpt2 have one): no tensor can be matched", o->reference,

@@ -97,6 +97,14 @@ check "$dir/a.json" zero "" "llama F32, GGUF against safetensors"
 expect "probe safetensors --prev F32 GGUF" 0 '' "$probe" --quiet --json --exact "$dir/l.safetensors" --prev "$dir/l.f32.gguf"
 cp "$out_file" "$dir/b.json"
 check "$dir/b.json" zero "" "llama F32, safetensors against GGUF"
+# the same model as a Hugging Face directory of 3 shards: one checkpoint, either way round
+expect "shard the llama model" 0 '' python3 "$src/tests/shard_split.py" "$dir/l.safetensors" "$dir/lsh" 3
+expect "probe F32 GGUF --prev the sharded directory" 0 '' "$probe" --quiet --json --exact "$dir/l.f32.gguf" --prev "$dir/lsh"
+cp "$out_file" "$dir/c.json"
+check "$dir/c.json" zero "" "llama F32, GGUF against its sharded directory"
+expect "probe the sharded directory --prev F32 GGUF" 0 '' "$probe" --quiet --json --exact "$dir/lsh" --prev "$dir/l.f32.gguf"
+cp "$out_file" "$dir/d.json"
+check "$dir/d.json" zero "" "llama F32, sharded directory against GGUF"
 # the table says what each update is against, with its type
 expect "probe table" 0 '' "$probe" --quiet "$dir/l.f32.gguf" --prev "$dir/l.safetensors"
 if grep -q '^blk.0.attn_q .* vs model.layers.0.self_attn.q_proj.weight F32' "$out_file"; then pass; else
