@@ -929,6 +929,175 @@ stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind);
  * value outside the enum. Static storage. */
 const char *stab_file_kind_name(stab_file_kind kind);
 
+/* ---------------------------------------------------------------------------------- */
+/* What each tensor of a model is: the kind rules                                      */
+/*
+ * One set of rules decides, from the names, shapes and dtypes of a model's tensors, which
+ * layers they make: each tensor's kind and layout, biases folded into their weights, query/key
+ * pairs (fused or not, grouped-query) as attention layers, a tied head, and the names the
+ * trace gives them. stabmeter-probe describes every checkpoint with them, and a trainer can
+ * register its own parameters by name the same way: fill one stab_ckpt_tensor per parameter
+ * (name, dtype STAB_DTYPE_F32, elem_size 4, ndim and shape as PyTorch prints them, count, data
+ * = the buffer; offset unused), describe, and register each entry with stab_model_entry_layer.
+ *
+ * The rules, applied to every tensor in order (the first that matches decides):
+ *  1. dtype STAB_DTYPE_OTHER: not measured, with the type's name.
+ *  2. a kind override GLOB=KIND (stab_model_config.kinds, first match): skip lists it as not
+ *     measured; otherwise that kind, for a 2-D tensor (linear, embedding, lm_head) or a 1-D one
+ *     (gain, bias), else not measured with the mismatch.
+ *  3. 0-D, or 3-D and up: not measured (no rule for them), override or not.
+ *  4. 2-D, module name (the name without a trailing .weight or .bias) whose last component is
+ *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
+ *     token_type_embeddings embed_positions position_embd token_types: embedding, [V][d]
+ *     (GGUF's ne = {d, V} is that same [V][d]).
+ *  5. 2-D, last component lm_head, output or embed_out: lm_head, [V][d] (llama.cpp's
+ *     output.weight; its blk.N.attn_output is a linear layer: the last component differs).
+ *  6. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear, GGUF), except the HF
+ *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj, which
+ *     are in-major when their shape is Conv1D's (c_attn [d][3d], c_fc wider than tall, mlp.c_proj
+ *     taller than wide; nanoGPT stores the same names out-major) unless config.out_major; a
+ *     layout override GLOB=in_major|out_major decides first. Routers (Mixtral's
+ *     block_sparse_moe.gate, Qwen2-MoE's mlp.gate, GGUF ffn_gate_inp) and fused projections
+ *     (Phi-3's gate_up_proj) are linear layers by this rule.
+ *  7. 1-D X.bias where X.weight is a linear layer with d_out = its length: folded into it (so
+ *     Qwen2's q/k/v biases are part of q_proj, k_proj, v_proj).
+ *  8. 1-D whose module name has a component containing "norm" (any case) or starting with "ln":
+ *     gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift); llama.cpp's
+ *     attn_norm, ffn_norm, output_norm, attn_q_norm are such.
+ *  9. 1-D X.bias otherwise: bias.
+ * 10. anything else: not measured.
+ * Attention: for each query weight by name, its key (first match of the suffixes):
+ *   X.q_proj.weight  X.k_proj.weight  (HF Llama, Mistral, Qwen2, Gemma, OPT)  X.logits
+ *   X.query.weight   X.key.weight     (HF BERT)                               X.logits
+ *   X.wq.weight      X.wk.weight      (Meta Llama)                            X.logits
+ *   X.attn_q.weight  X.attn_k.weight  (llama.cpp GGUF)                        X.attn_logits
+ *   X.attn.q.weight  X.attn.k.weight  (llm.c, whose reader splits the fused qkv; naming LLMC only)
+ *                                                                             X.attn.logits
+ *   X.c_attn.weight, X.qkv_proj.weight, X.qkv.weight, X.attn_qkv.weight: fused q, k, v
+ *                    (GPT-2, Phi-3, ViT, GGUF)                X.logits (X.attn_logits for GGUF's)
+ * A fused tensor is q, k, v in that order along d_out: heads * d_h, kv_heads * d_h and
+ * kv_heads * d_h outputs, split by heads with kv_heads or head_dim when the config has them
+ * (Phi-3: (32 + 2*8) * 96 rows), else in three equal parts. Key heads of separate tensors
+ * follow from the key's width (d_out(k) / d_h, d_h = d_out(q) / heads), and must agree with
+ * config.kv_heads and head_dim when those are given. An attention pair that cannot be measured
+ * (no head count, widths that heads do not divide) is an entry with the reason.
+ * Tied head: with config.tie 1 or -1 (unknown), a model with no lm_head tensor (by rule 5, even
+ * one not measured) and a token embedding (rule 4, not a position table, not overridden) is
+ * tied: that embedding is an entry a second time, as lm_head, named "lm_head" (X.lm_head when
+ * another entry is named lm_head already). With tie 0, never.
+ * Names, as stabmeter-train's trace has them: the tensor name without a trailing ".weight"
+ * (transformer.h.0.mlp.c_fc), a bias of its own keeping its ".bias" (it would clash with its
+ * norm's gain), a name another entry already has keeping the tensor name; a tensor not measured
+ * keeps its tensor name.
+ * Order: one entry per tensor not folded, in the input's order, then the attention entries,
+ * then the tied head.
+ */
+
+/* The naming scheme of the file the tensors come from, for the rules only one scheme has. */
+typedef enum {
+  STAB_NAMING_ANY = 0,  /* unknown, or a trainer's own names: the general rules */
+  STAB_NAMING_HF = 1,   /* safetensors, Hugging Face / PyTorch names */
+  STAB_NAMING_GGUF = 2, /* llama.cpp's GGUF names (blk.N.attn_q ...) */
+  STAB_NAMING_LLMC = 3  /* llm.c's checkpoint as stab_llmc names its views */
+} stab_naming;
+
+/* GLOB=VALUE: tensors whose name matches glob (fnmatch, no flags) get value. */
+typedef struct {
+  const char *glob;
+  const char *value; /* kinds: linear, embedding, lm_head, gain, bias or skip;
+                        layouts: in_major or out_major */
+} stab_model_override;
+
+/* What is known of the model besides its tensors: plain values, 0 (or -1) for unknown. The
+ * caller owns every pointer; they must outlive stab_model_describe only. */
+typedef struct {
+  stab_naming naming;
+  int out_major;         /* 1: GPT-2 Conv1D-named matrices are out-major too (stabmeter-train's
+                            files, nanoGPT); 0: by their shape (rule 6) */
+  size_t heads;          /* attention heads; 0 unknown (attention entries then say so) */
+  size_t kv_heads;       /* key/value heads (grouped-query attention); 0 unknown */
+  size_t head_dim;       /* d_h; 0 unknown (d_out(q) / heads) */
+  const char *heads_source; /* where heads came from, for the messages ("--heads", "config.json");
+                               NULL: "the config" */
+  const char *heads_error;  /* why heads is 0 when the metadata had an invalid count, for the
+                               attention entries' reason; NULL otherwise */
+  int tie;               /* -1 unknown (tied when there is no head tensor), 0 not tied, 1 tied */
+  const stab_model_override *kinds;   /* nkinds kind overrides, first match wins */
+  size_t nkinds;
+  const stab_model_override *layouts; /* nlayouts layout overrides, for linear layers */
+  size_t nlayouts;
+} stab_model_config;
+
+/* naming ANY, out_major 0, heads, kv_heads, head_dim 0, tie -1, no overrides. */
+stab_model_config stab_model_default_config(void);
+
+/* The head count of a GGUF file into cfg: <general.architecture>.attention.head_count, and
+ * head_count_kv and key_length when present (a per-layer array is left unknown); naming GGUF.
+ * A cfg->heads already set (a user's) is kept, as are kv_heads and head_dim.
+ * Errors: NULL arguments STAB_EINVAL; a head count that is present but not 1 to
+ * STAB_MODEL_MAX_HEADS, STAB_ERANGE (heads left 0; the message names the key and value). */
+stab_status stab_model_config_from_gguf(const stab_gguf *f, stab_model_config *cfg);
+/* The same from a safetensors file's __metadata__: heads from "heads", "num_attention_heads"
+ * or "n_head" (the first present, decimal digits only), out_major when "producer" starts with
+ * stabmeter-train; naming HF. Errors as above (a value that is not a whole number in range). */
+stab_status stab_model_config_from_safetensors(const stab_safetensors *f, stab_model_config *cfg);
+
+/* The largest head count accepted. */
+#define STAB_MODEL_MAX_HEADS (1 << 20)
+
+/* One layer of the model, or one tensor that is not measured (why_not set). Sizes are in the
+ * kind's math (stab_layer's d_in, d_out: an embedding's d_in is V, an lm_head's d_out is V). */
+typedef struct {
+  const char *name;      /* the layer's name as a trace has it (see the rules); owned by the model */
+  stab_kind kind;
+  stab_layout layout;    /* linear, attention: OUT_MAJOR or IN_MAJOR; NATURAL for other kinds */
+  size_t d_in, d_out;    /* attention: d_in = d, d_out = heads * d_h (the query's outputs) */
+  const stab_ckpt_tensor *weight; /* the tensor read (attention: the query's; a tied head: the
+                                     embedding's); for an entry not measured, the tensor */
+  const stab_ckpt_tensor *bias;     /* linear: the folded X.bias, or NULL */
+  const stab_ckpt_tensor *weight_k; /* attention: the key's tensor (weight itself when fused) */
+  size_t ld;             /* attention: the stored row length of weight, in elements */
+  size_t q_off, k_off;   /* attention: elements from the start of weight, weight_k to q and k */
+  size_t heads;          /* attention: query heads */
+  size_t kv_heads;       /* attention: key heads (fewer than heads: grouped-query) */
+  int tied;              /* 1: a tied table entered a second time as lm_head */
+  const char *why_not;   /* NULL, or why this tensor is not measured; owned by the model */
+} stab_model_entry;
+
+typedef struct stab_model stab_model;
+
+/* Describes a model from its tensors by the rules above.
+ *  tensors  n tensor views (a reader's, or the caller's own); only name, dtype, dtype_name,
+ *           ndim, shape and count are read here. They must outlive the model (entries point
+ *           at them)
+ *  config   NULL for stab_model_default_config()
+ *  out      receives the model; free with stab_model_free
+ * Errors: NULL tensors (with n > 0) or out STAB_EINVAL; a NULL tensor or name STAB_EINVAL naming
+ * its index; STAB_ENOMEM. A tensor the rules cannot measure is an entry with why_not, not an
+ * error. The model is read-only after this: any number of threads may use it. */
+stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n,
+                                const stab_model_config *config, stab_model **out);
+/* NULL is a no-op. */
+void stab_model_free(stab_model *m);
+/* Entries in the order of the rules (tensors, then attention, then the tied head); NULL past
+ * the end. */
+size_t stab_model_count(const stab_model *m);
+const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index);
+
+/* The stab_layer of entry e, reading weight, bias and weight_k: the f32 values of e->weight,
+ * e->bias and e->weight_k from their first element (the offsets into a fused tensor are
+ * added here; bias and weight_k NULL when e has none). The layer is named e->name.
+ * Grouped-query attention (kv_heads < heads) is not one stab_layer: use
+ * stab_model_head_layer per query head. Errors: NULL e, weight or out, an entry not measured
+ * or grouped-query, STAB_EINVAL. */
+stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weight, const float *bias,
+                                   const float *weight_k, stab_layer *out);
+/* An attention entry's query head h (0 .. heads-1) as a one-head stab_layer against its key head
+ * (h / (heads / kv_heads)): its bound is that head's. Errors: not an attention entry, h out of
+ * range, NULL pointers STAB_EINVAL. */
+stab_status stab_model_head_layer(const stab_model_entry *e, size_t h, const float *weight,
+                                  const float *weight_k, stab_layer *out);
+
 #ifdef __cplusplus
 }
 #endif
