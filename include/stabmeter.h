@@ -945,7 +945,10 @@ const char *stab_file_kind_name(stab_file_kind kind);
  *  2. a kind override GLOB=KIND (stab_model_config.kinds, first match): skip lists it as not
  *     measured; otherwise that kind, for a 2-D tensor (linear, embedding, lm_head) or a 1-D one
  *     (gain, bias), else not measured with the mismatch.
- *  3. 0-D, or 3-D and up: not measured (no rule for them), override or not.
+ *  3. 3-D [n_expert][rows][cols] whose module name's last component ends in "_exps" (llama.cpp's
+ *     blk.N.ffn_{gate,up,down}_exps, stored ne = {cols, rows, n_expert}): a layer of experts,
+ *     each expert slice a linear layer [rows][cols] out-major (see Experts below).
+ *     Other 0-D, 3-D and up: not measured (no rule for them), override or not.
  *  4. 2-D, module name (the name without a trailing .weight or .bias) whose last component is
  *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
  *     token_type_embeddings embed_positions position_embd token_types: embedding, [V][d]
@@ -981,6 +984,15 @@ const char *stab_file_kind_name(stab_file_kind kind);
  * follow from the key's width (d_out(k) / d_h, d_h = d_out(q) / heads), and must agree with
  * config.kv_heads and head_dim when those are given. An attention pair that cannot be measured
  * (no head count, widths that heads do not divide) is an entry with the reason.
+ * Experts: a 3-D expert tensor (rule 3), and the 2-D linear layers named X.experts.E.Y.weight
+ * (E decimal digits: Mixtral's block_sparse_moe.experts.E.w1, Qwen2-MoE's, DeepSeek's and
+ * OLMoE's mlp.experts.E.gate_proj ...; shared_experts are ordinary linears) of one X and Y with
+ * the same shape, are one layer of experts: an entry with n_expert set, named X.experts.Y (the
+ * 3-D tensor's module name for GGUF), followed at once by one entry per expert, in expert order,
+ * named as a trainer registering each expert would: the tensor's (X.experts.E.Y) or, for a slice
+ * of a 3-D tensor, the module name and the index (blk.0.ffn_up_exps.E), whose weight is a view
+ * of the slice (stab_model_expert_view). The layer's entry reads nothing itself: its metrics are
+ * its experts' (a report gives the worst expert per metric). Routers are linear layers (rule 6).
  * Tied head: with config.tie 1 or -1 (unknown), a model with no lm_head tensor (by rule 5, even
  * one not measured) and a token embedding (rule 4, not a position table, not overridden) is
  * tied: that embedding is an entry a second time, as lm_head, named "lm_head" (X.lm_head when
@@ -989,8 +1001,8 @@ const char *stab_file_kind_name(stab_file_kind kind);
  * (transformer.h.0.mlp.c_fc), a bias of its own keeping its ".bias" (it would clash with its
  * norm's gain), a name another entry already has keeping the tensor name; a tensor not measured
  * keeps its tensor name.
- * Order: one entry per tensor not folded, in the input's order, then the attention entries,
- * then the tied head.
+ * Order: one entry per tensor not folded, in the input's order (a layer of experts where its
+ * first expert tensor is, its experts after it), then the attention entries, then the tied head.
  */
 
 /* The naming scheme of the file the tensors come from, for the rules only one scheme has. */
@@ -1061,8 +1073,24 @@ typedef struct {
   size_t heads;          /* attention: query heads */
   size_t kv_heads;       /* attention: key heads (fewer than heads: grouped-query) */
   int tied;              /* 1: a tied table entered a second time as lm_head */
+  size_t n_expert;       /* a layer of experts: how many (its expert entries follow it); else 0 */
+  size_t expert;         /* an expert's entry: its index (E of the name, or the slice); else
+                            STAB_MODEL_NO_EXPERT */
+  size_t group;          /* an expert's entry: the index of its layer's entry; else 0 */
   const char *why_not;   /* NULL, or why this tensor is not measured; owned by the model */
 } stab_model_entry;
+
+#define STAB_MODEL_NO_EXPERT ((size_t)-1)
+/* The most experts one layer may have (DeepSeek-V3 has 256); a 3-D tensor with more is not
+ * measured, with the reason. */
+#define STAB_MODEL_MAX_EXPERTS 65536
+
+/* A 2-D view [rows][cols] of expert slice `expert` of the 3-D tensor t [n_expert][rows][cols]:
+ * the same name, dtype and file, data and offset moved to the slice (for a block-quantized
+ * type, whole blocks: GGUF rows are whole blocks), so that stab_ckpt_read_f32, _release and
+ * _prefetch read that expert alone. Errors: NULL arguments, t not 3-D, expert out of range,
+ * or a quantized slice that is not whole blocks, STAB_EINVAL. */
+stab_status stab_model_expert_view(const stab_ckpt_tensor *t, size_t expert, stab_ckpt_tensor *view);
 
 typedef struct stab_model stab_model;
 
@@ -1088,8 +1116,9 @@ const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index);
  * e->bias and e->weight_k from their first element (the offsets into a fused tensor are
  * added here; bias and weight_k NULL when e has none). The layer is named e->name.
  * Grouped-query attention (kv_heads < heads) is not one stab_layer: use
- * stab_model_head_layer per query head. Errors: NULL e, weight or out, an entry not measured
- * or grouped-query, STAB_EINVAL. */
+ * stab_model_head_layer per query head; nor is a layer of experts (register its experts).
+ * Errors: NULL e, weight or out, an entry not measured, grouped-query or a layer of experts,
+ * STAB_EINVAL. */
 stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weight, const float *bias,
                                    const float *weight_k, stab_layer *out);
 /* An attention entry's query head h (0 .. heads-1) as a one-head stab_layer against its key head

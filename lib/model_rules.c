@@ -14,7 +14,7 @@
 struct stab_model {
   stab_model_entry *e;
   size_t n;
-  char **owned; /* names and reasons the entries point at */
+  void **owned; /* names, reasons and expert views the entries point at */
   size_t nowned, capowned;
 };
 
@@ -95,6 +95,24 @@ static int is_norm_module(const char *name) {
   return 0;
 }
 
+/* 1 when the module name's last component ends in "_exps" (llama.cpp's ffn_up_exps ...). */
+static int expert_tensor(const char *name) {
+  size_t end = module_len(name), start = end;
+  while (start > 0 && name[start - 1] != '.') start--;
+  return end - start > 5 && !strncmp(name + end - 5, "_exps", 5);
+}
+
+/* Where the expert index of a per-expert name is: X.experts.E.Y with E decimal digits, into
+ * *digits (its offset) and *len; 0 when the name is not one. */
+static int expert_name(const char *name, size_t *digits, size_t *len) {
+  for (const char *p = strstr(name, ".experts."); p; p = strstr(p + 1, ".experts.")) {
+    const char *d = p + 9, *q = d;
+    while (*q >= '0' && *q <= '9' && q - d < 9) q++;
+    if (q > d && *q == '.') return *digits = (size_t)(d - name), *len = (size_t)(q - d), 1;
+  }
+  return 0;
+}
+
 /* 1 when a GPT-2-named matrix has Conv1D's in-major shape: c_attn [d][3d], c_fc [d][4d],
  * mlp.c_proj [4d][d]. nanoGPT and stabmeter-train store the same names out-major; attn.c_proj
  * is square, where the layout changes no metric. */
@@ -122,11 +140,11 @@ static int kind_from(const char *s, stab_kind *k) {
 /* ---- the model's own strings ------------------------------------------------------- */
 
 /* Keeps s (malloc'd) for the model's lifetime; NULL (and s freed) when out of memory. */
-static const char *keep(stab_model *m, char *s) {
+static void *keep_any(stab_model *m, void *s) {
   if (!s) return NULL;
   if (m->nowned == m->capowned) {
     size_t cap = m->capowned ? 2 * m->capowned : 64;
-    char **p = realloc(m->owned, cap * sizeof *p);
+    void **p = realloc(m->owned, cap * sizeof *p);
     if (!p) {
       free(s);
       return NULL;
@@ -135,6 +153,7 @@ static const char *keep(stab_model *m, char *s) {
   }
   return m->owned[m->nowned++] = s;
 }
+static const char *keep(stab_model *m, char *s) { return keep_any(m, s); }
 
 /* A formatted string kept by the model, or NULL when out of memory. */
 __attribute__((format(printf, 2, 3))) static const char *keepf(stab_model *m, const char *fmt, ...) {
@@ -153,6 +172,7 @@ static int classify(stab_model *m, const stab_model_config *c, const stab_ckpt_t
   memset(e, 0, sizeof *e);
   e->weight = t;
   e->name = t->name;
+  e->expert = STAB_MODEL_NO_EXPERT;
   if (t->dtype == STAB_DTYPE_OTHER) {
     if (c->naming == STAB_NAMING_GGUF)
       e->why_not = keepf(m, "unsupported GGML type %s: the probe reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
@@ -163,15 +183,31 @@ static int classify(stab_model *m, const stab_model_config *c, const stab_ckpt_t
     return e->why_not ? 0 : -1;
   }
   const char *forced = override_for(c->kinds, c->nkinds, t->name);
-  stab_kind fk;
+  stab_kind fk = STAB_KIND_LINEAR;
   if (forced && !strcmp(forced, "skip")) {
     e->why_not = "skipped by --kind";
     return 0;
   }
   if (forced && !kind_from(forced, &fk)) forced = NULL; /* not a kind: no override */
+  if (t->ndim == 3 && expert_tensor(t->name)) {
+    if (t->count == 0) {
+      e->why_not = "an empty tensor (a zero dimension): nothing to measure";
+      return 0;
+    }
+    if (t->shape[0] > STAB_MODEL_MAX_EXPERTS) {
+      e->why_not = keepf(m, "%llu experts: more than the %d a layer may have", (unsigned long long)t->shape[0],
+                         STAB_MODEL_MAX_EXPERTS);
+      return e->why_not ? 0 : -1;
+    }
+    /* [n_expert][rows][cols]: each slice out-major, as GGUF's other matrices */
+    e->kind = STAB_KIND_LINEAR, e->layout = STAB_LAYOUT_OUT_MAJOR;
+    e->d_in = (size_t)t->shape[2], e->d_out = (size_t)t->shape[1], e->n_expert = (size_t)t->shape[0];
+    return 0;
+  }
   if (t->ndim == 0 || t->ndim > 2) {
-    e->why_not = keepf(m, "%s tensor (%llu dimensions): no rule for it", t->ndim ? "a 3-D or higher" : "a scalar",
-                       (unsigned long long)t->ndim);
+    e->why_not = t->ndim == 3 ? keepf(m, "a 3-D tensor that is not an expert tensor by name (*_exps): no rule for it")
+                 : keepf(m, "%s tensor (%llu dimensions): no rule for it", t->ndim ? "a 3-D or higher" : "a scalar",
+                         (unsigned long long)t->ndim);
     return e->why_not ? 0 : -1;
   }
   if (t->count == 0) {
@@ -247,6 +283,7 @@ static int attention_entry(stab_model *m, const stab_model_config *c, const stab
                            const stab_model_entry *k, int fused, const char *name, stab_model_entry *e) {
   const stab_ckpt_tensor *tq = q->weight;
   memset(e, 0, sizeof *e);
+  e->expert = STAB_MODEL_NO_EXPERT;
   e->weight = tq, e->weight_k = k->weight;
   e->kind = STAB_KIND_ATTENTION, e->layout = q->layout;
   e->d_in = q->d_in;
@@ -379,7 +416,7 @@ static int fold_biases(stab_model *m) {
     }
     for (size_t k = lo; k < n && !strcmp(m->e[by[k]].weight->name, w); k++) {
       stab_model_entry *x = &m->e[by[k]];
-      if (!x->why_not && x->kind == STAB_KIND_LINEAR && x->d_out == b->weight->count && !x->bias) {
+      if (!x->why_not && x->kind == STAB_KIND_LINEAR && !x->n_expert && x->d_out == b->weight->count && !x->bias) {
         x->bias = b->weight;
         folded[i] = 1;
         break;
@@ -392,6 +429,178 @@ static int fold_biases(stab_model *m) {
   m->n = k;
   free(folded), free(by);
   return 0;
+}
+
+/* ---- experts ------------------------------------------------------------------------------ */
+
+stab_status stab_model_expert_view(const stab_ckpt_tensor *t, size_t expert, stab_ckpt_tensor *view) {
+  if (!t || !view) return stabi_fail(STAB_EINVAL, "stab_model_expert_view: NULL argument");
+  if (t->ndim != 3 || expert >= t->shape[0])
+    return stabi_fail(STAB_EINVAL, "stab_model_expert_view: '%s' has no expert %zu (%zu dimensions)",
+                      t->name ? t->name : "?", expert, t->ndim);
+  const uint64_t per = t->shape[1] * t->shape[2], n = t->shape[0];
+  stab_ckpt_tensor v = *t;
+  v.ndim = 2;
+  v.shape[0] = t->shape[1], v.shape[1] = t->shape[2], v.shape[2] = 0;
+  v.count = per;
+  uint64_t bytes = per * t->elem_size;
+  if (!t->elem_size) { /* block-quantized: the slices are whole blocks when the total divides evenly */
+    uint64_t all = stab_ckpt_nbytes(t);
+    bytes = stab_ckpt_nbytes(&v);
+    if (!bytes || bytes * n != all)
+      return stabi_fail(STAB_EINVAL, "stab_model_expert_view: '%s': an expert of %llu %s elements is not whole blocks",
+                        t->name ? t->name : "?", (unsigned long long)per, t->dtype_name ? t->dtype_name : "?");
+  }
+  v.data = t->data ? t->data + expert * bytes : NULL;
+  v.offset = t->offset + expert * bytes;
+  *view = v;
+  return STAB_OK;
+}
+
+/* The most expert entries of one model: past it, a 3-D tensor is not measured (a hostile file
+ * of many huge expert counts must not make the model allocate without bound). */
+enum { MAX_MODEL_EXPERTS = 1 << 20 };
+
+typedef struct {
+  char *key;     /* the name without its expert index: X.experts.Y.weight */
+  size_t expert; /* E */
+  size_t entry;  /* index in the entries */
+} hf_expert;
+
+static int by_key_shape_expert(const void *pa, const void *pb) {
+  const hf_expert *a = pa, *b = pb;
+  int c = strcmp(a->key, b->key);
+  if (c) return c;
+  const stab_model_entry *x = &sort_entries[a->entry], *y = &sort_entries[b->entry];
+  if (x->d_in != y->d_in) return x->d_in < y->d_in ? -1 : 1;
+  if (x->d_out != y->d_out) return x->d_out < y->d_out ? -1 : 1;
+  if (x->layout != y->layout) return x->layout < y->layout ? -1 : 1;
+  if (a->expert != b->expert) return a->expert < b->expert ? -1 : 1;
+  return a->entry < b->entry ? -1 : a->entry > b->entry;
+}
+
+/* Layers of experts: every 3-D expert tensor followed by its slices, and the HF per-expert
+ * linears of one X.experts.*.Y and one shape gathered under an entry X.experts.Y, where the
+ * first of them was. 0, or -1 when out of memory. */
+static int group_experts(stab_model *m) {
+  size_t n = m->n, nh = 0, slices = 0;
+  hf_expert *h = calloc(n ? n : 1, sizeof *h);
+  size_t *run_of = malloc((n ? n : 1) * sizeof *run_of); /* entry -> its run's first index in h, or SIZE_MAX */
+  stab_model_entry *out = NULL;
+  size_t *run_low = NULL;
+  int rc = -1;
+  if (!h || !run_of) goto done;
+  for (size_t i = 0; i < n; i++) {
+    const stab_model_entry *e = &m->e[i];
+    size_t d, len;
+    run_of[i] = SIZE_MAX;
+    if (e->n_expert && !e->why_not) slices += e->n_expert;
+    if (e->why_not || e->kind != STAB_KIND_LINEAR || e->n_expert || e->weight->ndim != 2 ||
+        !expert_name(e->weight->name, &d, &len))
+      continue;
+    const char *name = e->weight->name;
+    if (!(h[nh].key = malloc(strlen(name) + 1))) goto done;
+    snprintf(h[nh].key, strlen(name) + 1, "%.*s%s", (int)d, name, name + d + len + 1);
+    h[nh].expert = (size_t)strtoul(name + d, NULL, 10);
+    h[nh].entry = i;
+    nh++;
+  }
+  if (!nh && !slices) {
+    rc = 0;
+    goto done;
+  }
+  sort_entries = m->e;
+  qsort(h, nh, sizeof *h, by_key_shape_expert);
+  size_t runs = 0;
+  /* run_low[first]: the run's first entry in the model's order, which stands for it */
+  run_low = malloc((nh ? nh : 1) * sizeof *run_low);
+  if (!run_low) goto done;
+  for (size_t k = 0; k < nh; k++) {
+    const stab_model_entry *a = &m->e[h[k].entry];
+    int same = k > 0 && !strcmp(h[k].key, h[k - 1].key) && a->d_in == m->e[h[k - 1].entry].d_in &&
+               a->d_out == m->e[h[k - 1].entry].d_out && a->layout == m->e[h[k - 1].entry].layout;
+    size_t first = same ? run_of[h[k - 1].entry] : k;
+    runs += !same;
+    run_of[h[k].entry] = first;
+    run_low[first] = same && run_low[first] < h[k].entry ? run_low[first] : h[k].entry;
+  }
+  /* one layer per name: of the runs of one key with different shapes, the longest (the first
+   * of equal ones) is the layer; the other experts stay linears of their own */
+  for (size_t a = 0; a < nh;) {
+    size_t b = a, best = a, best_len = 0;
+    while (b < nh && !strcmp(h[b].key, h[a].key)) b++;
+    for (size_t r = a; r < b;) {
+      size_t e = r;
+      while (e < b && run_of[h[e].entry] == r) e++;
+      if (e - r > best_len) best = r, best_len = e - r;
+      r = e;
+    }
+    for (size_t j = a; j < b; j++)
+      if (run_of[h[j].entry] != best) run_of[h[j].entry] = SIZE_MAX; /* (runs stays an upper bound) */
+    a = b;
+  }
+  if (slices > MAX_MODEL_EXPERTS) slices = MAX_MODEL_EXPERTS; /* the rest: not measured, below */
+  /* every entry, one per run of HF experts, the slices, and the tied head to come */
+  if (!(out = calloc(n + runs + slices + 1, sizeof *out))) goto done;
+  size_t k = 0, made = 0;
+  for (size_t i = 0; i < n; i++) {
+    const stab_model_entry *e = &m->e[i];
+    if (run_of[i] != SIZE_MAX) {
+      size_t r = run_of[i];
+      if (run_low[r] != i) continue;
+      stab_model_entry *g = &out[k];
+      size_t gi = k++;
+      *g = m->e[h[r].entry];
+      g->bias = NULL;
+      g->expert = STAB_MODEL_NO_EXPERT;
+      const char *key = h[r].key;
+      if (!(g->name = keepf(m, "%.*s", (int)(ends_with(key, ".weight") ? strlen(key) - 7 : strlen(key)), key))) goto done;
+      for (size_t j = r; j < nh && run_of[h[j].entry] == r; j++) {
+        out[k] = m->e[h[j].entry];
+        out[k].expert = h[j].expert, out[k].group = gi;
+        k++, g->n_expert++;
+      }
+      continue;
+    }
+    out[k] = *e;
+    if (!e->n_expert || e->why_not) {
+      k++;
+      continue;
+    }
+    size_t gi = k++;
+    if (made + e->n_expert > MAX_MODEL_EXPERTS) {
+      out[gi].why_not = keepf(m, "%zu experts: more than the model's %d", e->n_expert, MAX_MODEL_EXPERTS);
+      if (!out[gi].why_not) goto done;
+      out[gi].n_expert = 0;
+      continue;
+    }
+    stab_ckpt_tensor *views = keep_any(m, calloc(e->n_expert, sizeof *views));
+    if (!views) goto done;
+    size_t mod = module_len(e->weight->name);
+    for (size_t x = 0; x < e->n_expert; x++) {
+      if (stab_model_expert_view(e->weight, x, &views[x]) != STAB_OK) {
+        out[gi].why_not = keepf(m, "%s", stab_last_error());
+        if (!out[gi].why_not) goto done;
+        out[gi].n_expert = 0;
+        k = gi + 1;
+        break;
+      }
+      stab_model_entry *s = &out[k++];
+      *s = *e;
+      s->n_expert = 0, s->expert = x, s->group = gi;
+      s->weight = &views[x];
+      if (!(s->name = keepf(m, "%.*s.%zu", (int)mod, e->weight->name, x))) goto done;
+    }
+    if (out[gi].n_expert) made += e->n_expert;
+  }
+  free(m->e);
+  m->e = out, m->n = k;
+  out = NULL;
+  rc = 0;
+done:
+  for (size_t i = 0; h && i < nh; i++) free(h[i].key);
+  free(h), free(run_of), free(out), free(run_low);
+  return rc;
 }
 
 /* The tied head: no lm_head tensor (a head tensor not measured, e.g. of a type not read, still
@@ -425,8 +634,8 @@ static int name_entries(stab_model *m) {
   for (size_t i = 0; i < n; i++) {
     stab_model_entry *e = &m->e[i];
     if (e->tied || e->why_not || e->kind == STAB_KIND_BIAS || e->kind == STAB_KIND_ATTENTION ||
-        !ends_with(e->weight->name, ".weight"))
-      continue;
+        e->name != e->weight->name || !ends_with(e->weight->name, ".weight"))
+      continue; /* (a layer of experts and a slice are named when they are made) */
     if (!(e->name = keep(m, strndup(e->weight->name, strlen(e->weight->name) - 7)))) return -1;
   }
   size_t *by = malloc((n ? n : 1) * sizeof *by);
@@ -442,7 +651,8 @@ static int name_entries(stab_model *m) {
     const stab_model_entry *e = &m->e[by[k]];
     head_taken |= !e->tied && !strcmp(e->name, "lm_head");
     int clash = (k > 0 && !strcmp(m->e[by[k - 1]].name, e->name)) || (k + 1 < n && !strcmp(m->e[by[k + 1]].name, e->name));
-    revert[by[k]] = clash && e->name != e->weight->name && !e->tied && e->kind != STAB_KIND_ATTENTION;
+    revert[by[k]] = clash && e->name != e->weight->name && !e->tied && e->kind != STAB_KIND_ATTENTION &&
+                    !e->n_expert && e->expert == STAB_MODEL_NO_EXPERT;
   }
   for (size_t i = 0; i < n; i++)
     if (revert[i]) m->e[i].name = m->e[i].weight->name;
@@ -478,7 +688,7 @@ stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n
   qsort(by_name, n, sizeof *by_name, by_tensor_name);
   for (size_t i = 0; i < n; i++)
     if (classify(m, c, tensors[i], &m->e[m->n++])) goto oom;
-  if (add_attention(m, c, tensors, n, by_name) || fold_biases(m)) goto oom;
+  if (add_attention(m, c, tensors, n, by_name) || fold_biases(m) || group_experts(m)) goto oom;
   add_tied_head(m, c, tensors, n);
   if (name_entries(m)) goto oom;
   free(by_name);
@@ -508,6 +718,9 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weigh
                                    const float *weight_k, stab_layer *out) {
   if (!e || !weight || !out) return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: NULL argument");
   if (e->why_not) return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: '%s' is not measured: %s", e->name, e->why_not);
+  if (e->n_expert)
+    return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: '%s' is a layer of %zu experts: register each expert's entry",
+                      e->name, e->n_expert);
   int attention = e->kind == STAB_KIND_ATTENTION;
   if (attention && (!weight_k || e->kv_heads != e->heads))
     return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: attention '%s': %s", e->name,

@@ -38,6 +38,7 @@ static void build(model *md, const spec *sp, size_t n, const stab_model_config *
     t->dtype_name = sp[i].dtype == STAB_DTYPE_OTHER ? "Q8_1" : sp[i].dtype == STAB_DTYPE_QUANT ? "Q4_K" : "F32";
     t->elem_size = sp[i].dtype == STAB_DTYPE_F32 ? 4 : 0;
     t->ndim = sp[i].ndim;
+    t->offset = 100000 * (i + 1); /* where a file would have it: views move from here */
     t->count = 1;
     for (size_t d = 0; d < t->ndim; d++) t->shape[d] = sp[i].shape[d], t->count *= sp[i].shape[d];
     md->p[i] = t;
@@ -335,18 +336,80 @@ START_TEST(test_phi3_fused_gqa) {
 }
 END_TEST
 
-/* Mixtral: the router block_sparse_moe.gate [E][d] and each expert's w1/w2/w3 are linear. */
+/* A layer of n experts named name, whose expert entries follow it in order, named
+ * expert_fmt (with %zu) and reading the tensors want[] (NULL: views of the 3-D tensor t3). */
+static void expect_experts(const model *md, const char *name, size_t n, const char *expert_fmt, const size_t *ids,
+                           const size_t *want, const stab_ckpt_tensor *t3) {
+  const stab_model_entry *g = entry(md, name);
+  ck_assert_msg(!g->why_not, "%s: %s", name, g->why_not);
+  ck_assert_uint_eq(g->n_expert, n);
+  ck_assert_uint_eq(g->expert, STAB_MODEL_NO_EXPERT);
+  size_t gi = (size_t)(g - stab_model_entry_at(md->m, 0));
+  stab_layer L;
+  ck_assert_int_eq(stab_model_entry_layer(g, (const float *)md, NULL, NULL, &L), STAB_EINVAL);
+  for (size_t x = 0; x < n; x++) {
+    const stab_model_entry *e = stab_model_entry_at(md->m, gi + 1 + x);
+    char want_name[200];
+    snprintf(want_name, sizeof want_name, expert_fmt, ids ? ids[x] : x);
+    ck_assert_str_eq(e->name, want_name);
+    ck_assert_uint_eq(e->expert, ids ? ids[x] : x);
+    ck_assert_uint_eq(e->group, gi);
+    ck_assert_uint_eq(e->n_expert, 0);
+    ck_assert_int_eq(e->kind, STAB_KIND_LINEAR);
+    ck_assert_uint_eq(e->d_in, g->d_in);
+    ck_assert_uint_eq(e->d_out, g->d_out);
+    if (want) {
+      ck_assert_ptr_eq(e->weight, &md->t[want[x]]);
+    } else {
+      /* a 2-D view of slice x: same name, its own place in the file */
+      ck_assert_ptr_eq(e->weight->name, t3->name);
+      ck_assert_uint_eq(e->weight->ndim, 2);
+      ck_assert_uint_eq(e->weight->shape[0], t3->shape[1]);
+      ck_assert_uint_eq(e->weight->shape[1], t3->shape[2]);
+      ck_assert_uint_eq(e->weight->count, t3->shape[1] * t3->shape[2]);
+      uint64_t bytes = stab_ckpt_nbytes(t3) / t3->shape[0];
+      ck_assert_uint_eq(e->weight->offset, t3->offset + x * bytes);
+      if (t3->data) ck_assert_ptr_eq(e->weight->data, t3->data + x * bytes);
+      else ck_assert_ptr_null(e->weight->data);
+    }
+  }
+}
+
+/* Mixtral: the router block_sparse_moe.gate [E][d] is linear; experts.E.w1/w2/w3 are layers of
+ * experts per projection; Qwen2-MoE's mlp.experts.E.*_proj likewise, its shared_expert and
+ * router mlp.gate ordinary linears. */
 START_TEST(test_mixtral_router_experts) {
   static const spec sp[] = {T2("model.layers.0.block_sparse_moe.gate.weight", 4, 16),
                             T2("model.layers.0.block_sparse_moe.experts.0.w1.weight", 24, 16),
                             T2("model.layers.0.block_sparse_moe.experts.0.w2.weight", 16, 24),
                             T2("model.layers.0.block_sparse_moe.experts.0.w3.weight", 24, 16),
-                            T2("model.layers.0.block_sparse_moe.experts.1.w2.weight", 16, 24)};
+                            T2("model.layers.0.block_sparse_moe.experts.10.w2.weight", 16, 24),
+                            T2("model.layers.0.block_sparse_moe.experts.2.w2.weight", 16, 24),
+                            T2("model.layers.1.mlp.gate.weight", 4, 16),
+                            T2("model.layers.1.mlp.experts.1.gate_proj.weight", 24, 16),
+                            T2("model.layers.1.mlp.experts.0.gate_proj.weight", 24, 16),
+                            T2("model.layers.1.mlp.shared_experts.gate_proj.weight", 24, 16),
+                            T2("model.layers.1.mlp.experts.2.gate_proj.weight", 20, 16)};
   model md;
   build(&md, sp, sizeof sp / sizeof sp[0], NULL);
+  /* 11 tensors, 4 layers of experts (w1, w2, w3, and the 2 gate_proj of one shape); the odd
+   * gate_proj of another shape a linear of its own */
+  ck_assert_uint_eq(stab_model_count(md.m), 11 + 4);
+  expect(&md, "model.layers.1.mlp.experts.2.gate_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 20);
+  ck_assert_uint_eq(entry(&md, "model.layers.1.mlp.experts.2.gate_proj")->expert, STAB_MODEL_NO_EXPERT);
   expect(&md, "model.layers.0.block_sparse_moe.gate", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 4);
-  expect(&md, "model.layers.0.block_sparse_moe.experts.0.w2", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 24, 16);
-  expect(&md, "model.layers.0.block_sparse_moe.experts.1.w2", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 24, 16);
+  expect(&md, "model.layers.1.mlp.gate", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 4);
+  expect(&md, "model.layers.1.mlp.shared_experts.gate_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 24);
+  ck_assert_uint_eq(entry(&md, "model.layers.1.mlp.shared_experts.gate_proj")->expert, STAB_MODEL_NO_EXPERT);
+  expect(&md, "model.layers.0.block_sparse_moe.experts.w2", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 24, 16);
+  expect_experts(&md, "model.layers.0.block_sparse_moe.experts.w2", 3, "model.layers.0.block_sparse_moe.experts.%zu.w2",
+                 (const size_t[]){0, 2, 10}, (const size_t[]){2, 5, 4}, NULL);
+  expect_experts(&md, "model.layers.0.block_sparse_moe.experts.w1", 1, "model.layers.0.block_sparse_moe.experts.%zu.w1",
+                 NULL, (const size_t[]){1}, NULL);
+  expect_experts(&md, "model.layers.1.mlp.experts.gate_proj", 2, "model.layers.1.mlp.experts.%zu.gate_proj", NULL,
+                 (const size_t[]){8, 7}, NULL);
+  /* the layer stands where its first expert tensor was: after the router */
+  ck_assert_str_eq(stab_model_entry_at(md.m, 1)->name, "model.layers.0.block_sparse_moe.experts.w1");
   stab_model_free(md.m);
 }
 END_TEST
@@ -363,6 +426,9 @@ static const spec gguf[] = {T2("token_embd.weight", 40, 16),
                             T2("blk.0.ffn_gate.weight", 24, 16),
                             {"blk.0.ffn_down.weight", STAB_DTYPE_OTHER, 2, {16, 24, 0}},
                             {"blk.1.ffn_up_exps.weight", STAB_DTYPE_F32, 3, {4, 24, 16}},
+                            {"blk.1.ffn_gate_inp.weight", STAB_DTYPE_F32, 2, {4, 16}},
+                            {"blk.1.conv.weight", STAB_DTYPE_F32, 3, {4, 3, 16}},
+                            {"blk.1.ffn_down_exps.weight", STAB_DTYPE_QUANT, 3, {2, 16, 256}},
                             T1("output_norm.weight", 16),
                             T2("output.weight", 40, 16)};
 enum { N_GGUF = sizeof gguf / sizeof gguf[0] };
@@ -380,7 +446,15 @@ START_TEST(test_gguf_llama_cpp) {
   expect(&md, "output", STAB_KIND_LM_HEAD, STAB_LAYOUT_NATURAL, 16, 40);
   expect_attention(&md, "blk.0.attn_logits", 2, 3, STAB_LAYOUT_OUT_MAJOR, 16, 16, 4, 2, 16, 0);
   expect_not(&md, "blk.0.ffn_down.weight", "unsupported GGML type Q8_1");
-  expect_not(&md, "blk.1.ffn_up_exps.weight", "a 3-D or higher tensor (3 dimensions): no rule for it");
+  /* [4][24][16]: four out-major experts 16 -> 24, slices of the tensor */
+  expect(&md, "blk.1.ffn_up_exps", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 24);
+  expect_experts(&md, "blk.1.ffn_up_exps", 4, "blk.1.ffn_up_exps.%zu", NULL, NULL, &md.t[9]);
+  expect(&md, "blk.1.ffn_up_exps.3", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 24);
+  /* Q4_K: 16 rows of 256 per expert, 144 bytes a block */
+  expect_experts(&md, "blk.1.ffn_down_exps", 2, "blk.1.ffn_down_exps.%zu", NULL, NULL, &md.t[12]);
+  ck_assert_uint_eq(entry(&md, "blk.1.ffn_down_exps.1")->weight->offset, md.t[12].offset + 16 * 144);
+  expect(&md, "blk.1.ffn_gate_inp", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 4);
+  expect_not(&md, "blk.1.conv.weight", "a 3-D tensor that is not an expert tensor by name (*_exps): no rule for it");
   ck_assert_uint_eq(count_kind(&md, STAB_KIND_LM_HEAD), 1);
   stab_model_free(md.m);
   /* a head of a type not read still means not tied; without output.weight, token_embd is */
