@@ -53,6 +53,7 @@ typedef struct {
   size_t top;       /* --top N, or 0: every row */
   size_t heads;     /* --heads, or 0: from the file's metadata or config.json */
   int per_head;     /* --per-head: a table row per attention head */
+  int experts;      /* --experts: a row per expert too, beside its layer's */
   int out_major_file; /* the checkpoint is harness/train's: GPT-2 names, nn.Linear layouts */
   int json, quiet;
   double tol;
@@ -85,7 +86,20 @@ typedef struct {
   const char *error; /* not measured: why (the model's) */
   stab_metrics m;
   int measured;
+  /* experts: a layer's row has the worst expert per metric (EXPERT_*), its experts' rows the
+   * layer's name; an expert slice's --prev counterpart is a view of the reference's slice */
+  size_t worst[5];
+  const char *expert_of;
+  stab_ckpt_tensor prev_view;
 } row;
+
+/* The metrics a layer of experts reports as its worst expert's, in row.worst's order. */
+enum { EXPERT_FORWARD, EXPERT_DEPENDENCY, EXPERT_UPDATE, EXPERT_SIGMA, EXPERT_REL_UPDATE, N_EXPERT_METRICS };
+static const char *const expert_metric_names[] = {"forward", "dependency", "update", "sigma", "rel_update"};
+
+/* A layer of experts (measured through its experts' rows), or one expert of one. */
+static int is_expert_layer(const row *r) { return r->e && r->e->n_expert; }
+static int is_expert(const row *r) { return r->e && r->e->expert != STAB_MODEL_NO_EXPERT; }
 
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
@@ -250,7 +264,7 @@ static size_t *report_order(const options *o, const row *rows, size_t n, size_t 
   size_t *idx = malloc((n ? n : 1) * sizeof *idx), k = 0;
   if (!idx) return NULL;
   for (size_t i = 0; i < n; i++)
-    if (rows[i].measured) idx[k++] = i;
+    if (rows[i].measured && (o->experts || !is_expert(&rows[i]))) idx[k++] = i;
   order_rows = rows, order_sort = o->sort;
   qsort(idx, k, sizeof *idx, by_sort);
   *count = o->top && o->top < k ? o->top : k;
@@ -279,7 +293,7 @@ static size_t worst_row(const row *rows, size_t n, stab_kind kind, int m, int ha
   double bv = -INFINITY;
   for (size_t i = 0; i < n; i++) {
     const row *r = &rows[i];
-    if (!r->measured || r->kind != kind) continue;
+    if (!r->measured || r->kind != kind || is_expert(r)) continue; /* the layer's row has its worst */
     double v = m == 0 ? r->m.forward : m == 1 ? r->m.dependency : r->m.update;
     unsigned broken = m == 2 ? STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE : STAB_FLAG_NONFINITE_WEIGHT;
     if (isnan(v) && (r->m.flags & broken)) return i;
@@ -321,6 +335,15 @@ static const char *layout_name(const row *r) {
   if (r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION)
     return r->layout == STAB_LAYOUT_IN_MAJOR ? "in_major" : "out_major";
   return "rows";
+}
+
+/* A row's shape, outermost first, into dims (at most 3); the count of dimensions. A layer of HF
+ * experts is its expert count and one expert's matrix; a 3-D expert tensor its own shape. */
+static size_t row_shape(const row *r, uint64_t dims[3]) {
+  size_t k = 0;
+  if (is_expert_layer(r) && r->t->ndim == 2) dims[k++] = r->e->n_expert;
+  for (size_t d = 0; d < r->t->ndim && k < 3; d++) dims[k++] = r->t->shape[d];
+  return k;
 }
 
 /* The checkpoint's own metadata as a JSON object: safetensors' __metadata__ (strings), GGUF's
@@ -397,7 +420,9 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
     printf(", \"tensor\": ");
     json_string(r->t->name);
     printf(", \"kind\": \"%s\", \"unit\": \"%s\", \"shape\": [", stab_kind_name(r->kind), unit_of(r->kind));
-    for (size_t d = 0; d < r->t->ndim; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)r->t->shape[d]);
+    uint64_t dims[3];
+    size_t nd = row_shape(r, dims);
+    for (size_t d = 0; d < nd; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)dims[d]);
     printf("], \"dtype\": \"%s\", \"layout\": \"%s\", \"d_in\": %zu, \"d_out\": %zu", r->t->dtype_name,
            layout_name(r), r->d_in, r->d_out);
     const struct { const char *k; double v; } vals[] = {
@@ -425,6 +450,18 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
       }
       putchar(']');
     }
+    if (is_expert_layer(r)) {
+      printf(", \"experts\": %zu, \"worst_expert\": {", r->e->n_expert);
+      for (size_t k = 0; k < N_EXPERT_METRICS; k++) {
+        printf("%s\"%s\": ", k ? ", " : "", expert_metric_names[k]);
+        if (r->worst[k] == STAB_MODEL_NO_EXPERT) fputs("null", stdout);
+        else printf("%zu", r->worst[k]);
+      }
+      putchar('}');
+    } else if (is_expert(r)) {
+      printf(", \"expert\": %zu, \"expert_of\": ", r->e->expert);
+      json_string(r->expert_of);
+    }
     printf(", \"tied\": %s, \"flags\": [", r->tied ? "true" : "false");
     int f = 0;
     if (m->flags & STAB_FLAG_NONFINITE_WEIGHT) printf("%s\"nonfinite_weight\"", f++ ? ", " : "");
@@ -445,7 +482,9 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
       json_string(rows[w].name);
       printf(", \"value\": ");
       json_number(m == 0 ? rows[w].m.forward : m == 1 ? rows[w].m.dependency : rows[w].m.update);
-      printf(", \"unit\": \"%s\"}", unit_of(summary_kinds[k]));
+      printf(", \"unit\": \"%s\"", unit_of(summary_kinds[k]));
+      if (is_expert_layer(&rows[w]) && rows[w].worst[m] != STAB_MODEL_NO_EXPERT) printf(", \"expert\": %zu", rows[w].worst[m]);
+      putchar('}');
     }
     if (metrics) putchar('}');
   }
@@ -543,9 +582,14 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
   for (size_t j = 0; j < count; j++) {
     const row *r = &rows[order[j]];
     char shape[48], a[4][24], e[24], notes[700] = "", name[1024];
-    if (r->t->ndim == 2)
-      snprintf(shape, sizeof shape, "%llux%llu", (unsigned long long)r->t->shape[0], (unsigned long long)r->t->shape[1]);
-    else snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
+    uint64_t dims[3];
+    size_t nd = r->t->ndim >= 2 ? row_shape(r, dims) : 0;
+    if (nd) {
+      size_t k = 0;
+      for (size_t d = 0; d < nd; d++) k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%llu", d ? "x" : "", (unsigned long long)dims[d]);
+    } else {
+      snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
+    }
     fmt_num(a[0], sizeof a[0], r->m.forward);
     fmt_num(a[1], sizeof a[1], r->m.dependency);
     fmt_num(a[2], sizeof a[2], r->m.update);
@@ -559,6 +603,18 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
       snprintf(notes + k, sizeof notes - k, "tied to %s ", shown(r->t->name, tn, sizeof tn));
     }
     if (r->bias) strcat(notes, "+bias ");
+    if (is_expert_layer(r)) {
+      size_t k = strlen(notes);
+      k += (size_t)snprintf(notes + k, sizeof notes - k, "%zu experts, worst:", r->e->n_expert);
+      for (size_t x = 0; x < EXPERT_REL_UPDATE && k < sizeof notes; x++)
+        if (r->worst[x] != STAB_MODEL_NO_EXPERT)
+          k += (size_t)snprintf(notes + k, sizeof notes - k, " %s %zu", expert_metric_names[x], r->worst[x]);
+      if (k < sizeof notes - 1) strcat(notes, " ");
+    } else if (is_expert(r)) {
+      char gn[600];
+      size_t k = strlen(notes);
+      snprintf(notes + k, sizeof notes - k, "expert %zu of %s ", r->e->expert, shown(r->expert_of, gn, sizeof gn));
+    }
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
     if (r->m.flags & STAB_FLAG_NOT_CONVERGED) strcat(notes, "not-converged ");
@@ -589,8 +645,11 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
       if (!any++) printf("\nlargest per kind and metric:\n");
       if (isnan(x)) snprintf(v, sizeof v, "NaN");
       else fmt_num(v, sizeof v, x);
-      printf("  %-9s  %-10s  %11s %-4s  %s%s\n", stab_kind_name(summary_kinds[k]), summary_metrics[m], v,
-             unit_of(summary_kinds[k]), shown(rows[i].name, name, sizeof name),
+      char which[48] = "";
+      if (is_expert_layer(&rows[i]) && rows[i].worst[m] != STAB_MODEL_NO_EXPERT)
+        snprintf(which, sizeof which, " (expert %zu)", rows[i].worst[m]);
+      printf("  %-9s  %-10s  %11s %-4s  %s%s%s\n", stab_kind_name(summary_kinds[k]), summary_metrics[m], v,
+             unit_of(summary_kinds[k]), shown(rows[i].name, name, sizeof name), which,
              isnan(x) ? " (non-finite weights)" : "");
     }
   if (count)
@@ -734,6 +793,8 @@ static int describe(options *o, const ckpt *f, stab_model **model, row **rows, s
     r->heads = e->heads, r->kv_heads = e->kv_heads;
     r->ld = e->ld, r->q_off = e->q_off, r->k_off = e->k_off;
     r->tied = e->tied;
+    r->expert_of = e->expert != STAB_MODEL_NO_EXPERT ? stab_model_entry_at(*model, e->group)->name : NULL;
+    for (size_t k = 0; k < N_EXPERT_METRICS; k++) r->worst[k] = STAB_MODEL_NO_EXPERT;
     if (e->kind == STAB_KIND_ATTENTION && !e->why_not && !(r->head_bounds = calloc(e->heads, sizeof *r->head_bounds))) {
       *n_rows = i;
       cli_error("out of memory");
@@ -855,7 +916,8 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   stab_status st = stab_monitor_create(&mp, &m);
   for (size_t i = 0; i < n && st == STAB_OK; i++) {
     const row *r = &rows[i];
-    if (!r->measured) continue;
+    /* a layer of experts is the report's; a trainer registers each expert, as the rows here */
+    if (!r->measured || is_expert_layer(r)) continue;
     int attention = r->kind == STAB_KIND_ATTENTION;
     stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads,
                     .weight = file_address(&fs, r->t, attention ? r->q_off : 0),
@@ -927,6 +989,8 @@ static void usage(void) {
          "  --heads H           attention heads, for the logit bounds of query/key pairs (default:\n"
          "                      GGUF metadata, safetensors __metadata__, or config.json beside the file)\n"
          "  --per-head          a table row per attention head (the JSON always has head_bounds)\n"
+         "  --experts           a row per expert too (table and JSON), beside its layer's row, which\n"
+         "                      has the worst expert per metric and its index\n"
          "  --quiet             no progress on stderr\n"
          "  -h, --help          this text\n"
          "  -V, --version       the version\n\n"
@@ -938,9 +1002,10 @@ static void usage(void) {
          "lm_head; other 2-D linear, out-major except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,\n"
          "mlp.c_fc,mlp.c_proj} in Conv1D's shape (in-major; c_attn [d][3d], c_fc wider than tall,\n"
          "mlp.c_proj taller than wide); 1-D X.bias with a linear X.weight folded into it; 1-D\n"
-         "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Integer dtypes, scalars\n"
-         "and 3-D+ tensors are listed as not measured. With no lm_head tensor, the token embedding\n"
-         "is reported also as lm_head (tied).\n"
+         "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Experts: 3-D *_exps\n"
+         "(GGUF [n_expert][rows][cols]) and HF X.experts.E.Y linears are a layer of experts each.\n"
+         "Integer dtypes, scalars and other 3-D+ tensors are listed as not measured. With no\n"
+         "lm_head tensor, the token embedding is reported also as lm_head (tied).\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
@@ -974,7 +1039,7 @@ static int add_override(override **list, size_t *n, const char *arg, const char 
 
 static int parse(int argc, char **argv, options *o) {
   enum { O_PREV = 256, O_JSON, O_TOL, O_EXACT, O_TIGHT, O_FILTER, O_KIND, O_LAYOUT, O_QUIET, O_HDF5, O_STEP,
-         O_HEADS, O_PER_HEAD, O_SORT, O_TOP };
+         O_HEADS, O_PER_HEAD, O_SORT, O_TOP, O_EXPERTS };
   static const struct option longs[] = {
       {"prev", required_argument, 0, O_PREV},   {"json", no_argument, 0, O_JSON},
       {"tol", required_argument, 0, O_TOL},     {"exact", no_argument, 0, O_EXACT},
@@ -984,7 +1049,8 @@ static int parse(int argc, char **argv, options *o) {
       {"hdf5", required_argument, 0, O_HDF5},   {"step", required_argument, 0, O_STEP},
       {"heads", required_argument, 0, O_HEADS}, {"per-head", no_argument, 0, O_PER_HEAD},
       {"sort", required_argument, 0, O_SORT},   {"top", required_argument, 0, O_TOP},
-      {"version", no_argument, 0, 'V'},         {0, 0, 0, 0}};
+      {"experts", no_argument, 0, O_EXPERTS},   {"version", no_argument, 0, 'V'},
+      {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
   static const char *const tights[] = {"centred", "exact", "none", NULL};
@@ -1001,6 +1067,7 @@ static int parse(int argc, char **argv, options *o) {
     case O_JSON: o->json = 1; break;
     case O_HDF5: o->hdf5 = optarg; break;
     case O_PER_HEAD: o->per_head = 1; break;
+    case O_EXPERTS: o->experts = 1; break;
     case O_HEADS:
       if ((rc = cli_whole("--heads", optarg, 1, MAX_HEADS, &v))) return rc;
       o->heads = (size_t)v;
@@ -1126,6 +1193,11 @@ static void row_buffers_free(row_buffers *rb) {
 static const char *find_counterpart(const ckpt *prev, row *r) {
   const stab_ckpt_tensor *pt = ck_find(prev, r->t->name), *pbias = r->bias ? ck_find(prev, r->bias->name) : NULL;
   if (!pt) return "not found";
+  /* a slice of a 3-D expert tensor: the same expert's slice of the reference's */
+  if (is_expert(r) && r->t->ndim == 2 && pt->ndim == 3) {
+    if (stab_model_expert_view(pt, r->e->expert, &r->prev_view) != STAB_OK) return "a different shape or dtype";
+    pt = &r->prev_view;
+  }
   if (r->bias && !pbias) return "its bias is not found";
   int same = pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
              !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
@@ -1172,6 +1244,66 @@ static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, i
   return 0;
 }
 
+/* ---- layers of experts ---------------------------------------------------------------- */
+
+static double expert_metric(const stab_metrics *m, int k) {
+  switch (k) {
+  case EXPERT_FORWARD: return m->forward;
+  case EXPERT_DEPENDENCY: return m->dependency;
+  case EXPERT_UPDATE: return m->update;
+  case EXPERT_SIGMA: return m->sigma;
+  default: return m->rel_update;
+  }
+}
+
+/* Each layer of experts' metrics: per metric, its worst expert's value and index (a NaN from
+ * non-finite weights, or update, is the worst there is, as in the summary), from the rows of its
+ * experts, which follow it; passes summed, flags joined. Measured when every expert was. */
+static void expert_layers(row *rows, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    row *g = &rows[i];
+    if (!is_expert_layer(g) || g->error) continue;
+    stab_metrics m = g->m; /* the NaNs of a linear layer not measured */
+    m.forward = m.dependency = m.update = m.sigma = m.rel_update = NAN;
+    m.sigma_rel_err = m.sigma_update = m.sigma_update_rel_err = NAN;
+    m.forward_tight = m.dependency_tight = m.update_tight = m.spread = NAN;
+    m.passes = m.update_passes = m.flags = 0;
+    int all = 1, broken[N_EXPERT_METRICS] = {0};
+    size_t j = i + 1;
+    for (; j < n && is_expert(&rows[j]); j++) {
+      const row *x = &rows[j];
+      if (!x->measured) {
+        all = 0;
+        continue;
+      }
+      m.passes += x->m.passes, m.update_passes += x->m.update_passes, m.flags |= x->m.flags;
+      m.tight_method = x->m.tight_method;
+      for (int k = 0; k < N_EXPERT_METRICS; k++) {
+        double v = expert_metric(&x->m, k), cur = expert_metric(&m, k);
+        unsigned bad = k == EXPERT_UPDATE || k == EXPERT_REL_UPDATE ? STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE
+                                                                   : STAB_FLAG_NONFINITE_WEIGHT;
+        if (broken[k]) continue;
+        int take = isnan(v) ? (x->m.flags & bad) != 0 : isnan(cur) || v > cur;
+        if (!take) continue;
+        broken[k] = isnan(v);
+        g->worst[k] = x->e->expert;
+        switch (k) {
+        case EXPERT_FORWARD: m.forward = v; break;
+        case EXPERT_DEPENDENCY: m.dependency = v; break;
+        case EXPERT_UPDATE:
+          m.update = v, m.sigma_update = x->m.sigma_update, m.sigma_update_rel_err = x->m.sigma_update_rel_err;
+          break;
+        case EXPERT_SIGMA: m.sigma = v, m.sigma_rel_err = x->m.sigma_rel_err; break;
+        default: m.rel_update = v; break;
+        }
+      }
+    }
+    g->m = m;
+    g->measured = all && j > i + 1;
+    i = j - 1;
+  }
+}
+
 /* ---- the rows' names, --filter and --prev ------------------------------------------- */
 
 /* 1 when glob matches row r's name or the name of a tensor it reads (weight, bias, key). */
@@ -1197,10 +1329,22 @@ static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src)
       return CLI_USAGE;
     }
   }
+  char *keeps = calloc(*n ? *n : 1, 1);
+  if (!keeps) {
+    cli_error("out of memory");
+    return CLI_FAILED;
+  }
+  for (size_t i = 0; i < *n; i++)
+    for (size_t k = 0; k < o->nfilters && !keeps[i]; k++) keeps[i] = (char)row_matches(&rows[i], o->filters[k]);
+  /* a layer of experts and its experts go together (the layer's metrics are theirs): rows are
+   * still one per entry here, so an expert's group is the index of its layer's row */
+  for (size_t i = 0; i < *n; i++)
+    if (is_expert(&rows[i]) && keeps[i]) keeps[rows[i].e->group] = 1;
+  for (size_t i = 0; i < *n; i++)
+    if (is_expert(&rows[i]) && keeps[rows[i].e->group]) keeps[i] = 1;
   size_t kept = 0, src = SIZE_MAX;
   for (size_t i = 0; i < *n; i++) {
-    int keep = 0;
-    for (size_t k = 0; k < o->nfilters && !keep; k++) keep = row_matches(&rows[i], o->filters[k]);
+    int keep = keeps[i];
     if (!keep) {
       row_free(&rows[i]);
       continue;
@@ -1212,6 +1356,7 @@ static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src)
    * mapping */
   *tied_src = kept && rows[kept - 1].tied ? src : SIZE_MAX;
   *n = kept;
+  free(keeps);
   return 0;
 }
 
@@ -1224,7 +1369,7 @@ static int match_reference(const options *o, const ckpt *prev, row *rows, size_t
   char first[256] = "";
   for (size_t i = 0; i < n; i++) {
     row *r = &rows[i];
-    if (r->error || r->kind == STAB_KIND_ATTENTION) continue;
+    if (r->error || r->kind == STAB_KIND_ATTENTION || is_expert_layer(r)) continue;
     asked++;
     if (!(r->no_update = find_counterpart(prev, r))) {
       found++;
@@ -1365,7 +1510,7 @@ int main(int argc, char **argv) {
   mp.tight = o.tight;
   double work = 0, done = 0, t0 = monotonic_seconds(), last = t0;
   for (size_t i = 0; i < n; i++)
-    if (!rows[i].error) work += (double)rows[i].t->count;
+    if (!rows[i].error && !is_expert_layer(&rows[i])) work += (double)rows[i].t->count;
   /* Two layers are measured at a time, one thread each, instead of one layer with both
    * threads: most layers are small, their passes short, and the serial work between passes
    * (the Lanczos vectors, LAPACK on the small band matrix) left the second core idle. Results
@@ -1401,7 +1546,7 @@ int main(int argc, char **argv) {
       if (stop) continue;
       for (size_t i = k; i != SIZE_MAX; i = i == tied_src ? n - 1 : SIZE_MAX) {
         row *r = &rows[i];
-        if (r->error) continue;
+        if (r->error || is_expert_layer(r)) continue; /* a layer of experts: its experts' rows */
         double t = monotonic_seconds();
         if (me == 0 && !o.quiet && t - t0 > 1.0 && t - last > 1.0) {
           double d;
@@ -1438,6 +1583,7 @@ int main(int argc, char **argv) {
   }
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
     cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - t0);
+  expert_layers(rows, n);
   if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
   if (!(order = report_order(&o, rows, n, &shown_rows))) goto oom;
   if (o.json) print_json(&o, &f, rows, n, order, shown_rows);
