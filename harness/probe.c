@@ -568,7 +568,7 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
   if (o->step >= 0) printf("step %lld, from %s\n", (long long)o->step, o->step_from);
   if (o->sort != SORT_FILE || o->top) {
     size_t measured = 0;
-    for (size_t i = 0; i < n; i++) measured += rows[i].measured;
+    for (size_t i = 0; i < n; i++) measured += rows[i].measured && (o->experts || !is_expert(&rows[i]));
     printf("%zu of %zu layers, %s%s%s\n", count, measured,
            o->sort == SORT_FILE ? "in the checkpoint's order" : o->sort == SORT_NAME ? "by name" : "by ",
            o->sort > SORT_NAME ? sort_names[o->sort] : "", o->sort > SORT_NAME ? ", largest first" : "");

@@ -1081,9 +1081,11 @@ typedef struct {
 } stab_model_entry;
 
 #define STAB_MODEL_NO_EXPERT ((size_t)-1)
-/* The most experts one layer may have (DeepSeek-V3 has 256); a 3-D tensor with more is not
- * measured, with the reason. */
-#define STAB_MODEL_MAX_EXPERTS 65536
+/* The most experts one layer may have (DeepSeek-V3 has 256, Kimi K2 384); a 3-D tensor with
+ * more is not measured, with the reason. A model's 3-D tensors have at most 32 times as many
+ * experts in all (a hostile file must not make the model allocate without bound); past that, a
+ * 3-D tensor is not measured either. */
+#define STAB_MODEL_MAX_EXPERTS 4096
 
 /* A 2-D view [rows][cols] of expert slice `expert` of the 3-D tensor t [n_expert][rows][cols]:
  * the same name, dtype and file, data and offset moved to the slice (for a block-quantized

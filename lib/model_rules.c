@@ -459,7 +459,7 @@ stab_status stab_model_expert_view(const stab_ckpt_tensor *t, size_t expert, sta
 
 /* The most expert entries of one model: past it, a 3-D tensor is not measured (a hostile file
  * of many huge expert counts must not make the model allocate without bound). */
-enum { MAX_MODEL_EXPERTS = 1 << 20 };
+enum { MAX_MODEL_EXPERTS = 32 * STAB_MODEL_MAX_EXPERTS };
 
 typedef struct {
   char *key;     /* the name without its expert index: X.experts.Y.weight */
@@ -569,7 +569,8 @@ static int group_experts(stab_model *m) {
     }
     size_t gi = k++;
     if (made + e->n_expert > MAX_MODEL_EXPERTS) {
-      out[gi].why_not = keepf(m, "%zu experts: more than the model's %d", e->n_expert, MAX_MODEL_EXPERTS);
+      out[gi].why_not = keepf(m, "%zu experts: the model's 3-D tensors would have more than %d", e->n_expert,
+                              MAX_MODEL_EXPERTS);
       if (!out[gi].why_not) goto done;
       out[gi].n_expert = 0;
       continue;

@@ -472,6 +472,32 @@ START_TEST(test_gguf_llama_cpp) {
 }
 END_TEST
 
+/* Expert counts past the bounds: one tensor's, and the model's in all (32 layers' worth). */
+START_TEST(test_expert_bounds) {
+  static stab_ckpt_tensor t[34];
+  const stab_ckpt_tensor *p[34];
+  static char names[34][40];
+  for (size_t i = 0; i < 34; i++) {
+    snprintf(names[i], sizeof names[i], "blk.%zu.ffn_up_exps.weight", i);
+    t[i] = (stab_ckpt_tensor){.name = names[i], .dtype = STAB_DTYPE_F32, .dtype_name = "F32", .elem_size = 4,
+                              .ndim = 3, .shape = {STAB_MODEL_MAX_EXPERTS, 1, 2}, .count = 2 * STAB_MODEL_MAX_EXPERTS};
+    p[i] = &t[i];
+  }
+  t[0].shape[0] = STAB_MODEL_MAX_EXPERTS + 1, t[0].count = 2 * (STAB_MODEL_MAX_EXPERTS + 1);
+  model md = {.m = NULL};
+  ck_assert_int_eq(stab_model_describe(p, 34, NULL, &md.m), STAB_OK);
+  expect_not(&md, "blk.0.ffn_up_exps.weight", "4097 experts: more than the 4096 a layer may have");
+  for (size_t i = 1; i <= 32; i += 31) {
+    char nm[40];
+    snprintf(nm, sizeof nm, "blk.%zu.ffn_up_exps", i);
+    ck_assert_uint_eq(entry(&md, nm)->n_expert, STAB_MODEL_MAX_EXPERTS);
+  }
+  expect_not(&md, "blk.33.ffn_up_exps.weight", "the model's 3-D tensors would have more than 131072");
+  ck_assert_uint_eq(stab_model_count(md.m), 34 + 32 * STAB_MODEL_MAX_EXPERTS);
+  stab_model_free(md.m);
+}
+END_TEST
+
 /* Overrides and the names: skip, a kind that does not fit, a kind forced on a 2-D tensor, a
  * name that clashes, a bias of the wrong width, a 1-D tensor no rule names, a scalar, an empty
  * tensor, a tied head when the file has an lm_head named by an override. */
@@ -577,6 +603,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("model_rules");
   TCase *tc = tcase_create("rules");
+  tcase_set_timeout(tc, 0); /* no wall-clock limit: the suite also runs under the sanitizers */
   tcase_add_test(tc, test_gpt2_hf_conv1d);
   tcase_add_test(tc, test_gpt2_nanogpt_out_major);
   tcase_add_test(tc, test_llmc);
@@ -586,6 +613,7 @@ int main(void) {
   tcase_add_test(tc, test_mixtral_router_experts);
   tcase_add_test(tc, test_gguf_llama_cpp);
   tcase_add_test(tc, test_overrides_and_names);
+  tcase_add_test(tc, test_expert_bounds);
   tcase_add_test(tc, test_entry_layers);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
