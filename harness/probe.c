@@ -806,26 +806,11 @@ static int describe(options *o, const ckpt *f, stab_model **model, row **rows, s
 }
 
 /* The logit bounds of attention row r, from q and k as f32: the library's attention metrics
- * when every query head has its own key head, else one single-head measurement per query head
- * against its group's key head (stab_model_head_layer). */
+ * of the entry's layer (grouped-query heads included: .kv_heads). */
 static stab_status measure_attention(row *r, const float *q, const float *k, const stab_metrics_params *mp) {
   stab_layer L;
-  stab_status st;
-  if (r->kv_heads == r->heads) {
-    if ((st = stab_model_entry_layer(r->e, q, NULL, k, &L)) != STAB_OK) return st;
-    return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
-  }
-  double worst = 0;
-  for (size_t h = 0; h < r->heads; h++) {
-    stab_metrics m;
-    if ((st = stab_model_head_layer(r->e, h, q, k, &L)) != STAB_OK) return st;
-    if ((st = stab_layer_metrics(&L, NULL, mp, &m, &r->head_bounds[h])) != STAB_OK) return st;
-    if (h == 0) r->m = m;
-    else r->m.passes += m.passes, r->m.flags |= m.flags;
-    worst = isnan(worst) || isnan(r->head_bounds[h]) ? NAN : fmax(worst, r->head_bounds[h]);
-  }
-  r->m.forward = worst;
-  return STAB_OK;
+  stab_status st = stab_model_entry_layer(r->e, q, NULL, k, &L);
+  return st == STAB_OK ? stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds) : st;
 }
 
 /* ---- the trace (--hdf5) ------------------------------------------------------------ */
@@ -919,7 +904,7 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
     /* a layer of experts is the report's; a trainer registers each expert, as the rows here */
     if (!r->measured || is_expert_layer(r)) continue;
     int attention = r->kind == STAB_KIND_ATTENTION;
-    stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads,
+    stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads, .kv_heads = attention ? r->kv_heads : 0,
                     .weight = file_address(&fs, r->t, attention ? r->q_off : 0),
                     .weight_k = attention ? file_address(&fs, r->tk, r->k_off) : NULL,
                     .bias = r->kind == STAB_KIND_LINEAR ? file_address(&fs, r->bias, 0) : NULL,

@@ -251,7 +251,8 @@ typedef struct {
  *  gain:      d_in = d_out = d; weight gamma, d floats
  *  bias:      d_in = d_out = d; weight b, d floats
  *  attention: d_in = d, d_out = heads * d_h; weight = query projection, weight_k = key
- *             projection, each d_in x d_out in `layout`; heads > 0; scale 0 means 1/sqrt(d_h).
+ *             projection, each d_in x d_out in `layout` (the key d_in x kv_heads * d_h with
+ *             grouped-query kv_heads); heads > 0; scale 0 means 1/sqrt(d_h).
  *             The bound covers the weights only: q and k biases are outside it (register
  *             them with their linear layers, e.g. the fused qkv's .bias)
  *
@@ -280,10 +281,10 @@ typedef struct {
  * tell it from a legitimate block (the first C input columns of an out-major [C][3C] matrix).
  *
  * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, or table sizes given as
- * above, STAB_EINVAL; zero or inconsistent sizes, a stride below the stored row or a matrix
- * past what memory can address (the check of stab_spectral_norm) STAB_EDIM; heads not
- * dividing d_out, or a negative or non-finite scale, STAB_ERANGE. Every message names the
- * layer. */
+ * above, or grouped-query attention in-major, STAB_EINVAL; zero or inconsistent sizes, a
+ * stride below the stored row or a matrix past what memory can address (the check of
+ * stab_spectral_norm) STAB_EDIM; heads not dividing d_out, kv_heads not dividing heads, or a
+ * negative or non-finite scale, STAB_ERANGE. Every message names the layer. */
 typedef struct {
   const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
                               or NULL outside a monitor */
@@ -299,6 +300,10 @@ typedef struct {
   const float *weight_k;   /* attention only */
   size_t heads;            /* attention only */
   double scale;            /* attention only; 0 = 1/sqrt(d_h) */
+  size_t kv_heads;         /* attention only: key heads, for grouped-query attention (weight_k
+                              then has kv_heads * d_h outputs, query head h reading key head
+                              h / (heads / kv_heads)); must divide heads; 0 = heads. Out-major
+                              only (an in-major key of another width has another row stride) */
 } stab_layer;
 
 /* Options of a measurement. */
@@ -1116,10 +1121,9 @@ const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index);
 
 /* The stab_layer of entry e, reading weight, bias and weight_k: the f32 values of e->weight,
  * e->bias and e->weight_k from their first element (the offsets into a fused tensor are
- * added here; bias and weight_k NULL when e has none). The layer is named e->name.
- * Grouped-query attention (kv_heads < heads) is not one stab_layer: use
- * stab_model_head_layer per query head; nor is a layer of experts (register its experts).
- * Errors: NULL e, weight or out, an entry not measured, grouped-query or a layer of experts,
+ * added here; bias and weight_k NULL when e has none). The layer is named e->name; an
+ * attention entry's kv_heads is the layer's. A layer of experts is no stab_layer (register
+ * its experts). Errors: NULL e, weight or out, an entry not measured or a layer of experts,
  * STAB_EINVAL. */
 stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weight, const float *bias,
                                    const float *weight_k, stab_layer *out);

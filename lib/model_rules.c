@@ -723,9 +723,7 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weigh
     return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: '%s' is a layer of %zu experts: register each expert's entry",
                       e->name, e->n_expert);
   int attention = e->kind == STAB_KIND_ATTENTION;
-  if (attention && (!weight_k || e->kv_heads != e->heads))
-    return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: attention '%s': %s", e->name,
-                      weight_k ? "grouped-query (use stab_model_head_layer)" : "NULL weight_k");
+  if (attention && !weight_k) return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: attention '%s': NULL weight_k", e->name);
   stab_layer L;
   memset(&L, 0, sizeof L);
   L.name = e->name;
@@ -740,7 +738,7 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weigh
   }
   L.weight = weight + (attention ? e->q_off : 0);
   L.bias = e->kind == STAB_KIND_LINEAR && e->bias ? bias : NULL;
-  if (attention) L.weight_k = weight_k + e->k_off, L.ld = e->ld, L.heads = e->heads;
+  if (attention) L.weight_k = weight_k + e->k_off, L.ld = e->ld, L.heads = e->heads, L.kv_heads = e->kv_heads;
   *out = L;
   return STAB_OK;
 }

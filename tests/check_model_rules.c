@@ -579,7 +579,24 @@ START_TEST(test_entry_layers) {
   build(&md, llama, N_LLAMA, &(stab_model_config){.heads = 4, .tie = -1});
   att = entry(&md, "model.layers.0.self_attn.logits");
   float q[16 * 16], k[8 * 16];
-  ck_assert_int_eq(stab_model_entry_layer(att, q, NULL, k, &L), STAB_EINVAL);
+  tu_fill_gauss(q, 16, 16, 16, 0.2, &rng);
+  tu_fill_gauss(k, 8, 16, 16, 0.3, &rng);
+  /* grouped-query: one layer with kv_heads, each head's bound s d_h (f sigma(q_h)) (f sigma(k_g))
+   * with g = h / 2, f = sqrt(d / d_h), by LAPACK */
+  ck_assert_int_eq(stab_model_entry_layer(att, q, NULL, k, &L), STAB_OK);
+  ck_assert_uint_eq(L.kv_heads, 2);
+  stab_metrics_params mp = stab_metrics_default_params();
+  mp.spectral.method = STAB_SPECTRAL_EXACT;
+  double hb[4];
+  ck_assert_int_eq(stab_layer_metrics(&L, NULL, &mp, &m1, hb), STAB_OK);
+  double worst = 0;
+  for (size_t hh = 0; hh < 4; hh++) {
+    double dh = 4, f = sqrt(16 / dh);
+    double want = dh / sqrt(dh) * f * ref_sigma(q + hh * 4 * 16, 4, 16, 16) * f * ref_sigma(k + hh / 2 * 4 * 16, 4, 16, 16);
+    ck_assert_msg(fabs(hb[hh] - want) <= 1e-12 * want, "head %zu: %.17g, LAPACK %.17g", hh, hb[hh], want);
+    worst = fmax(worst, want);
+  }
+  ck_assert_double_eq_tol(m1.forward, worst, 1e-12 * worst);
   ck_assert_int_eq(stab_model_head_layer(att, 3, q, k, &L), STAB_OK);
   ck_assert_ptr_eq(L.weight, q + 3 * 4 * 16); /* query head 3: rows 12-15 */
   ck_assert_ptr_eq(L.weight_k, k + 1 * 4 * 16); /* its key head 1 (two query heads each) */
