@@ -73,6 +73,12 @@ typedef struct {
   const stab_ckpt_tensor *tk; /* attention: the key projection (t is the query) */
   const stab_ckpt_tensor *prev_t, *prev_bias; /* --prev: what the update is against, or NULL */
   const char *no_update; /* --prev: why the reference has no counterpart (static), or NULL */
+  char *owned_no_update;  /* or owned (a counterpart name the message gives) */
+  /* --prev across formats (find_converted): how prev_t is read into t's own order */
+  size_t prev_heads;      /* q/k rows permuted by the converter, in that many heads; 0: none */
+  int prev_to_gguf;       /* 1: t is the GGUF tensor (HF rows put in its order), 0: the reverse */
+  int prev_transposed;    /* prev_t is t's transpose (an HF GPT-2 Conv1D weight) */
+  float prev_offset;      /* added to prev_t's values (Gemma's norms: llama.cpp stores w + 1) */
   const char *name;           /* the row's name (the model's) */
   size_t heads;               /* attention */
   size_t kv_heads;            /* attention: key heads (fewer than heads: grouped-query) */
@@ -440,6 +446,14 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
            m->update_passes, m->tight_method == STAB_TIGHT_EXACT ? "exact" : m->tight_method == STAB_TIGHT_NONE ? "none" : "centred");
     if (r->bias) json_string(r->bias->name);
     else fputs("null", stdout);
+    if (o->reference) { /* --prev: the tensor the update is against (another name across formats) */
+      fputs(", \"reference_tensor\": ", stdout);
+      if (r->prev_t) json_string(r->prev_t->name);
+      else fputs("null", stdout);
+      fputs(", \"reference_dtype\": ", stdout);
+      if (r->prev_t) json_string(r->prev_t->dtype_name);
+      else fputs("null", stdout);
+    }
     if (r->kind == STAB_KIND_ATTENTION) {
       printf(", \"key_tensor\": ");
       json_string(r->tk->name);
@@ -614,6 +628,12 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
       char gn[600];
       size_t k = strlen(notes);
       snprintf(notes + k, sizeof notes - k, "expert %zu of %s ", r->e->expert, shown(r->expert_of, gn, sizeof gn));
+    }
+    /* across formats: what the update is against, when its name or type differs */
+    if (r->prev_t && (strcmp(r->prev_t->name, r->t->name) || strcmp(r->prev_t->dtype_name, r->t->dtype_name))) {
+      char pn[600];
+      size_t k = strlen(notes);
+      snprintf(notes + k, sizeof notes - k, "vs %s %s ", shown(r->prev_t->name, pn, sizeof pn), r->prev_t->dtype_name);
     }
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
@@ -949,7 +969,10 @@ static void usage(void) {
          "Options:\n"
          "  --prev OLDER        also the update metrics against OLDER (tensors matched by name and\n"
          "                      shape); exit 2 when no tensor matches, a warning naming the layers\n"
-         "                      without a counterpart when some do not\n"
+         "                      without a counterpart when some do not. A GGUF file against the\n"
+         "                      safetensors it was converted from (or the reverse): llama.cpp's\n"
+         "                      names mapped (llama, qwen2, gemma, phi3, gpt2), its q/k row order\n"
+         "                      and Conv1D transposes undone, so update is the quantization error\n"
          "  --json              the probe report as JSON instead of the table\n"
          "  --sort METRIC       rows by METRIC, largest first: forward, dependency, update, sigma,\n"
          "                      rel_update, forward_tight, dependency_tight, update_tight; or file\n"
@@ -1165,17 +1188,130 @@ static int open_checkpoint(const char *path, ckpt *f) {
  * row, and the reference checkpoint's weight and bias (--prev). */
 typedef struct {
   f32buf w, b, k, pw, pb;
+  f32buf pwx, pbx; /* the reference's weight and bias reordered into this checkpoint's order */
 } row_buffers;
 
 static void row_buffers_free(row_buffers *rb) {
   free(rb->w.buf), free(rb->b.buf), free(rb->k.buf), free(rb->pw.buf), free(rb->pb.buf);
+  free(rb->pwx.buf), free(rb->pbx.buf);
+}
+
+/* 1 when c is a file of harness/train (its __metadata__ producer): GPT-2 names, nn.Linear
+ * layouts throughout. */
+static int made_by_train(const ckpt *c) {
+  for (size_t i = 0; c->st && i < stab_safetensors_metadata_count(c->st); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(c->st, i, &k, &v);
+    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) return 1;
+  }
+  return 0;
+}
+
+/* The GGUF file's general.architecture, or NULL. */
+static const char *gguf_arch(const stab_gguf *g) {
+  const stab_gguf_kv *kv = stab_gguf_find_metadata(g, "general.architecture");
+  return kv && kv->type == STAB_GGUF_STRING ? kv->s : NULL;
+}
+
+/* Sets r's owned reason for having no update (the message names the tensor looked for): fmt
+ * with one or two %s, a and b (b unused by a format with one). */
+static const char *no_update_because(row *r, const char *fmt, const char *a, const char *b) {
+  char buf[700];
+  snprintf(buf, sizeof buf, fmt, a, b);
+  free(r->owned_no_update);
+  r->owned_no_update = strdup(buf);
+  return r->owned_no_update ? r->owned_no_update : "not found";
+}
+
+/* The counterpart of tensor name (of cur, a GGUF or a safetensors) in prev, the other format,
+ * by the library's name map (arch: the GGUF file's architecture), into *how; its name in
+ * tried. NULL when the name has no mapping or the mapped name is not in prev. */
+static const stab_ckpt_tensor *converted_find(const ckpt *cur, const ckpt *prev, const char *arch, const char *name,
+                                              stab_name_transform *how, char *tried, size_t cap) {
+  stab_status st = cur->gg ? stab_name_map_to_hf(arch, name, tried, cap, how)
+                           : stab_name_map_to_gguf(arch, name, tried, cap, how);
+  if (st != STAB_OK) return tried[0] = '\0', NULL;
+  const stab_ckpt_tensor *t = ck_find(prev, tried);
+  if (!t && cur->gg && !strcmp(arch, "gpt2")) { /* HF GPT-2 under GPT2LMHeadModel's transformer. */
+    char prefixed[600];
+    snprintf(prefixed, sizeof prefixed, "transformer.%s", tried);
+    if ((t = ck_find(prev, prefixed))) {
+      size_t k = strlen(prefixed) < cap ? strlen(prefixed) : cap - 1;
+      memcpy(tried, prefixed, k), tried[k] = '\0';
+    }
+  }
+  return t;
+}
+
+/* The key heads of a GGUF model: <arch>.attention.head_count_kv, else head_count (no
+ * grouped-query attention); query heads: head_count. 0 when missing or invalid. */
+static size_t gguf_heads(const stab_gguf *g, const char *arch, int key_heads) {
+  char key[160];
+  uint64_t h = 0;
+  snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
+  if (!key_heads || stab_gguf_get_uint(g, key, &h) != STAB_OK) {
+    snprintf(key, sizeof key, "%s.attention.head_count", arch);
+    if (stab_gguf_get_uint(g, key, &h) != STAB_OK) h = 0;
+  }
+  return h > 0 && h <= MAX_HEADS ? (size_t)h : 0;
+}
+
+/* --prev across formats: row r of cur (a GGUF file) against prev (the safetensors it was
+ * converted from), or the other way round. The counterpart is the tensor of the mapped name
+ * (stab_name_map_to_hf / _to_gguf), in the same orientation once the converter's changes are
+ * undone: a GPT-2 Conv1D weight that HF stores in-major is transposed in the GGUF file, Llama's
+ * q and k rows are permuted within each head (heads from the GGUF metadata), Gemma's norms are
+ * stored plus one. How to read it back is left in r (prev_heads ...), for prev_as_f32. NULL
+ * when found, else why not. */
+static const char *find_converted(const ckpt *cur, const ckpt *prev, row *r) {
+  const stab_gguf *g = cur->gg ? cur->gg : prev->gg;
+  const ckpt *hf = cur->gg ? prev : cur;
+  const char *arch = gguf_arch(g);
+  char tried[512], btried[512];
+  stab_name_transform how, bhow;
+  const stab_ckpt_tensor *pt = converted_find(cur, prev, arch, r->t->name, &how, tried, sizeof tried);
+  if (!pt && !tried[0]) return "not found (no counterpart name: the tensor is not in the name map)";
+  if (!pt) return no_update_because(r, "not found (looked for '%s')", tried, NULL);
+  const stab_ckpt_tensor *pbias = NULL;
+  if (r->bias && !(pbias = converted_find(cur, prev, arch, r->bias->name, &bhow, btried, sizeof btried)))
+    return no_update_because(r, "its bias is not found (looked for '%s')", btried[0] ? btried : r->bias->name, NULL);
+  /* the HF side is in-major when it has Conv1D's layout: the row's own, or the rule's for it */
+  stab_model_config hf_rules = stab_model_default_config();
+  hf_rules.out_major = made_by_train(hf);
+  int hf_in_major = cur->gg ? pt->ndim == 2 && stab_model_linear_layout(&hf_rules, pt->name, (size_t)pt->shape[0],
+                                                                         (size_t)pt->shape[1]) == STAB_LAYOUT_IN_MAJOR
+                            : r->layout == STAB_LAYOUT_IN_MAJOR && r->kind == STAB_KIND_LINEAR;
+  int transposed = how.conv1d && hf_in_major && r->t->ndim == 2;
+  int same = pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
+             (transposed ? pt->shape[0] == r->t->shape[1] && pt->shape[1] == r->t->shape[0]
+                         : !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0])) &&
+             (!r->bias || (pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
+  if (!same) return no_update_because(r, "a different shape or dtype ('%s' is %s)", tried, pt->dtype_name);
+  size_t heads = 0;
+  if (how.rows != STAB_QK_NONE) {
+    size_t rows = pt->ndim == 2 ? (size_t)pt->shape[0] : (size_t)pt->count;
+    heads = gguf_heads(g, arch, how.rows == STAB_QK_KEY);
+    if (!heads)
+      return no_update_because(r, "no row order (the GGUF metadata has no valid %s.attention.head_count, needed to "
+                                  "undo the converter's q/k row permutation of '%s')", arch, tried);
+    if (rows % (2 * heads))
+      return no_update_because(r, "no row order ('%s': its rows are not whole heads of an even width, from %s's "
+                                  "head counts)", tried, arch);
+  }
+  r->prev_t = pt, r->prev_bias = pbias;
+  r->prev_heads = heads, r->prev_to_gguf = cur->gg != NULL, r->prev_transposed = transposed;
+  /* the GGUF value is the HF one plus the offset: the reference moved to the current's side */
+  r->prev_offset = cur->gg ? how.gguf_offset : -how.gguf_offset;
+  return NULL;
 }
 
 /* The reference checkpoint's tensors row r's update is measured against (--prev): the same
- * names, the same shapes, a dtype the probe reads, into r->prev_t and r->prev_bias. NULL when
- * found, else why not (for the row's message). Attention rows have no update (the articles
- * define none for the logit bound). */
-static const char *find_counterpart(const ckpt *prev, row *r) {
+ * names, the same shapes, a dtype the probe reads, into r->prev_t and r->prev_bias; between a
+ * GGUF file and a safetensors, the converted names (find_converted). NULL when found, else why
+ * not (for the row's message). Attention rows have no update (the articles define none for
+ * the logit bound). */
+static const char *find_counterpart(const ckpt *cur, const ckpt *prev, row *r) {
+  if ((cur->gg != NULL) != (prev->gg != NULL) && (cur->st || prev->st)) return find_converted(cur, prev, r);
   const stab_ckpt_tensor *pt = ck_find(prev, r->t->name), *pbias = r->bias ? ck_find(prev, r->bias->name) : NULL;
   if (!pt) return "not found";
   /* a slice of a 3-D expert tensor: the same expert's slice of the reference's */
@@ -1190,6 +1326,44 @@ static const char *find_counterpart(const ckpt *prev, row *r) {
   if (!same) return "a different shape or dtype";
   r->prev_t = pt, r->prev_bias = pbias;
   return NULL;
+}
+
+/* The reference tensor pt (r's prev_t or prev_bias) as f32 in r's own order: as stored
+ * (as_f32) when it is, else an f32 copy into out (one layer at a time) with the converter's
+ * changes undone: transposed back, the q/k rows of each head put back in the order of the
+ * current file (stab_qk_permutation), the offset added. NULL after a message on stderr. */
+static const float *prev_as_f32(const row *r, const stab_ckpt_tensor *pt, f32buf *raw, f32buf *out) {
+  const float *src = as_f32(pt, raw, 0);
+  if (!src || (!r->prev_heads && !r->prev_transposed && r->prev_offset == 0.0f)) return src;
+  const size_t n = (size_t)pt->count, rows = pt->ndim == 2 ? (size_t)pt->shape[0] : n, cols = n / rows;
+  if (n > out->cap) {
+    float *p = realloc(out->buf, n * sizeof *p);
+    if (!p) return cli_error("out of memory reordering '%s' (%zu floats)", pt->name, n), NULL;
+    out->buf = p, out->cap = n;
+  }
+  float *dst = out->buf;
+  const float off = r->prev_offset;
+  if (r->prev_transposed) { /* pt is [rows][cols]; the current tensor [cols][rows] */
+    for (size_t i = 0; i < rows; i++)
+      for (size_t j = 0; j < cols; j++) dst[j * rows + i] = src[i * cols + j] + off;
+    return dst;
+  }
+  size_t *perm = NULL;
+  if (r->prev_heads) {
+    if (!(perm = malloc(rows * sizeof *perm))) return cli_error("out of memory reordering '%s'", pt->name), NULL;
+    if (stab_qk_permutation(rows, r->prev_heads, perm) != STAB_OK) {
+      cli_error("%s: %s", pt->name, stab_last_error());
+      free(perm);
+      return NULL;
+    }
+  }
+  /* perm[i]: the HF row stored as GGUF row i */
+  for (size_t i = 0; i < rows; i++) {
+    size_t to = perm && !r->prev_to_gguf ? perm[i] : i, from = perm && r->prev_to_gguf ? perm[i] : i;
+    for (size_t j = 0; j < cols; j++) dst[to * cols + j] = src[from * cols + j] + off;
+  }
+  free(perm);
+  return dst;
 }
 
 /* Measures one row into r->m (r->measured = 1): 0, or 1 after a message on stderr. Its mapped
@@ -1208,8 +1382,8 @@ static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, i
   set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
   if (r->prev_t) {
-    before.weight = as_f32(r->prev_t, &rb->pw, 0);
-    before.bias = r->bias ? as_f32(r->prev_bias, &rb->pb, 0) : NULL;
+    before.weight = prev_as_f32(r, r->prev_t, &rb->pw, &rb->pwx);
+    before.bias = r->bias ? prev_as_f32(r, r->prev_bias, &rb->pb, &rb->pbx) : NULL;
     if (!before.weight || (r->bias && !before.bias)) return 1;
     bp = &before;
   }
@@ -1297,7 +1471,7 @@ static int row_matches(const row *r, const char *glob) {
          (r->bias && !fnmatch(glob, r->bias->name, 0)) || (r->tk && !fnmatch(glob, r->tk->name, 0));
 }
 
-static void row_free(row *r) { free(r->head_bounds); }
+static void row_free(row *r) { free(r->head_bounds), free(r->owned_no_update); }
 
 /* --filter: keeps the rows some filter matches (row_matches), in their order; *tied_src
  * follows the tied head's embedding (SIZE_MAX when either is dropped: the head, if kept, is
@@ -1349,18 +1523,27 @@ static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src)
  * files are not two checkpoints of one model (or the wrong file was given): 2 and a message
  * naming both. Some missing: a warning with their count and first names; those layers have no
  * update (their reason goes to the report's errors). */
-static int match_reference(const options *o, const ckpt *prev, row *rows, size_t n) {
+static int match_reference(const options *o, const ckpt *cur, const ckpt *prev, row *rows, size_t n) {
   size_t asked = 0, found = 0, missing_name = 0;
   char first[256] = "";
+  /* a GGUF file against a safetensors: only through a name map of the GGUF's architecture */
+  const stab_gguf *g = cur->gg && prev->st ? cur->gg : prev->gg && cur->st ? prev->gg : NULL;
+  if (g && !stab_name_map_knows(gguf_arch(g))) {
+    cli_error("--prev %s: %s is GGUF and %s safetensors, and the GGUF architecture '%s' has no name map to Hugging "
+              "Face names (llama, qwen2, gemma, phi3 and gpt2 have one): no tensor can be matched", o->reference,
+              cur->gg ? o->checkpoint : o->reference, cur->gg ? o->reference : o->checkpoint,
+              gguf_arch(g) ? gguf_arch(g) : "(none: no general.architecture)");
+    return CLI_USAGE;
+  }
   for (size_t i = 0; i < n; i++) {
     row *r = &rows[i];
     if (r->error || r->kind == STAB_KIND_ATTENTION || is_expert_layer(r)) continue;
     asked++;
-    if (!(r->no_update = find_counterpart(prev, r))) {
+    if (!(r->no_update = find_counterpart(cur, prev, r))) {
       found++;
       continue;
     }
-    missing_name += !strcmp(r->no_update, "not found");
+    missing_name += !strncmp(r->no_update, "not found", 9);
     size_t len = strlen(first);
     if (asked - found <= 3)
       snprintf(first + len, sizeof first - len, "%s%s", len ? ", " : "", r->name);
@@ -1368,7 +1551,8 @@ static int match_reference(const options *o, const ckpt *prev, row *rows, size_t
   if (asked && !found) {
     cli_error("--prev %s: none of the %zu layers of %s has a counterpart there (%s): not an earlier "
               "checkpoint of the same model", o->reference, asked, o->checkpoint,
-              missing_name == asked ? "no tensor of the same name" : "no tensor of the same name and shape");
+              missing_name == asked ? (g ? "no tensor of the converted name" : "no tensor of the same name")
+                                    : (g ? "no tensor of the converted name and shape" : "no tensor of the same name and shape"));
     return CLI_USAGE;
   }
   if (found < asked)
@@ -1487,7 +1671,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; n && rows[n - 1].tied && i + 1 < n && tied_src == SIZE_MAX; i++)
     if (rows[i].kind == STAB_KIND_EMBEDDING && rows[i].t == rows[n - 1].t) tied_src = i;
   if ((rc = filter_rows(&o, rows, &n, &tied_src))) goto out;
-  if (prev && (rc = match_reference(&o, prev, rows, n))) goto out;
+  if (prev && (rc = match_reference(&o, &f, prev, rows, n))) goto out;
 
   stab_metrics_params mp = stab_metrics_default_params();
   mp.spectral.tol = o.tol;

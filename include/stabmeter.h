@@ -935,6 +935,66 @@ stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind);
 const char *stab_file_kind_name(stab_file_kind kind);
 
 /* ---------------------------------------------------------------------------------- */
+/* Tensor names across formats: llama.cpp's GGUF names and Hugging Face's              */
+
+/* A GGUF file converted from a Hugging Face checkpoint by llama.cpp's convert_hf_to_gguf.py
+ * names its tensors blk.N.attn_q.weight where the safetensors has
+ * model.layers.N.self_attn.q_proj.weight, and some values change on the way. These map one
+ * name to the other, for the architectures (GGUF general.architecture) whose converter maps
+ * names plainly: "llama" (Llama, and HF Mistral, which converts as Llama), "qwen2", "gemma",
+ * "phi3" (fused attn_qkv <-> self_attn.qkv_proj, ffn_up <-> mlp.gate_up_proj) and "gpt2" (HF
+ * names with or without "transformer."; GGUF to HF gives them without). For the llama family:
+ * token_embd <-> model.embed_tokens, output <-> lm_head, output_norm <-> model.norm, and in
+ * block N (blk.N. <-> model.layers.N.) attn_q/attn_k/attn_v/attn_output <->
+ * self_attn.q_proj/k_proj/v_proj/o_proj, ffn_gate/ffn_up/ffn_down <->
+ * mlp.gate_proj/up_proj/down_proj, attn_norm <-> input_layernorm, ffn_norm <->
+ * post_attention_layernorm. GPT-2: token_embd <-> wte, position_embd <-> wpe, output_norm <->
+ * ln_f, output <-> lm_head, and in block N (blk.N. <-> h.N.) attn_qkv <-> attn.c_attn,
+ * attn_output <-> attn.c_proj, ffn_up <-> mlp.c_fc, ffn_down <-> mlp.c_proj, attn_norm <->
+ * ln_1, ffn_norm <-> ln_2. The ".weight" or ".bias" suffix is kept; a name without one, or of
+ * a module not listed, has no mapping. */
+
+/* The converter's q/k row permutation (LlamaModel.permute), for the llama architecture only:
+ * Qwen2, Gemma, Phi-3 and GPT-2 keep HF's row order. */
+typedef enum {
+  STAB_QK_NONE = 0,  /* rows as HF has them */
+  STAB_QK_QUERY = 1, /* q_proj: rows permuted within each of the <arch>.attention.head_count heads */
+  STAB_QK_KEY = 2    /* k_proj: the same within each of the head_count_kv key heads */
+} stab_qk_rows;
+
+/* What the converter did to a tensor's values besides renaming it. */
+typedef struct {
+  stab_qk_rows rows; /* the q/k row permutation (stab_qk_permutation), weight and bias alike */
+  int conv1d;        /* 1 for a GPT-2 Conv1D weight (c_attn, c_proj, c_fc): HF stores it
+                        [d_in][d_out], the converter transposes it to GGUF's [d_out][d_in] (a
+                        file written out-major under these names, as nanoGPT and
+                        stabmeter-train do, is not transposed: tell by shape or producer) */
+  float gguf_offset; /* the GGUF value is the HF value plus this: 1 for Gemma's norm weights
+                        (HF stores w - 1, llama.cpp w), else 0 */
+} stab_name_transform;
+
+/* 1 when arch (a GGUF general.architecture) has a name map here, else 0 (NULL too). */
+int stab_name_map_knows(const char *arch);
+
+/* The Hugging Face name of GGUF tensor gguf_name of a model of architecture arch, into out
+ * (cap bytes, NUL-terminated), and what the converter did to it into *how (NULL: not wanted).
+ * Errors: NULL arguments or cap 0 STAB_EINVAL; an architecture or name with no mapping
+ * STAB_ENOTFOUND (the message names which); out too small STAB_ERANGE. Thread-safe. */
+stab_status stab_name_map_to_hf(const char *arch, const char *gguf_name, char *out, size_t cap,
+                                stab_name_transform *how);
+
+/* The GGUF name of Hugging Face tensor hf_name, as stab_name_map_to_hf the other way. */
+stab_status stab_name_map_to_gguf(const char *arch, const char *hf_name, char *out, size_t cap,
+                                  stab_name_transform *how);
+
+/* The converter's row order for a q or k weight (or bias) of rows rows in heads heads (query
+ * heads for q, key heads for k): perm[i] is the HF row stored as GGUF row i (rows entries).
+ * Within each head of width dh, HF row s*dh/2 + j (rotary half s, pair j) becomes row 2j + s.
+ * Errors: NULL perm or heads 0 STAB_EINVAL; rows 0 or not heads of an even width STAB_ERANGE.
+ * Thread-safe. */
+stab_status stab_qk_permutation(size_t rows, size_t heads, size_t *perm);
+
+/* ---------------------------------------------------------------------------------- */
 /* What each tensor of a model is: the kind rules                                      */
 /*
  * One set of rules decides, from the names, shapes and dtypes of a model's tensors, which
@@ -1114,6 +1174,10 @@ stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n
                                 const stab_model_config *config, stab_model **out);
 /* NULL is a no-op. */
 void stab_model_free(stab_model *m);
+/* The layout rule 6 gives a 2-D linear tensor named name of shape [rows][cols] under config
+ * (NULL: defaults): STAB_LAYOUT_IN_MAJOR for an HF GPT-2 Conv1D weight in Conv1D's shape (unless
+ * config->out_major), a layout override's, else STAB_LAYOUT_OUT_MAJOR (also for a NULL name). */
+stab_layout stab_model_linear_layout(const stab_model_config *config, const char *name, size_t rows, size_t cols);
 /* Entries in the order of the rules (tensors, then attention, then the tied head); NULL past
  * the end. */
 size_t stab_model_count(const stab_model *m);

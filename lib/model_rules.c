@@ -129,6 +129,15 @@ static const char *override_for(const stab_model_override *o, size_t n, const ch
   return NULL;
 }
 
+stab_layout stab_model_linear_layout(const stab_model_config *config, const char *name, size_t rows, size_t cols) {
+  const stab_model_config def = stab_model_default_config(), *c = config ? config : &def;
+  if (!name) return STAB_LAYOUT_OUT_MAJOR;
+  const char *lay = override_for(c->layouts, c->nlayouts, name);
+  int in_major = lay ? !strcmp(lay, "in_major")
+                     : !c->out_major && matches_any(name, conv1d_globs) && conv1d_shape(name, rows, cols);
+  return in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
+}
+
 static int kind_from(const char *s, stab_kind *k) {
   static const stab_kind all[] = {STAB_KIND_LINEAR, STAB_KIND_EMBEDDING, STAB_KIND_LM_HEAD, STAB_KIND_GAIN,
                                   STAB_KIND_BIAS};
@@ -242,10 +251,8 @@ static int classify(stab_model *m, const stab_model_config *c, const stab_ckpt_t
   }
   switch (e->kind) {
   case STAB_KIND_LINEAR: {
-    const char *lay = override_for(c->layouts, c->nlayouts, t->name);
-    int in_major = lay ? !strcmp(lay, "in_major")
-                       : !c->out_major && matches_any(t->name, conv1d_globs) && conv1d_shape(t->name, rows, cols);
-    e->layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
+    e->layout = stab_model_linear_layout(c, t->name, rows, cols);
+    int in_major = e->layout == STAB_LAYOUT_IN_MAJOR;
     e->d_in = in_major ? rows : cols;
     e->d_out = in_major ? cols : rows;
     break;

@@ -170,6 +170,12 @@ START_TEST(test_gpt2_nanogpt_out_major) {
   build(&md, sp, N_GPT2, &c);
   expect(&md, "transformer.h.0.attn.c_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 8, 8);
   stab_model_free(md.m);
+  /* the rule on its own, as --prev across formats asks it of the other file's tensors */
+  ck_assert_int_eq(stab_model_linear_layout(NULL, "transformer.h.3.mlp.c_fc.weight", 8, 32), STAB_LAYOUT_IN_MAJOR);
+  ck_assert_int_eq(stab_model_linear_layout(NULL, "transformer.h.3.mlp.c_fc.weight", 32, 8), STAB_LAYOUT_OUT_MAJOR);
+  ck_assert_int_eq(stab_model_linear_layout(&c, "transformer.h.3.mlp.c_fc.weight", 8, 32), STAB_LAYOUT_OUT_MAJOR);
+  ck_assert_int_eq(stab_model_linear_layout(NULL, "model.layers.0.mlp.up_proj.weight", 8, 32), STAB_LAYOUT_OUT_MAJOR);
+  ck_assert_int_eq(stab_model_linear_layout(NULL, NULL, 8, 32), STAB_LAYOUT_OUT_MAJOR);
   /* a layout override decides before the shape */
   stab_model_override lay = {"*.c_fc.weight", "in_major"};
   c.out_major = 0, c.layouts = &lay, c.nlayouts = 1;
