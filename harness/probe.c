@@ -118,26 +118,52 @@ typedef struct {
   stab_safetensors *st;
   stab_gguf *gg;
   stab_llmc *lc;
+  stab_sharded *sh;          /* a directory or an index: every shard */
+  stab_shard_index *siblings; /* st is one shard of the model this index describes, or NULL */
+  stab_hf_config cfg;        /* config.json of the model's directory (all 0 / -1: none) */
 } ckpt;
 
 static size_t ck_count(const ckpt *c) {
-  return c->st ? stab_safetensors_count(c->st) : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
+  return c->sh ? stab_sharded_count(c->sh) : c->st ? stab_safetensors_count(c->st)
+         : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
 }
 static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
-  return c->st ? stab_safetensors_tensor(c->st, i) : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
+  return c->sh ? stab_sharded_tensor(c->sh, i) : c->st ? stab_safetensors_tensor(c->st, i)
+         : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
 }
 static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i)
+  stab_status st = c->sh ? stab_sharded_find(c->sh, name, &i)
+                   : c->st ? stab_safetensors_find(c->st, name, &i)
                    : c->gg ? stab_gguf_find(c->gg, name, &i)
                            : stab_llmc_find(c->lc, name, &i);
   return st == STAB_OK ? ck_tensor(c, i) : NULL;
+}
+/* safetensors' __metadata__ (a sharded model's: its first shard's) */
+static size_t ck_meta_count(const ckpt *c) {
+  return c->sh ? stab_sharded_metadata_count(c->sh) : c->st ? stab_safetensors_metadata_count(c->st) : 0;
+}
+static void ck_meta(const ckpt *c, size_t i, const char **k, const char **v) {
+  if (c->sh) stab_sharded_metadata(c->sh, i, k, v);
+  else stab_safetensors_metadata(c->st, i, k, v);
+}
+/* Where t's bytes sit in the checkpoint as one sequence of bytes: its offset in its file, after
+ * the earlier shards' bytes for a sharded model (their offsets restart in every shard). */
+static uint64_t ck_place(const ckpt *c, const stab_ckpt_tensor *t) {
+  size_t i;
+  if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
+  uint64_t base = 0;
+  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++)
+    base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
+  return base + t->offset;
 }
 static void ck_close(ckpt *c) {
   stab_safetensors_close(c->st);
   stab_gguf_close(c->gg);
   stab_llmc_close(c->lc);
-  c->st = NULL, c->gg = NULL, c->lc = NULL;
+  stab_sharded_close(c->sh);
+  stab_shard_index_close(c->siblings);
+  c->st = NULL, c->gg = NULL, c->lc = NULL, c->sh = NULL, c->siblings = NULL;
 }
 
 /* A GGUF metadata value as text: numbers and strings as they are (a long string cut, line
@@ -356,9 +382,9 @@ static size_t row_shape(const row *r, uint64_t dims[3]) {
  * pairs (numbers, strings, booleans; an array as {"array": type, "length": n}), llm.c's header. */
 static void print_json_metadata(const ckpt *f) {
   fputs("{", stdout);
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     fputs(i ? ", " : "", stdout);
     json_string(k);
     fputs(": ", stdout);
@@ -560,10 +586,10 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
                         size_t count) {
   printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
          o->reference ? o->reference : "");
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
     char sk[256], sv[1024];
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     printf("metadata %s = %s\n", shown(k, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
   for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
@@ -704,56 +730,6 @@ static int whole_number(const char *s, unsigned long long lo, unsigned long long
   return 1;
 }
 
-/* A non-negative integer after "key": in JSON text (the first one), or 0. */
-static size_t json_uint(const char *text, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(text, pat);
-  if (!p) return 0;
-  p += strlen(pat);
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-  if (*p++ != ':') return 0;
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '"') p++;
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(p, &end, 10);
-  return (errno || end == p || v > 1u << 20) ? 0 : (size_t)v;
-}
-
-/* config.json beside the checkpoint (Hugging Face's): the head count from num_attention_heads
- * or n_head into cfg, when nothing else gave one. This is the one place the probe reads
- * config.json (a fuller reader belongs in the library: kv heads, head_dim, tie_word_embeddings
- * go into the same cfg fields). A missing file is silently nothing; one that is there but cannot
- * be read is ignored with a word why. */
-static void heads_from_config_json(const char *checkpoint, stab_model_config *cfg) {
-  static const char *const keys[] = {"num_attention_heads", "n_head", NULL};
-  char path[4096];
-  const char *slash = strrchr(checkpoint, '/');
-  snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - checkpoint + 1) : 0, checkpoint);
-  /* regular files only (a FIFO there would block the probe) */
-  int fd;
-  struct stat sb;
-  if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) {
-    if (stat(path, &sb) == 0) cli_error("%s; ignored", stab_last_error());
-    return;
-  }
-  FILE *fp = fdopen(fd, "r");
-  if (!fp) {
-    close(fd);
-    return;
-  }
-  char *text = malloc((1 << 20) + 1); /* read whole, at most 1 MiB */
-  size_t n = text ? fread(text, 1, 1 << 20, fp) : 0, h = 0;
-  fclose(fp);
-  if (text) {
-    text[n] = '\0';
-    for (size_t j = 0; keys[j] && !h; j++) h = json_uint(text, keys[j]);
-  }
-  free(text);
-  cfg->heads = h;
-  cfg->heads_source = "config.json";
-}
-
 /* The model of checkpoint f by the library's rules, with the user's overrides and head count and
  * what the file's metadata says (--heads first, then the GGUF metadata, the llm.c header, the
  * safetensors __metadata__, config.json), and one row per entry into *rows (n_rows of them).
@@ -784,20 +760,40 @@ static int describe(options *o, const ckpt *f, stab_model **model, row **rows, s
   } else if (f->gg) {
     st = stab_model_config_from_gguf(f->gg, &cfg);
   } else {
-    st = stab_model_config_from_safetensors(f->st, &cfg);
-    if (st == STAB_OK && !cfg.heads) heads_from_config_json(o->checkpoint, &cfg);
+    /* a sharded model's metadata is its first shard's; config.json (read and checked when the
+     * checkpoint was opened) after __metadata__, and its tie_word_embeddings */
+    st = stab_model_config_from_safetensors(f->sh ? stab_sharded_shard(f->sh, 0) : f->st, &cfg);
+    if (st == STAB_OK) st = stab_model_config_from_hf(&f->cfg, &cfg);
+    else cfg.tie = f->cfg.tie_word_embeddings;
   }
   if (st != STAB_OK) { /* an invalid count in the metadata: the attention rows say why */
     snprintf(heads_error, sizeof heads_error, "%s", stab_last_error());
     cfg.heads_error = heads_error;
   }
   o->out_major_file = cfg.out_major;
+  /* one shard of a model given alone: the names of the other shards' tensors (for the head) */
+  size_t n_other = 0;
+  const char **other = NULL;
+  if (f->siblings && !(other = malloc((stab_shard_index_count(f->siblings) + 1) * sizeof *other))) {
+    free(ts), free(ov);
+    cli_error("out of memory");
+    return 1;
+  }
+  for (size_t i = 0; f->siblings && i < stab_shard_index_count(f->siblings); i++) {
+    const char *name = stab_shard_index_tensor(f->siblings, i, NULL);
+    if (name && !ck_find(f, name)) other[n_other++] = name;
+  }
+  cfg.other_names = other, cfg.n_other = n_other;
   st = stab_model_describe(ts, nt, &cfg, model);
-  free(ts), free(ov);
+  free(ts), free(ov), free(other);
   if (st != STAB_OK) {
     cli_error("%s", stab_last_error());
     return 1;
   }
+  /* config.json says the head is not the embedding: with no head tensor, the head is missing */
+  if (cfg.tie == 0 && !stab_model_has_head(*model))
+    cli_error("warning: config.json says tie_word_embeddings false, but the checkpoint has no lm_head tensor: "
+              "the head is missing, and no tied head is reported");
   size_t n = stab_model_count(*model);
   if (!(*rows = calloc(n ? n : 1, sizeof **rows))) {
     cli_error("out of memory");
@@ -889,14 +885,16 @@ static void set_layer_sizes(stab_layer *L, const row *r) {
 typedef struct {
   void *base;
   size_t bytes;
+  const ckpt *ck; /* the places are its (ck_place: the shards one after another) */
 } file_space;
 
-static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
+static int file_space_reserve(file_space *fs, const ckpt *ck, const row *rows, size_t n) {
   uint64_t end = 0;
+  fs->ck = ck;
   for (size_t i = 0; i < n; i++) {
     const stab_ckpt_tensor *ts[] = {rows[i].t, rows[i].bias, rows[i].tk};
     for (size_t k = 0; k < 3; k++)
-      if (ts[k] && ts[k]->offset + ts[k]->count > end) end = ts[k]->offset + ts[k]->count;
+      if (ts[k] && ck_place(ck, ts[k]) + ts[k]->count > end) end = ck_place(ck, ts[k]) + ts[k]->count;
   }
   fs->bytes = (size_t)(end ? end : 1) * sizeof(float);
   fs->base = mmap(NULL, fs->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -904,12 +902,12 @@ static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
 }
 
 static const float *file_address(const file_space *fs, const stab_ckpt_tensor *t, size_t elem_offset) {
-  return t ? (const float *)fs->base + t->offset + elem_offset : NULL;
+  return t ? (const float *)fs->base + ck_place(fs->ck, t) + elem_offset : NULL;
 }
 
-static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
+static int write_trace(const options *o, const ckpt *ck, const row *rows, size_t n, int64_t step) {
   file_space fs;
-  if (!file_space_reserve(&fs, rows, n)) {
+  if (!file_space_reserve(&fs, ck, rows, n)) {
     cli_error("%s: cannot reserve address space for the trace's layers: %s", o->hdf5, strerror(errno));
     return 1;
   }
@@ -960,7 +958,9 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
 
 static void usage(void) {
   printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
-         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16,\n"
+         "Stability metrics of every layer of a checkpoint: safetensors (a file, or a Hugging Face\n"
+         "model directory or its model.safetensors.index.json: every shard as one model, heads and\n"
+         "the tied head from its config.json), GGUF v2/v3 (F32, F16, BF16,\n"
          "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS tensors, dequantized as ggml does;\n"
          "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
@@ -1013,7 +1013,8 @@ static void usage(void) {
          "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Experts: 3-D *_exps\n"
          "(GGUF [n_expert][rows][cols]) and HF X.experts.E.Y linears are a layer of experts each.\n"
          "Integer dtypes, scalars and other 3-D+ tensors are listed as not measured. With no\n"
-         "lm_head tensor, the token embedding is reported also as lm_head (tied).\n"
+         "lm_head tensor in the model, the token embedding is reported also as lm_head (tied),\n"
+         "unless config.json says tie_word_embeddings false.\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
@@ -1146,40 +1147,104 @@ static int shrank(const char *path) {
   return 2;
 }
 
+/* Registers with the guard the mapped bytes the tensors of one file span. 0, or 1 after a message. */
+static int guard_file(const char *path, const stab_ckpt_tensor *(*tensor)(const void *, size_t), const void *reader,
+                      size_t count) {
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (size_t i = 0; i < count; i++) {
+    const stab_ckpt_tensor *t = tensor(reader, i);
+    const uint64_t nb = stab_ckpt_nbytes(t);
+    if (!nb) continue; /* empty, or a block type never read */
+    lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
+    hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
+  }
+  if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
+    cli_error("%s: too many checkpoint files to guard", path);
+    return 1;
+  }
+  return 0;
+}
+static const stab_ckpt_tensor *ckpt_tensor_of(const void *c, size_t i) { return ck_tensor(c, i); }
+static const stab_ckpt_tensor *shard_tensor_of(const void *s, size_t i) { return stab_safetensors_tensor(s, i); }
+
+/* config.json of the model: in a sharded model's directory, else beside the file. None there is
+ * nothing; one there that is not a readable regular file (a FIFO would block) is ignored with a
+ * word why; a malformed one, or one with a wrong value, is bad input: its values decide heads
+ * and the tied head, and a guess would be a wrong measurement. 0, or the exit status. */
+static int read_config(const char *path, ckpt *f) {
+  char cfg[4096];
+  const char *slash = strrchr(path, '/');
+  if (f->sh) snprintf(cfg, sizeof cfg, "%s/config.json", stab_sharded_directory(f->sh));
+  else snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+  struct stat sb;
+  if (stat(cfg, &sb) != 0) return 0;
+  stab_status st = stab_hf_config_read(cfg, &f->cfg);
+  if (st == STAB_OK) return 0;
+  if (st == STAB_EFORMAT || st == STAB_ERANGE) {
+    cli_error("%s", stab_last_error());
+    return 2;
+  }
+  cli_error("%s; ignored", stab_last_error());
+  return st == STAB_ENOMEM;
+}
+
+/* A single safetensors file that an index beside it lists as one of its shards: said, and kept
+ * (f->siblings), so that the tied head is decided over the whole model. 0, or 1 (no memory). */
+static int find_siblings(const char *path, ckpt *f) {
+  size_t k = 0;
+  stab_status st = stab_shard_index_beside(path, &f->siblings, &k);
+  if (st == STAB_OK) {
+    const char *ix = stab_shard_index_path(f->siblings), *slash = strrchr(ix, '/');
+    cli_error("note: %s is shard %zu of %zu of the model indexed by %s: its other tensors are in the other shards; "
+              "probe the directory (%.*s) to measure the whole model", path, k + 1,
+              stab_shard_index_shard_count(f->siblings), ix, slash ? (int)(slash - ix) : 1, slash ? ix : ".");
+  } else if (st != STAB_ENOTFOUND) {
+    cli_error("warning: %s; the file is probed alone", stab_last_error());
+  }
+  return st == STAB_ENOMEM;
+}
+
 static int open_checkpoint(const char *path, ckpt *f) {
-  /* The format by the file's first bytes. A binary file of no known format named .gguf or
+  /* A directory or a sharded model's index: every shard, as one checkpoint. Otherwise the
+   * format by the file's first bytes. A binary file of no known format named .gguf or
    * .safetensors is one with a broken header: its reader says which field is wrong. Any other
    * file is refused with what it is (a PyTorch checkpoint, a trace, text, ...). */
-  stab_file_kind kind;
-  stab_status st = stab_ckpt_sniff(path, &kind);
+  f->cfg.tie_word_embeddings = -1;
+  struct stat sb;
+  stab_file_kind kind = STAB_FILE_UNKNOWN;
+  stab_status st = STAB_OK;
+  int sharded = (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || ends_with(path, ".index.json");
+  if (!sharded) {
+    st = stab_ckpt_sniff(path, &kind);
+    if (kind == STAB_FILE_SHARD_INDEX) sharded = 1, st = STAB_OK;
+  }
   if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".gguf")) kind = STAB_FILE_GGUF, st = STAB_OK;
   if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".safetensors"))
     kind = STAB_FILE_SAFETENSORS, st = STAB_OK;
   ckpt_guard_opening(path); /* the readers parse the index from the mapping */
   if (st == STAB_OK)
-    st = kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
+    st = sharded                  ? stab_sharded_open(path, &f->sh)
+         : kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
          : kind == STAB_FILE_GGUF ? stab_gguf_open(path, &f->gg)
                                   : stab_safetensors_open(path, &f->st);
   ckpt_guard_opening(NULL);
   if (ckpt_guard_tripped()) return shrank(path);
-  if (st == STAB_OK) {
-    /* from here on, the mapped bytes the tensors span */
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (size_t i = 0; i < ck_count(f); i++) {
-      const stab_ckpt_tensor *t = ck_tensor(f, i);
-      const uint64_t nb = stab_ckpt_nbytes(t);
-      if (!nb) continue; /* empty, or a block type never read */
-      lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
-      hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
-    }
-    if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
-      cli_error("%s: too many checkpoints to guard", path);
-      return 1;
-    }
-    return 0;
+  if (st != STAB_OK) {
+    cli_error("%s", stab_last_error());
+    return st == STAB_ENOMEM ? 1 : 2;
   }
-  cli_error("%s", stab_last_error());
-  return st == STAB_ENOMEM ? 1 : 2;
+  /* from here on, the mapped bytes the tensors span, file by file */
+  if (f->sh) {
+    for (size_t k = 0; k < stab_sharded_shard_count(f->sh); k++) {
+      const stab_safetensors *s = stab_sharded_shard(f->sh, k);
+      if (guard_file(stab_sharded_shard_path(f->sh, k), shard_tensor_of, s, stab_safetensors_count(s))) return 1;
+    }
+    if (stab_sharded_warning(f->sh)) cli_error("warning: %s", stab_sharded_warning(f->sh));
+  } else if (guard_file(path, ckpt_tensor_of, f, ck_count(f))) {
+    return 1;
+  }
+  if (f->st && find_siblings(path, f)) return 1;
+  return f->st || f->sh ? read_config(path, f) : 0;
 }
 
 /* ---- main -------------------------------------------------------------------------- */
@@ -1574,11 +1639,11 @@ static int64_t step_from_metadata(const options *o, const ckpt *f, const char **
                                      "the checkpoint's __metadata__ steps (stabmeter-train's)"};
   unsigned long long v;
   why[0] = '\0';
-  for (size_t j = 0; f->st && keys[j]; j++) {
+  for (size_t j = 0; keys[j]; j++) {
     if (!strcmp(keys[j], "steps") && !o->out_major_file) continue; /* another producer's "steps" may be the total */
-    for (size_t i = 0; i < stab_safetensors_metadata_count(f->st); i++) {
+    for (size_t i = 0; i < ck_meta_count(f); i++) {
       const char *k, *val;
-      stab_safetensors_metadata(f->st, i, &k, &val);
+      ck_meta(f, i, &k, &val);
       if (strcmp(k, keys[j])) continue;
       if (whole_number(val, 0, INT64_MAX, &v)) {
         *from = said[j];
@@ -1607,9 +1672,18 @@ static int decide_step(options *o, const ckpt *f) {
   const char *meta_from = NULL;
   char why[160];
   int64_t meta = step_from_metadata(o, f, &meta_from, why, sizeof why), named = step_from_name(o->checkpoint);
+  const char *name_is = "the file name";
+  if (named < 0 && f->sh) {
+    /* a sharded model: its directory's name (the Hugging Face Trainer's checkpoint-500/), a
+     * trailing '/' aside */
+    char d[4096];
+    snprintf(d, sizeof d, "%s", stab_sharded_directory(f->sh));
+    for (size_t k = strlen(d); k > 1 && d[k - 1] == '/'; k--) d[k - 1] = '\0';
+    if ((named = step_from_name(d)) >= 0) name_is = "the directory's name";
+  }
   if (o->hdf5 && why[0]) cli_error("warning: %s: %s; not used as the step", o->checkpoint, why);
   if (o->step < 0 && meta >= 0) o->step = meta, o->step_from = meta_from;
-  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = "the file name";
+  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = name_is;
   if (!o->hdf5) return 0;
   if (o->step < 0) {
     cli_error("%s: no step in its metadata or its file name (e.g. step-000100.safetensors); give --step N",
@@ -1620,8 +1694,8 @@ static int decide_step(options *o, const ckpt *f) {
     cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step, o->step_from,
               meta_from, (long long)meta);
   else if (named >= 0 && named != o->step)
-    cli_error("warning: %s: step %lld from %s, but the file name says %lld", o->checkpoint, (long long)o->step,
-              o->step_from, (long long)named);
+    cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step,
+              o->step_from, name_is, (long long)named);
   if (!o->quiet) cli_error("%s: step %lld, from %s", o->hdf5, (long long)o->step, o->step_from);
   return 0;
 }
@@ -1753,7 +1827,7 @@ int main(int argc, char **argv) {
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
     cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - t0);
   expert_layers(rows, n);
-  if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
+  if (o.hdf5 && (rc = write_trace(&o, &f, rows, n, o.step))) goto out;
   if (!(order = report_order(&o, rows, n, &shown_rows))) goto oom;
   if (o.json) print_json(&o, &f, rows, n, order, shown_rows);
   else print_table(&o, &f, rows, n, order, shown_rows);

@@ -776,6 +776,112 @@ stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, c
 /* Bytes of the file (as mapped). */
 uint64_t stab_safetensors_file_size(const stab_safetensors *f);
 
+/* A Hugging Face model as one checkpoint: a directory holding model.safetensors, or a sharded
+ * model (the index model.safetensors.index.json, {"metadata": {"total_size": bytes},
+ * "weight_map": {tensor name: shard file name}}, and the shards beside it). Each shard is a
+ * safetensors file opened and validated by stab_safetensors_open (headers only: opening reads
+ * no tensor data, so a model of many shards opens in the time of their headers). The index is
+ * validated too: strict JSON (no key twice), a "weight_map" object of strings, each shard a
+ * plain file name of the index's directory (no '/', not "." or "..": a hostile index cannot
+ * reach outside the model), every shard opening, each tensor in exactly the shard the index
+ * names, no tensor the index does not list, none twice. Symbolic links are followed (the
+ * Hugging Face cache's snapshots are links into its blobs); a FIFO, a device or a directory
+ * in a shard's place is refused without blocking (see stab_input_open). Messages name the
+ * index, the shard and the tensor. */
+typedef struct stab_shard_index stab_shard_index;
+typedef struct stab_sharded stab_sharded;
+
+/* Reads and validates an index file alone (its JSON and names; no shard is opened).
+ * Errors: STAB_EIO (cannot open; not a regular file), STAB_EFORMAT (not JSON, no weight_map
+ * object, a value not a string, an unsafe shard name, a tensor twice, an empty map), STAB_ERANGE
+ * (larger than 64 MiB), STAB_ENOMEM, STAB_EINVAL. On failure *out is NULL. */
+stab_status stab_shard_index_open(const char *path, stab_shard_index **out);
+/* NULL is a no-op. */
+void stab_shard_index_close(stab_shard_index *ix);
+/* The index's tensors in name order, each with the number of its shard (*shard, may be NULL);
+ * NULL past the end. */
+size_t stab_shard_index_count(const stab_shard_index *ix);
+const char *stab_shard_index_tensor(const stab_shard_index *ix, size_t index, size_t *shard);
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_shard_index_find(const stab_shard_index *ix, const char *name, size_t *index);
+/* The distinct shard file names in name order (model-00001-of-00003.safetensors, ...): the
+ * model's order. NULL past the end. */
+size_t stab_shard_index_shard_count(const stab_shard_index *ix);
+const char *stab_shard_index_shard(const stab_shard_index *ix, size_t shard);
+/* metadata.total_size, or STAB_ENOTFOUND when the index has none (or not a whole number). */
+stab_status stab_shard_index_total_size(const stab_shard_index *ix, uint64_t *bytes);
+/* The path the index was opened by. */
+const char *stab_shard_index_path(const stab_shard_index *ix);
+/* Something odd but not wrong (a metadata.total_size that is not a number), or NULL. */
+const char *stab_shard_index_warning(const stab_shard_index *ix);
+
+/* Finds the index in file's directory (any *.safetensors.index.json) that lists file's name as
+ * a shard: STAB_OK with *out (the caller closes it) and *shard (may be NULL) its number;
+ * STAB_ENOTFOUND (no error recorded) when no index there lists it; an error of
+ * stab_shard_index_open when an index there is malformed. For a caller given one shard of a
+ * model: the tensors of the other shards are not in the file, but they are in the model. */
+stab_status stab_shard_index_beside(const char *file, stab_shard_index **out, size_t *shard);
+
+/* Opens path: a directory (model.safetensors, else model.safetensors.index.json, else the only
+ * *.safetensors.index.json in it; transformers' own order), or an index file. Errors as
+ * stab_shard_index_open and stab_safetensors_open, and STAB_EFORMAT for a directory with no
+ * weights, a shard missing, unreadable or not safetensors (the message says which), a tensor
+ * in no shard, in another shard than the index says, or in two. A metadata.total_size other
+ * than the sum of the tensors' bytes does not refuse the model (it says nothing about any
+ * tensor, and indexes whose value was written by hand exist): stab_sharded_warning says it. */
+stab_status stab_sharded_open(const char *path, stab_sharded **out);
+/* Unmaps every shard and frees. NULL is a no-op. */
+void stab_sharded_close(stab_sharded *f);
+/* The tensors shard by shard, each shard's in the order of its data: the order the same model
+ * saved as one file lists them when the shards are consecutive cuts of it. NULL past the end. */
+size_t stab_sharded_count(const stab_sharded *f);
+const stab_ckpt_tensor *stab_sharded_tensor(const stab_sharded *f, size_t index);
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_sharded_find(const stab_sharded *f, const char *name, size_t *index);
+/* The shards (1 for a single model.safetensors), their paths, and the shard of tensor index
+ * (SIZE_MAX out of range). */
+size_t stab_sharded_shard_count(const stab_sharded *f);
+const stab_safetensors *stab_sharded_shard(const stab_sharded *f, size_t shard);
+const char *stab_sharded_shard_path(const stab_sharded *f, size_t shard);
+size_t stab_sharded_shard_of(const stab_sharded *f, size_t index);
+/* The model's directory (where config.json is). */
+const char *stab_sharded_directory(const stab_sharded *f);
+/* The index, or NULL for a directory with a single model.safetensors. */
+const stab_shard_index *stab_sharded_index(const stab_sharded *f);
+/* The total_size mismatch or the index's warning, or NULL. */
+const char *stab_sharded_warning(const stab_sharded *f);
+/* The first shard's "__metadata__" (transformers writes the same in every shard). */
+size_t stab_sharded_metadata_count(const stab_sharded *f);
+stab_status stab_sharded_metadata(const stab_sharded *f, size_t index, const char **key, const char **value);
+
+/* The values of a Hugging Face config.json that say how to read the weights; 0 (or "" or -1)
+ * where the file has no such key (or null). A key absent at the top level is looked up under
+ * "text_config" (multimodal models keep their language model's values there). */
+typedef struct {
+  size_t num_attention_heads; /* query heads; GPT-2's n_head */
+  size_t num_key_value_heads; /* key/value heads (grouped-query attention); 0: as many as query heads */
+  size_t head_dim;            /* one head's width, when the config gives it (Gemma's is not hidden/heads) */
+  size_t hidden_size;         /* GPT-2's n_embd */
+  size_t num_hidden_layers;   /* GPT-2's n_layer */
+  size_t vocab_size;
+  int tie_word_embeddings;    /* 1 true, 0 false, -1 absent: transformers' default differs by model class */
+  char model_type[64];        /* "llama", "gpt2", ... */
+  char architecture[128];     /* architectures[0]: "LlamaForCausalLM", ... */
+  size_t num_local_experts;   /* Mixtral */
+  size_t num_experts;         /* Qwen2-MoE, OLMoE */
+  size_t n_routed_experts;    /* DeepSeek-V2/V3 */
+  size_t num_experts_per_tok; /* experts routed to per token */
+} stab_hf_config;
+
+/* Reads path (a regular file of at most 1 MiB) into *out. Errors (STAB_EFORMAT unless said),
+ * each naming the file and the key: not JSON or not an object; a count that is not a whole
+ * number (a string "abc", 12.5, -1, 0 for a size); two names of one value that disagree
+ * (num_attention_heads and n_head); num_key_value_heads not dividing num_attention_heads;
+ * tie_word_embeddings not a boolean; model_type not a string; architectures not an array of
+ * strings; STAB_EIO, STAB_ERANGE as stab_input_open; STAB_EINVAL for NULL arguments. On
+ * failure *out is as for an empty config. Thread-safe. */
+stab_status stab_hf_config_read(const char *path, stab_hf_config *out);
+
 /* An llm.c GPT-2 checkpoint (train_gpt2.c's write_checkpoint): 256 int32 of header (magic
  * 20240326, version 3 = f32 or 5 = bf16, max_seq_len, vocab_size, num_layers, num_heads,
  * channels, padded_vocab_size), then every parameter in llm.c's order. The reader hands out
@@ -1099,6 +1205,10 @@ typedef struct {
   const char *heads_error;  /* why heads is 0 when the metadata had an invalid count, for the
                                attention entries' reason; NULL otherwise */
   int tie;               /* -1 unknown (tied when there is no head tensor), 0 not tied, 1 tied */
+  const char *const *other_names; /* n_other names of the model's tensors that are not in the
+                                     list (another shard's): a head among them means the model
+                                     has its head, so no tied head is made */
+  size_t n_other;
   const stab_model_override *kinds;   /* nkinds kind overrides, first match wins */
   size_t nkinds;
   const stab_model_override *layouts; /* nlayouts layout overrides, for linear layers */
@@ -1118,6 +1228,13 @@ stab_status stab_model_config_from_gguf(const stab_gguf *f, stab_model_config *c
  * or "n_head" (the first present, decimal digits only), out_major when "producer" starts with
  * stabmeter-train; naming HF. Errors as above (a value that is not a whole number in range). */
 stab_status stab_model_config_from_safetensors(const stab_safetensors *f, stab_model_config *cfg);
+
+/* What a Hugging Face config.json says (stab_hf_config_read) into cfg: the head count with its
+ * key heads and head_dim (when cfg->heads is 0: a user's count is kept, and the key heads and
+ * head width come only with the count they belong to), and tie from tie_word_embeddings.
+ * Errors: NULL arguments STAB_EINVAL; num_attention_heads above STAB_MODEL_MAX_HEADS STAB_ERANGE
+ * (heads left 0; the message names it). */
+stab_status stab_model_config_from_hf(const stab_hf_config *hf, stab_model_config *cfg);
 
 /* The largest head count accepted. */
 #define STAB_MODEL_MAX_HEADS (1 << 20)
@@ -1178,6 +1295,9 @@ void stab_model_free(stab_model *m);
  * (NULL: defaults): STAB_LAYOUT_IN_MAJOR for an HF GPT-2 Conv1D weight in Conv1D's shape (unless
  * config->out_major), a layout override's, else STAB_LAYOUT_OUT_MAJOR (also for a NULL name). */
 stab_layout stab_model_linear_layout(const stab_model_config *config, const char *name, size_t rows, size_t cols);
+/* 1 when the model has a head tensor (rule 5 or a kind override, measured or not, or one of
+ * config.other_names), 0 when it has none (then tied, or with config.tie 0 missing). */
+int stab_model_has_head(const stab_model *m);
 /* Entries in the order of the rules (tensors, then attention, then the tied head); NULL past
  * the end. */
 size_t stab_model_count(const stab_model *m);

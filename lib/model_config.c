@@ -43,15 +43,27 @@ stab_status stab_model_config_from_gguf(const stab_gguf *f, stab_model_config *c
   const stab_gguf_kv *arch = stab_gguf_find_metadata(f, "general.architecture");
   if (!arch || arch->type != STAB_GGUF_STRING) return STAB_OK;
   size_t v;
-  /* key and value lengths first: a file whose head count is invalid still has them */
-  if (!cfg->kv_heads && gguf_count(f, arch->s, "head_count_kv", 1, &v) == STAB_OK) cfg->kv_heads = v;
-  if (!cfg->head_dim && gguf_count(f, arch->s, "key_length", 1, &v) == STAB_OK) cfg->head_dim = v;
-  if (cfg->heads) return STAB_OK;
+  if (cfg->heads) return STAB_OK; /* the key heads and head width come with the count only */
   stab_status st = gguf_count(f, arch->s, "head_count", 0, &v);
   if (st == STAB_ENOTFOUND) return STAB_OK;
   cfg->heads_source = "the GGUF metadata";
   if (st != STAB_OK) return st;
   cfg->heads = v;
+  if (gguf_count(f, arch->s, "head_count_kv", 1, &v) == STAB_OK) cfg->kv_heads = v;
+  if (gguf_count(f, arch->s, "key_length", 1, &v) == STAB_OK) cfg->head_dim = v;
+  return STAB_OK;
+}
+
+stab_status stab_model_config_from_hf(const stab_hf_config *hf, stab_model_config *cfg) {
+  if (!hf || !cfg) return stabi_fail(STAB_EINVAL, "stab_model_config_from_hf: NULL argument");
+  cfg->tie = hf->tie_word_embeddings;
+  if (cfg->heads || !hf->num_attention_heads) return STAB_OK;
+  cfg->heads_source = "config.json";
+  if (hf->num_attention_heads > STAB_MODEL_MAX_HEADS)
+    return stabi_fail(STAB_ERANGE, "config.json's num_attention_heads is %zu, more than %d (give --heads H)",
+                      hf->num_attention_heads, STAB_MODEL_MAX_HEADS);
+  cfg->heads = hf->num_attention_heads;
+  cfg->kv_heads = hf->num_key_value_heads, cfg->head_dim = hf->head_dim;
   return STAB_OK;
 }
 

@@ -15,6 +15,7 @@ struct stab_model {
   stab_model_entry *e;
   size_t n;
   void **owned; /* names, reasons and expert views the entries point at */
+  int has_head; /* a head tensor: stab_model_has_head */
   size_t nowned, capowned;
 };
 
@@ -333,17 +334,17 @@ static int attention_entry(stab_model *m, const stab_model_config *c, const stab
   else if (!heads && c->heads_error)
     snprintf(buf, sizeof buf, "%s", c->heads_error);
   else if (!heads)
-    snprintf(buf, sizeof buf, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
+    snprintf(buf, sizeof buf, "no head count (give --heads H; none in the file's metadata or the model's config.json)");
   else if (q_out % heads)
     snprintf(buf, sizeof buf, "%zu heads (from %s) do not divide the query width %zu", heads, from, q_out);
   else if (dh && q_out / heads != dh)
-    snprintf(buf, sizeof buf, "query width %zu is not %zu heads of head_dim %zu (from %s)", q_out, heads, dh, from);
+    snprintf(buf, sizeof buf, "%s's head_dim %zu times %zu heads is not the query width %zu", from, dh, heads, q_out);
   else if (k_out % (q_out / heads) || !k_out || heads % (k_out / (q_out / heads)))
     snprintf(buf, sizeof buf, "key width %zu is not a whole number of key heads of width %zu dividing %zu heads",
              k_out, q_out / heads, heads);
   else if (kv && k_out / (q_out / heads) != kv)
-    snprintf(buf, sizeof buf, "key width %zu is %zu key heads of width %zu, not the %zu key heads of %s", k_out,
-             k_out / (q_out / heads), q_out / heads, kv, from);
+    snprintf(buf, sizeof buf, "%s's %s %zu (of width %zu) does not match the key width %zu", from,
+             c->naming == STAB_NAMING_GGUF ? "head_count_kv" : "num_key_value_heads", kv, q_out / heads, k_out);
   else if (k_out != q_out && q->layout == STAB_LAYOUT_IN_MAJOR)
     snprintf(buf, sizeof buf, "grouped-query attention with in-major weights (not supported)");
   if (buf[0]) {
@@ -614,12 +615,18 @@ done:
 /* The tied head: no lm_head tensor (a head tensor not measured, e.g. of a type not read, still
  * means the model is not tied), the first token embedding entered again as lm_head. */
 static void add_tied_head(stab_model *m, const stab_model_config *c, const stab_ckpt_tensor *const *t, size_t n) {
-  if (c->tie == 0) return;
   int has_head = 0;
   for (size_t i = 0; i < m->n; i++) has_head |= !m->e[i].why_not && m->e[i].kind == STAB_KIND_LM_HEAD;
   for (size_t i = 0; i < n && !has_head; i++)
     has_head = t[i]->ndim == 2 && last_component_in(t[i]->name, head_names) &&
                !override_for(c->kinds, c->nkinds, t[i]->name);
+  /* one shard of a model: a head in another shard is the model's head all the same (an index
+   * has names, not shapes) */
+  for (size_t i = 0; c->other_names && i < c->n_other && !has_head; i++)
+    has_head = c->other_names[i] && last_component_in(c->other_names[i], head_names) &&
+               !override_for(c->kinds, c->nkinds, c->other_names[i]);
+  m->has_head = has_head;
+  if (c->tie == 0) return; /* no head tensor: the head is missing, not tied */
   for (size_t i = 0, end = m->n; i < end && !has_head; i++) {
     const stab_model_entry *e = &m->e[i];
     if (e->why_not || e->kind != STAB_KIND_EMBEDDING) continue;
@@ -715,6 +722,8 @@ void stab_model_free(stab_model *m) {
 }
 
 size_t stab_model_count(const stab_model *m) { return m ? m->n : 0; }
+
+int stab_model_has_head(const stab_model *m) { return m ? m->has_head : 0; }
 
 const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index) {
   return m && index < m->n ? &m->e[index] : NULL;

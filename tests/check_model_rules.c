@@ -258,7 +258,7 @@ START_TEST(test_llama_qwen2_gqa) {
   stab_model_free(md.m);
   c = heads_config(4, 4, 0);
   build(&md, llama, N_LLAMA, &c);
-  expect_not(&md, "model.layers.0.self_attn.logits", "not the 4 key heads of the test");
+  expect_not(&md, "model.layers.0.self_attn.logits", "the test's num_key_value_heads 4 (of width 4) does not match the key width 8");
   stab_model_free(md.m);
   /* heads that do not divide, and none at all */
   c = heads_config(3, 0, 0);
@@ -299,14 +299,47 @@ START_TEST(test_gemma_tied_head_dim) {
   /* a head_dim that the query is not made of */
   c = heads_config(2, 0, 12);
   build(&md, sp, N, &c);
-  expect_not(&md, "model.layers.0.self_attn.logits", "is not 2 heads of head_dim 12");
+  expect_not(&md, "model.layers.0.self_attn.logits", "the test's head_dim 12 times 2 heads is not the query width 32");
   stab_model_free(md.m);
-  /* the config says untied (the head is elsewhere): no head invented */
+  /* the config says untied: no head invented, and the model says it has none */
   c = heads_config(2, 0, 0);
   c.tie = 0;
   build(&md, sp, N, &c);
   ck_assert_uint_eq(count_kind(&md, STAB_KIND_LM_HEAD), 0);
+  ck_assert_int_eq(stab_model_has_head(md.m), 0);
   stab_model_free(md.m);
+  /* one shard alone: the head is in another shard (a name, no tensor): not tied either */
+  static const char *const elsewhere[] = {"model.layers.9.mlp.up_proj.weight", "lm_head.weight"};
+  c = heads_config(2, 0, 0);
+  c.other_names = elsewhere, c.n_other = 2;
+  build(&md, sp, N, &c);
+  ck_assert_uint_eq(count_kind(&md, STAB_KIND_LM_HEAD), 0);
+  ck_assert_int_eq(stab_model_has_head(md.m), 1);
+  stab_model_free(md.m);
+  c.n_other = 1; /* the other shard has no head: tied */
+  build(&md, sp, N, &c);
+  ck_assert_int_eq(entry(&md, "lm_head")->tied, 1);
+  ck_assert_int_eq(stab_model_has_head(md.m), 0);
+  stab_model_free(md.m);
+  /* config.json's numbers: the head count brings its key heads and head_dim; tie as it says */
+  stab_hf_config hf;
+  memset(&hf, 0, sizeof hf);
+  hf.num_attention_heads = 2, hf.num_key_value_heads = 1, hf.head_dim = 16, hf.tie_word_embeddings = 0;
+  c = stab_model_default_config();
+  ck_assert_int_eq(stab_model_config_from_hf(&hf, &c), STAB_OK);
+  ck_assert_uint_eq(c.heads, 2);
+  ck_assert_uint_eq(c.kv_heads, 1);
+  ck_assert_uint_eq(c.head_dim, 16);
+  ck_assert_int_eq(c.tie, 0);
+  ck_assert_str_eq(c.heads_source, "config.json");
+  c = heads_config(4, 0, 0); /* a user's count stays, without config.json's key heads */
+  ck_assert_int_eq(stab_model_config_from_hf(&hf, &c), STAB_OK);
+  ck_assert_uint_eq(c.heads, 4);
+  ck_assert_uint_eq(c.kv_heads, 0);
+  hf.num_attention_heads = STAB_MODEL_MAX_HEADS + 1;
+  c = stab_model_default_config();
+  ck_assert_int_eq(stab_model_config_from_hf(&hf, &c), STAB_ERANGE);
+  ck_assert_uint_eq(c.heads, 0);
 }
 END_TEST
 
