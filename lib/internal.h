@@ -122,6 +122,7 @@ typedef struct {
   size_t rows, cols, ld;  /* the stored matrix (gain, bias: 1 x d) */
   int items_are_rows;     /* embedding, lm_head: the token/class vectors are rows */
   size_t heads, dh;       /* attention: heads and head width */
+  size_t kv_heads;        /* attention: key heads (heads unless grouped-query) */
   size_t block_rows, block_cols, block_step; /* attention: one head's block, and the offset
                                                 in elements from one head to the next */
 } stabi_shape;

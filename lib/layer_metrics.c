@@ -123,6 +123,13 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
                         who, name, l->scale);
     sh->heads = l->heads;
     sh->dh = l->d_out / l->heads;
+    sh->kv_heads = l->kv_heads ? l->kv_heads : l->heads;
+    if (sh->kv_heads > l->heads || l->heads % sh->kv_heads)
+      return stabi_fail(STAB_ERANGE, "%s: attention '%s': %zu key heads do not divide %zu heads", who, name,
+                        l->kv_heads, l->heads);
+    if (sh->kv_heads != l->heads && l->layout == STAB_LAYOUT_IN_MAJOR)
+      return stabi_fail(STAB_EINVAL, "%s: attention '%s': grouped-query attention (%zu key heads) with in-major "
+                        "weights (the key's row stride differs from the query's)", who, name, l->kv_heads);
     if (l->layout != STAB_LAYOUT_IN_MAJOR) { /* head h: rows h*dh .. */
       sh->block_rows = sh->dh;
       sh->block_cols = sh->cols;
@@ -301,11 +308,12 @@ static stab_status attention(const stabi_ctx *ctx, const stab_layer *l, const st
   int bad = 0;
   for (size_t h = 0; h < sh->heads; h++) {
     stab_sigma_result rq, rk;
-    const size_t off = h * sh->block_step;
+    /* query head h reads key head h / group: grouped-query attention shares a key head */
+    const size_t off = h * sh->block_step, k_off = h / (sh->heads / sh->kv_heads) * sh->block_step;
     stab_status st = stab_spectral_norm(ctx->ws, l->weight + off, NULL, sh->block_rows, bc, sh->ld,
                                         warm ? warm + 2 * h * bc : NULL, &rq);
     if (st == STAB_OK)
-      st = stab_spectral_norm(ctx->ws, l->weight_k + off, NULL, sh->block_rows, bc, sh->ld,
+      st = stab_spectral_norm(ctx->ws, l->weight_k + k_off, NULL, sh->block_rows, bc, sh->ld,
                               warm ? warm + (2 * h + 1) * bc : NULL, &rk);
     if (st != STAB_OK) return st;
     const int both = rq.passes + rk.passes; /* each at most STAB_SPECTRAL_MAX_PASSES */
