@@ -8,7 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_RANGES 8
+/* a sharded model registers a range per shard: DeepSeek-V3 has 163 shards, so 1024 leaves room
+ * for a checkpoint and its --prev of the largest models published */
+#define MAX_RANGES 1024
 
 static struct {
   const char *path;

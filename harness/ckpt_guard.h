@@ -14,7 +14,7 @@
 /* Installs the SIGBUS handler. 0, or -1 with errno. */
 int ckpt_guard_install(void);
 
-/* Registers the mapped bytes [lo, lo + len) as file's (path is kept, not copied). At most 8
+/* Registers the mapped bytes [lo, lo + len) as file's (path is kept, not copied). At most 1024
  * ranges; 0, or -1 when full. */
 int ckpt_guard_add(const char *path, const void *lo, size_t len);
 

@@ -1,7 +1,7 @@
 /* probe.c — the stability metrics of every layer of a checkpoint on disk (safetensors,
- * GGUF or llm.c), optionally with the update against an older checkpoint: each tensor's kind
- * inferred from its name and shape by the rule table below, the metrics computed by the
- * library, printed as an aligned table (rows in the checkpoint's order or sorted by a metric,
+ * GGUF or llm.c), optionally with the update against an older checkpoint: the model described
+ * by the library's kind rules (stab_model_describe; the rule table is in stabmeter.h and
+ * docs/probe.md), the metrics computed by the library, printed as an aligned table (rows in the checkpoint's order or sorted by a metric,
  * then the largest value per kind and metric, and the units) or as the probe report (JSON);
  * definitions in docs/metrics.md. Layers are named as stabmeter-train's trace names them. */
 #include "ckpt_guard.h"
@@ -25,41 +25,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/* ---- the rule table ----------------------------------------------------------------
- * Applied to every tensor in file order; the first rule that matches decides.
- *  1. --filter does not decide here: it keeps or drops the rows the rules make (keep_row),
- *     so that it can name a layer (lm_head, X.logits) as well as a tensor.
- *  2. dtype neither F32/F16/BF16 nor a GGUF quantized type the library dequantizes (integers,
- *     bool, F64, FP8; GGUF's Q8_1, Q8_K, grid I-quants, TQ*, MXFP4): listed as not measured,
- *     with the type's name.
- *  3. --kind GLOB=KIND: skip lists it as not measured; otherwise that kind, for a 2-D tensor
- *     (linear, embedding, lm_head) or a 1-D one (gain, bias), else listed with the mismatch.
- *  4. 0-D, or 3-D and up: listed as not measured (no rule for them), --kind or not.
- *  5. 2-D, module name (the name without a trailing .weight) ending in one of
- *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
- *     token_type_embeddings embed_positions position_embd token_types: embedding, [V][d]
- *     (GGUF's ne = {d, V} is that same [V][d]).
- *  6. 2-D, module name ending in lm_head, output, embed_out: lm_head, [V][d] (llama.cpp's
- *     output.weight; its blk.N.attn_output is a linear layer, the last component differs).
- *  7. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear), except the HF
- *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj,
- *     which are in-major when their shape is Conv1D's (c_attn [d][3d], c_fc wider than tall,
- *     mlp.c_proj taller than wide: nanoGPT and harness/train store these names out-major; a
- *     file whose __metadata__ producer is stabmeter-train is out-major throughout);
- *     --layout GLOB=in_major|out_major overrides.
- *  8. 1-D X.bias where X.weight is a linear layer of d_out = its length: folded into it.
- *  9. 1-D whose module name has a component containing "norm" (any case) or starting with
- *     "ln": gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift);
- *     llama.cpp's attn_norm, ffn_norm, output_norm, attn_q_norm are such.
- * 10. 1-D X.bias otherwise: bias.
- * 11. anything else: listed as not measured.
- * A model with no lm_head tensor whose token embedding (rule 5, not a position embedding)
- * exists is tied: that embedding is reported a second time as lm_head.
- * A row's name is the layer's name as stabmeter-train's trace has it (layer_names): the tensor
- * name without a trailing ".weight" (transformer.h.0.mlp.c_fc), a bias of its own keeping its
- * ".bias" (it would clash with its norm's gain), an attention row X.logits, the tied head
- * "lm_head"; a tensor not measured keeps its tensor name. */
 
 /* Where the definitions are: the repository's docs/metrics.md, installed under the doc
  * directory (the build sets STAB_DOCDIR to $(docdir)). */
@@ -88,6 +53,7 @@ typedef struct {
   size_t top;       /* --top N, or 0: every row */
   size_t heads;     /* --heads, or 0: from the file's metadata or config.json */
   int per_head;     /* --per-head: a table row per attention head */
+  int experts;      /* --experts: a row per expert too, beside its layer's */
   int out_major_file; /* the checkpoint is harness/train's: GPT-2 names, nn.Linear layouts */
   int json, quiet;
   double tol;
@@ -99,14 +65,21 @@ typedef struct {
   size_t nkinds, nlayouts;
 } options;
 
-/* One row of the report: a layer to measure, or a tensor not measured (error set). */
+/* One row of the report: an entry of the model (a layer to measure, or a tensor not measured,
+ * error set) and what the probe measured of it. */
 typedef struct {
+  const stab_model_entry *e;  /* the model's entry the row is */
   const stab_ckpt_tensor *t, *bias;
   const stab_ckpt_tensor *tk; /* attention: the key projection (t is the query) */
   const stab_ckpt_tensor *prev_t, *prev_bias; /* --prev: what the update is against, or NULL */
   const char *no_update; /* --prev: why the reference has no counterpart (static), or NULL */
-  const char *name;           /* the row's name: t->name, or owned_name */
-  char *owned_name;
+  char *owned_no_update;  /* or owned (a counterpart name the message gives) */
+  /* --prev across formats (find_converted): how prev_t is read into t's own order */
+  size_t prev_heads;      /* q/k rows permuted by the converter, in that many heads; 0: none */
+  int prev_to_gguf;       /* 1: t is the GGUF tensor (HF rows put in its order), 0: the reverse */
+  int prev_transposed;    /* prev_t is t's transpose (an HF GPT-2 Conv1D weight) */
+  float prev_offset;      /* added to prev_t's values (Gemma's norms: llama.cpp stores w + 1) */
+  const char *name;           /* the row's name (the model's) */
   size_t heads;               /* attention */
   size_t kv_heads;            /* attention: key heads (fewer than heads: grouped-query) */
   size_t ld, q_off, k_off;    /* attention: row stride and where q and k start inside t, tk
@@ -116,160 +89,27 @@ typedef struct {
   stab_layout layout;
   size_t d_in, d_out;
   int tied;          /* a tied embedding reported as lm_head */
-  const char *error; /* not measured: why (static or owned by msgs) */
-  char *owned_error;
+  const char *error; /* not measured: why (the model's) */
   stab_metrics m;
   int measured;
+  /* experts: a layer's row has the worst expert per metric (EXPERT_*), its experts' rows the
+   * layer's name; an expert slice's --prev counterpart is a view of the reference's slice */
+  size_t worst[5];
+  const char *expert_of;
+  stab_ckpt_tensor prev_view;
 } row;
 
-static const char *const embed_names[] = {"wte", "wpe", "embed_tokens", "tok_embeddings", "token_embd",
-                                          "word_embeddings", "position_embeddings", "token_type_embeddings",
-                                          "embed_positions", "position_embd", "token_types", NULL};
-static const char *const position_names[] = {"wpe", "position_embeddings", "token_type_embeddings",
-                                             "embed_positions", "position_embd", "token_types", NULL};
-static const char *const head_names[] = {"lm_head", "output", "embed_out", NULL};
-static const char *const conv1d_globs[] = {"h.*.attn.c_attn.weight", "*.h.*.attn.c_attn.weight",
-                                           "h.*.attn.c_proj.weight", "*.h.*.attn.c_proj.weight",
-                                           "h.*.mlp.c_fc.weight",    "*.h.*.mlp.c_fc.weight",
-                                           "h.*.mlp.c_proj.weight",  "*.h.*.mlp.c_proj.weight", NULL};
+/* The metrics a layer of experts reports as its worst expert's, in row.worst's order. */
+enum { EXPERT_FORWARD, EXPERT_DEPENDENCY, EXPERT_UPDATE, EXPERT_SIGMA, EXPERT_REL_UPDATE, N_EXPERT_METRICS };
+static const char *const expert_metric_names[] = {"forward", "dependency", "update", "sigma", "rel_update"};
+
+/* A layer of experts (measured through its experts' rows), or one expert of one. */
+static int is_expert_layer(const row *r) { return r->e && r->e->n_expert; }
+static int is_expert(const row *r) { return r->e && r->e->expert != STAB_MODEL_NO_EXPERT; }
 
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
   return n >= k && !strcmp(s + n - k, suffix);
-}
-
-/* The module name: the name without a trailing ".weight" or ".bias" (into buf). */
-static const char *module_of(const char *name, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s", name);
-  if (ends_with(buf, ".weight")) buf[strlen(buf) - 7] = '\0';
-  else if (ends_with(buf, ".bias")) buf[strlen(buf) - 5] = '\0';
-  return buf;
-}
-
-/* 1 when the last dot-separated component of module is one of the names. */
-static int last_component_in(const char *module, const char *const *names) {
-  const char *dot = strrchr(module, '.'), *last = dot ? dot + 1 : module;
-  for (size_t i = 0; names[i]; i++)
-    if (!strcmp(last, names[i])) return 1;
-  return 0;
-}
-
-static int matches_any(const char *name, const char *const *globs) {
-  for (size_t i = 0; globs[i]; i++)
-    if (!fnmatch(globs[i], name, 0)) return 1;
-  return 0;
-}
-
-/* 1 when a GPT-2-named matrix has Conv1D's in-major shape: c_attn [d][3d], c_fc [d][4d],
- * mlp.c_proj [4d][d]. nanoGPT and harness/train store the same names out-major ([3d][d] ...);
- * attn.c_proj is square, where the layout changes no metric. */
-static int conv1d_shape(const char *name, size_t rows, size_t cols) {
-  if (ends_with(name, "attn.c_attn.weight")) return cols == 3 * rows;
-  if (ends_with(name, "mlp.c_fc.weight")) return cols > rows;
-  if (ends_with(name, "mlp.c_proj.weight")) return rows > cols;
-  return 1;
-}
-
-static int is_norm_module(const char *module) {
-  char buf[512];
-  snprintf(buf, sizeof buf, "%s", module);
-  for (char *tok = strtok(buf, "."); tok; tok = strtok(NULL, ".")) {
-    if (!strncmp(tok, "ln", 2)) return 1;
-    for (char *p = tok; *p; p++)
-      if (!strncasecmp(p, "norm", 4)) return 1;
-  }
-  return 0;
-}
-
-static const char *override_for(const override *o, size_t n, const char *name) {
-  for (size_t i = 0; i < n; i++)
-    if (!fnmatch(o[i].glob, name, 0)) return o[i].value;
-  return NULL;
-}
-
-static void set_error(row *r, const char *fmt, const char *a, unsigned long long b) {
-  char buf[256];
-  snprintf(buf, sizeof buf, fmt, a, b);
-  free(r->owned_error);
-  r->owned_error = strdup(buf);
-  r->error = r->owned_error ? r->owned_error : "not measured";
-}
-
-static int kind_from(const char *s, stab_kind *k) {
-  static const stab_kind all[] = {STAB_KIND_LINEAR, STAB_KIND_EMBEDDING, STAB_KIND_LM_HEAD, STAB_KIND_GAIN,
-                                  STAB_KIND_BIAS};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (!strcmp(s, stab_kind_name(all[i]))) return *k = all[i], 1;
-  return 0;
-}
-
-/* Classifies tensor t into r (rules 2-7, 9-11; rule 8 is applied afterwards). */
-static void classify(const options *o, const stab_ckpt_tensor *t, int gguf_file, row *r) {
-  char mod[512];
-  memset(r, 0, sizeof *r);
-  r->t = t;
-  module_of(t->name, mod, sizeof mod);
-  if (t->dtype == STAB_DTYPE_OTHER) {
-    if (gguf_file)
-      set_error(r, "unsupported GGML type %s: the probe reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-                   "Q2_K-Q6_K, IQ4_NL and IQ4_XS tensors", t->dtype_name, 0);
-    else set_error(r, "dtype %s is not a floating-point type the probe reads (F32, F16, BF16)", t->dtype_name, 0);
-    return;
-  }
-  const char *forced = override_for(o->kinds, o->nkinds, t->name);
-  if (forced && !strcmp(forced, "skip")) {
-    r->error = "skipped by --kind";
-    return;
-  }
-  if (t->ndim == 0 || t->ndim > 2) {
-    set_error(r, "%s tensor (%llu dimensions): no rule for it", t->ndim ? "a 3-D or higher" : "a scalar",
-              (unsigned long long)t->ndim);
-    return;
-  }
-  if (t->count == 0) {
-    r->error = "an empty tensor (a zero dimension): nothing to measure";
-    return;
-  }
-  if (forced) {
-    kind_from(forced, &r->kind);
-    int wants_matrix = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD;
-    if (wants_matrix != (t->ndim == 2)) {
-      set_error(r, "--kind %s does not fit a %llu-D tensor", forced, (unsigned long long)t->ndim);
-      return;
-    }
-  }
-  int two_d = t->ndim == 2;
-  size_t rows = two_d ? (size_t)t->shape[0] : 1, cols = two_d ? (size_t)t->shape[1] : (size_t)t->count;
-  if (forced) {
-    /* decided above */
-  } else if (two_d && last_component_in(mod, embed_names)) {
-    r->kind = STAB_KIND_EMBEDDING;
-  } else if (two_d && last_component_in(mod, head_names)) {
-    r->kind = STAB_KIND_LM_HEAD;
-  } else if (two_d) {
-    r->kind = STAB_KIND_LINEAR;
-  } else if (is_norm_module(mod) && !ends_with(t->name, ".bias")) {
-    r->kind = STAB_KIND_GAIN;
-  } else if (ends_with(t->name, ".bias")) {
-    r->kind = STAB_KIND_BIAS; /* folded later when it pairs with a linear weight */
-  } else {
-    r->error = "a 1-D tensor that is neither a norm gain nor a bias by name; --kind gain|bias names it";
-    return;
-  }
-  switch (r->kind) {
-  case STAB_KIND_LINEAR: {
-    const char *lay = override_for(o->layouts, o->nlayouts, t->name);
-    int in_major = lay ? !strcmp(lay, "in_major")
-                       : !o->out_major_file && matches_any(t->name, conv1d_globs) && conv1d_shape(t->name, rows, cols);
-    r->layout = in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
-    r->d_in = in_major ? rows : cols;
-    r->d_out = in_major ? cols : rows;
-    break;
-  }
-  case STAB_KIND_EMBEDDING: r->d_in = rows, r->d_out = cols; break;
-  case STAB_KIND_LM_HEAD: r->d_in = cols, r->d_out = rows; break;
-  default: r->d_in = r->d_out = (size_t)t->count; break;
-  }
 }
 
 /* ---- checkpoints: safetensors, GGUF or llm.c, by the file's first bytes ------------- */
@@ -278,26 +118,52 @@ typedef struct {
   stab_safetensors *st;
   stab_gguf *gg;
   stab_llmc *lc;
+  stab_sharded *sh;          /* a directory or an index: every shard */
+  stab_shard_index *siblings; /* st is one shard of the model this index describes, or NULL */
+  stab_hf_config cfg;        /* config.json of the model's directory (all 0 / -1: none) */
 } ckpt;
 
 static size_t ck_count(const ckpt *c) {
-  return c->st ? stab_safetensors_count(c->st) : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
+  return c->sh ? stab_sharded_count(c->sh) : c->st ? stab_safetensors_count(c->st)
+         : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
 }
 static const stab_ckpt_tensor *ck_tensor(const ckpt *c, size_t i) {
-  return c->st ? stab_safetensors_tensor(c->st, i) : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
+  return c->sh ? stab_sharded_tensor(c->sh, i) : c->st ? stab_safetensors_tensor(c->st, i)
+         : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
 }
 static const stab_ckpt_tensor *ck_find(const ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->st ? stab_safetensors_find(c->st, name, &i)
+  stab_status st = c->sh ? stab_sharded_find(c->sh, name, &i)
+                   : c->st ? stab_safetensors_find(c->st, name, &i)
                    : c->gg ? stab_gguf_find(c->gg, name, &i)
                            : stab_llmc_find(c->lc, name, &i);
   return st == STAB_OK ? ck_tensor(c, i) : NULL;
+}
+/* safetensors' __metadata__ (a sharded model's: its first shard's) */
+static size_t ck_meta_count(const ckpt *c) {
+  return c->sh ? stab_sharded_metadata_count(c->sh) : c->st ? stab_safetensors_metadata_count(c->st) : 0;
+}
+static void ck_meta(const ckpt *c, size_t i, const char **k, const char **v) {
+  if (c->sh) stab_sharded_metadata(c->sh, i, k, v);
+  else stab_safetensors_metadata(c->st, i, k, v);
+}
+/* Where t's bytes sit in the checkpoint as one sequence of bytes: its offset in its file, after
+ * the earlier shards' bytes for a sharded model (their offsets restart in every shard). */
+static uint64_t ck_place(const ckpt *c, const stab_ckpt_tensor *t) {
+  size_t i;
+  if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
+  uint64_t base = 0;
+  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++)
+    base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
+  return base + t->offset;
 }
 static void ck_close(ckpt *c) {
   stab_safetensors_close(c->st);
   stab_gguf_close(c->gg);
   stab_llmc_close(c->lc);
-  c->st = NULL, c->gg = NULL, c->lc = NULL;
+  stab_sharded_close(c->sh);
+  stab_shard_index_close(c->siblings);
+  c->st = NULL, c->gg = NULL, c->lc = NULL, c->sh = NULL, c->siblings = NULL;
 }
 
 /* A GGUF metadata value as text: numbers and strings as they are (a long string cut, line
@@ -462,7 +328,7 @@ static size_t *report_order(const options *o, const row *rows, size_t n, size_t 
   size_t *idx = malloc((n ? n : 1) * sizeof *idx), k = 0;
   if (!idx) return NULL;
   for (size_t i = 0; i < n; i++)
-    if (rows[i].measured) idx[k++] = i;
+    if (rows[i].measured && (o->experts || !is_expert(&rows[i]))) idx[k++] = i;
   order_rows = rows, order_sort = o->sort;
   qsort(idx, k, sizeof *idx, by_sort);
   *count = o->top && o->top < k ? o->top : k;
@@ -491,7 +357,7 @@ static size_t worst_row(const row *rows, size_t n, stab_kind kind, int m, int ha
   double bv = -INFINITY;
   for (size_t i = 0; i < n; i++) {
     const row *r = &rows[i];
-    if (!r->measured || r->kind != kind) continue;
+    if (!r->measured || r->kind != kind || is_expert(r)) continue; /* the layer's row has its worst */
     double v = m == 0 ? r->m.forward : m == 1 ? r->m.dependency : r->m.update;
     unsigned broken = m == 2 ? STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE : STAB_FLAG_NONFINITE_WEIGHT;
     if (isnan(v) && (r->m.flags & broken)) return i;
@@ -535,13 +401,22 @@ static const char *layout_name(const row *r) {
   return "rows";
 }
 
+/* A row's shape, outermost first, into dims (at most 3); the count of dimensions. A layer of HF
+ * experts is its expert count and one expert's matrix; a 3-D expert tensor its own shape. */
+static size_t row_shape(const row *r, uint64_t dims[3]) {
+  size_t k = 0;
+  if (is_expert_layer(r) && r->t->ndim == 2) dims[k++] = r->e->n_expert;
+  for (size_t d = 0; d < r->t->ndim && k < 3; d++) dims[k++] = r->t->shape[d];
+  return k;
+}
+
 /* The checkpoint's own metadata as a JSON object: safetensors' __metadata__ (strings), GGUF's
  * pairs (numbers, strings, booleans; an array as {"array": type, "length": n}), llm.c's header. */
 static void print_json_metadata(const ckpt *f) {
   fputs("{", stdout);
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     fputs(i ? ", " : "", stdout);
     json_string(k);
     fputs(": ", stdout);
@@ -609,7 +484,9 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
     printf(", \"tensor\": ");
     json_string(r->t->name);
     printf(", \"kind\": \"%s\", \"unit\": \"%s\", \"shape\": [", stab_kind_name(r->kind), unit_of(r->kind));
-    for (size_t d = 0; d < r->t->ndim; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)r->t->shape[d]);
+    uint64_t dims[3];
+    size_t nd = row_shape(r, dims);
+    for (size_t d = 0; d < nd; d++) printf("%s%llu", d ? ", " : "", (unsigned long long)dims[d]);
     printf("], \"dtype\": \"%s\", \"layout\": \"%s\", \"d_in\": %zu, \"d_out\": %zu", r->t->dtype_name,
            layout_name(r), r->d_in, r->d_out);
     const struct { const char *k; double v; } vals[] = {
@@ -627,6 +504,14 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
            m->update_passes, m->tight_method == STAB_TIGHT_EXACT ? "exact" : m->tight_method == STAB_TIGHT_NONE ? "none" : "centred");
     if (r->bias) json_string(r->bias->name);
     else fputs("null", stdout);
+    if (o->reference) { /* --prev: the tensor the update is against (another name across formats) */
+      fputs(", \"reference_tensor\": ", stdout);
+      if (r->prev_t) json_string(r->prev_t->name);
+      else fputs("null", stdout);
+      fputs(", \"reference_dtype\": ", stdout);
+      if (r->prev_t) json_string(r->prev_t->dtype_name);
+      else fputs("null", stdout);
+    }
     if (r->kind == STAB_KIND_ATTENTION) {
       printf(", \"key_tensor\": ");
       json_string(r->tk->name);
@@ -636,6 +521,18 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
         json_number(r->head_bounds[h]);
       }
       putchar(']');
+    }
+    if (is_expert_layer(r)) {
+      printf(", \"experts\": %zu, \"worst_expert\": {", r->e->n_expert);
+      for (size_t k = 0; k < N_EXPERT_METRICS; k++) {
+        printf("%s\"%s\": ", k ? ", " : "", expert_metric_names[k]);
+        if (r->worst[k] == STAB_MODEL_NO_EXPERT) fputs("null", stdout);
+        else printf("%zu", r->worst[k]);
+      }
+      putchar('}');
+    } else if (is_expert(r)) {
+      printf(", \"expert\": %zu, \"expert_of\": ", r->e->expert);
+      json_string(r->expert_of);
     }
     printf(", \"tied\": %s, \"flags\": [", r->tied ? "true" : "false");
     int f = 0;
@@ -657,7 +554,9 @@ static void print_json(const options *o, const ckpt *ck, const row *rows, size_t
       json_string(rows[w].name);
       printf(", \"value\": ");
       json_number(m == 0 ? rows[w].m.forward : m == 1 ? rows[w].m.dependency : rows[w].m.update);
-      printf(", \"unit\": \"%s\"}", unit_of(summary_kinds[k]));
+      printf(", \"unit\": \"%s\"", unit_of(summary_kinds[k]));
+      if (is_expert_layer(&rows[w]) && rows[w].worst[m] != STAB_MODEL_NO_EXPERT) printf(", \"expert\": %zu", rows[w].worst[m]);
+      putchar('}');
     }
     if (metrics) putchar('}');
   }
@@ -719,10 +618,10 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
                         size_t count) {
   printf("checkpoint %s%s%s\n", o->checkpoint, o->reference ? ", update against " : "",
          o->reference ? o->reference : "");
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
+  for (size_t i = 0; i < ck_meta_count(f); i++) {
     const char *k, *v;
     char sk[256], sv[1024];
-    stab_safetensors_metadata(f->st, i, &k, &v);
+    ck_meta(f, i, &k, &v);
     printf("metadata %s = %s\n", shown(k, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
   for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
@@ -741,7 +640,7 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
   if (o->step >= 0) printf("step %lld, from %s\n", (long long)o->step, o->step_from);
   if (o->sort != SORT_FILE || o->top) {
     size_t measured = 0;
-    for (size_t i = 0; i < n; i++) measured += rows[i].measured;
+    for (size_t i = 0; i < n; i++) measured += rows[i].measured && (o->experts || !is_expert(&rows[i]));
     printf("%zu of %zu layers, %s%s%s\n", count, measured,
            o->sort == SORT_FILE ? "in the checkpoint's order" : o->sort == SORT_NAME ? "by name" : "by ",
            o->sort > SORT_NAME ? sort_names[o->sort] : "", o->sort > SORT_NAME ? ", largest first" : "");
@@ -755,9 +654,14 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
   for (size_t j = 0; j < count; j++) {
     const row *r = &rows[order[j]];
     char shape[48], a[4][24], e[24], notes[700] = "", name[1024];
-    if (r->t->ndim == 2)
-      snprintf(shape, sizeof shape, "%llux%llu", (unsigned long long)r->t->shape[0], (unsigned long long)r->t->shape[1]);
-    else snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
+    uint64_t dims[3];
+    size_t nd = r->t->ndim >= 2 ? row_shape(r, dims) : 0;
+    if (nd) {
+      size_t k = 0;
+      for (size_t d = 0; d < nd; d++) k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%llu", d ? "x" : "", (unsigned long long)dims[d]);
+    } else {
+      snprintf(shape, sizeof shape, "%llu", (unsigned long long)r->t->count);
+    }
     fmt_num(a[0], sizeof a[0], r->m.forward);
     fmt_num(a[1], sizeof a[1], r->m.dependency);
     fmt_num(a[2], sizeof a[2], r->m.update);
@@ -771,6 +675,24 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
       snprintf(notes + k, sizeof notes - k, "tied to %s ", shown(r->t->name, tn, sizeof tn));
     }
     if (r->bias) strcat(notes, "+bias ");
+    if (is_expert_layer(r)) {
+      size_t k = strlen(notes);
+      k += (size_t)snprintf(notes + k, sizeof notes - k, "%zu experts, worst:", r->e->n_expert);
+      for (size_t x = 0; x < EXPERT_REL_UPDATE && k < sizeof notes; x++)
+        if (r->worst[x] != STAB_MODEL_NO_EXPERT)
+          k += (size_t)snprintf(notes + k, sizeof notes - k, " %s %zu", expert_metric_names[x], r->worst[x]);
+      if (k < sizeof notes - 1) strcat(notes, " ");
+    } else if (is_expert(r)) {
+      char gn[600];
+      size_t k = strlen(notes);
+      snprintf(notes + k, sizeof notes - k, "expert %zu of %s ", r->e->expert, shown(r->expert_of, gn, sizeof gn));
+    }
+    /* across formats: what the update is against, when its name or type differs */
+    if (r->prev_t && (strcmp(r->prev_t->name, r->t->name) || strcmp(r->prev_t->dtype_name, r->t->dtype_name))) {
+      char pn[600];
+      size_t k = strlen(notes);
+      snprintf(notes + k, sizeof notes - k, "vs %s %s ", shown(r->prev_t->name, pn, sizeof pn), r->prev_t->dtype_name);
+    }
     if (r->m.flags & STAB_FLAG_NONFINITE_WEIGHT) strcat(notes, "NONFINITE-WEIGHT ");
     if (r->m.flags & STAB_FLAG_NONFINITE_UPDATE) strcat(notes, "NONFINITE-UPDATE ");
     if (r->m.flags & STAB_FLAG_NOT_CONVERGED) strcat(notes, "not-converged ");
@@ -801,8 +723,11 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
       if (!any++) printf("\nlargest per kind and metric:\n");
       if (isnan(x)) snprintf(v, sizeof v, "NaN");
       else fmt_num(v, sizeof v, x);
-      printf("  %-9s  %-10s  %11s %-4s  %s%s\n", stab_kind_name(summary_kinds[k]), summary_metrics[m], v,
-             unit_of(summary_kinds[k]), shown(rows[i].name, name, sizeof name),
+      char which[48] = "";
+      if (is_expert_layer(&rows[i]) && rows[i].worst[m] != STAB_MODEL_NO_EXPERT)
+        snprintf(which, sizeof which, " (expert %zu)", rows[i].worst[m]);
+      printf("  %-9s  %-10s  %11s %-4s  %s%s%s\n", stab_kind_name(summary_kinds[k]), summary_metrics[m], v,
+             unit_of(summary_kinds[k]), shown(rows[i].name, name, sizeof name), which,
              isnan(x) ? " (non-finite weights)" : "");
     }
   if (count)
@@ -818,26 +743,9 @@ static void print_table(const options *o, const ckpt *f, const row *rows, size_t
     }
 }
 
-/* ---- attention: query/key pairs and head counts -------------------------------------- */
-/* Query weights by name, and where their key is (first match):
- *   X.q_proj.weight   X.k_proj.weight     (HF Llama, Mistral, OPT ...)     logits X.logits
- *   X.query.weight    X.key.weight        (HF BERT)                        X.logits
- *   X.wq.weight       X.wk.weight         (Meta Llama)                     X.logits
- *   X.attn_q.weight   X.attn_k.weight     (llama.cpp GGUF)                 X.attn_logits
- *   X.c_attn.weight   itself, fused: q, k, v in thirds of d_out (GPT-2)    X.logits
- *   X.attn_qkv.weight, X.qkv.weight  itself, fused thirds (GGUF GPT-2, ViT) X.attn_logits, X.logits
- * Heads: --heads, else the GGUF metadata <general.architecture>.attention.head_count, else a
- * safetensors __metadata__ key heads, num_attention_heads or n_head, else the same keys in a
- * config.json beside the checkpoint (Hugging Face's). Key heads (grouped-query attention)
- * follow from the key's width: d_out(k) / d_h. */
-static const struct {
-  const char *q, *k, *logits; /* suffixes; k NULL: fused qkv */
-} attn_rules[] = {{".q_proj.weight", ".k_proj.weight", ".logits"}, {".query.weight", ".key.weight", ".logits"},
-                  {".wq.weight", ".wk.weight", ".logits"},         {".attn_q.weight", ".attn_k.weight", ".attn_logits"},
-                  {".c_attn.weight", NULL, ".logits"},             {".attn_qkv.weight", NULL, ".attn_logits"},
-                  {".qkv.weight", NULL, ".logits"}};
+/* ---- the model: the library's kind rules over the checkpoint's tensors --------------- */
 
-#define MAX_HEADS (1 << 20)
+#define MAX_HEADS STAB_MODEL_MAX_HEADS
 
 /* 1 when s is a whole number in [lo, hi] written in decimal digits alone (no sign, no blanks,
  * no base prefix: strtoull would take "-1" as 18446744073709551615), into *v. */
@@ -854,190 +762,109 @@ static int whole_number(const char *s, unsigned long long lo, unsigned long long
   return 1;
 }
 
-/* A non-negative integer after "key": in JSON text (the first one), or 0. */
-static size_t json_uint(const char *text, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(text, pat);
-  if (!p) return 0;
-  p += strlen(pat);
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-  if (*p++ != ':') return 0;
-  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '"') p++;
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(p, &end, 10);
-  return (errno || end == p || v > 1u << 20) ? 0 : (size_t)v;
-}
-
-static const char *const head_keys[] = {"heads", "num_attention_heads", "n_head", NULL};
-
-/* The attention head count of the checkpoint (see above), or 0; *from says where it came from.
- * A count the metadata holds but that is not valid (0, negative, not a number, too large)
- * is 0 too, with why (cap bytes) saying so: "none in the metadata" would be untrue. */
-static size_t heads_of(const options *o, const ckpt *f, const char **from, char *why, size_t cap) {
-  *from = "--heads";
-  why[0] = '\0';
-  if (o->heads) return o->heads;
-  if (f->gg) {
-    const stab_gguf_kv *arch = stab_gguf_find_metadata(f->gg, "general.architecture");
-    uint64_t h = 0;
-    char key[160];
-    if (arch && arch->type == STAB_GGUF_STRING) {
-      snprintf(key, sizeof key, "%s.attention.head_count", arch->s);
-      *from = "the GGUF metadata";
-      stab_status st = stab_gguf_get_uint(f->gg, key, &h);
-      if (st == STAB_OK && h > 0 && h <= MAX_HEADS) return (size_t)h;
-      if (st == STAB_OK)
-        snprintf(why, cap, "the GGUF metadata's %s is %llu, which is invalid (1 to %d; give --heads H)", key,
-                 (unsigned long long)h, MAX_HEADS);
-      else if (st != STAB_ENOTFOUND)
-        snprintf(why, cap, "%s (give --heads H)", stab_last_error());
+/* The model of checkpoint f by the library's rules, with the user's overrides and head count and
+ * what the file's metadata says (--heads first, then the GGUF metadata, the llm.c header, the
+ * safetensors __metadata__, config.json), and one row per entry into *rows (n_rows of them).
+ * Sets o->out_major_file. 0, or 1 after a message. */
+static int describe(options *o, const ckpt *f, stab_model **model, row **rows, size_t *n_rows) {
+  static char heads_error[320];
+  stab_model_config cfg = stab_model_default_config();
+  size_t nt = ck_count(f);
+  const stab_ckpt_tensor **ts = malloc((nt ? nt : 1) * sizeof *ts);
+  stab_model_override *ov = malloc((o->nkinds + o->nlayouts + 1) * sizeof *ov);
+  if (!ts || !ov) {
+    free(ts), free(ov);
+    cli_error("out of memory");
+    return 1;
+  }
+  for (size_t i = 0; i < nt; i++) ts[i] = ck_tensor(f, i);
+  for (size_t i = 0; i < o->nkinds; i++) ov[i].glob = o->kinds[i].glob, ov[i].value = o->kinds[i].value;
+  for (size_t i = 0; i < o->nlayouts; i++)
+    ov[o->nkinds + i].glob = o->layouts[i].glob, ov[o->nkinds + i].value = o->layouts[i].value;
+  cfg.kinds = ov, cfg.nkinds = o->nkinds;
+  cfg.layouts = ov + o->nkinds, cfg.nlayouts = o->nlayouts;
+  if (o->heads) cfg.heads = o->heads, cfg.heads_source = "--heads";
+  stab_status st = STAB_OK;
+  if (f->lc) {
+    /* llm.c's header says its head count (--heads does not change it) */
+    cfg.naming = STAB_NAMING_LLMC;
+    cfg.heads = stab_llmc_config_of(f->lc)->heads, cfg.heads_source = "the llm.c header";
+  } else if (f->gg) {
+    st = stab_model_config_from_gguf(f->gg, &cfg);
+  } else {
+    /* a sharded model's metadata is its first shard's; config.json (read and checked when the
+     * checkpoint was opened) after __metadata__, and its tie_word_embeddings */
+    st = stab_model_config_from_safetensors(f->sh ? stab_sharded_shard(f->sh, 0) : f->st, &cfg);
+    if (st == STAB_OK) st = stab_model_config_from_hf(&f->cfg, &cfg);
+    else cfg.tie = f->cfg.tie_word_embeddings;
+  }
+  if (st != STAB_OK) { /* an invalid count in the metadata: the attention rows say why */
+    snprintf(heads_error, sizeof heads_error, "%s", stab_last_error());
+    cfg.heads_error = heads_error;
+  }
+  o->out_major_file = cfg.out_major;
+  /* one shard of a model given alone: the names of the other shards' tensors (for the head) */
+  size_t n_other = 0;
+  const char **other = NULL;
+  if (f->siblings && !(other = malloc((stab_shard_index_count(f->siblings) + 1) * sizeof *other))) {
+    free(ts), free(ov);
+    cli_error("out of memory");
+    return 1;
+  }
+  for (size_t i = 0; f->siblings && i < stab_shard_index_count(f->siblings); i++) {
+    const char *name = stab_shard_index_tensor(f->siblings, i, NULL);
+    if (name && !ck_find(f, name)) other[n_other++] = name;
+  }
+  cfg.other_names = other, cfg.n_other = n_other;
+  st = stab_model_describe(ts, nt, &cfg, model);
+  free(ts), free(ov), free(other);
+  if (st != STAB_OK) {
+    cli_error("%s", stab_last_error());
+    return 1;
+  }
+  /* config.json says the head is not the embedding: with no head tensor, the head is missing */
+  if (cfg.tie == 0 && !stab_model_has_head(*model))
+    cli_error("warning: config.json says tie_word_embeddings false, but the checkpoint has no lm_head tensor: "
+              "the head is missing, and no tied head is reported");
+  size_t n = stab_model_count(*model);
+  if (!(*rows = calloc(n ? n : 1, sizeof **rows))) {
+    cli_error("out of memory");
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const stab_model_entry *e = stab_model_entry_at(*model, i);
+    row *r = &(*rows)[i];
+    r->e = e;
+    r->t = e->weight, r->bias = e->bias, r->tk = e->weight_k;
+    r->name = e->name, r->error = e->why_not;
+    r->kind = e->kind, r->layout = e->layout, r->d_in = e->d_in, r->d_out = e->d_out;
+    r->heads = e->heads, r->kv_heads = e->kv_heads;
+    r->ld = e->ld, r->q_off = e->q_off, r->k_off = e->k_off;
+    r->tied = e->tied;
+    r->expert_of = e->expert != STAB_MODEL_NO_EXPERT ? stab_model_entry_at(*model, e->group)->name : NULL;
+    for (size_t k = 0; k < N_EXPERT_METRICS; k++) r->worst[k] = STAB_MODEL_NO_EXPERT;
+    if (e->kind == STAB_KIND_ATTENTION && !e->why_not && !(r->head_bounds = calloc(e->heads, sizeof *r->head_bounds))) {
+      *n_rows = i;
+      cli_error("out of memory");
+      return 1;
     }
-    return 0;
   }
-  for (size_t i = 0; f->st && i < stab_safetensors_metadata_count(f->st); i++) {
-    const char *k, *v;
-    stab_safetensors_metadata(f->st, i, &k, &v);
-    for (size_t j = 0; head_keys[j]; j++) {
-      if (strcmp(k, head_keys[j])) continue;
-      unsigned long long h;
-      *from = "__metadata__";
-      if (whole_number(v, 1, MAX_HEADS, &h)) return (size_t)h;
-      snprintf(why, cap, "__metadata__ %s is '%.40s', not a whole number from 1 to %d (give --heads H)", k, v,
-               MAX_HEADS);
-      return 0;
-    }
-  }
-  /* config.json beside the checkpoint (read whole, at most 1 MiB) */
-  char path[4096];
-  const char *slash = strrchr(o->checkpoint, '/');
-  snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - o->checkpoint + 1) : 0, o->checkpoint);
-  /* regular files only (a FIFO there would block the probe); one that is there but cannot be
-   * read is ignored with a word why, a missing one silently: the count is then --heads' */
-  int fd;
-  struct stat sb;
-  if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) {
-    if (stat(path, &sb) == 0) cli_error("%s; ignored", stab_last_error());
-    return 0;
-  }
-  FILE *fp = fdopen(fd, "r");
-  if (!fp) {
-    close(fd);
-    return 0;
-  }
-  char *text = malloc((1 << 20) + 1);
-  size_t n = text ? fread(text, 1, 1 << 20, fp) : 0, h = 0;
-  fclose(fp);
-  if (text) {
-    text[n] = '\0';
-    for (size_t j = 1; head_keys[j] && !h; j++) h = json_uint(text, head_keys[j]);
-  }
-  free(text);
-  *from = "config.json";
-  return h;
-}
-
-/* Adds an attention row for every query/key pair of the checkpoint (not llm.c's, which has
- * its own), into rows[*n]. Pairs that cannot be measured (no head count, widths that heads
- * do not divide) are rows with the reason. 0, or 1 when out of memory. */
-static int add_attention_rows(const options *o, const ckpt *f, row *rows, size_t *n) {
-  const char *from;
-  char bad_heads[300];
-  size_t heads = heads_of(o, f, &from, bad_heads, sizeof bad_heads);
-  for (size_t i = 0; i < ck_count(f); i++) {
-    const stab_ckpt_tensor *tq = ck_tensor(f, i), *tk = NULL;
-    size_t rule = 0, nr = sizeof attn_rules / sizeof attn_rules[0];
-    while (rule < nr && !ends_with(tq->name, attn_rules[rule].q)) rule++;
-    if (rule == nr) continue;
-    size_t stem = strlen(tq->name) - strlen(attn_rules[rule].q);
-    char kname[600], lname[600];
-    snprintf(lname, sizeof lname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].logits);
-    row q, k;
-    classify(o, tq, f->gg != NULL, &q);
-    if (q.error || q.kind != STAB_KIND_LINEAR) {
-      free(q.owned_error);
-      continue; /* the query itself is listed with its reason */
-    }
-    int fused = attn_rules[rule].k == NULL;
-    if (fused) {
-      k = q;
-      tk = tq;
-    } else {
-      snprintf(kname, sizeof kname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].k);
-      if (!(tk = ck_find(f, kname))) continue; /* a lone query: no logits to bound */
-      classify(o, tk, f->gg != NULL, &k);
-      int usable = !k.error && k.kind == STAB_KIND_LINEAR;
-      free(k.owned_error);
-      if (!usable) continue; /* the key itself is listed with its reason */
-    }
-    row *r = &rows[(*n)++];
-    memset(r, 0, sizeof *r);
-    r->t = tq, r->tk = tk;
-    r->kind = STAB_KIND_ATTENTION, r->layout = q.layout;
-    r->d_in = q.d_in;
-    r->ld = (size_t)tq->shape[1]; /* the stored row, either layout */
-    size_t q_out = fused ? q.d_out / 3 : q.d_out, k_out = fused ? q_out : k.d_out;
-    /* q is the first third of a fused tensor, k the second: rows (out-major) or columns */
-    r->k_off = fused ? (q.layout == STAB_LAYOUT_IN_MAJOR ? q_out : q_out * r->ld) : 0;
-    r->d_out = q_out;
-    if (!(r->owned_name = strdup(lname))) return 1;
-    r->name = r->owned_name;
-    char why[300] = "";
-    if (fused && q.d_out % 3)
-      snprintf(why, sizeof why, "fused qkv '%s': d_out %zu is not three equal parts", tq->name, q.d_out);
-    else if (!fused && k.d_in != q.d_in)
-      snprintf(why, sizeof why, "query d_in %zu but key '%s' d_in %zu", q.d_in, tk->name, k.d_in);
-    else if (!fused && k.layout != q.layout)
-      snprintf(why, sizeof why, "query and key '%s' have different layouts", tk->name);
-    else if (!heads && bad_heads[0])
-      snprintf(why, sizeof why, "%s", bad_heads);
-    else if (!heads)
-      snprintf(why, sizeof why, "no head count (give --heads H; none in the file's metadata or a config.json beside it)");
-    else if (q_out % heads)
-      snprintf(why, sizeof why, "%zu heads (from %s) do not divide the query width %zu", heads, from, q_out);
-    else if (k_out % (q_out / heads) || heads % (k_out / (q_out / heads)))
-      snprintf(why, sizeof why, "key width %zu is not a whole number of key heads of width %zu dividing %zu heads",
-               k_out, q_out / heads, heads);
-    else if (k_out != q_out && q.layout == STAB_LAYOUT_IN_MAJOR)
-      snprintf(why, sizeof why, "grouped-query attention with in-major weights (not supported)");
-    if (why[0]) {
-      set_error(r, "%s", why, 0);
-      continue;
-    }
-    r->heads = heads;
-    r->kv_heads = k_out / (q_out / heads);
-    if (!(r->head_bounds = calloc(heads, sizeof *r->head_bounds))) return 1;
-  }
+  *n_rows = n;
   return 0;
 }
 
-/* The logit bounds of attention row r, from q and k stored as dtype (r->q_off, r->k_off into
- * them): the library's attention metrics when every query head has its own key head, else one
- * single-head measurement per query head against its group's key head. */
+/* The logit bounds of attention row r, from q and k stored as dtype: the library's attention
+ * metrics of the entry's layer (grouped-query heads included: .kv_heads). The entry adds its
+ * q and k offsets in floats; a 16-bit layer's are in 2-byte elements, so they are set here. */
 static stab_status measure_attention(row *r, const float *q, const float *k, stab_dtype dtype,
                                      const stab_metrics_params *mp) {
-  stab_layer L = {.name = r->name, .kind = STAB_KIND_ATTENTION, .d_in = r->d_in, .d_out = r->d_out,
-                  .layout = r->layout, .ld = r->ld, .weight = elem_at(q, dtype, r->q_off),
-                  .weight_k = elem_at(k, dtype, r->k_off), .heads = r->heads, .dtype = dtype};
-  if (r->kv_heads == r->heads) return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
-  size_t dh = r->d_out / r->heads, group = r->heads / r->kv_heads;
-  size_t step = r->layout == STAB_LAYOUT_IN_MAJOR ? dh : dh * r->ld; /* one head's block */
-  double worst = 0;
-  for (size_t h = 0; h < r->heads; h++) {
-    stab_layer one = L;
-    stab_metrics m;
-    one.d_out = dh, one.heads = 1;
-    one.weight = elem_at(L.weight, dtype, h * step);
-    one.weight_k = elem_at(L.weight_k, dtype, (h / group) * step);
-    stab_status st = stab_layer_metrics(&one, NULL, mp, &m, &r->head_bounds[h]);
-    if (st != STAB_OK) return st;
-    if (h == 0) r->m = m;
-    else r->m.passes += m.passes, r->m.flags |= m.flags;
-    worst = isnan(worst) || isnan(r->head_bounds[h]) ? NAN : fmax(worst, r->head_bounds[h]);
-  }
-  r->m.forward = worst;
-  return STAB_OK;
+  stab_layer L;
+  stab_status st = stab_model_entry_layer(r->e, q, NULL, k, &L);
+  if (st != STAB_OK) return st;
+  L.dtype = dtype;
+  L.weight = elem_at(q, dtype, r->e->q_off);
+  L.weight_k = elem_at(k, dtype, r->e->k_off);
+  return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
 }
 
 /* ---- the trace (--hdf5) ------------------------------------------------------------ */
@@ -1096,14 +923,16 @@ static void set_layer_sizes(stab_layer *L, const row *r) {
 typedef struct {
   void *base;
   size_t bytes;
+  const ckpt *ck; /* the places are its (ck_place: the shards one after another) */
 } file_space;
 
-static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
+static int file_space_reserve(file_space *fs, const ckpt *ck, const row *rows, size_t n) {
   uint64_t end = 0;
+  fs->ck = ck;
   for (size_t i = 0; i < n; i++) {
     const stab_ckpt_tensor *ts[] = {rows[i].t, rows[i].bias, rows[i].tk};
     for (size_t k = 0; k < 3; k++)
-      if (ts[k] && ts[k]->offset + ts[k]->count > end) end = ts[k]->offset + ts[k]->count;
+      if (ts[k] && ck_place(ck, ts[k]) + ts[k]->count > end) end = ck_place(ck, ts[k]) + ts[k]->count;
   }
   fs->bytes = (size_t)(end ? end : 1) * sizeof(float);
   fs->base = mmap(NULL, fs->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1111,12 +940,12 @@ static int file_space_reserve(file_space *fs, const row *rows, size_t n) {
 }
 
 static const float *file_address(const file_space *fs, const stab_ckpt_tensor *t, size_t elem_offset) {
-  return t ? (const float *)fs->base + t->offset + elem_offset : NULL;
+  return t ? (const float *)fs->base + ck_place(fs->ck, t) + elem_offset : NULL;
 }
 
-static int write_trace(const options *o, const row *rows, size_t n, int64_t step) {
+static int write_trace(const options *o, const ckpt *ck, const row *rows, size_t n, int64_t step) {
   file_space fs;
-  if (!file_space_reserve(&fs, rows, n)) {
+  if (!file_space_reserve(&fs, ck, rows, n)) {
     cli_error("%s: cannot reserve address space for the trace's layers: %s", o->hdf5, strerror(errno));
     return 1;
   }
@@ -1128,9 +957,10 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
   stab_status st = stab_monitor_create(&mp, &m);
   for (size_t i = 0; i < n && st == STAB_OK; i++) {
     const row *r = &rows[i];
-    if (!r->measured) continue;
+    /* a layer of experts is the report's; a trainer registers each expert, as the rows here */
+    if (!r->measured || is_expert_layer(r)) continue;
     int attention = r->kind == STAB_KIND_ATTENTION;
-    stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads,
+    stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads, .kv_heads = attention ? r->kv_heads : 0,
                     .weight = file_address(&fs, r->t, attention ? r->q_off : 0),
                     .weight_k = attention ? file_address(&fs, r->tk, r->k_off) : NULL,
                     .bias = r->kind == STAB_KIND_LINEAR ? file_address(&fs, r->bias, 0) : NULL,
@@ -1166,7 +996,9 @@ static int write_trace(const options *o, const row *rows, size_t n, int64_t step
 
 static void usage(void) {
   printf("Usage: stabmeter-probe [OPTION]... CHECKPOINT\n"
-         "Stability metrics of every layer of a checkpoint: safetensors, GGUF v2/v3 (F32, F16, BF16,\n"
+         "Stability metrics of every layer of a checkpoint: safetensors (a file, or a Hugging Face\n"
+         "model directory or its model.safetensors.index.json: every shard as one model, heads and\n"
+         "the tied head from its config.json), GGUF v2/v3 (F32, F16, BF16,\n"
          "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS tensors, dequantized as ggml does;\n"
          "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
@@ -1175,7 +1007,10 @@ static void usage(void) {
          "Options:\n"
          "  --prev OLDER        also the update metrics against OLDER (tensors matched by name and\n"
          "                      shape); exit 2 when no tensor matches, a warning naming the layers\n"
-         "                      without a counterpart when some do not\n"
+         "                      without a counterpart when some do not. A GGUF file against the\n"
+         "                      safetensors it was converted from (or the reverse): llama.cpp's\n"
+         "                      names mapped (llama, qwen2, gemma, phi3, gpt2), its q/k row order\n"
+         "                      and Conv1D transposes undone, so update is the quantization error\n"
          "  --json              the probe report as JSON instead of the table\n"
          "  --sort METRIC       rows by METRIC, largest first: forward, dependency, update, sigma,\n"
          "                      rel_update, forward_tight, dependency_tight, update_tight; or file\n"
@@ -1200,6 +1035,8 @@ static void usage(void) {
          "  --heads H           attention heads, for the logit bounds of query/key pairs (default:\n"
          "                      GGUF metadata, safetensors __metadata__, or config.json beside the file)\n"
          "  --per-head          a table row per attention head (the JSON always has head_bounds)\n"
+         "  --experts           a row per expert too (table and JSON), beside its layer's row, which\n"
+         "                      has the worst expert per metric and its index\n"
          "  --quiet             no progress on stderr\n"
          "  -h, --help          this text\n"
          "  -V, --version       the version\n\n"
@@ -1211,9 +1048,11 @@ static void usage(void) {
          "lm_head; other 2-D linear, out-major except HF GPT-2 Conv1D h.N.{attn.c_attn,attn.c_proj,\n"
          "mlp.c_fc,mlp.c_proj} in Conv1D's shape (in-major; c_attn [d][3d], c_fc wider than tall,\n"
          "mlp.c_proj taller than wide); 1-D X.bias with a linear X.weight folded into it; 1-D\n"
-         "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Integer dtypes, scalars\n"
-         "and 3-D+ tensors are listed as not measured. With no lm_head tensor, the token embedding\n"
-         "is reported also as lm_head (tied).\n"
+         "*norm*/ln* weights gain, their .bias bias; other 1-D .bias bias. Experts: 3-D *_exps\n"
+         "(GGUF [n_expert][rows][cols]) and HF X.experts.E.Y linears are a layer of experts each.\n"
+         "Integer dtypes, scalars and other 3-D+ tensors are listed as not measured. With no\n"
+         "lm_head tensor in the model, the token embedding is reported also as lm_head (tied),\n"
+         "unless config.json says tie_word_embeddings false.\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
@@ -1247,7 +1086,7 @@ static int add_override(override **list, size_t *n, const char *arg, const char 
 
 static int parse(int argc, char **argv, options *o) {
   enum { O_PREV = 256, O_JSON, O_TOL, O_EXACT, O_TIGHT, O_FILTER, O_KIND, O_LAYOUT, O_QUIET, O_HDF5, O_STEP,
-         O_HEADS, O_PER_HEAD, O_SORT, O_TOP };
+         O_HEADS, O_PER_HEAD, O_SORT, O_TOP, O_EXPERTS };
   static const struct option longs[] = {
       {"prev", required_argument, 0, O_PREV},   {"json", no_argument, 0, O_JSON},
       {"tol", required_argument, 0, O_TOL},     {"exact", no_argument, 0, O_EXACT},
@@ -1257,7 +1096,8 @@ static int parse(int argc, char **argv, options *o) {
       {"hdf5", required_argument, 0, O_HDF5},   {"step", required_argument, 0, O_STEP},
       {"heads", required_argument, 0, O_HEADS}, {"per-head", no_argument, 0, O_PER_HEAD},
       {"sort", required_argument, 0, O_SORT},   {"top", required_argument, 0, O_TOP},
-      {"version", no_argument, 0, 'V'},         {0, 0, 0, 0}};
+      {"experts", no_argument, 0, O_EXPERTS},   {"version", no_argument, 0, 'V'},
+      {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
   static const char *const tights[] = {"centred", "exact", "none", NULL};
@@ -1274,6 +1114,7 @@ static int parse(int argc, char **argv, options *o) {
     case O_JSON: o->json = 1; break;
     case O_HDF5: o->hdf5 = optarg; break;
     case O_PER_HEAD: o->per_head = 1; break;
+    case O_EXPERTS: o->experts = 1; break;
     case O_HEADS:
       if ((rc = cli_whole("--heads", optarg, 1, MAX_HEADS, &v))) return rc;
       o->heads = (size_t)v;
@@ -1344,67 +1185,246 @@ static int shrank(const char *path) {
   return 2;
 }
 
+/* Registers with the guard the mapped bytes the tensors of one file span. 0, or 1 after a message. */
+static int guard_file(const char *path, const stab_ckpt_tensor *(*tensor)(const void *, size_t), const void *reader,
+                      size_t count) {
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (size_t i = 0; i < count; i++) {
+    const stab_ckpt_tensor *t = tensor(reader, i);
+    const uint64_t nb = stab_ckpt_nbytes(t);
+    if (!nb) continue; /* empty, or a block type never read */
+    lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
+    hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
+  }
+  if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
+    cli_error("%s: too many checkpoint files to guard", path);
+    return 1;
+  }
+  return 0;
+}
+static const stab_ckpt_tensor *ckpt_tensor_of(const void *c, size_t i) { return ck_tensor(c, i); }
+static const stab_ckpt_tensor *shard_tensor_of(const void *s, size_t i) { return stab_safetensors_tensor(s, i); }
+
+/* config.json of the model: in a sharded model's directory, else beside the file. None there is
+ * nothing; one there that is not a readable regular file (a FIFO would block) is ignored with a
+ * word why; a malformed one, or one with a wrong value, is bad input: its values decide heads
+ * and the tied head, and a guess would be a wrong measurement. 0, or the exit status. */
+static int read_config(const char *path, ckpt *f) {
+  char cfg[4096];
+  const char *slash = strrchr(path, '/');
+  if (f->sh) snprintf(cfg, sizeof cfg, "%s/config.json", stab_sharded_directory(f->sh));
+  else snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+  struct stat sb;
+  if (stat(cfg, &sb) != 0) return 0;
+  stab_status st = stab_hf_config_read(cfg, &f->cfg);
+  if (st == STAB_OK) return 0;
+  if (st == STAB_EFORMAT || st == STAB_ERANGE) {
+    cli_error("%s", stab_last_error());
+    return 2;
+  }
+  cli_error("%s; ignored", stab_last_error());
+  return st == STAB_ENOMEM;
+}
+
+/* A single safetensors file that an index beside it lists as one of its shards: said, and kept
+ * (f->siblings), so that the tied head is decided over the whole model. 0, or 1 (no memory). */
+static int find_siblings(const char *path, ckpt *f) {
+  size_t k = 0;
+  stab_status st = stab_shard_index_beside(path, &f->siblings, &k);
+  if (st == STAB_OK) {
+    const char *ix = stab_shard_index_path(f->siblings), *slash = strrchr(ix, '/');
+    cli_error("note: %s is shard %zu of %zu of the model indexed by %s: its other tensors are in the other shards; "
+              "probe the directory (%.*s) to measure the whole model", path, k + 1,
+              stab_shard_index_shard_count(f->siblings), ix, slash ? (int)(slash - ix) : 1, slash ? ix : ".");
+  } else if (st != STAB_ENOTFOUND) {
+    cli_error("warning: %s; the file is probed alone", stab_last_error());
+  }
+  return st == STAB_ENOMEM;
+}
+
 static int open_checkpoint(const char *path, ckpt *f) {
-  /* The format by the file's first bytes. A binary file of no known format named .gguf or
+  /* A directory or a sharded model's index: every shard, as one checkpoint. Otherwise the
+   * format by the file's first bytes. A binary file of no known format named .gguf or
    * .safetensors is one with a broken header: its reader says which field is wrong. Any other
    * file is refused with what it is (a PyTorch checkpoint, a trace, text, ...). */
-  stab_file_kind kind;
-  stab_status st = stab_ckpt_sniff(path, &kind);
+  f->cfg.tie_word_embeddings = -1;
+  struct stat sb;
+  stab_file_kind kind = STAB_FILE_UNKNOWN;
+  stab_status st = STAB_OK;
+  int sharded = (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || ends_with(path, ".index.json");
+  if (!sharded) {
+    st = stab_ckpt_sniff(path, &kind);
+    if (kind == STAB_FILE_SHARD_INDEX) sharded = 1, st = STAB_OK;
+  }
   if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".gguf")) kind = STAB_FILE_GGUF, st = STAB_OK;
   if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".safetensors"))
     kind = STAB_FILE_SAFETENSORS, st = STAB_OK;
   ckpt_guard_opening(path); /* the readers parse the index from the mapping */
   if (st == STAB_OK)
-    st = kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
+    st = sharded                  ? stab_sharded_open(path, &f->sh)
+         : kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
          : kind == STAB_FILE_GGUF ? stab_gguf_open(path, &f->gg)
                                   : stab_safetensors_open(path, &f->st);
   ckpt_guard_opening(NULL);
   if (ckpt_guard_tripped()) return shrank(path);
-  if (st == STAB_OK) {
-    /* from here on, the mapped bytes the tensors span */
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (size_t i = 0; i < ck_count(f); i++) {
-      const stab_ckpt_tensor *t = ck_tensor(f, i);
-      const uint64_t nb = stab_ckpt_nbytes(t);
-      if (!nb) continue; /* empty, or a block type never read */
-      lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
-      hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
-    }
-    if (hi > lo && ckpt_guard_add(path, (const void *)lo, hi - lo)) {
-      cli_error("%s: too many checkpoints to guard", path);
-      return 1;
-    }
-    return 0;
+  if (st != STAB_OK) {
+    cli_error("%s", stab_last_error());
+    return st == STAB_ENOMEM ? 1 : 2;
   }
-  cli_error("%s", stab_last_error());
-  return st == STAB_ENOMEM ? 1 : 2;
+  /* from here on, the mapped bytes the tensors span, file by file */
+  if (f->sh) {
+    for (size_t k = 0; k < stab_sharded_shard_count(f->sh); k++) {
+      const stab_safetensors *s = stab_sharded_shard(f->sh, k);
+      if (guard_file(stab_sharded_shard_path(f->sh, k), shard_tensor_of, s, stab_safetensors_count(s))) return 1;
+    }
+    if (stab_sharded_warning(f->sh)) cli_error("warning: %s", stab_sharded_warning(f->sh));
+  } else if (guard_file(path, ckpt_tensor_of, f, ck_count(f))) {
+    return 1;
+  }
+  if (f->st && find_siblings(path, f)) return 1;
+  return f->st || f->sh ? read_config(path, f) : 0;
 }
 
 /* ---- main -------------------------------------------------------------------------- */
-
-/* qsort's order for rule 8: rows by tensor name (the rows being sorted are sorted_rows). */
-static const row *sorted_rows;
-static int by_tensor_name(const void *a, const void *b) {
-  return strcmp(sorted_rows[*(const size_t *)a].t->name, sorted_rows[*(const size_t *)b].t->name);
-}
 
 /* The conversion buffers of one measuring thread: weight, bias, the k tensor of an attention
  * row, and the reference checkpoint's weight and bias (--prev). */
 typedef struct {
   f32buf w, b, k, pw, pb;
+  f32buf pwx, pbx; /* the reference's weight and bias reordered into this checkpoint's order */
 } row_buffers;
 
 static void row_buffers_free(row_buffers *rb) {
   free(rb->w.buf), free(rb->b.buf), free(rb->k.buf), free(rb->pw.buf), free(rb->pb.buf);
+  free(rb->pwx.buf), free(rb->pbx.buf);
+}
+
+/* 1 when c is safetensors: one file, or a sharded model of them. */
+static int is_safetensors(const ckpt *c) { return c->st || c->sh; }
+
+/* 1 when c is a file of harness/train (its __metadata__ producer): GPT-2 names, nn.Linear
+ * layouts throughout. */
+static int made_by_train(const ckpt *c) {
+  for (size_t i = 0; i < ck_meta_count(c); i++) {
+    const char *k, *v;
+    ck_meta(c, i, &k, &v);
+    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) return 1;
+  }
+  return 0;
+}
+
+/* The GGUF file's general.architecture, or NULL. */
+static const char *gguf_arch(const stab_gguf *g) {
+  const stab_gguf_kv *kv = stab_gguf_find_metadata(g, "general.architecture");
+  return kv && kv->type == STAB_GGUF_STRING ? kv->s : NULL;
+}
+
+/* Sets r's owned reason for having no update (the message names the tensor looked for): fmt
+ * with one or two %s, a and b (b unused by a format with one). */
+static const char *no_update_because(row *r, const char *fmt, const char *a, const char *b) {
+  char buf[700];
+  snprintf(buf, sizeof buf, fmt, a, b);
+  free(r->owned_no_update);
+  r->owned_no_update = strdup(buf);
+  return r->owned_no_update ? r->owned_no_update : "not found";
+}
+
+/* The counterpart of tensor name (of cur, a GGUF or a safetensors) in prev, the other format,
+ * by the library's name map (arch: the GGUF file's architecture), into *how; its name in
+ * tried. NULL when the name has no mapping or the mapped name is not in prev. */
+static const stab_ckpt_tensor *converted_find(const ckpt *cur, const ckpt *prev, const char *arch, const char *name,
+                                              stab_name_transform *how, char *tried, size_t cap) {
+  stab_status st = cur->gg ? stab_name_map_to_hf(arch, name, tried, cap, how)
+                           : stab_name_map_to_gguf(arch, name, tried, cap, how);
+  if (st != STAB_OK) return tried[0] = '\0', NULL;
+  const stab_ckpt_tensor *t = ck_find(prev, tried);
+  if (!t && cur->gg && !strcmp(arch, "gpt2")) { /* HF GPT-2 under GPT2LMHeadModel's transformer. */
+    char prefixed[600];
+    snprintf(prefixed, sizeof prefixed, "transformer.%s", tried);
+    if ((t = ck_find(prev, prefixed))) {
+      size_t k = strlen(prefixed) < cap ? strlen(prefixed) : cap - 1;
+      memcpy(tried, prefixed, k), tried[k] = '\0';
+    }
+  }
+  return t;
+}
+
+/* The key heads of a GGUF model: <arch>.attention.head_count_kv, else head_count (no
+ * grouped-query attention); query heads: head_count. 0 when missing or invalid. */
+static size_t gguf_heads(const stab_gguf *g, const char *arch, int key_heads) {
+  char key[160];
+  uint64_t h = 0;
+  snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
+  if (!key_heads || stab_gguf_get_uint(g, key, &h) != STAB_OK) {
+    snprintf(key, sizeof key, "%s.attention.head_count", arch);
+    if (stab_gguf_get_uint(g, key, &h) != STAB_OK) h = 0;
+  }
+  return h > 0 && h <= MAX_HEADS ? (size_t)h : 0;
+}
+
+/* --prev across formats: row r of cur (a GGUF file) against prev (the safetensors it was
+ * converted from), or the other way round. The counterpart is the tensor of the mapped name
+ * (stab_name_map_to_hf / _to_gguf), in the same orientation once the converter's changes are
+ * undone: a GPT-2 Conv1D weight that HF stores in-major is transposed in the GGUF file, Llama's
+ * q and k rows are permuted within each head (heads from the GGUF metadata), Gemma's norms are
+ * stored plus one. How to read it back is left in r (prev_heads ...), for prev_as_f32. NULL
+ * when found, else why not. */
+static const char *find_converted(const ckpt *cur, const ckpt *prev, row *r) {
+  const stab_gguf *g = cur->gg ? cur->gg : prev->gg;
+  const ckpt *hf = cur->gg ? prev : cur;
+  const char *arch = gguf_arch(g);
+  char tried[512], btried[512];
+  stab_name_transform how, bhow;
+  const stab_ckpt_tensor *pt = converted_find(cur, prev, arch, r->t->name, &how, tried, sizeof tried);
+  if (!pt && !tried[0]) return "not found (no counterpart name: the tensor is not in the name map)";
+  if (!pt) return no_update_because(r, "not found (looked for '%s')", tried, NULL);
+  const stab_ckpt_tensor *pbias = NULL;
+  if (r->bias && !(pbias = converted_find(cur, prev, arch, r->bias->name, &bhow, btried, sizeof btried)))
+    return no_update_because(r, "its bias is not found (looked for '%s')", btried[0] ? btried : r->bias->name, NULL);
+  /* the HF side is in-major when it has Conv1D's layout: the row's own, or the rule's for it */
+  stab_model_config hf_rules = stab_model_default_config();
+  hf_rules.out_major = made_by_train(hf);
+  int hf_in_major = cur->gg ? pt->ndim == 2 && stab_model_linear_layout(&hf_rules, pt->name, (size_t)pt->shape[0],
+                                                                         (size_t)pt->shape[1]) == STAB_LAYOUT_IN_MAJOR
+                            : r->layout == STAB_LAYOUT_IN_MAJOR && r->kind == STAB_KIND_LINEAR;
+  int transposed = how.conv1d && hf_in_major && r->t->ndim == 2;
+  int same = pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
+             (transposed ? pt->shape[0] == r->t->shape[1] && pt->shape[1] == r->t->shape[0]
+                         : !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0])) &&
+             (!r->bias || (pbias->dtype != STAB_DTYPE_OTHER && pbias->count == r->bias->count));
+  if (!same) return no_update_because(r, "a different shape or dtype ('%s' is %s)", tried, pt->dtype_name);
+  size_t heads = 0;
+  if (how.rows != STAB_QK_NONE) {
+    size_t rows = pt->ndim == 2 ? (size_t)pt->shape[0] : (size_t)pt->count;
+    heads = gguf_heads(g, arch, how.rows == STAB_QK_KEY);
+    if (!heads)
+      return no_update_because(r, "no row order (the GGUF metadata has no valid %s.attention.head_count, needed to "
+                                  "undo the converter's q/k row permutation of '%s')", arch, tried);
+    if (rows % (2 * heads))
+      return no_update_because(r, "no row order ('%s': its rows are not whole heads of an even width, from %s's "
+                                  "head counts)", tried, arch);
+  }
+  r->prev_t = pt, r->prev_bias = pbias;
+  r->prev_heads = heads, r->prev_to_gguf = cur->gg != NULL, r->prev_transposed = transposed;
+  /* the GGUF value is the HF one plus the offset: the reference moved to the current's side */
+  r->prev_offset = cur->gg ? how.gguf_offset : -how.gguf_offset;
+  return NULL;
 }
 
 /* The reference checkpoint's tensors row r's update is measured against (--prev): the same
- * names, the same shapes, a dtype the probe reads, into r->prev_t and r->prev_bias. NULL when
- * found, else why not (for the row's message). Attention rows have no update (the articles
- * define none for the logit bound). */
-static const char *find_counterpart(const ckpt *prev, row *r) {
+ * names, the same shapes, a dtype the probe reads, into r->prev_t and r->prev_bias; between a
+ * GGUF file and a safetensors, the converted names (find_converted). NULL when found, else why
+ * not (for the row's message). Attention rows have no update (the articles define none for
+ * the logit bound). */
+static const char *find_counterpart(const ckpt *cur, const ckpt *prev, row *r) {
+  if ((cur->gg != NULL) != (prev->gg != NULL) && (is_safetensors(cur) || is_safetensors(prev))) return find_converted(cur, prev, r);
   const stab_ckpt_tensor *pt = ck_find(prev, r->t->name), *pbias = r->bias ? ck_find(prev, r->bias->name) : NULL;
   if (!pt) return "not found";
+  /* a slice of a 3-D expert tensor: the same expert's slice of the reference's */
+  if (is_expert(r) && r->t->ndim == 2 && pt->ndim == 3) {
+    if (stab_model_expert_view(pt, r->e->expert, &r->prev_view) != STAB_OK) return "a different shape or dtype";
+    pt = &r->prev_view;
+  }
   if (r->bias && !pbias) return "its bias is not found";
   int same = pt->dtype != STAB_DTYPE_OTHER && pt->ndim == r->t->ndim &&
              !memcmp(pt->shape, r->t->shape, r->t->ndim * sizeof pt->shape[0]) &&
@@ -1412,6 +1432,44 @@ static const char *find_counterpart(const ckpt *prev, row *r) {
   if (!same) return "a different shape or dtype";
   r->prev_t = pt, r->prev_bias = pbias;
   return NULL;
+}
+
+/* The reference tensor pt (r's prev_t or prev_bias) as f32 in r's own order: as stored
+ * (as_f32) when it is, else an f32 copy into out (one layer at a time) with the converter's
+ * changes undone: transposed back, the q/k rows of each head put back in the order of the
+ * current file (stab_qk_permutation), the offset added. NULL after a message on stderr. */
+static const float *prev_as_f32(const row *r, const stab_ckpt_tensor *pt, f32buf *raw, f32buf *out) {
+  const float *src = as_f32(pt, raw, 0);
+  if (!src || (!r->prev_heads && !r->prev_transposed && r->prev_offset == 0.0f)) return src;
+  const size_t n = (size_t)pt->count, rows = pt->ndim == 2 ? (size_t)pt->shape[0] : n, cols = n / rows;
+  if (n > out->cap) {
+    float *p = realloc(out->buf, n * sizeof *p);
+    if (!p) return cli_error("out of memory reordering '%s' (%zu floats)", pt->name, n), NULL;
+    out->buf = p, out->cap = n;
+  }
+  float *dst = out->buf;
+  const float off = r->prev_offset;
+  if (r->prev_transposed) { /* pt is [rows][cols]; the current tensor [cols][rows] */
+    for (size_t i = 0; i < rows; i++)
+      for (size_t j = 0; j < cols; j++) dst[j * rows + i] = src[i * cols + j] + off;
+    return dst;
+  }
+  size_t *perm = NULL;
+  if (r->prev_heads) {
+    if (!(perm = malloc(rows * sizeof *perm))) return cli_error("out of memory reordering '%s'", pt->name), NULL;
+    if (stab_qk_permutation(rows, r->prev_heads, perm) != STAB_OK) {
+      cli_error("%s: %s", pt->name, stab_last_error());
+      free(perm);
+      return NULL;
+    }
+  }
+  /* perm[i]: the HF row stored as GGUF row i */
+  for (size_t i = 0; i < rows; i++) {
+    size_t to = perm && !r->prev_to_gguf ? perm[i] : i, from = perm && r->prev_to_gguf ? perm[i] : i;
+    for (size_t j = 0; j < cols; j++) dst[to * cols + j] = src[from * cols + j] + off;
+  }
+  free(perm);
+  return dst;
 }
 
 /* Measures one row into r->m (r->measured = 1): 0, or 1 after a message on stderr. Its mapped
@@ -1433,10 +1491,17 @@ static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, i
                   .weight = w, .bias = b, .weight_k = wk, .heads = r->heads, .dtype = dt};
   set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
-  if (r->prev_t) { /* in its own dtype: a BF16 checkpoint against an F32 one reads both in place */
+  if (r->prev_t && !r->prev_heads && !r->prev_transposed && r->prev_offset == 0.0f) {
+    /* as stored, in its own dtype: a BF16 checkpoint against an F32 one reads both in place */
     before.dtype = layer_dtype(r->prev_t, r->bias ? r->prev_bias : NULL, NULL);
     before.weight = weights_as(r->prev_t, before.dtype, &rb->pw, 0);
     before.bias = r->bias ? weights_as(r->prev_bias, before.dtype, &rb->pb, 0) : NULL;
+    if (!before.weight || (r->bias && !before.bias)) return 1;
+    bp = &before;
+  } else if (r->prev_t) { /* reordered as the converter changed it: an f32 copy */
+    before.dtype = STAB_DTYPE_F32;
+    before.weight = prev_as_f32(r, r->prev_t, &rb->pw, &rb->pwx);
+    before.bias = r->bias ? prev_as_f32(r, r->prev_bias, &rb->pb, &rb->pbx) : NULL;
     if (!before.weight || (r->bias && !before.bias)) return 1;
     bp = &before;
   }
@@ -1468,55 +1533,67 @@ static double row_work(const row *r) {
   return (double)r->t->count;
 }
 
-/* ---- the rows' names, --filter and --prev ------------------------------------------- */
+/* ---- layers of experts ---------------------------------------------------------------- */
 
-/* qsort's order for layer_names: rows by their name (the rows being sorted are sorted_rows). */
-static int by_row_name(const void *a, const void *b) {
-  return strcmp(sorted_rows[*(const size_t *)a].name, sorted_rows[*(const size_t *)b].name);
+static double expert_metric(const stab_metrics *m, int k) {
+  switch (k) {
+  case EXPERT_FORWARD: return m->forward;
+  case EXPERT_DEPENDENCY: return m->dependency;
+  case EXPERT_UPDATE: return m->update;
+  case EXPERT_SIGMA: return m->sigma;
+  default: return m->rel_update;
+  }
 }
 
-/* Names every row as a trace of the same model names its layer (see the rule table): the
- * trainer registers "transformer.h.0.mlp.c_fc" for the tensor transformer.h.0.mlp.c_fc.weight
- * and "lm_head" for its tied head, so a report and a trace join on the name. A stripped name
- * that another row already has keeps its tensor name (a file may hold both "x" and "x.weight").
- * 0, or 1 when out of memory. */
-static int layer_names(row *rows, size_t n) {
+/* Each layer of experts' metrics: per metric, its worst expert's value and index (a NaN from
+ * non-finite weights, or update, is the worst there is, as in the summary), from the rows of its
+ * experts, which follow it; passes summed, flags joined. Measured when every expert was. */
+static void expert_layers(row *rows, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    row *r = &rows[i];
-    if (r->owned_name || r->tied || r->error || r->kind == STAB_KIND_BIAS || !ends_with(r->t->name, ".weight")) continue;
-    if (!(r->owned_name = strndup(r->t->name, strlen(r->t->name) - 7))) return 1;
-    r->name = r->owned_name;
-  }
-  size_t *by_name = malloc((n ? n : 1) * sizeof *by_name);
-  if (!by_name) return 1;
-  for (size_t i = 0; i < n; i++) by_name[i] = i;
-  sorted_rows = rows;
-  qsort(by_name, n, sizeof *by_name, by_row_name);
-  int head_taken = 0;
-  for (size_t k = 0; k < n; k++) {
-    row *r = &rows[by_name[k]];
-    head_taken |= !r->tied && !strcmp(r->name, "lm_head");
-    int clash = (k > 0 && !strcmp(rows[by_name[k - 1]].name, r->name)) ||
-                (k + 1 < n && !strcmp(rows[by_name[k + 1]].name, r->name));
-    if (clash && r->owned_name && !r->tied && r->kind != STAB_KIND_ATTENTION) {
-      free(r->owned_name);
-      r->owned_name = NULL;
-      r->name = r->t->name;
+    row *g = &rows[i];
+    if (!is_expert_layer(g) || g->error) continue;
+    stab_metrics m = g->m; /* the NaNs of a linear layer not measured */
+    m.forward = m.dependency = m.update = m.sigma = m.rel_update = NAN;
+    m.sigma_rel_err = m.sigma_update = m.sigma_update_rel_err = NAN;
+    m.forward_tight = m.dependency_tight = m.update_tight = m.spread = NAN;
+    m.passes = m.update_passes = m.flags = 0;
+    int all = 1, broken[N_EXPERT_METRICS] = {0};
+    size_t j = i + 1;
+    for (; j < n && is_expert(&rows[j]); j++) {
+      const row *x = &rows[j];
+      if (!x->measured) {
+        all = 0;
+        continue;
+      }
+      m.passes += x->m.passes, m.update_passes += x->m.update_passes, m.flags |= x->m.flags;
+      m.tight_method = x->m.tight_method;
+      for (int k = 0; k < N_EXPERT_METRICS; k++) {
+        double v = expert_metric(&x->m, k), cur = expert_metric(&m, k);
+        unsigned bad = k == EXPERT_UPDATE || k == EXPERT_REL_UPDATE ? STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE
+                                                                   : STAB_FLAG_NONFINITE_WEIGHT;
+        if (broken[k]) continue;
+        int take = isnan(v) ? (x->m.flags & bad) != 0 : isnan(cur) || v > cur;
+        if (!take) continue;
+        broken[k] = isnan(v);
+        g->worst[k] = x->e->expert;
+        switch (k) {
+        case EXPERT_FORWARD: m.forward = v; break;
+        case EXPERT_DEPENDENCY: m.dependency = v; break;
+        case EXPERT_UPDATE:
+          m.update = v, m.sigma_update = x->m.sigma_update, m.sigma_update_rel_err = x->m.sigma_update_rel_err;
+          break;
+        case EXPERT_SIGMA: m.sigma = v, m.sigma_rel_err = x->m.sigma_rel_err; break;
+        default: m.rel_update = v; break;
+        }
+      }
     }
+    g->m = m;
+    g->measured = all && j > i + 1;
+    i = j - 1;
   }
-  free(by_name);
-  for (size_t i = 0; i < n; i++) {
-    row *r = &rows[i];
-    if (!r->tied) continue;
-    /* a file with an lm_head of its own and a tied head besides (--kind made it so) */
-    char buf[600];
-    snprintf(buf, sizeof buf, "%.*s.lm_head", (int)(strlen(r->t->name) - (ends_with(r->t->name, ".weight") ? 7 : 0)),
-             r->t->name);
-    if (!(r->owned_name = strdup(head_taken ? buf : "lm_head"))) return 1;
-    r->name = r->owned_name;
-  }
-  return 0;
 }
+
+/* ---- the rows' names, --filter and --prev ------------------------------------------- */
 
 /* 1 when glob matches row r's name or the name of a tensor it reads (weight, bias, key). */
 static int row_matches(const row *r, const char *glob) {
@@ -1524,7 +1601,7 @@ static int row_matches(const row *r, const char *glob) {
          (r->bias && !fnmatch(glob, r->bias->name, 0)) || (r->tk && !fnmatch(glob, r->tk->name, 0));
 }
 
-static void row_free(row *r) { free(r->owned_error), free(r->owned_name), free(r->head_bounds); }
+static void row_free(row *r) { free(r->head_bounds), free(r->owned_no_update); }
 
 /* --filter: keeps the rows some filter matches (row_matches), in their order; *tied_src
  * follows the tied head's embedding (SIZE_MAX when either is dropped: the head, if kept, is
@@ -1541,10 +1618,22 @@ static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src)
       return CLI_USAGE;
     }
   }
+  char *keeps = calloc(*n ? *n : 1, 1);
+  if (!keeps) {
+    cli_error("out of memory");
+    return CLI_FAILED;
+  }
+  for (size_t i = 0; i < *n; i++)
+    for (size_t k = 0; k < o->nfilters && !keeps[i]; k++) keeps[i] = (char)row_matches(&rows[i], o->filters[k]);
+  /* a layer of experts and its experts go together (the layer's metrics are theirs): rows are
+   * still one per entry here, so an expert's group is the index of its layer's row */
+  for (size_t i = 0; i < *n; i++)
+    if (is_expert(&rows[i]) && keeps[i]) keeps[rows[i].e->group] = 1;
+  for (size_t i = 0; i < *n; i++)
+    if (is_expert(&rows[i]) && keeps[rows[i].e->group]) keeps[i] = 1;
   size_t kept = 0, src = SIZE_MAX;
   for (size_t i = 0; i < *n; i++) {
-    int keep = 0;
-    for (size_t k = 0; k < o->nfilters && !keep; k++) keep = row_matches(&rows[i], o->filters[k]);
+    int keep = keeps[i];
     if (!keep) {
       row_free(&rows[i]);
       continue;
@@ -1556,6 +1645,7 @@ static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src)
    * mapping */
   *tied_src = kept && rows[kept - 1].tied ? src : SIZE_MAX;
   *n = kept;
+  free(keeps);
   return 0;
 }
 
@@ -1563,18 +1653,27 @@ static int filter_rows(const options *o, row *rows, size_t *n, size_t *tied_src)
  * files are not two checkpoints of one model (or the wrong file was given): 2 and a message
  * naming both. Some missing: a warning with their count and first names; those layers have no
  * update (their reason goes to the report's errors). */
-static int match_reference(const options *o, const ckpt *prev, row *rows, size_t n) {
+static int match_reference(const options *o, const ckpt *cur, const ckpt *prev, row *rows, size_t n) {
   size_t asked = 0, found = 0, missing_name = 0;
   char first[256] = "";
+  /* a GGUF file against a safetensors: only through a name map of the GGUF's architecture */
+  const stab_gguf *g = cur->gg && is_safetensors(prev) ? cur->gg : prev->gg && is_safetensors(cur) ? prev->gg : NULL;
+  if (g && !stab_name_map_knows(gguf_arch(g))) {
+    cli_error("--prev %s: %s is GGUF and %s safetensors, and the GGUF architecture '%s' has no name map to Hugging "
+              "Face names (llama, qwen2, gemma, phi3 and gpt2 have one): no tensor can be matched", o->reference,
+              cur->gg ? o->checkpoint : o->reference, cur->gg ? o->reference : o->checkpoint,
+              gguf_arch(g) ? gguf_arch(g) : "(none: no general.architecture)");
+    return CLI_USAGE;
+  }
   for (size_t i = 0; i < n; i++) {
     row *r = &rows[i];
-    if (r->error || r->kind == STAB_KIND_ATTENTION) continue;
+    if (r->error || r->kind == STAB_KIND_ATTENTION || is_expert_layer(r)) continue;
     asked++;
-    if (!(r->no_update = find_counterpart(prev, r))) {
+    if (!(r->no_update = find_counterpart(cur, prev, r))) {
       found++;
       continue;
     }
-    missing_name += !strcmp(r->no_update, "not found");
+    missing_name += !strncmp(r->no_update, "not found", 9);
     size_t len = strlen(first);
     if (asked - found <= 3)
       snprintf(first + len, sizeof first - len, "%s%s", len ? ", " : "", r->name);
@@ -1582,7 +1681,8 @@ static int match_reference(const options *o, const ckpt *prev, row *rows, size_t
   if (asked && !found) {
     cli_error("--prev %s: none of the %zu layers of %s has a counterpart there (%s): not an earlier "
               "checkpoint of the same model", o->reference, asked, o->checkpoint,
-              missing_name == asked ? "no tensor of the same name" : "no tensor of the same name and shape");
+              missing_name == asked ? (g ? "no tensor of the converted name" : "no tensor of the same name")
+                                    : (g ? "no tensor of the converted name and shape" : "no tensor of the same name and shape"));
     return CLI_USAGE;
   }
   if (found < asked)
@@ -1604,11 +1704,11 @@ static int64_t step_from_metadata(const options *o, const ckpt *f, const char **
                                      "the checkpoint's __metadata__ steps (stabmeter-train's)"};
   unsigned long long v;
   why[0] = '\0';
-  for (size_t j = 0; f->st && keys[j]; j++) {
+  for (size_t j = 0; keys[j]; j++) {
     if (!strcmp(keys[j], "steps") && !o->out_major_file) continue; /* another producer's "steps" may be the total */
-    for (size_t i = 0; i < stab_safetensors_metadata_count(f->st); i++) {
+    for (size_t i = 0; i < ck_meta_count(f); i++) {
       const char *k, *val;
-      stab_safetensors_metadata(f->st, i, &k, &val);
+      ck_meta(f, i, &k, &val);
       if (strcmp(k, keys[j])) continue;
       if (whole_number(val, 0, INT64_MAX, &v)) {
         *from = said[j];
@@ -1637,9 +1737,18 @@ static int decide_step(options *o, const ckpt *f) {
   const char *meta_from = NULL;
   char why[160];
   int64_t meta = step_from_metadata(o, f, &meta_from, why, sizeof why), named = step_from_name(o->checkpoint);
+  const char *name_is = "the file name";
+  if (named < 0 && f->sh) {
+    /* a sharded model: its directory's name (the Hugging Face Trainer's checkpoint-500/), a
+     * trailing '/' aside */
+    char d[4096];
+    snprintf(d, sizeof d, "%s", stab_sharded_directory(f->sh));
+    for (size_t k = strlen(d); k > 1 && d[k - 1] == '/'; k--) d[k - 1] = '\0';
+    if ((named = step_from_name(d)) >= 0) name_is = "the directory's name";
+  }
   if (o->hdf5 && why[0]) cli_error("warning: %s: %s; not used as the step", o->checkpoint, why);
   if (o->step < 0 && meta >= 0) o->step = meta, o->step_from = meta_from;
-  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = "the file name";
+  else if (o->step < 0 && named >= 0) o->step = named, o->step_from = name_is;
   if (!o->hdf5) return 0;
   if (o->step < 0) {
     cli_error("%s: no step in its metadata or its file name (e.g. step-000100.safetensors); give --step N",
@@ -1650,8 +1759,8 @@ static int decide_step(options *o, const ckpt *f) {
     cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step, o->step_from,
               meta_from, (long long)meta);
   else if (named >= 0 && named != o->step)
-    cli_error("warning: %s: step %lld from %s, but the file name says %lld", o->checkpoint, (long long)o->step,
-              o->step_from, (long long)named);
+    cli_error("warning: %s: step %lld from %s, but %s says %lld", o->checkpoint, (long long)o->step,
+              o->step_from, name_is, (long long)named);
   if (!o->quiet) cli_error("%s: step %lld, from %s", o->hdf5, (long long)o->step, o->step_from);
   return 0;
 }
@@ -1681,6 +1790,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   ckpt f = {0}, prevc = {0}, *prev = NULL;
+  stab_model *model = NULL;
   row *rows = NULL;
   size_t n = 0, *order = NULL, shown_rows = 0;
   if ((rc = open_checkpoint(o.checkpoint, &f))) goto out;
@@ -1689,107 +1799,18 @@ int main(int argc, char **argv) {
     if ((rc = open_checkpoint(o.reference, prev))) goto out;
   }
 
-  for (size_t i = 0; f.st && i < stab_safetensors_metadata_count(f.st); i++) {
-    const char *k, *v;
-    stab_safetensors_metadata(f.st, i, &k, &v);
-    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) o.out_major_file = 1;
+  /* the rows: the library's model of the checkpoint (sets o.out_major_file, which the step reads) */
+  if (describe(&o, &f, &model, &rows, &n)) {
+    rc = 1;
+    goto out;
   }
   if ((rc = decide_step(&o, &f))) goto out;
-  size_t nt = ck_count(&f);
-  rows = calloc(2 * nt + 1, sizeof *rows); /* + 1: a tied lm_head; attention rows (llm.c) */
-  if (!rows) goto oom;
-  for (size_t i = 0; i < nt; i++) classify(&o, ck_tensor(&f, i), f.gg != NULL, &rows[n++]);
-  for (size_t i = 0; i < n; i++) rows[i].name = rows[i].t->name;
-  /* llm.c: each block's attention logits, from its q and k (their name is the row name) */
-  if (f.lc) {
-    const stab_llmc_config *c = stab_llmc_config_of(f.lc);
-    for (size_t l = 0; l < c->layers; l++) {
-      char q[64], k[64], nm[64];
-      snprintf(q, sizeof q, "h.%zu.attn.q.weight", l);
-      snprintf(k, sizeof k, "h.%zu.attn.k.weight", l);
-      snprintf(nm, sizeof nm, "h.%zu.attn.logits", l);
-      row *r = &rows[n];
-      memset(r, 0, sizeof *r);
-      r->t = ck_find(&f, q), r->tk = ck_find(&f, k);
-      r->kind = STAB_KIND_ATTENTION, r->layout = STAB_LAYOUT_OUT_MAJOR;
-      r->d_in = r->d_out = c->channels, r->heads = r->kv_heads = c->heads;
-      r->owned_name = strdup(nm);
-      r->head_bounds = calloc(c->heads, sizeof *r->head_bounds);
-      if (!r->t || !r->tk || !r->owned_name || !r->head_bounds) {
-        free(r->owned_name), free(r->head_bounds);
-        goto oom;
-      }
-      r->name = r->owned_name;
-      n++;
-    }
-  }
-  /* safetensors, GGUF: attention logits of every query/key pair found by name */
-  if (!f.lc && add_attention_rows(&o, &f, rows, &n)) goto oom;
-  /* rule 8: fold X.bias into a linear X.weight of matching width. The weight is looked up
-   * in the rows sorted by name: a file of n tensors costs n log n, not n^2 (a hostile llm.c
-   * header declaring 20000 one-channel blocks took minutes with a scan per bias). */
-  size_t *by_name = malloc((n ? n : 1) * sizeof *by_name);
-  if (!by_name) goto oom;
-  for (size_t i = 0; i < n; i++) by_name[i] = i;
-  sorted_rows = rows;
-  qsort(by_name, n, sizeof *by_name, by_tensor_name);
-  for (size_t i = 0; i < n; i++) {
-    row *r = &rows[i];
-    if (r->error || r->kind != STAB_KIND_BIAS || !ends_with(r->t->name, ".bias")) continue;
-    char w[512];
-    snprintf(w, sizeof w, "%.*s.weight", (int)(strlen(r->t->name) - 5), r->t->name);
-    size_t lo = 0, hi = n; /* the first row named w or after it */
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (strcmp(rows[by_name[mid]].t->name, w) < 0) lo = mid + 1;
-      else hi = mid;
-    }
-    for (size_t k = lo; k < n && !strcmp(rows[by_name[k]].t->name, w); k++) {
-      row *x = &rows[by_name[k]];
-      if (!x->error && x->kind == STAB_KIND_LINEAR && x->d_out == r->t->count && !x->bias) {
-        x->bias = r->t;
-        r->kind = -1; /* folded: not a row of its own */
-        break;
-      }
-    }
-  }
-  free(by_name);
-  {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-      if (rows[i].error || rows[i].kind != (stab_kind)-1) rows[k++] = rows[i];
-    n = k;
-  }
-  /* a tied model: no lm_head, one token embedding reported again as the head. A head tensor
-   * that is not a row (of a type not read, e.g. a quantized GGUF output) still means the model
-   * is not tied. */
-  int has_head = 0;
-  size_t tied_src = SIZE_MAX; /* the embedding row a tied head (rows[n - 1]) repeats */
-  for (size_t i = 0; i < n; i++) has_head |= !rows[i].error && rows[i].kind == STAB_KIND_LM_HEAD;
-  for (size_t i = 0; i < nt && !has_head; i++) {
-    char mod[512];
-    const stab_ckpt_tensor *t = ck_tensor(&f, i);
-    has_head = t->ndim == 2 && last_component_in(module_of(t->name, mod, sizeof mod), head_names) &&
-               !override_for(o.kinds, o.nkinds, t->name);
-  }
-  for (size_t i = 0; i < n && !has_head; i++) {
-    char mod[512];
-    if (rows[i].error || rows[i].kind != STAB_KIND_EMBEDDING) continue;
-    if (last_component_in(module_of(rows[i].t->name, mod, sizeof mod), position_names)) continue;
-    if (override_for(o.kinds, o.nkinds, rows[i].t->name)) continue; /* the user said what it is */
-    row *h = &rows[n++];
-    *h = rows[i];
-    h->kind = STAB_KIND_LM_HEAD;
-    h->d_in = rows[i].d_out, h->d_out = rows[i].d_in;
-    h->tied = 1;
-    tied_src = i;
-    h->owned_error = NULL;
-    h->owned_name = NULL, h->head_bounds = NULL;
-    has_head = 1;
-  }
-  if (layer_names(rows, n)) goto oom;
+  /* a tied head is the last entry; it repeats its embedding's row */
+  size_t tied_src = SIZE_MAX;
+  for (size_t i = 0; n && rows[n - 1].tied && i + 1 < n && tied_src == SIZE_MAX; i++)
+    if (rows[i].kind == STAB_KIND_EMBEDDING && rows[i].t == rows[n - 1].t) tied_src = i;
   if ((rc = filter_rows(&o, rows, &n, &tied_src))) goto out;
-  if (prev && (rc = match_reference(&o, prev, rows, n))) goto out;
+  if (prev && (rc = match_reference(&o, &f, prev, rows, n))) goto out;
 
   stab_metrics_params mp = stab_metrics_default_params();
   mp.spectral.tol = o.tol;
@@ -1797,7 +1818,7 @@ int main(int argc, char **argv) {
   mp.tight = o.tight;
   double work = 0, done = 0, t0 = monotonic_seconds(), last = t0;
   for (size_t i = 0; i < n; i++)
-    if (!rows[i].error) work += row_work(&rows[i]);
+    if (!rows[i].error && !is_expert_layer(&rows[i])) work += row_work(&rows[i]);
   /* Two layers are measured at a time, one thread each, instead of one layer with both
    * threads: most layers are small, their passes short, and the serial work between passes
    * (the Lanczos vectors, LAPACK on the small band matrix) left the second core idle. Results
@@ -1833,7 +1854,7 @@ int main(int argc, char **argv) {
       if (stop) continue;
       for (size_t i = k; i != SIZE_MAX; i = i == tied_src ? n - 1 : SIZE_MAX) {
         row *r = &rows[i];
-        if (r->error) continue;
+        if (r->error || is_expert_layer(r)) continue; /* a layer of experts: its experts' rows */
         double t = monotonic_seconds();
         if (me == 0 && !o.quiet && t - t0 > 1.0 && t - last > 1.0) {
           double d;
@@ -1870,7 +1891,8 @@ int main(int argc, char **argv) {
   }
   if (!o.quiet && monotonic_seconds() - t0 > 1.0)
     cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - t0);
-  if (o.hdf5 && (rc = write_trace(&o, rows, n, o.step))) goto out;
+  expert_layers(rows, n);
+  if (o.hdf5 && (rc = write_trace(&o, &f, rows, n, o.step))) goto out;
   if (!(order = report_order(&o, rows, n, &shown_rows))) goto oom;
   if (o.json) print_json(&o, &f, rows, n, order, shown_rows);
   else print_table(&o, &f, rows, n, order, shown_rows);
@@ -1885,6 +1907,7 @@ oom:
 out:
   for (size_t i = 0; rows && i < n; i++) row_free(&rows[i]);
   free(rows), free(order);
+  stab_model_free(model);
   ckpt_guard_reset();
   ck_close(&f);
   ck_close(&prevc);

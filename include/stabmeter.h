@@ -265,7 +265,8 @@ typedef struct {
  *  gain:      d_in = d_out = d; weight gamma, d floats
  *  bias:      d_in = d_out = d; weight b, d floats
  *  attention: d_in = d, d_out = heads * d_h; weight = query projection, weight_k = key
- *             projection, each d_in x d_out in `layout`; heads > 0; scale 0 means 1/sqrt(d_h).
+ *             projection, each d_in x d_out in `layout` (the key d_in x kv_heads * d_h with
+ *             grouped-query kv_heads); heads > 0; scale 0 means 1/sqrt(d_h).
  *             The bound covers the weights only: q and k biases are outside it (register
  *             them with their linear layers, e.g. the fused qkv's .bias)
  *
@@ -304,9 +305,10 @@ typedef struct {
  * convert them (stab_ckpt_read_f32). The monitor takes F32 layers only.
  *
  * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, a dtype other than F32,
- * F16 or BF16, or table sizes given as above, STAB_EINVAL; zero or inconsistent sizes, a stride below the stored row or a matrix
- * past what memory can address (the check of stab_spectral_norm) STAB_EDIM; heads not
- * dividing d_out, or a negative or non-finite scale, STAB_ERANGE. Every message names the
+ * F16 or BF16, or table sizes given as above, or grouped-query attention in-major, STAB_EINVAL;
+ * zero or inconsistent sizes, a stride below the stored row or a matrix past what memory can
+ * address (the check of stab_spectral_norm) STAB_EDIM; heads not dividing d_out, kv_heads not
+ * dividing heads, or a negative or non-finite scale, STAB_ERANGE. Every message names the
  * layer. */
 typedef struct {
   const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
@@ -323,6 +325,10 @@ typedef struct {
   const float *weight_k;   /* attention only */
   size_t heads;            /* attention only */
   double scale;            /* attention only; 0 = 1/sqrt(d_h) */
+  size_t kv_heads;         /* attention only: key heads, for grouped-query attention (weight_k
+                              then has kv_heads * d_h outputs, query head h reading key head
+                              h / (heads / kv_heads)); must divide heads; 0 = heads. Out-major
+                              only (an in-major key of another width has another row stride) */
   stab_dtype dtype;        /* how weight, bias and weight_k are stored: STAB_DTYPE_F32 (0, the
                               default), F16 or BF16 (see "Stored as F16 or BF16" above) */
 } stab_layer;
@@ -791,6 +797,112 @@ stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, c
 /* Bytes of the file (as mapped). */
 uint64_t stab_safetensors_file_size(const stab_safetensors *f);
 
+/* A Hugging Face model as one checkpoint: a directory holding model.safetensors, or a sharded
+ * model (the index model.safetensors.index.json, {"metadata": {"total_size": bytes},
+ * "weight_map": {tensor name: shard file name}}, and the shards beside it). Each shard is a
+ * safetensors file opened and validated by stab_safetensors_open (headers only: opening reads
+ * no tensor data, so a model of many shards opens in the time of their headers). The index is
+ * validated too: strict JSON (no key twice), a "weight_map" object of strings, each shard a
+ * plain file name of the index's directory (no '/', not "." or "..": a hostile index cannot
+ * reach outside the model), every shard opening, each tensor in exactly the shard the index
+ * names, no tensor the index does not list, none twice. Symbolic links are followed (the
+ * Hugging Face cache's snapshots are links into its blobs); a FIFO, a device or a directory
+ * in a shard's place is refused without blocking (see stab_input_open). Messages name the
+ * index, the shard and the tensor. */
+typedef struct stab_shard_index stab_shard_index;
+typedef struct stab_sharded stab_sharded;
+
+/* Reads and validates an index file alone (its JSON and names; no shard is opened).
+ * Errors: STAB_EIO (cannot open; not a regular file), STAB_EFORMAT (not JSON, no weight_map
+ * object, a value not a string, an unsafe shard name, a tensor twice, an empty map), STAB_ERANGE
+ * (larger than 64 MiB), STAB_ENOMEM, STAB_EINVAL. On failure *out is NULL. */
+stab_status stab_shard_index_open(const char *path, stab_shard_index **out);
+/* NULL is a no-op. */
+void stab_shard_index_close(stab_shard_index *ix);
+/* The index's tensors in name order, each with the number of its shard (*shard, may be NULL);
+ * NULL past the end. */
+size_t stab_shard_index_count(const stab_shard_index *ix);
+const char *stab_shard_index_tensor(const stab_shard_index *ix, size_t index, size_t *shard);
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_shard_index_find(const stab_shard_index *ix, const char *name, size_t *index);
+/* The distinct shard file names in name order (model-00001-of-00003.safetensors, ...): the
+ * model's order. NULL past the end. */
+size_t stab_shard_index_shard_count(const stab_shard_index *ix);
+const char *stab_shard_index_shard(const stab_shard_index *ix, size_t shard);
+/* metadata.total_size, or STAB_ENOTFOUND when the index has none (or not a whole number). */
+stab_status stab_shard_index_total_size(const stab_shard_index *ix, uint64_t *bytes);
+/* The path the index was opened by. */
+const char *stab_shard_index_path(const stab_shard_index *ix);
+/* Something odd but not wrong (a metadata.total_size that is not a number), or NULL. */
+const char *stab_shard_index_warning(const stab_shard_index *ix);
+
+/* Finds the index in file's directory (any *.safetensors.index.json) that lists file's name as
+ * a shard: STAB_OK with *out (the caller closes it) and *shard (may be NULL) its number;
+ * STAB_ENOTFOUND (no error recorded) when no index there lists it; an error of
+ * stab_shard_index_open when an index there is malformed. For a caller given one shard of a
+ * model: the tensors of the other shards are not in the file, but they are in the model. */
+stab_status stab_shard_index_beside(const char *file, stab_shard_index **out, size_t *shard);
+
+/* Opens path: a directory (model.safetensors, else model.safetensors.index.json, else the only
+ * *.safetensors.index.json in it; transformers' own order), or an index file. Errors as
+ * stab_shard_index_open and stab_safetensors_open, and STAB_EFORMAT for a directory with no
+ * weights, a shard missing, unreadable or not safetensors (the message says which), a tensor
+ * in no shard, in another shard than the index says, or in two. A metadata.total_size other
+ * than the sum of the tensors' bytes does not refuse the model (it says nothing about any
+ * tensor, and indexes whose value was written by hand exist): stab_sharded_warning says it. */
+stab_status stab_sharded_open(const char *path, stab_sharded **out);
+/* Unmaps every shard and frees. NULL is a no-op. */
+void stab_sharded_close(stab_sharded *f);
+/* The tensors shard by shard, each shard's in the order of its data: the order the same model
+ * saved as one file lists them when the shards are consecutive cuts of it. NULL past the end. */
+size_t stab_sharded_count(const stab_sharded *f);
+const stab_ckpt_tensor *stab_sharded_tensor(const stab_sharded *f, size_t index);
+/* Index of a tensor by exact name, or STAB_ENOTFOUND. */
+stab_status stab_sharded_find(const stab_sharded *f, const char *name, size_t *index);
+/* The shards (1 for a single model.safetensors), their paths, and the shard of tensor index
+ * (SIZE_MAX out of range). */
+size_t stab_sharded_shard_count(const stab_sharded *f);
+const stab_safetensors *stab_sharded_shard(const stab_sharded *f, size_t shard);
+const char *stab_sharded_shard_path(const stab_sharded *f, size_t shard);
+size_t stab_sharded_shard_of(const stab_sharded *f, size_t index);
+/* The model's directory (where config.json is). */
+const char *stab_sharded_directory(const stab_sharded *f);
+/* The index, or NULL for a directory with a single model.safetensors. */
+const stab_shard_index *stab_sharded_index(const stab_sharded *f);
+/* The total_size mismatch or the index's warning, or NULL. */
+const char *stab_sharded_warning(const stab_sharded *f);
+/* The first shard's "__metadata__" (transformers writes the same in every shard). */
+size_t stab_sharded_metadata_count(const stab_sharded *f);
+stab_status stab_sharded_metadata(const stab_sharded *f, size_t index, const char **key, const char **value);
+
+/* The values of a Hugging Face config.json that say how to read the weights; 0 (or "" or -1)
+ * where the file has no such key (or null). A key absent at the top level is looked up under
+ * "text_config" (multimodal models keep their language model's values there). */
+typedef struct {
+  size_t num_attention_heads; /* query heads; GPT-2's n_head */
+  size_t num_key_value_heads; /* key/value heads (grouped-query attention); 0: as many as query heads */
+  size_t head_dim;            /* one head's width, when the config gives it (Gemma's is not hidden/heads) */
+  size_t hidden_size;         /* GPT-2's n_embd */
+  size_t num_hidden_layers;   /* GPT-2's n_layer */
+  size_t vocab_size;
+  int tie_word_embeddings;    /* 1 true, 0 false, -1 absent: transformers' default differs by model class */
+  char model_type[64];        /* "llama", "gpt2", ... */
+  char architecture[128];     /* architectures[0]: "LlamaForCausalLM", ... */
+  size_t num_local_experts;   /* Mixtral */
+  size_t num_experts;         /* Qwen2-MoE, OLMoE */
+  size_t n_routed_experts;    /* DeepSeek-V2/V3 */
+  size_t num_experts_per_tok; /* experts routed to per token */
+} stab_hf_config;
+
+/* Reads path (a regular file of at most 1 MiB) into *out. Errors (STAB_EFORMAT unless said),
+ * each naming the file and the key: not JSON or not an object; a count that is not a whole
+ * number (a string "abc", 12.5, -1, 0 for a size); two names of one value that disagree
+ * (num_attention_heads and n_head); num_key_value_heads not dividing num_attention_heads;
+ * tie_word_embeddings not a boolean; model_type not a string; architectures not an array of
+ * strings; STAB_EIO, STAB_ERANGE as stab_input_open; STAB_EINVAL for NULL arguments. On
+ * failure *out is as for an empty config. Thread-safe. */
+stab_status stab_hf_config_read(const char *path, stab_hf_config *out);
+
 /* An llm.c GPT-2 checkpoint (train_gpt2.c's write_checkpoint): 256 int32 of header (magic
  * 20240326, version 3 = f32 or 5 = bf16, max_seq_len, vocab_size, num_layers, num_heads,
  * channels, padded_vocab_size), then every parameter in llm.c's order. The reader hands out
@@ -948,6 +1060,283 @@ stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind);
 /* What a kind is, as a noun phrase for a message ("a PyTorch checkpoint (zip)"); "?" for a
  * value outside the enum. Static storage. */
 const char *stab_file_kind_name(stab_file_kind kind);
+
+/* ---------------------------------------------------------------------------------- */
+/* Tensor names across formats: llama.cpp's GGUF names and Hugging Face's              */
+
+/* A GGUF file converted from a Hugging Face checkpoint by llama.cpp's convert_hf_to_gguf.py
+ * names its tensors blk.N.attn_q.weight where the safetensors has
+ * model.layers.N.self_attn.q_proj.weight, and some values change on the way. These map one
+ * name to the other, for the architectures (GGUF general.architecture) whose converter maps
+ * names plainly: "llama" (Llama, and HF Mistral, which converts as Llama), "qwen2", "gemma",
+ * "phi3" (fused attn_qkv <-> self_attn.qkv_proj, ffn_up <-> mlp.gate_up_proj) and "gpt2" (HF
+ * names with or without "transformer."; GGUF to HF gives them without). For the llama family:
+ * token_embd <-> model.embed_tokens, output <-> lm_head, output_norm <-> model.norm, and in
+ * block N (blk.N. <-> model.layers.N.) attn_q/attn_k/attn_v/attn_output <->
+ * self_attn.q_proj/k_proj/v_proj/o_proj, ffn_gate/ffn_up/ffn_down <->
+ * mlp.gate_proj/up_proj/down_proj, attn_norm <-> input_layernorm, ffn_norm <->
+ * post_attention_layernorm. GPT-2: token_embd <-> wte, position_embd <-> wpe, output_norm <->
+ * ln_f, output <-> lm_head, and in block N (blk.N. <-> h.N.) attn_qkv <-> attn.c_attn,
+ * attn_output <-> attn.c_proj, ffn_up <-> mlp.c_fc, ffn_down <-> mlp.c_proj, attn_norm <->
+ * ln_1, ffn_norm <-> ln_2. The ".weight" or ".bias" suffix is kept; a name without one, or of
+ * a module not listed, has no mapping. */
+
+/* The converter's q/k row permutation (LlamaModel.permute), for the llama architecture only:
+ * Qwen2, Gemma, Phi-3 and GPT-2 keep HF's row order. */
+typedef enum {
+  STAB_QK_NONE = 0,  /* rows as HF has them */
+  STAB_QK_QUERY = 1, /* q_proj: rows permuted within each of the <arch>.attention.head_count heads */
+  STAB_QK_KEY = 2    /* k_proj: the same within each of the head_count_kv key heads */
+} stab_qk_rows;
+
+/* What the converter did to a tensor's values besides renaming it. */
+typedef struct {
+  stab_qk_rows rows; /* the q/k row permutation (stab_qk_permutation), weight and bias alike */
+  int conv1d;        /* 1 for a GPT-2 Conv1D weight (c_attn, c_proj, c_fc): HF stores it
+                        [d_in][d_out], the converter transposes it to GGUF's [d_out][d_in] (a
+                        file written out-major under these names, as nanoGPT and
+                        stabmeter-train do, is not transposed: tell by shape or producer) */
+  float gguf_offset; /* the GGUF value is the HF value plus this: 1 for Gemma's norm weights
+                        (HF stores w - 1, llama.cpp w), else 0 */
+} stab_name_transform;
+
+/* 1 when arch (a GGUF general.architecture) has a name map here, else 0 (NULL too). */
+int stab_name_map_knows(const char *arch);
+
+/* The Hugging Face name of GGUF tensor gguf_name of a model of architecture arch, into out
+ * (cap bytes, NUL-terminated), and what the converter did to it into *how (NULL: not wanted).
+ * Errors: NULL arguments or cap 0 STAB_EINVAL; an architecture or name with no mapping
+ * STAB_ENOTFOUND (the message names which); out too small STAB_ERANGE. Thread-safe. */
+stab_status stab_name_map_to_hf(const char *arch, const char *gguf_name, char *out, size_t cap,
+                                stab_name_transform *how);
+
+/* The GGUF name of Hugging Face tensor hf_name, as stab_name_map_to_hf the other way. */
+stab_status stab_name_map_to_gguf(const char *arch, const char *hf_name, char *out, size_t cap,
+                                  stab_name_transform *how);
+
+/* The converter's row order for a q or k weight (or bias) of rows rows in heads heads (query
+ * heads for q, key heads for k): perm[i] is the HF row stored as GGUF row i (rows entries).
+ * Within each head of width dh, HF row s*dh/2 + j (rotary half s, pair j) becomes row 2j + s.
+ * Errors: NULL perm or heads 0 STAB_EINVAL; rows 0 or not heads of an even width STAB_ERANGE.
+ * Thread-safe. */
+stab_status stab_qk_permutation(size_t rows, size_t heads, size_t *perm);
+
+/* ---------------------------------------------------------------------------------- */
+/* What each tensor of a model is: the kind rules                                      */
+/*
+ * One set of rules decides, from the names, shapes and dtypes of a model's tensors, which
+ * layers they make: each tensor's kind and layout, biases folded into their weights, query/key
+ * pairs (fused or not, grouped-query) as attention layers, a tied head, and the names the
+ * trace gives them. stabmeter-probe describes every checkpoint with them, and a trainer can
+ * register its own parameters by name the same way: fill one stab_ckpt_tensor per parameter
+ * (name, dtype STAB_DTYPE_F32, elem_size 4, ndim and shape as PyTorch prints them, count, data
+ * = the buffer; offset unused), describe, and register each entry with stab_model_entry_layer.
+ *
+ * The rules, applied to every tensor in order (the first that matches decides):
+ *  1. dtype STAB_DTYPE_OTHER: not measured, with the type's name.
+ *  2. a kind override GLOB=KIND (stab_model_config.kinds, first match): skip lists it as not
+ *     measured; otherwise that kind, for a 2-D tensor (linear, embedding, lm_head) or a 1-D one
+ *     (gain, bias), else not measured with the mismatch.
+ *  3. 3-D [n_expert][rows][cols] whose module name's last component ends in "_exps" (llama.cpp's
+ *     blk.N.ffn_{gate,up,down}_exps, stored ne = {cols, rows, n_expert}): a layer of experts,
+ *     each expert slice a linear layer [rows][cols] out-major (see Experts below).
+ *     Other 0-D, 3-D and up: not measured (no rule for them), override or not.
+ *  4. 2-D, module name (the name without a trailing .weight or .bias) whose last component is
+ *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
+ *     token_type_embeddings embed_positions position_embd token_types: embedding, [V][d]
+ *     (GGUF's ne = {d, V} is that same [V][d]).
+ *  5. 2-D, last component lm_head, output or embed_out: lm_head, [V][d] (llama.cpp's
+ *     output.weight; its blk.N.attn_output is a linear layer: the last component differs).
+ *  6. 2-D otherwise: linear, out-major ([d_out][d_in], PyTorch nn.Linear, GGUF), except the HF
+ *     GPT-2 Conv1D weights h.N.attn.c_attn, h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj, which
+ *     are in-major when their shape is Conv1D's (c_attn [d][3d], c_fc wider than tall, mlp.c_proj
+ *     taller than wide; nanoGPT stores the same names out-major) unless config.out_major; a
+ *     layout override GLOB=in_major|out_major decides first. Routers (Mixtral's
+ *     block_sparse_moe.gate, Qwen2-MoE's mlp.gate, GGUF ffn_gate_inp) and fused projections
+ *     (Phi-3's gate_up_proj) are linear layers by this rule.
+ *  7. 1-D X.bias where X.weight is a linear layer with d_out = its length: folded into it (so
+ *     Qwen2's q/k/v biases are part of q_proj, k_proj, v_proj).
+ *  8. 1-D whose module name has a component containing "norm" (any case) or starting with "ln":
+ *     gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift); llama.cpp's
+ *     attn_norm, ffn_norm, output_norm, attn_q_norm are such.
+ *  9. 1-D X.bias otherwise: bias.
+ * 10. anything else: not measured.
+ * Attention: for each query weight by name, its key (first match of the suffixes):
+ *   X.q_proj.weight  X.k_proj.weight  (HF Llama, Mistral, Qwen2, Gemma, OPT)  X.logits
+ *   X.query.weight   X.key.weight     (HF BERT)                               X.logits
+ *   X.wq.weight      X.wk.weight      (Meta Llama)                            X.logits
+ *   X.attn_q.weight  X.attn_k.weight  (llama.cpp GGUF)                        X.attn_logits
+ *   X.attn.q.weight  X.attn.k.weight  (llm.c, whose reader splits the fused qkv; naming LLMC only)
+ *                                                                             X.attn.logits
+ *   X.c_attn.weight, X.qkv_proj.weight, X.qkv.weight, X.attn_qkv.weight: fused q, k, v
+ *                    (GPT-2, Phi-3, ViT, GGUF)                X.logits (X.attn_logits for GGUF's)
+ * A fused tensor is q, k, v in that order along d_out: heads * d_h, kv_heads * d_h and
+ * kv_heads * d_h outputs, split by heads with kv_heads or head_dim when the config has them
+ * (Phi-3: (32 + 2*8) * 96 rows), else in three equal parts. Key heads of separate tensors
+ * follow from the key's width (d_out(k) / d_h, d_h = d_out(q) / heads), and must agree with
+ * config.kv_heads and head_dim when those are given. An attention pair that cannot be measured
+ * (no head count, widths that heads do not divide) is an entry with the reason.
+ * Experts: a 3-D expert tensor (rule 3), and the 2-D linear layers named X.experts.E.Y.weight
+ * (E decimal digits: Mixtral's block_sparse_moe.experts.E.w1, Qwen2-MoE's, DeepSeek's and
+ * OLMoE's mlp.experts.E.gate_proj ...; shared_experts are ordinary linears) of one X and Y with
+ * the same shape, are one layer of experts: an entry with n_expert set, named X.experts.Y (the
+ * 3-D tensor's module name for GGUF), followed at once by one entry per expert, in expert order,
+ * named as a trainer registering each expert would: the tensor's (X.experts.E.Y) or, for a slice
+ * of a 3-D tensor, the module name and the index (blk.0.ffn_up_exps.E), whose weight is a view
+ * of the slice (stab_model_expert_view). The layer's entry reads nothing itself: its metrics are
+ * its experts' (a report gives the worst expert per metric). Routers are linear layers (rule 6).
+ * Tied head: with config.tie 1 or -1 (unknown), a model with no lm_head tensor (by rule 5, even
+ * one not measured) and a token embedding (rule 4, not a position table, not overridden) is
+ * tied: that embedding is an entry a second time, as lm_head, named "lm_head" (X.lm_head when
+ * another entry is named lm_head already). With tie 0, never.
+ * Names, as stabmeter-train's trace has them: the tensor name without a trailing ".weight"
+ * (transformer.h.0.mlp.c_fc), a bias of its own keeping its ".bias" (it would clash with its
+ * norm's gain), a name another entry already has keeping the tensor name; a tensor not measured
+ * keeps its tensor name.
+ * Order: one entry per tensor not folded, in the input's order (a layer of experts where its
+ * first expert tensor is, its experts after it), then the attention entries, then the tied head.
+ */
+
+/* The naming scheme of the file the tensors come from, for the rules only one scheme has. */
+typedef enum {
+  STAB_NAMING_ANY = 0,  /* unknown, or a trainer's own names: the general rules */
+  STAB_NAMING_HF = 1,   /* safetensors, Hugging Face / PyTorch names */
+  STAB_NAMING_GGUF = 2, /* llama.cpp's GGUF names (blk.N.attn_q ...) */
+  STAB_NAMING_LLMC = 3  /* llm.c's checkpoint as stab_llmc names its views */
+} stab_naming;
+
+/* GLOB=VALUE: tensors whose name matches glob (fnmatch, no flags) get value. */
+typedef struct {
+  const char *glob;
+  const char *value; /* kinds: linear, embedding, lm_head, gain, bias or skip;
+                        layouts: in_major or out_major */
+} stab_model_override;
+
+/* What is known of the model besides its tensors: plain values, 0 (or -1) for unknown. The
+ * caller owns every pointer; they must outlive stab_model_describe only. */
+typedef struct {
+  stab_naming naming;
+  int out_major;         /* 1: GPT-2 Conv1D-named matrices are out-major too (stabmeter-train's
+                            files, nanoGPT); 0: by their shape (rule 6) */
+  size_t heads;          /* attention heads; 0 unknown (attention entries then say so) */
+  size_t kv_heads;       /* key/value heads (grouped-query attention); 0 unknown */
+  size_t head_dim;       /* d_h; 0 unknown (d_out(q) / heads) */
+  const char *heads_source; /* where heads came from, for the messages ("--heads", "config.json");
+                               NULL: "the config" */
+  const char *heads_error;  /* why heads is 0 when the metadata had an invalid count, for the
+                               attention entries' reason; NULL otherwise */
+  int tie;               /* -1 unknown (tied when there is no head tensor), 0 not tied, 1 tied */
+  const char *const *other_names; /* n_other names of the model's tensors that are not in the
+                                     list (another shard's): a head among them means the model
+                                     has its head, so no tied head is made */
+  size_t n_other;
+  const stab_model_override *kinds;   /* nkinds kind overrides, first match wins */
+  size_t nkinds;
+  const stab_model_override *layouts; /* nlayouts layout overrides, for linear layers */
+  size_t nlayouts;
+} stab_model_config;
+
+/* naming ANY, out_major 0, heads, kv_heads, head_dim 0, tie -1, no overrides. */
+stab_model_config stab_model_default_config(void);
+
+/* The head count of a GGUF file into cfg: <general.architecture>.attention.head_count, and
+ * head_count_kv and key_length when present (a per-layer array is left unknown); naming GGUF.
+ * A cfg->heads already set (a user's) is kept, as are kv_heads and head_dim.
+ * Errors: NULL arguments STAB_EINVAL; a head count that is present but not 1 to
+ * STAB_MODEL_MAX_HEADS, STAB_ERANGE (heads left 0; the message names the key and value). */
+stab_status stab_model_config_from_gguf(const stab_gguf *f, stab_model_config *cfg);
+/* The same from a safetensors file's __metadata__: heads from "heads", "num_attention_heads"
+ * or "n_head" (the first present, decimal digits only), out_major when "producer" starts with
+ * stabmeter-train; naming HF. Errors as above (a value that is not a whole number in range). */
+stab_status stab_model_config_from_safetensors(const stab_safetensors *f, stab_model_config *cfg);
+
+/* What a Hugging Face config.json says (stab_hf_config_read) into cfg: the head count with its
+ * key heads and head_dim (when cfg->heads is 0: a user's count is kept, and the key heads and
+ * head width come only with the count they belong to), and tie from tie_word_embeddings.
+ * Errors: NULL arguments STAB_EINVAL; num_attention_heads above STAB_MODEL_MAX_HEADS STAB_ERANGE
+ * (heads left 0; the message names it). */
+stab_status stab_model_config_from_hf(const stab_hf_config *hf, stab_model_config *cfg);
+
+/* The largest head count accepted. */
+#define STAB_MODEL_MAX_HEADS (1 << 20)
+
+/* One layer of the model, or one tensor that is not measured (why_not set). Sizes are in the
+ * kind's math (stab_layer's d_in, d_out: an embedding's d_in is V, an lm_head's d_out is V). */
+typedef struct {
+  const char *name;      /* the layer's name as a trace has it (see the rules); owned by the model */
+  stab_kind kind;
+  stab_layout layout;    /* linear, attention: OUT_MAJOR or IN_MAJOR; NATURAL for other kinds */
+  size_t d_in, d_out;    /* attention: d_in = d, d_out = heads * d_h (the query's outputs) */
+  const stab_ckpt_tensor *weight; /* the tensor read (attention: the query's; a tied head: the
+                                     embedding's); for an entry not measured, the tensor */
+  const stab_ckpt_tensor *bias;     /* linear: the folded X.bias, or NULL */
+  const stab_ckpt_tensor *weight_k; /* attention: the key's tensor (weight itself when fused) */
+  size_t ld;             /* attention: the stored row length of weight, in elements */
+  size_t q_off, k_off;   /* attention: elements from the start of weight, weight_k to q and k */
+  size_t heads;          /* attention: query heads */
+  size_t kv_heads;       /* attention: key heads (fewer than heads: grouped-query) */
+  int tied;              /* 1: a tied table entered a second time as lm_head */
+  size_t n_expert;       /* a layer of experts: how many (its expert entries follow it); else 0 */
+  size_t expert;         /* an expert's entry: its index (E of the name, or the slice); else
+                            STAB_MODEL_NO_EXPERT */
+  size_t group;          /* an expert's entry: the index of its layer's entry; else 0 */
+  const char *why_not;   /* NULL, or why this tensor is not measured; owned by the model */
+} stab_model_entry;
+
+#define STAB_MODEL_NO_EXPERT ((size_t)-1)
+/* The most experts one layer may have (DeepSeek-V3 has 256, Kimi K2 384); a 3-D tensor with
+ * more is not measured, with the reason. A model's 3-D tensors have at most 32 times as many
+ * experts in all (a hostile file must not make the model allocate without bound); past that, a
+ * 3-D tensor is not measured either. */
+#define STAB_MODEL_MAX_EXPERTS 4096
+
+/* A 2-D view [rows][cols] of expert slice `expert` of the 3-D tensor t [n_expert][rows][cols]:
+ * the same name, dtype and file, data and offset moved to the slice (for a block-quantized
+ * type, whole blocks: GGUF rows are whole blocks), so that stab_ckpt_read_f32, _release and
+ * _prefetch read that expert alone. Errors: NULL arguments, t not 3-D, expert out of range,
+ * or a quantized slice that is not whole blocks, STAB_EINVAL. */
+stab_status stab_model_expert_view(const stab_ckpt_tensor *t, size_t expert, stab_ckpt_tensor *view);
+
+typedef struct stab_model stab_model;
+
+/* Describes a model from its tensors by the rules above.
+ *  tensors  n tensor views (a reader's, or the caller's own); only name, dtype, dtype_name,
+ *           ndim, shape and count are read here. They must outlive the model (entries point
+ *           at them)
+ *  config   NULL for stab_model_default_config()
+ *  out      receives the model; free with stab_model_free
+ * Errors: NULL tensors (with n > 0) or out STAB_EINVAL; a NULL tensor or name STAB_EINVAL naming
+ * its index; STAB_ENOMEM. A tensor the rules cannot measure is an entry with why_not, not an
+ * error. The model is read-only after this: any number of threads may use it. */
+stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n,
+                                const stab_model_config *config, stab_model **out);
+/* NULL is a no-op. */
+void stab_model_free(stab_model *m);
+/* The layout rule 6 gives a 2-D linear tensor named name of shape [rows][cols] under config
+ * (NULL: defaults): STAB_LAYOUT_IN_MAJOR for an HF GPT-2 Conv1D weight in Conv1D's shape (unless
+ * config->out_major), a layout override's, else STAB_LAYOUT_OUT_MAJOR (also for a NULL name). */
+stab_layout stab_model_linear_layout(const stab_model_config *config, const char *name, size_t rows, size_t cols);
+/* 1 when the model has a head tensor (rule 5 or a kind override, measured or not, or one of
+ * config.other_names), 0 when it has none (then tied, or with config.tie 0 missing). */
+int stab_model_has_head(const stab_model *m);
+/* Entries in the order of the rules (tensors, then attention, then the tied head); NULL past
+ * the end. */
+size_t stab_model_count(const stab_model *m);
+const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index);
+
+/* The stab_layer of entry e, reading weight, bias and weight_k: the f32 values of e->weight,
+ * e->bias and e->weight_k from their first element (the offsets into a fused tensor are
+ * added here; bias and weight_k NULL when e has none). The layer is named e->name; an
+ * attention entry's kv_heads is the layer's. A layer of experts is no stab_layer (register
+ * its experts). Errors: NULL e, weight or out, an entry not measured or a layer of experts,
+ * STAB_EINVAL. */
+stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weight, const float *bias,
+                                   const float *weight_k, stab_layer *out);
+/* An attention entry's query head h (0 .. heads-1) as a one-head stab_layer against its key head
+ * (h / (heads / kv_heads)): its bound is that head's. Errors: not an attention entry, h out of
+ * range, NULL pointers STAB_EINVAL. */
+stab_status stab_model_head_layer(const stab_model_entry *e, size_t h, const float *weight,
+                                  const float *weight_k, stab_layer *out);
 
 #ifdef __cplusplus
 }

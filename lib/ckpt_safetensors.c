@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -493,6 +494,10 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
   if (!f) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
   stab_status st = stabi_mapped_open(&f->file, path, 8, "the 8-byte header length");
   if (st != STAB_OK) goto out;
+  /* Only the header is read here, and a page fault on a mapping reads around it (megabytes
+   * of the tensors that follow, per file): a sharded model of a hundred shards read a
+   * gigabyte from disk to open. No read-around while the header is parsed; best effort. */
+  madvise(f->file.map, (size_t)f->file.size, MADV_RANDOM);
   uint64_t hlen = 0;
   for (int k = 7; k >= 0; k--) hlen = (hlen << 8) | f->file.map[k];
   if (hlen > f->file.size - 8) {
@@ -514,6 +519,7 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
     f->tensors[i].offset += 8 + hlen;
   }
 out:
+  if (f->file.map) madvise(f->file.map, (size_t)f->file.size, MADV_NORMAL); /* tensors are read in runs */
   if (st != STAB_OK) {
     stab_safetensors_close(f);
     return st;

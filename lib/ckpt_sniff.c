@@ -253,7 +253,8 @@ static stab_status refuse(const char *p, stab_file_kind kind, const head *h) {
   case STAB_FILE_LFS_POINTER:
     return stabi_fail(STAB_EFORMAT, "%s: %s: fetch the file itself, e.g. git lfs pull --include '%s'", p, what, p);
   case STAB_FILE_SHARD_INDEX:
-    return stabi_fail(STAB_EFORMAT, "%s: %s, not a checkpoint: probe the shards it names one by one", p, what);
+    return stabi_fail(STAB_EFORMAT, "%s: %s, not a checkpoint itself: stab_sharded_open reads it and its shards as one "
+                      "model (stabmeter-probe does, given this file or its directory)", p, what);
   case STAB_FILE_LLMC_OTHER:
     return stabi_fail(STAB_EFORMAT, "%s: %s: give the model checkpoint (model_NNNNNNNN.bin) instead", p, what);
   case STAB_FILE_EMPTY:

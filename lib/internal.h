@@ -192,6 +192,7 @@ typedef struct {
   size_t rows, cols, ld;  /* the stored matrix (gain, bias: 1 x d) */
   int items_are_rows;     /* embedding, lm_head: the token/class vectors are rows */
   size_t heads, dh;       /* attention: heads and head width */
+  size_t kv_heads;        /* attention: key heads (heads unless grouped-query) */
   size_t block_rows, block_cols, block_step; /* attention: one head's block, and the offset
                                                 in elements from one head to the next */
 } stabi_shape;
@@ -294,5 +295,44 @@ const stabi_quant_type *stabi_quant_find(const char *dtype_name);
  * blocks. */
 stab_status stabi_dequant(const stab_ckpt_tensor *t, const stabi_quant_type *q, uint64_t first, size_t n,
                           float *out);
+
+/* ---- JSON files beside a checkpoint: config.json, a sharded model's index (json.c) ---- */
+
+typedef enum {
+  STABI_JSON_NULL, STABI_JSON_FALSE, STABI_JSON_TRUE, STABI_JSON_NUMBER, STABI_JSON_STRING,
+  STABI_JSON_ARRAY, STABI_JSON_OBJECT
+} stabi_json_type;
+
+/* One JSON value; a tree owns its children. Kept small (48 bytes): a hostile file of N bytes
+ * can hold N / 2 values, and the tree must stay within a small multiple of the file. */
+typedef struct stabi_json {
+  stabi_json_type type;
+  int is_uint;               /* NUMBER written as a non-negative integer that fits 64 bits: u */
+  size_t at;                 /* byte offset of the value in the text, for messages */
+  size_t n;                  /* ARRAY, OBJECT: members */
+  uint64_t u;
+  union {
+    double num;              /* NUMBER */
+    char *s;                 /* STRING, decoded (valid UTF-8, no NUL) */
+    struct {
+      struct stabi_json *items; /* ARRAY, OBJECT: (n) values */
+      char **keys;              /* OBJECT: (n) keys, decoded, unique */
+    };
+  };
+} stabi_json;
+
+/* Parses len bytes of text (path names it in messages) into *out: strict RFC 8259 (plus Python's
+ * NaN, Infinity and -Infinity, as numbers), strings valid
+ * UTF-8 without \u0000, no duplicate key in an object, nesting at most 64 deep. STAB_EFORMAT
+ * naming path and the byte offset; STAB_ENOMEM. On failure *out holds nothing. */
+stab_status stabi_json_parse(const char *text, size_t len, const char *path, stabi_json *out);
+/* Reads the regular file at path (at most max_bytes; see stab_input_open) and parses it. */
+stab_status stabi_json_read(const char *path, uint64_t max_bytes, stabi_json *out);
+/* Frees what a parse allocated; a zeroed value is fine. */
+void stabi_json_free(stabi_json *v);
+/* The member key of an object, or NULL (not an object, or no such key). */
+const stabi_json *stabi_json_get(const stabi_json *obj, const char *key);
+/* "a string", "a number", ... for messages. */
+const char *stabi_json_type_name(const stabi_json *v);
 
 #endif /* STABMETER_INTERNAL_H */

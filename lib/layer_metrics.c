@@ -130,6 +130,13 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
                         who, name, l->scale);
     sh->heads = l->heads;
     sh->dh = l->d_out / l->heads;
+    sh->kv_heads = l->kv_heads ? l->kv_heads : l->heads;
+    if (sh->kv_heads > l->heads || l->heads % sh->kv_heads)
+      return stabi_fail(STAB_ERANGE, "%s: attention '%s': %zu key heads do not divide %zu heads", who, name,
+                        l->kv_heads, l->heads);
+    if (sh->kv_heads != l->heads && l->layout == STAB_LAYOUT_IN_MAJOR)
+      return stabi_fail(STAB_EINVAL, "%s: attention '%s': grouped-query attention (%zu key heads) with in-major "
+                        "weights (the key's row stride differs from the query's)", who, name, l->kv_heads);
     if (l->layout != STAB_LAYOUT_IN_MAJOR) { /* head h: rows h*dh .. */
       sh->block_rows = sh->dh;
       sh->block_cols = sh->cols;
@@ -344,9 +351,10 @@ static stab_status attention(const stabi_ctx *ctx, const stab_layer *l, const st
   int bad = 0;
   for (size_t h = 0; h < sh->heads; h++) {
     stab_sigma_result rq, rk;
-    const size_t off = h * sh->block_step;
+    /* query head h reads key head h / group: grouped-query attention shares a key head */
+    const size_t off = h * sh->block_step, k_off = h / (sh->heads / sh->kv_heads) * sh->block_step;
     const stabi_src q = {stabi_elem_ptr(l->weight, l->dtype, off), NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
-    const stabi_src k = {stabi_elem_ptr(l->weight_k, l->dtype, off), NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
+    const stabi_src k = {stabi_elem_ptr(l->weight_k, l->dtype, k_off), NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
     stab_status st = stabi_spectral_norm_src(ctx->ws, &q, sh->block_rows, bc, warm ? warm + 2 * h * bc : NULL, &rq);
     if (st == STAB_OK)
       st = stabi_spectral_norm_src(ctx->ws, &k, sh->block_rows, bc, warm ? warm + (2 * h + 1) * bc : NULL, &rk);

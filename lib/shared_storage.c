@@ -45,7 +45,11 @@ static int add_matrix(edges *es, const float *p, size_t rows, size_t cols, size_
 
 static int add_layer(edges *es, const stab_layer *l, const stabi_shape *sh, size_t i) {
   if (add_matrix(es, l->weight, sh->rows, sh->cols, sh->ld, i)) return -1;
-  if (l->kind == STAB_KIND_ATTENTION && add_matrix(es, l->weight_k, sh->rows, sh->cols, sh->ld, i)) return -1;
+  /* the key: kv_heads heads' rows of the query's width (out-major; in-major is never grouped) */
+  if (l->kind == STAB_KIND_ATTENTION &&
+      add_matrix(es, l->weight_k, sh->kv_heads == sh->heads ? sh->rows : sh->rows / sh->heads * sh->kv_heads, sh->cols,
+                 sh->ld, i))
+    return -1;
   /* a linear layer's bias has one value per output */
   if (l->kind == STAB_KIND_LINEAR && l->bias && add_run(es, l->bias, l->d_out, i)) return -1;
   return 0;

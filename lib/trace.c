@@ -149,9 +149,15 @@ static void describe_layer(const stab_layer *l, const stabi_shape *sh, char *buf
              l->bias ? "with a bias of length d_out" : "no bias");
     return;
   case STAB_KIND_ATTENTION:
-    snprintf(buf, len, "attention logits s <q, k> of %zu heads of width %zu, q = x W_q and k = x W_k, "
-             "d_in %zu -> d_out %zu each, stored %s%s; q and k biases are outside the bound", sh->heads, sh->dh,
-             d_in, d_out, out_major ? "out-major [d_out][d_in]" : "in-major [d_in][d_out]", stride);
+    if (sh->kv_heads && sh->kv_heads != sh->heads) /* grouped-query: k is narrower */
+      snprintf(buf, len, "attention logits s <q, k> of %zu heads of width %zu sharing %zu key heads, q = x W_q and "
+               "k = x W_k, d_in %zu -> d_out %zu (q) and %zu (k), stored %s%s; q and k biases are outside the bound",
+               sh->heads, sh->dh, sh->kv_heads, d_in, d_out, sh->kv_heads * sh->dh,
+               out_major ? "out-major [d_out][d_in]" : "in-major [d_in][d_out]", stride);
+    else
+      snprintf(buf, len, "attention logits s <q, k> of %zu heads of width %zu, q = x W_q and k = x W_k, "
+               "d_in %zu -> d_out %zu each, stored %s%s; q and k biases are outside the bound", sh->heads, sh->dh,
+               d_in, d_out, out_major ? "out-major [d_out][d_in]" : "in-major [d_in][d_out]", stride);
     return;
   case STAB_KIND_EMBEDDING:
     snprintf(buf, len, "embedding table E, V %zu ids (tokens or positions) of width d %zu, stored %s%s", sh->items_are_rows ? sh->rows : sh->cols,
@@ -319,7 +325,8 @@ static int64_t param_count(const stab_layer *l) {
   int64_t io = (int64_t)l->d_in * (int64_t)l->d_out;
   switch (l->kind) {
   case STAB_KIND_LINEAR: return io + (l->bias ? (int64_t)l->d_out : 0);
-  case STAB_KIND_ATTENTION: return 2 * io;
+  case STAB_KIND_ATTENTION: /* q, and k of kv_heads heads of the same width */
+    return io + (int64_t)l->d_in * (int64_t)(l->d_out / (l->heads ? l->heads : 1) * (l->kv_heads ? l->kv_heads : l->heads));
   case STAB_KIND_EMBEDDING:
   case STAB_KIND_LM_HEAD: return io;
   case STAB_KIND_GAIN:

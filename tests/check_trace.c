@@ -1306,6 +1306,59 @@ START_TEST(test_shared_storage) {
 }
 END_TEST
 
+/* Grouped-query attention (4 query heads, 2 key heads): the trace counts k as the 2 heads it
+ * has (param_count q + k, not twice q), and the storage k spans ends where k does, so a layer
+ * stored right after it shares nothing with the attention. */
+START_TEST(test_gqa_storage) {
+  enum { C = 16, KD = 4 }; /* KD: the head width */
+  float *buf = tu_floats(C * C + 2 * KD * C + C * C); /* q [16][16], k [8][16], then another matrix */
+  tu_rng r;
+  tu_rng_init(&r, 5);
+  tu_fill_gauss(buf, 1, C * C + 2 * KD * C + C * C, C * C + 2 * KD * C + C * C, 0.2, &r);
+  const float *q = buf, *k = buf + C * C, *after = k + 2 * KD * C;
+  const stab_layer layers[] = {
+      {.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = 4, .kv_heads = 2, .weight = q,
+       .weight_k = k},
+      {.name = "k_proj", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 2 * KD, .weight = k},
+      {.name = "after", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .weight = after},
+  };
+  make_tmpdir();
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  for (size_t i = 0; i < 3; i++) TU_ASSERT_OK(stab_monitor_add_layer(m, &layers[i], NULL));
+  stab_trace *t = NULL;
+  const char *path = tmp_path("gqa.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  TU_ASSERT_OK(stab_trace_append(t, 1, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  hid_t f = open_read(path, 0);
+  hid_t g = H5Gopen2(f, "layers/attn", H5P_DEFAULT);
+  ck_assert_int_eq(attr_int(g, "param_count"), C * C + 2 * KD * C);
+  ck_assert_int_eq(attr_int(g, "param_count_unique"), C * C + 2 * KD * C); /* registered first: q and k */
+  H5Gclose(g);
+  g = H5Gopen2(f, "layers/after", H5P_DEFAULT);
+  ck_assert_int_eq(attr_int(g, "param_count_unique"), C * C);
+  H5Gclose(g);
+  char got[256];
+  shared_with(f, "layers/after", got, sizeof got);
+  ck_assert_msg(strcmp(got, "") == 0, "after shares storage with '%s'", got);
+  shared_with(f, "layers/k_proj", got, sizeof got);
+  ck_assert_str_eq(got, "attn");
+  H5Fclose(f);
+  stab_monitor_free(m);
+  /* key heads that do not divide the heads, and grouped-query in-major, are refused */
+  stab_layer bad = layers[0];
+  bad.kv_heads = 3;
+  stab_metrics out;
+  TU_ASSERT_STATUS(stab_layer_metrics(&bad, NULL, NULL, &out, NULL), STAB_ERANGE);
+  bad.kv_heads = 2, bad.layout = STAB_LAYOUT_IN_MAJOR;
+  TU_ASSERT_STATUS(stab_layer_metrics(&bad, NULL, NULL, &out, NULL), STAB_EINVAL);
+  free(buf);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(test_arguments) {
   make_tmpdir();
   model md;
@@ -1381,6 +1434,7 @@ static Suite *trace_suite(void) {
   tcase_add_test(tc, test_create_failure);
   tcase_add_test(tc, test_arguments);
   tcase_add_test(tc, test_shared_storage);
+  tcase_add_test(tc, test_gqa_storage);
   suite_add_tcase(s, tc);
   return s;
 }

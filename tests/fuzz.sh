@@ -67,6 +67,10 @@ for r in $readers; do
     csrc="$csrc $src/harness/trace_reader.c"
     hdrs="$hdrs $src/harness/trace_reader.h"
     extra="-I$src/harness ${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
+  elif [ "$r" = shard_index ]; then
+    # the JSON files beside a Hugging Face checkpoint: a sharded model's index and config.json
+    csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_safetensors.c $src/lib/ckpt_sniff.c $src/lib/json.c $src/lib/ckpt_sharded.c
+          $src/lib/hf_config.c"
   else
     csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_$r.c"
   fi

@@ -47,7 +47,11 @@ printf 'version https://git-lfs.github.com/spec/v1\noid sha256:%064d\nsize 123\n
 refused lfs.safetensors 'a Git LFS pointer.*git lfs pull'
 printf '{"metadata": {"total_size": 8}, "weight_map": {"a": "model-00001-of-00002.safetensors"}}\n' \
   >"$s/model.safetensors.index.json"
-refused model.safetensors.index.json 'the index of a sharded checkpoint'
+# a sharded model's index goes to the sharded reader, by its name or (named otherwise) by its
+# content: here it names a shard that is not there
+refused model.safetensors.index.json "shard 'model-00001-of-00002.safetensors' \\(holding tensor 'a'\\) is missing"
+cp "$s/model.safetensors.index.json" "$s/weights.json"
+refused weights.json "shard 'model-00001-of-00002.safetensors' \\(holding tensor 'a'\\) is missing"
 # torch.save's legacy format: protocol 2, LONG1 of 10 bytes = the magic 0x1950a86a20f9469cfc6c
 printf '\200\002\212\012\154\374\234\106\371\040\152\250\120\031.' >"$s/legacy.pt"
 refused legacy.pt 'a PyTorch checkpoint \(legacy pickle.*convert it to safetensors'
