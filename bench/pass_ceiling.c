@@ -78,11 +78,16 @@ int main(int argc, char **argv) {
 #endif
             size_t r0 = (size_t)k * rows / (size_t)nt, r1 = (size_t)(k + 1) * rows / (size_t)nt;
             double *my_acc = acc + (size_t)k * 2 * cols;
+            /* the kernel accumulates: each call starts from zeros, as a pass's chunk does */
             if (what == 0)
-              for (int h = 0; h < hot_reps / nt; h++)
-                s += fn(hot + (size_t)k * SMALL * cols, NULL, 0, SMALL, cols, cols, x, my_acc, nv);
-            else if (what == 1)
-              s += fn(w, NULL, r0, r1, cols, cols, x, my_acc, nv);
+              for (int h = 0; h < hot_reps / nt; h++) {
+                memset(my_acc, 0, (size_t)nv * cols * sizeof *my_acc);
+                s += fn(hot + (size_t)k * SMALL * cols, NULL, 0, SMALL, cols, cols, x, my_acc, nv, 0.0);
+              }
+            else if (what == 1) {
+              memset(my_acc, 0, (size_t)nv * cols * sizeof *my_acc);
+              s += fn(w, NULL, r0, r1, cols, cols, x, my_acc, nv, 0.0);
+            }
             else
               s += stream_read_sum(w + r0 * cols, (r1 - r0) * cols);
           }

@@ -255,6 +255,38 @@ static const float *as_f32(const stab_ckpt_tensor *t, f32buf *b, int keep_mapped
   return b->buf;
 }
 
+/* How the library can read t where it is mapped: F32 (4-byte aligned), F16 or BF16 on a
+ * little-endian host, the file's bytes being the host's 16-bit values; -1 when it must be
+ * converted to f32 first (quantized, unaligned F32, a big-endian host). */
+static int readable_in_place(const stab_ckpt_tensor *t) {
+  if (!t || !little_endian()) return -1;
+  if (t->dtype == STAB_DTYPE_F32) return (uintptr_t)t->data % sizeof(float) == 0 ? STAB_DTYPE_F32 : -1;
+  if (t->dtype == STAB_DTYPE_F16 || t->dtype == STAB_DTYPE_BF16) return (int)t->dtype;
+  return -1;
+}
+
+/* The dtype a layer made of t, bias and tk (either may be NULL) is handed to the library in:
+ * t's own when all three are read in place in it (a layer has one dtype), else F32 (converted).
+ * Reading BF16 where it is mapped is what keeps the probe's memory bounded: as f32, Llama-7B's
+ * 32000 x 4096 embedding alone is a 524 MB copy per measuring thread. */
+static stab_dtype layer_dtype(const stab_ckpt_tensor *t, const stab_ckpt_tensor *bias, const stab_ckpt_tensor *tk) {
+  int d = readable_in_place(t);
+  if (d < 0 || (bias && readable_in_place(bias) != d) || (tk && readable_in_place(tk) != d)) return STAB_DTYPE_F32;
+  return (stab_dtype)d;
+}
+
+/* t as the library reads it in dtype (from layer_dtype): its mapping when dtype is t's own,
+ * else as_f32's conversion. */
+static const float *weights_as(const stab_ckpt_tensor *t, stab_dtype dtype, f32buf *b, int keep_mapped) {
+  if (readable_in_place(t) == (int)dtype) return (const float *)(const void *)t->data;
+  return as_f32(t, b, keep_mapped);
+}
+
+/* p advanced by k elements of dtype: the library counts offsets in elements of the layer's dtype. */
+static const float *elem_at(const float *p, stab_dtype dtype, size_t k) {
+  return (const float *)(const void *)((const unsigned char *)p + k * (dtype == STAB_DTYPE_F32 ? 4 : 2));
+}
+
 /* ---- the order of the rows (--sort, --top) and the summary ---------------------------- */
 
 /* The value --sort METRIC orders by (SORT_FORWARD ...). */
@@ -821,12 +853,18 @@ static int describe(options *o, const ckpt *f, stab_model **model, row **rows, s
   return 0;
 }
 
-/* The logit bounds of attention row r, from q and k as f32: the library's attention metrics
- * of the entry's layer (grouped-query heads included: .kv_heads). */
-static stab_status measure_attention(row *r, const float *q, const float *k, const stab_metrics_params *mp) {
+/* The logit bounds of attention row r, from q and k stored as dtype: the library's attention
+ * metrics of the entry's layer (grouped-query heads included: .kv_heads). The entry adds its
+ * q and k offsets in floats; a 16-bit layer's are in 2-byte elements, so they are set here. */
+static stab_status measure_attention(row *r, const float *q, const float *k, stab_dtype dtype,
+                                     const stab_metrics_params *mp) {
   stab_layer L;
   stab_status st = stab_model_entry_layer(r->e, q, NULL, k, &L);
-  return st == STAB_OK ? stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds) : st;
+  if (st != STAB_OK) return st;
+  L.dtype = dtype;
+  L.weight = elem_at(q, dtype, r->e->q_off);
+  L.weight_k = elem_at(k, dtype, r->e->k_off);
+  return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
 }
 
 /* ---- the trace (--hdf5) ------------------------------------------------------------ */
@@ -1441,21 +1479,33 @@ static const float *prev_as_f32(const row *r, const stab_ckpt_tensor *pt, f32buf
 static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, int keep_mapped) {
   stab_ckpt_prefetch(r->t), stab_ckpt_prefetch(r->bias);
   if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
-  const float *w = as_f32(r->t, &rb->w, keep_mapped), *b = r->bias ? as_f32(r->bias, &rb->b, keep_mapped) : NULL;
-  const float *wk = r->tk == r->t ? w : r->tk ? as_f32(r->tk, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
+  /* F16 and BF16 go to the library as they are mapped (it converts a few rows at a time);
+   * only quantized, unaligned or big-endian tensors are converted whole */
+  const stab_dtype dt = layer_dtype(r->t, r->bias, r->tk);
+  const float *w = weights_as(r->t, dt, &rb->w, keep_mapped);
+  const float *b = r->bias ? weights_as(r->bias, dt, &rb->b, keep_mapped) : NULL;
+  const float *wk = r->tk == r->t ? w : r->tk ? weights_as(r->tk, dt, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return 1;
   stab_layer L = {.name = r->name, .kind = r->kind,
                   .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
-                  .weight = w, .bias = b, .weight_k = wk, .heads = r->heads};
+                  .weight = w, .bias = b, .weight_k = wk, .heads = r->heads, .dtype = dt};
   set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
-  if (r->prev_t) {
+  if (r->prev_t && !r->prev_heads && !r->prev_transposed && r->prev_offset == 0.0f) {
+    /* as stored, in its own dtype: a BF16 checkpoint against an F32 one reads both in place */
+    before.dtype = layer_dtype(r->prev_t, r->bias ? r->prev_bias : NULL, NULL);
+    before.weight = weights_as(r->prev_t, before.dtype, &rb->pw, 0);
+    before.bias = r->bias ? weights_as(r->prev_bias, before.dtype, &rb->pb, 0) : NULL;
+    if (!before.weight || (r->bias && !before.bias)) return 1;
+    bp = &before;
+  } else if (r->prev_t) { /* reordered as the converter changed it: an f32 copy */
+    before.dtype = STAB_DTYPE_F32;
     before.weight = prev_as_f32(r, r->prev_t, &rb->pw, &rb->pwx);
     before.bias = r->bias ? prev_as_f32(r, r->prev_bias, &rb->pb, &rb->pbx) : NULL;
     if (!before.weight || (r->bias && !before.bias)) return 1;
     bp = &before;
   }
-  stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, mp)
+  stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, dt, mp)
                                                   : stab_layer_metrics(&L, bp, mp, &r->m, r->head_bounds);
   if (st != STAB_OK) {
     cli_error("%s: %s", r->name, stab_last_error());
@@ -1469,6 +1519,18 @@ static int measure_row(row *r, const stab_metrics_params *mp, row_buffers *rb, i
     if (bp) stab_ckpt_release(r->prev_t), stab_ckpt_release(r->prev_bias);
   }
   return 0;
+}
+
+/* The share of the run a row stands for in the ETA: the numbers it reads, times how often.
+ * An attention row reads its q and k blocks (counting only q's tensor put Llama-7B's 32
+ * attention rows, last in the table, at 1/14 of the work for a quarter of the time: the ETA
+ * said 2 s with 10 s to go); a table is swept twice where a linear layer's Lanczos makes 10 to
+ * 30 passes (counted as a linear, Llama-7B's embedding, first, made the ETA 10 s at 1.3 s
+ * into a 26.5 s run). */
+static double row_work(const row *r) {
+  if (r->kind == STAB_KIND_ATTENTION) return 2.0 * (double)r->d_in * (double)r->d_out;
+  if (r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD) return 0.15 * (double)r->t->count;
+  return (double)r->t->count;
 }
 
 /* ---- layers of experts ---------------------------------------------------------------- */
@@ -1756,7 +1818,7 @@ int main(int argc, char **argv) {
   mp.tight = o.tight;
   double work = 0, done = 0, t0 = monotonic_seconds(), last = t0;
   for (size_t i = 0; i < n; i++)
-    if (!rows[i].error && !is_expert_layer(&rows[i])) work += (double)rows[i].t->count;
+    if (!rows[i].error && !is_expert_layer(&rows[i])) work += row_work(&rows[i]);
   /* Two layers are measured at a time, one thread each, instead of one layer with both
    * threads: most layers are small, their passes short, and the serial work between passes
    * (the Lanczos vectors, LAPACK on the small band matrix) left the second core idle. Results
@@ -1814,7 +1876,7 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
 #pragma omp atomic update
 #endif
-        done += (double)r->t->count;
+        done += row_work(r);
       }
     }
     row_buffers_free(&rb);

@@ -12,8 +12,8 @@
  *  - Every function that can fail returns a stab_status (STAB_OK = 0, errors negative);
  *    results come back through output pointers. The library never prints, never exits,
  *    never aborts; a failure's detail is in stab_last_error() of the calling thread.
- *  - Weights are f32; every sum accumulates in f64. Results do not depend on the number
- *    of threads.
+ *  - Weights are f32 (stab_layer_metrics also reads F16 and BF16 as stored: stab_layer.dtype);
+ *    every sum accumulates in f64. Results do not depend on the number of threads.
  *  - A metric that does not exist for a kind, or is not yet measured, is NaN.
  */
 #ifndef STABMETER_H
@@ -106,6 +106,20 @@ typedef enum {
   STAB_LAYOUT_OUT_MAJOR = 1, /* [d_out][d_in] row-major */
   STAB_LAYOUT_IN_MAJOR = 2   /* [d_in][d_out] row-major */
 } stab_layout;
+
+/* How stored numbers are encoded: a checkpoint tensor's type (stab_ckpt_tensor.dtype) and the
+ * weights of a layer (stab_layer.dtype). The layer functions read F32, F16 and BF16 natively,
+ * in host byte order (the in-memory layout of a uint16_t array of them, i.e. the files' own
+ * little-endian bytes on a little-endian host). */
+typedef enum {
+  STAB_DTYPE_F32 = 0,
+  STAB_DTYPE_F16 = 1,   /* IEEE binary16 */
+  STAB_DTYPE_BF16 = 2,  /* bfloat16: the high half of an f32 */
+  STAB_DTYPE_OTHER = 3, /* a valid type of the format that is not converted to f32 (integers,
+                           bool, F64, FP8, GGUF's I-quants but IQ4_*): listed, never measured */
+  STAB_DTYPE_QUANT = 4  /* a GGUF block-quantized type that converts to f32 (dtype_name says
+                           which: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) */
+} stab_dtype;
 
 /* ---------------------------------------------------------------------------------- */
 /* Spectral norms                                                                      */
@@ -280,11 +294,22 @@ typedef struct {
  * matrix of the right shape made of the wrong numbers, inside the buffer. The library cannot
  * tell it from a legitimate block (the first C input columns of an out-major [C][3C] matrix).
  *
- * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, or table sizes given as
- * above, or grouped-query attention in-major, STAB_EINVAL; zero or inconsistent sizes, a
- * stride below the stored row or a matrix past what memory can address (the check of
- * stab_spectral_norm) STAB_EDIM; heads not dividing d_out, kv_heads not dividing heads, or a
- * negative or non-finite scale, STAB_ERANGE. Every message names the layer. */
+ * Stored as F16 or BF16 (.dtype): weight, bias and weight_k point to 16-bit elements (cast the
+ * uint16_t pointer: `.weight = (const float *)bf16`, no alignment beyond 2 bytes needed), and
+ * ld and every offset into a fused matrix count elements, as for f32. The SIMD pass kernels
+ * read BF16 as it is stored; other 16-bit passes convert a few rows at a time into a small f32
+ * tile (about 128 KiB, at least 8 rows; a matrix of at most 2^20 elements, e.g. an attention
+ * head's block, is converted once per estimate, 4 MiB). The metrics are bit-identical to those
+ * of the same layer converted to f32 first (the conversion is exact; the sums are the same),
+ * and no f32 copy of the tensor is made. Other dtypes (QUANT, OTHER) are not read natively:
+ * convert them (stab_ckpt_read_f32). The monitor takes F32 layers only.
+ *
+ * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, a dtype other than F32,
+ * F16 or BF16, or table sizes given as above, or grouped-query attention in-major, STAB_EINVAL;
+ * zero or inconsistent sizes, a stride below the stored row or a matrix past what memory can
+ * address (the check of stab_spectral_norm) STAB_EDIM; heads not dividing d_out, kv_heads not
+ * dividing heads, or a negative or non-finite scale, STAB_ERANGE. Every message names the
+ * layer. */
 typedef struct {
   const char *name;        /* copied by the monitor; any length; valid UTF-8 (else STAB_EINVAL),
                               or NULL outside a monitor */
@@ -304,6 +329,8 @@ typedef struct {
                               then has kv_heads * d_h outputs, query head h reading key head
                               h / (heads / kv_heads)); must divide heads; 0 = heads. Out-major
                               only (an in-major key of another width has another row stride) */
+  stab_dtype dtype;        /* how weight, bias and weight_k are stored: STAB_DTYPE_F32 (0, the
+                              default), F16 or BF16 (see "Stored as F16 or BF16" above) */
 } stab_layer;
 
 /* Options of a measurement. */
@@ -317,8 +344,9 @@ stab_metrics_params stab_metrics_default_params(void);
 /* The metrics of one layer, without a monitor (allocates its workspace each call).
  *  layer     the layer, with weight the weights after the step (or the only weights)
  *  before    NULL (no update), or the same layer's weights before the step: update = f(W - before)
- *            (before->weight and ->bias are read with layer's shapes, layout and ld; the rest of
- *            *before is ignored; attention has no update)
+ *            (before->weight and ->bias are read with layer's shapes, layout and ld, and stored
+ *            as before->dtype, which may differ from layer->dtype: a BF16 checkpoint against an
+ *            F32 one; the rest of *before is ignored; attention has no update)
  *  params    NULL for defaults
  *  heads_out attention: NULL, or an array of layer->heads doubles receiving each head's bound
  * NaN weights give NaN metrics and a flag, with STAB_OK. */
@@ -363,7 +391,8 @@ stab_status stab_monitor_create(const stab_monitor_params *params, stab_monitor 
 void stab_monitor_free(stab_monitor *m);
 
 /* Registers a layer; the weight pointers must stay valid (and are read at every
- * measurement) until the monitor is freed. Allocates everything the layer will need:
+ * measurement) until the monitor is freed. F32 layers only (.dtype 0; F16 or BF16 is
+ * STAB_EINVAL: measure those with stab_layer_metrics). Allocates everything the layer will need:
  * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
  * fused matrix copies the rows it spans), and grows the shared spectral workspace.
  * index may be NULL. Names must be non-empty, valid UTF-8 (STAB_EINVAL) and unique (STAB_EEXIST). On failure the
@@ -688,15 +717,7 @@ stab_status stab_input_open(const char *path, uint64_t max_bytes, int *fd_out, u
  * A reader is read-only after open: any number of threads may use it at once.
  */
 
-typedef enum {
-  STAB_DTYPE_F32 = 0,
-  STAB_DTYPE_F16 = 1,   /* IEEE binary16 */
-  STAB_DTYPE_BF16 = 2,  /* bfloat16: the high half of an f32 */
-  STAB_DTYPE_OTHER = 3, /* a valid type of the format that is not converted to f32 (integers,
-                           bool, F64, FP8, GGUF's I-quants but IQ4_*): listed, never measured */
-  STAB_DTYPE_QUANT = 4  /* a GGUF block-quantized type that converts to f32 (dtype_name says
-                           which: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) */
-} stab_dtype;
+/* stab_dtype (the element types of stored weights) is defined with the layers, above. */
 
 /* Dimensions a tensor may have; a file with more is rejected (STAB_EFORMAT). */
 #define STAB_CKPT_MAX_DIMS 8

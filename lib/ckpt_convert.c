@@ -43,27 +43,7 @@ void stab_ckpt_prefetch(const stab_ckpt_tensor *t) {
   (void)madvise((void *)a, end - a, MADV_WILLNEED);
 }
 
-float stab_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  float f;
-  if (exp == 0) {
-    /* zero or subnormal: mant * 2^-24, exact in f32 */
-    f = (float)mant * 0x1p-24f;
-    return sign ? -f : f;
-  }
-  uint32_t bits;
-  if (exp == 31) bits = sign | 0x7f800000u | (mant << 13); /* inf, or NaN keeping its payload */
-  else bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-float stab_bf16_to_f32(uint16_t b) {
-  uint32_t bits = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
+/* stab_f16_to_f32 and stab_bf16_to_f32 are in stored_rows.c, with the row conversions. */
 
 /* Little-endian loads from unaligned bytes: the files are little-endian whatever the host. */
 static inline uint16_t load_le16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

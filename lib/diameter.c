@@ -7,51 +7,60 @@
 #include <float.h>
 #include <string.h>
 
-static inline double elem(const stabi_set *s, size_t i, size_t t) {
-  size_t k = stabi_set_index(s, i, t);
-  return s->b ? (double)s->a[k] - (double)s->b[k] : (double)s->a[k];
+/* Element k of a stored row as f32 (b NULL: of a alone). */
+static inline double elem(const float *a, const float *b, size_t k) {
+  return b ? (double)a[k] - (double)b[k] : (double)a[k];
 }
 
 double stabi_set_diameter_centred(const stabi_set *s, double *work, double *max_sumsq) {
   double *mean = work, *dist = work + s->coords;
   const size_t n = s->items, d = s->coords;
+  const float *a, *b;
   memset(mean, 0, d * sizeof *mean);
   if (s->items_are_rows) {
     /* row by row in memory order, without elem()'s tests in the loop, so that it vectorises */
     for (size_t i = 0; i < n; i++) {
-      const float *ai = s->a + i * s->ld, *bi = s->b ? s->b + i * s->ld : NULL;
+      const float *ai, *bi;
+      stabi_set_row(s, i, &ai, &bi);
       if (bi)
         for (size_t t = 0; t < d; t++) mean[t] += (double)ai[t] - (double)bi[t];
       else
         for (size_t t = 0; t < d; t++) mean[t] += (double)ai[t];
     }
   } else {
-    for (size_t t = 0; t < d; t++)
-      for (size_t i = 0; i < n; i++) mean[t] += elem(s, i, t);
+    for (size_t t = 0; t < d; t++) {
+      stabi_set_row(s, t, &a, &b);
+      for (size_t i = 0; i < n; i++) mean[t] += elem(a, b, i);
+    }
   }
   for (size_t t = 0; t < d; t++) mean[t] /= (double)n;
   double far = 0.0, norm = 0.0; /* max ||r_i - c||^2 and max ||r_i||^2 */
   if (s->items_are_rows) {
     for (size_t i = 0; i < n; i++) {
       double q;
-      double z = stabi_item_sumsq(s->a + i * s->ld, s->b ? s->b + i * s->ld : NULL, mean, d, &q);
+      stabi_set_row(s, i, &a, &b);
+      double z = stabi_item_sumsq(a, b, mean, d, &q);
       far = stabi_nanmax(far, q);
       norm = stabi_nanmax(norm, z);
     }
   } else {
     memset(dist, 0, n * sizeof *dist);
-    for (size_t t = 0; t < d; t++)
+    for (size_t t = 0; t < d; t++) {
+      stabi_set_row(s, t, &a, &b);
       for (size_t i = 0; i < n; i++) {
-        double v = elem(s, i, t) - mean[t];
+        double v = elem(a, b, i) - mean[t];
         dist[i] += v * v;
       }
+    }
     for (size_t i = 0; i < n; i++) far = stabi_nanmax(far, dist[i]);
     memset(dist, 0, n * sizeof *dist);
-    for (size_t t = 0; t < d; t++)
+    for (size_t t = 0; t < d; t++) {
+      stabi_set_row(s, t, &a, &b);
       for (size_t i = 0; i < n; i++) {
-        double v = elem(s, i, t);
+        double v = elem(a, b, i);
         dist[i] += v * v;
       }
+    }
     for (size_t i = 0; i < n; i++) norm = stabi_nanmax(norm, dist[i]);
   }
   if (max_sumsq) *max_sumsq = norm;
@@ -63,12 +72,20 @@ double stabi_set_diameter_centred(const stabi_set *s, double *work, double *max_
 /* Items [i0, i0+nb) as an nb x d row-major f64 block, with their squared norms. */
 static void gather(const stabi_set *s, size_t i0, size_t nb, double *blk, double *sq) {
   const size_t d = s->coords;
+  const float *a, *b;
   if (s->items_are_rows) {
-    for (size_t i = 0; i < nb; i++)
-      for (size_t t = 0; t < d; t++) blk[i * d + t] = elem(s, i0 + i, t);
+    for (size_t i = 0; i < nb; i++) {
+      stabi_set_row(s, i0 + i, &a, &b);
+      for (size_t t = 0; t < d; t++) blk[i * d + t] = elem(a, b, t);
+    }
   } else {
-    for (size_t t = 0; t < d; t++)
-      for (size_t i = 0; i < nb; i++) blk[i * d + t] = elem(s, i0 + i, t);
+    /* only the block's items of each stored row: the whole row would be converted n / nb
+     * times over for the pairs of blocks */
+    for (size_t t = 0; t < d; t++) {
+      a = stabi_row_f32(stabi_elem_ptr(s->a, s->at, i0), s->at, s->ld, t, nb, s->ra);
+      b = s->b ? stabi_row_f32(stabi_elem_ptr(s->b, s->bt, i0), s->bt, s->ld, t, nb, s->rb) : NULL;
+      for (size_t i = 0; i < nb; i++) blk[i * d + t] = elem(a, b, i);
+    }
   }
   for (size_t i = 0; i < nb; i++) {
     double q = 0.0;

@@ -3,8 +3,10 @@
  * while it is in cache (the rows' dots with x, then the rows scaled by those dots added into
  * y), instead of two BLAS gemv calls that would each stream all of W.
  *
- * Storage f32, arithmetic f64. The loop is bound by the f32 -> f64 conversions (two per
- * element), so it comes in three builds picked at run time: AVX-512, AVX2+FMA and portable C.
+ * Storage f32 (the SIMD builds also read BF16 directly; other 16-bit matrices, and BF16 with a
+ * B, arrive as f32 tiles of whole 8-row blocks), arithmetic f64. The loop is bound by the
+ * f32 -> f64 conversions (two per element), so it comes in three builds picked at run time:
+ * AVX-512, AVX2+FMA and portable C.
  * Rows are split into chunks fixed by the shape alone; each chunk accumulates into its own
  * f64 vector and the chunks are summed in order, so on one machine the result is
  * bit-identical for any number of threads. */
@@ -21,12 +23,14 @@
 #define HAVE_X86_KERNELS 1
 #endif
 
-/* Rows [r0, r1) of one chunk: for nv vectors x_v (x + v cols), acc_v = sum_i d_iv r_i with
- * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, overwritten); returns
- * sum_i d_i0^2. Every build has the same shape: blocks of rows, then single rows. nv is
+/* Rows [r0, r1) of one chunk: for nv vectors x_v (x + v cols), acc_v += sum_i d_iv r_i with
+ * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, zeroed by the caller);
+ * returns quad + sum_i d_i0^2, added row by row. A chunk stored as 16-bit numbers arrives as
+ * successive tiles of whole 8-row blocks, each call carrying acc and quad on from the last,
+ * so the sums are the very ones a single call over the f32 rows makes. Every build has the same shape: blocks of rows, then single rows. nv is
  * 1 or 2: a second vector reuses each converted element, so it costs far less than a pass. */
 typedef double (*chunk_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                           size_t ld, const double *x, double *acc, int nv);
+                           size_t ld, const double *x, double *acc, int nv, double quad);
 
 /* ---- portable C ---- */
 
@@ -34,10 +38,33 @@ static inline double elem(const float *a, const float *b, size_t j) {
   return b ? (double)a[j] - (double)b[j] : (double)a[j];
 }
 
+/* The SIMD builds also read A stored as BF16 (with no B) straight from memory, widening each
+ * element as it is loaded: half the bytes of f32, and no tile to write and read back. BF is a
+ * literal in every call, so the f32 code is what it was. A bf16 matrix travels as a const
+ * float * to its first element, like stab_layer.weight. */
+
+/* element j of bf16 data at a, as f32's value (a bf16 is the high half of an f32) */
+static inline double bf16_at(const float *a, size_t j) {
+  uint16_t h;
+  memcpy(&h, (const unsigned char *)(const void *)a + 2 * j, sizeof h);
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* row i (stride ld elements) of a, f32 or bf16 */
+static inline const float *row_at(const float *a, size_t i, size_t ld, int bf) {
+  if (!bf) return a + i * ld;
+  return (const float *)(const void *)((const unsigned char *)(const void *)a + 2 * i * ld);
+}
+
+static inline double elem_t(const float *a, const float *b, size_t j, int bf) {
+  return bf ? bf16_at(a, j) : elem(a, b, j);
+}
+
 static double chunk_generic(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                            size_t ld, const double *x, double *acc, int nv) {
-  double quad = 0.0;
-  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+                            size_t ld, const double *x, double *acc, int nv, double quad) {
   for (size_t i = r0; i < r1; i++) {
     const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
     for (int v = 0; v < nv; v++) {
@@ -77,6 +104,12 @@ AVX2 __m256d load4(const float *a, const float *b, size_t j) {
   return b ? _mm256_sub_pd(v, _mm256_cvtps_pd(_mm_loadu_ps(b + j))) : v;
 }
 
+AVX2 __m256d load4_t(const float *a, const float *b, size_t j, int bf) {
+  if (!bf) return load4(a, b, j);
+  __m128i h = _mm_loadl_epi64((const __m128i *)(const void *)((const unsigned char *)(const void *)a + 2 * j));
+  return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+}
+
 AVX2 double hsum4(__m256d v) {
   __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
   return _mm_cvtsd_f64(s) + _mm_cvtsd_f64(_mm_unpackhi_pd(s, s));
@@ -84,16 +117,15 @@ AVX2 double hsum4(__m256d v) {
 
 /* Blocks of R rows (R = 4 or 8): x and acc are loaded once per R rows. */
 AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                            size_t ld, const double *x, double *acc, const int nv, const int R) {
+                            size_t ld, const double *x, double *acc, const int nv, const int R,
+                            double quad, const int BF) {
   const size_t c4 = cols & ~(size_t)3;
-  double quad = 0.0;
   size_t i = r0;
-  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
   for (; i + (size_t)R <= r1; i += (size_t)R) {
     const float *A[8], *B[8];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      A[r] = a + (i + (size_t)r) * ld;
+      A[r] = row_at(a, i + (size_t)r, ld, BF);
       B[r] = b ? b + (i + (size_t)r) * ld : NULL;
     }
     __m256d s[2][8];
@@ -108,7 +140,7 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
       for (int v = 0; v < nv; v++) xv[v] = _mm256_loadu_pd(x + (size_t)v * cols + j);
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
-        __m256d w = load4(A[r], B[r], j);
+        __m256d w = load4_t(A[r], B[r], j, BF);
 #pragma GCC unroll 2
         for (int v = 0; v < nv; v++) s[v][r] = _mm256_fmadd_pd(w, xv[v], s[v][r]);
       }
@@ -119,7 +151,7 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
         d[v][r] = hsum4(s[v][r]);
-        for (size_t t = j; t < cols; t++) d[v][r] += elem(A[r], B[r], t) * x[(size_t)v * cols + t];
+        for (size_t t = j; t < cols; t++) d[v][r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
       }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
@@ -134,7 +166,7 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
       for (int v = 0; v < nv; v++) t[v][0] = t[v][1] = _mm256_setzero_pd();
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
-        __m256d w = load4(A[r], B[r], j);
+        __m256d w = load4_t(A[r], B[r], j, BF);
 #pragma GCC unroll 2
         for (int v = 0; v < nv; v++) t[v][r & 1] = _mm256_fmadd_pd(e[v][r], w, t[v][r & 1]);
       }
@@ -146,23 +178,23 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
     }
     for (; j < cols; j++)
       for (int v = 0; v < nv; v++)
-        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem(A[r], B[r], j);
+        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem_t(A[r], B[r], j, BF);
   }
   for (; i < r1; i++) {
-    const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
+    const float *ai = row_at(a, i, ld, BF), *bi = b ? b + i * ld : NULL;
     for (int v = 0; v < nv; v++) {
       const double *xv = x + (size_t)v * cols;
       double *av = acc + (size_t)v * cols;
       __m256d s = _mm256_setzero_pd();
       size_t j = 0;
-      for (; j < c4; j += 4) s = _mm256_fmadd_pd(load4(ai, bi, j), _mm256_loadu_pd(xv + j), s);
+      for (; j < c4; j += 4) s = _mm256_fmadd_pd(load4_t(ai, bi, j, BF), _mm256_loadu_pd(xv + j), s);
       double d = hsum4(s);
-      for (; j < cols; j++) d += elem(ai, bi, j) * xv[j];
+      for (; j < cols; j++) d += elem_t(ai, bi, j, BF) * xv[j];
       if (v == 0) quad += d * d;
       const __m256d e = _mm256_set1_pd(d);
       for (j = 0; j < c4; j += 4)
-        _mm256_storeu_pd(av + j, _mm256_fmadd_pd(e, load4(ai, bi, j), _mm256_loadu_pd(av + j)));
-      for (; j < cols; j++) av[j] += d * elem(ai, bi, j);
+        _mm256_storeu_pd(av + j, _mm256_fmadd_pd(e, load4_t(ai, bi, j, BF), _mm256_loadu_pd(av + j)));
+      for (; j < cols; j++) av[j] += d * elem_t(ai, bi, j, BF);
     }
   }
   return quad;
@@ -173,12 +205,21 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
  * blocks of 4 (4096^2, two vectors: 3.0 against 3.6 ms a pass). */
 __attribute__((target("avx2,fma"))) static double
 chunk_avx2(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
-           const double *x, double *acc, int nv) {
+           const double *x, double *acc, int nv, double quad) {
   if (nv == 2)
-    return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 2, 8)
-             : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8);
-  return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 1, 8)
-           : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1, 8);
+    return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 2, 8, quad, 0)
+             : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8, quad, 0);
+  return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 1, 8, quad, 0)
+           : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1, 8, quad, 0);
+}
+
+/* A stored as BF16, no B (b is ignored). */
+__attribute__((target("avx2,fma"))) static double
+chunk_avx2_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+                const double *x, double *acc, int nv, double quad) {
+  (void)b;
+  return nv == 2 ? chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8, quad, 1)
+                 : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1, 8, quad, 1);
 }
 
 /* ---- AVX-512: eight doubles a vector ---- */
@@ -190,20 +231,24 @@ AVX512 __m512d load8(const float *a, const float *b, size_t j) {
   return b ? _mm512_sub_pd(v, _mm512_cvtps_pd(_mm256_loadu_ps(b + j))) : v;
 }
 
+AVX512 __m512d load8_t(const float *a, const float *b, size_t j, int bf) {
+  if (!bf) return load8(a, b, j);
+  __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const unsigned char *)(const void *)a + 2 * j));
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+}
+
 /* Blocks of 8 rows: with 32 zmm registers the sums of 8 rows for two vectors fit. */
 AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_t r1,
                                 size_t cols, size_t ld, const double *x, double *acc,
-                                const int nv) {
+                                const int nv, double quad, const int BF) {
   enum { R = 8 };
   const size_t c8 = cols & ~(size_t)7;
-  double quad = 0.0;
   size_t i = r0;
-  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
   for (; i + R <= r1; i += R) {
     const float *A[R], *B[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      A[r] = a + (i + (size_t)r) * ld;
+      A[r] = row_at(a, i + (size_t)r, ld, BF);
       B[r] = b ? b + (i + (size_t)r) * ld : NULL;
     }
     __m512d s[2][R];
@@ -218,7 +263,7 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
       for (int v = 0; v < nv; v++) xv[v] = _mm512_loadu_pd(x + (size_t)v * cols + j);
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
-        __m512d w = load8(A[r], B[r], j);
+        __m512d w = load8_t(A[r], B[r], j, BF);
 #pragma GCC unroll 2
         for (int v = 0; v < nv; v++) s[v][r] = _mm512_fmadd_pd(w, xv[v], s[v][r]);
       }
@@ -229,7 +274,7 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
         d[v][r] = _mm512_reduce_add_pd(s[v][r]);
-        for (size_t t = j; t < cols; t++) d[v][r] += elem(A[r], B[r], t) * x[(size_t)v * cols + t];
+        for (size_t t = j; t < cols; t++) d[v][r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
       }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
@@ -244,7 +289,7 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
       for (int v = 0; v < nv; v++) t[v][0] = t[v][1] = _mm512_setzero_pd();
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
-        __m512d w = load8(A[r], B[r], j);
+        __m512d w = load8_t(A[r], B[r], j, BF);
 #pragma GCC unroll 2
         for (int v = 0; v < nv; v++) t[v][r & 1] = _mm512_fmadd_pd(e[v][r], w, t[v][r & 1]);
       }
@@ -256,23 +301,23 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
     }
     for (; j < cols; j++)
       for (int v = 0; v < nv; v++)
-        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem(A[r], B[r], j);
+        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem_t(A[r], B[r], j, BF);
   }
   for (; i < r1; i++) {
-    const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
+    const float *ai = row_at(a, i, ld, BF), *bi = b ? b + i * ld : NULL;
     for (int v = 0; v < nv; v++) {
       const double *xv = x + (size_t)v * cols;
       double *av = acc + (size_t)v * cols;
       __m512d s = _mm512_setzero_pd();
       size_t j = 0;
-      for (; j < c8; j += 8) s = _mm512_fmadd_pd(load8(ai, bi, j), _mm512_loadu_pd(xv + j), s);
+      for (; j < c8; j += 8) s = _mm512_fmadd_pd(load8_t(ai, bi, j, BF), _mm512_loadu_pd(xv + j), s);
       double d = _mm512_reduce_add_pd(s);
-      for (; j < cols; j++) d += elem(ai, bi, j) * xv[j];
+      for (; j < cols; j++) d += elem_t(ai, bi, j, BF) * xv[j];
       if (v == 0) quad += d * d;
       const __m512d e = _mm512_set1_pd(d);
       for (j = 0; j < c8; j += 8)
-        _mm512_storeu_pd(av + j, _mm512_fmadd_pd(e, load8(ai, bi, j), _mm512_loadu_pd(av + j)));
-      for (; j < cols; j++) av[j] += d * elem(ai, bi, j);
+        _mm512_storeu_pd(av + j, _mm512_fmadd_pd(e, load8_t(ai, bi, j, BF), _mm512_loadu_pd(av + j)));
+      for (; j < cols; j++) av[j] += d * elem_t(ai, bi, j, BF);
     }
   }
   return quad;
@@ -280,12 +325,21 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
 
 __attribute__((target("avx512f"))) static double
 chunk_avx512(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
-             const double *x, double *acc, int nv) {
+             const double *x, double *acc, int nv, double quad) {
   if (nv == 2)
-    return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 2)
-             : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2);
-  return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 1)
-           : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1);
+    return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 2, quad, 0)
+             : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2, quad, 0);
+  return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 1, quad, 0)
+           : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1, quad, 0);
+}
+
+/* A stored as BF16, no B (b is ignored). */
+__attribute__((target("avx512f"))) static double
+chunk_avx512_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+                  const double *x, double *acc, int nv, double quad) {
+  (void)b;
+  return nv == 2 ? chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2, quad, 1)
+                 : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1, quad, 1);
 }
 
 #endif /* HAVE_X86_KERNELS */
@@ -295,12 +349,13 @@ chunk_avx512(const float *a, const float *b, size_t r0, size_t r1, size_t cols, 
 static const struct kernel {
   const char *name;
   chunk_fn fn;
+  chunk_fn bf16_fn; /* A in BF16 and no B, read as it is stored; NULL: through the tiles */
 } kernels[] = {
 #ifdef HAVE_X86_KERNELS
-    {"avx512", chunk_avx512},
-    {"avx2", chunk_avx2},
+    {"avx512", chunk_avx512, chunk_avx512_bf16},
+    {"avx2", chunk_avx2, chunk_avx2_bf16},
 #endif
-    {"generic", chunk_generic},
+    {"generic", chunk_generic, NULL},
 };
 
 static int supported(const struct kernel *k) {
@@ -345,10 +400,32 @@ size_t stabi_chunk_count(size_t rows) {
  * on one. */
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
 
-double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
-                        const double *x, double *y, double *partial, int threads, int nv) {
+/* One chunk of rows [r0, r1). F32 rows are read where they are; 16-bit rows (or a mix: a
+ * BF16 matrix against an F32 one) are converted tile by tile into this thread's tile pair. */
+static double chunk(const struct kernel *kn, const stabi_src *m, size_t r0, size_t r1, size_t cols,
+                    const double *x, double *acc, int nv, float *tile) {
+  const chunk_fn fn = kn->fn;
+  memset(acc, 0, (size_t)nv * cols * sizeof *acc);
+  if (stabi_src_is_f32(m)) return fn(m->a, m->b, r0, r1, cols, m->ld, x, acc, nv, 0.0);
+  if (m->at == STAB_DTYPE_BF16 && !m->b && kn->bf16_fn)
+    return kn->bf16_fn(m->a, NULL, r0, r1, cols, m->ld, x, acc, nv, 0.0);
+  const size_t step = stabi_tile_rows(cols);
+  float *ta = tile, *tb = m->b ? tile + step * cols : NULL;
+  double quad = 0.0;
+  for (size_t i = r0; i < r1; i += step) {
+    size_t k = r1 - i < step ? r1 - i : step;
+    stabi_tile_f32(m->a, m->at, m->ld, i, k, cols, ta);
+    if (tb) stabi_tile_f32(m->b, m->bt, m->ld, i, k, cols, tb);
+    quad = fn(ta, tb, 0, k, cols, cols, x, acc, nv, quad);
+  }
+  return quad;
+}
+
+double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
+                        double *partial, const stabi_tiles *tiles, int threads, int nv) {
   const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
-  const chunk_fn fn = kernel()->fn;
+  const struct kernel *kn = kernel();
+  const int tiled = !stabi_src_is_f32(m);
   double quad[STABI_MAX_CHUNKS];
   int nt = 1;
 #ifdef _OPENMP
@@ -357,6 +434,7 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
   /* a thread past the chunk count would have nothing to do; asking OpenMP for, say, INT_MAX
    * of them makes libgomp abort the process when it cannot create them */
   if ((size_t)nt > nchunks) nt = (int)nchunks;
+  if (tiled && nt > tiles->slots) nt = tiles->slots; /* one tile pair per thread */
 #else
   (void)threads;
 #endif
@@ -367,7 +445,15 @@ double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols
 #endif
   for (size_t k = 0; k < nchunks; k++) {
     const size_t r0 = k * rows / nchunks, r1 = (k + 1) * rows / nchunks;
-    quad[k] = fn(a, b, r0, r1, cols, ld, x, acc0 + k * span, nv);
+    float *tile = NULL;
+    if (tiled) {
+      int me = 0;
+#ifdef _OPENMP
+      me = omp_get_thread_num();
+#endif
+      tile = tiles->buf + (size_t)me * 2 * tiles->floats;
+    }
+    quad[k] = chunk(kn, m, r0, r1, cols, x, acc0 + k * span, nv, tile);
   }
   double total = 0.0;
   for (size_t k = 0; k < nchunks; k++) total += quad[k];

@@ -50,6 +50,65 @@ stab_status stabi_check_name(const char *who, const char *name);
  * stab_utf8_decode), or (size_t)-1 when all n bytes are valid. */
 size_t stabi_utf8_invalid_at(const char *s, size_t n);
 
+/* ---- stored numbers in the dtypes read natively (stored_rows.c) ----
+ * F32, F16 and BF16 in host byte order. Pointers to 16-bit data travel as const float * in
+ * stab_layer; inside the library they are const void * and offsets are in elements. */
+
+/* Bytes per element: 4 (F32), 2 (F16, BF16); 0 for a dtype not read natively. */
+size_t stabi_dtype_size(stab_dtype dtype);
+/* "F32", "F16", "BF16", "OTHER", "QUANT"; NULL if unknown. */
+const char *stabi_dtype_name(stab_dtype dtype);
+
+/* p advanced by k elements of dtype (p NULL stays NULL). */
+static inline const void *stabi_elem_ptr(const void *p, stab_dtype dtype, size_t k) {
+  return p ? (const void *)((const unsigned char *)p + k * stabi_dtype_size(dtype)) : NULL;
+}
+
+/* n elements at p as f32 into out: exact (a 16-bit value is one f32 value). */
+void stabi_to_f32(const void *p, stab_dtype dtype, size_t n, float *out);
+
+/* Rows [r0, r0 + nrows) of cols elements (row stride ld elements) as f32 into tile, contiguous
+ * (row stride cols). */
+void stabi_tile_f32(const void *p, stab_dtype dtype, size_t ld, size_t r0, size_t nrows, size_t cols,
+                    float *tile);
+
+/* Row i (stride ld) of p as f32: in place for F32, else converted into buf (cols floats). */
+static inline const float *stabi_row_f32(const void *p, stab_dtype dtype, size_t ld, size_t i, size_t cols,
+                                         float *buf) {
+  if (dtype == STAB_DTYPE_F32) return (const float *)p + i * ld;
+  stabi_to_f32(stabi_elem_ptr(p, dtype, i * ld), dtype, cols, buf);
+  return buf;
+}
+
+/* A stored matrix A, or A - B: each with its own dtype (a BF16 checkpoint against an F32 one),
+ * one row stride ld in elements. b NULL: B = 0. */
+typedef struct {
+  const void *a, *b;
+  stab_dtype at, bt;
+  size_t ld;
+} stabi_src;
+
+static inline int stabi_src_is_f32(const stabi_src *m) {
+  return m->at == STAB_DTYPE_F32 && (!m->b || m->bt == STAB_DTYPE_F32);
+}
+
+/* The f32 tiles a pass converts 16-bit rows into: `slots` of them (one per thread), each a
+ * pair (A's rows, B's rows) of `floats` floats. */
+typedef struct {
+  float *buf;
+  size_t floats;
+  int slots;
+} stabi_tiles;
+
+/* Rows of cols elements a tile holds: a multiple of 8 (the row blocks of the pass kernels, so
+ * that a tile boundary is never inside a block: bit-identical results) of about
+ * STABI_TILE_FLOATS floats, at least 8. */
+#define STABI_TILE_FLOATS ((size_t)32768)
+static inline size_t stabi_tile_rows(size_t cols) {
+  size_t r = STABI_TILE_FLOATS / cols / 8 * 8;
+  return r < 8 ? 8 : r;
+}
+
 /* ---- the pass over a matrix (gram_pass.c) ---- */
 
 /* The fixed split of rows into chunks: fixed by the shape, never by the thread count, so
@@ -61,28 +120,38 @@ size_t stabi_chunk_count(size_t rows);
  * ld, in one pass: each row's dots with the nv (1 or 2) vectors of X (x + v cols), then the
  * row scaled by them into per-chunk f64 accumulators while the row is in cache. Y holds nv x
  * cols doubles; partial holds stabi_chunk_count(rows) * nv * cols. Returns x_0^T G x_0. */
-double stabi_gram_apply(const float *a, const float *b, size_t rows, size_t cols, size_t ld,
-                        const double *x, double *y, double *partial, int threads, int nv);
+double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
+                        double *partial, const stabi_tiles *tiles, int threads, int nv);
 
 /* ---- spectral workspace internals (spectral.c) ---- */
 
 /* Grows the workspace to hold rows x cols matrices (never shrinks). */
 stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, size_t cols);
 const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace *ws);
+/* stab_spectral_norm of a stored matrix of any dtype read natively, already validated (the
+ * layer's shape); out is reset first. Allocates nothing. */
+stab_status stabi_spectral_norm_src(stab_spectral_workspace *ws, const stabi_src *m, size_t rows,
+                                    size_t cols, double *v, stab_sigma_result *out);
 size_t stabi_spectral_bytes(const stab_spectral_workspace *ws);
 
 /* ---- sets of vectors stored as the rows or the columns of a matrix (norms.c, diameter.c) ----
  * An embedding table or an LM head is a set of vectors r_i = a_i - b_i (b NULL: a_i) of
  * `coords` numbers each: the rows of a matrix with row stride ld, or its columns. */
 typedef struct {
-  const float *a, *b;
+  const void *a, *b;
+  stab_dtype at, bt;      /* how a and b are stored */
   size_t items, coords, ld;
   int items_are_rows;
+  float *ra, *rb;         /* a stored row of a and of b as f32 (items or coords floats, whichever
+                             a row holds), for 16-bit sets; unused for F32 */
 } stabi_set;
 
-/* Element t of item i of a (or b). */
-static inline size_t stabi_set_index(const stabi_set *s, size_t i, size_t t) {
-  return s->items_are_rows ? i * s->ld + t : t * s->ld + i;
+/* Stored row t of the set (item t when items are rows; coordinate t of every item when they
+ * are columns) as f32: *a, and *b (NULL when the set has no b). */
+static inline void stabi_set_row(const stabi_set *s, size_t t, const float **a, const float **b) {
+  const size_t len = s->items_are_rows ? s->coords : s->items;
+  *a = stabi_row_f32(s->a, s->at, s->ld, t, len, s->ra);
+  *b = s->b ? stabi_row_f32(s->b, s->bt, s->ld, t, len, s->rb) : NULL;
 }
 
 /* For one contiguous item r = a - b (b may be NULL) of n numbers: sum_t (r_t - c_t)^2 into
@@ -109,8 +178,9 @@ double stabi_set_diameter_exact(const stabi_set *s, double *work);
  * SIZE_MAX when that does not fit in size_t. */
 size_t stabi_set_work(size_t items, size_t coords, int exact);
 
-/* Sum of squares of A - B (b may be NULL), rows x cols with row stride ld, in f64. */
-double stabi_sumsq(const float *a, const float *b, size_t rows, size_t cols, size_t ld);
+/* Sum of squares of A - B (m->b may be NULL), rows x cols, in f64. ra, rb: cols floats each
+ * (rows of 16-bit matrices are converted there), unused for F32. */
+double stabi_sumsq(const stabi_src *m, size_t rows, size_t cols, float *ra, float *rb);
 
 /* ---- one layer's metrics (layer_metrics.c) ---- */
 
@@ -155,6 +225,7 @@ void stabi_sharing_free(stabi_sharing *s);
 /* The update of a layer: dW = w - w_sub (w_sub NULL: dW = w), same for bias and key. */
 typedef struct {
   const float *w, *w_sub, *b, *b_sub, *k, *k_sub;
+  stab_dtype wt, sub_t;   /* how w, b, k and how w_sub, b_sub, k_sub are stored (0: F32) */
 } stabi_delta;
 
 /* Everything a measurement borrows. ws must fit the layer's blocks; work holds
@@ -163,7 +234,12 @@ typedef struct {
   stab_spectral_workspace *ws;
   double *work;
   stab_tight_method tight;
+  float *rowbuf;          /* 2 * stabi_layer_rowbuf() floats: rows of 16-bit layers as f32; NULL
+                             for F32 layers (the monitor's), which are read in place */
 } stabi_ctx;
+
+/* Floats of ctx->rowbuf a layer of this shape needs per operand (A, B). */
+size_t stabi_layer_rowbuf(const stabi_shape *sh);
 
 size_t stabi_layer_work(const stabi_shape *sh, stab_tight_method tight);
 /* Doubles of warm-start state a layer keeps between measurements. */

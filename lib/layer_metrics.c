@@ -82,6 +82,13 @@ stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape 
     return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown layout %d", who, name,
                       (int)l->layout);
   if (!l->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%s' has no weight (NULL)", who, name);
+  if (!stabi_dtype_name(l->dtype))
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' has unknown dtype %d", who, name, (int)l->dtype);
+  if (!stabi_dtype_size(l->dtype))
+    return stabi_fail(STAB_EINVAL,
+                      "%s: layer '%s' has dtype %s, which the layer functions do not read: only F32, "
+                      "F16 and BF16 (convert it to f32 first, e.g. with stab_ckpt_read_f32)",
+                      who, name, stabi_dtype_name(l->dtype));
   stab_status st = layer_dims(l, who, name, sh);
   if (st != STAB_OK) return st;
   switch (l->kind) {
@@ -150,17 +157,28 @@ size_t stabi_layer_work(const stabi_shape *sh, stab_tight_method tight) {
   return a > b ? a : b;
 }
 
+size_t stabi_layer_rowbuf(const stabi_shape *sh) {
+  /* a stored row (cols), or a whole bias or gain vector (d_out: a linear's bias is longer
+   * than its out-major rows when d_out > d_in) */
+  return sh->cols > sh->d_out ? sh->cols : sh->d_out;
+}
+
 size_t stabi_warm_len(const stab_layer *l, const stabi_shape *sh) {
   if (l->kind == STAB_KIND_LINEAR) return 2 * sh->cols;
   if (l->kind == STAB_KIND_ATTENTION) return 2 * sh->heads * sh->block_cols;
   return 0;
 }
 
-/* The set of class or token vectors of a table (items = V, coords = d). */
-static stabi_set table_set(const stabi_shape *sh, const float *a, const float *b) {
+/* The set of class or token vectors of a table (items = V, coords = d), stored as at and bt. */
+static stabi_set table_set(const stabi_ctx *ctx, const stabi_shape *sh, const float *a, stab_dtype at,
+                           const float *b, stab_dtype bt) {
   stabi_set s;
   s.a = a;
   s.b = b;
+  s.at = at;
+  s.bt = bt;
+  s.ra = ctx->rowbuf;
+  s.rb = ctx->rowbuf ? ctx->rowbuf + stabi_layer_rowbuf(sh) : NULL;
   s.ld = sh->ld;
   s.items_are_rows = sh->items_are_rows;
   s.items = sh->items_are_rows ? sh->rows : sh->cols;
@@ -192,14 +210,35 @@ static double diameter(const stabi_ctx *ctx, const stabi_set *s, double *max_rms
   return ctx->tight == STAB_TIGHT_EXACT ? stabi_set_diameter_exact(s, ctx->work) : NAN;
 }
 
+/* The two row buffers of ctx (A's, B's): rows of 16-bit operands are converted there. */
+static float *rowbuf_a(const stabi_ctx *ctx) { return ctx->rowbuf; }
+static float *rowbuf_b(const stabi_ctx *ctx, const stabi_shape *sh) {
+  return ctx->rowbuf ? ctx->rowbuf + stabi_layer_rowbuf(sh) : NULL;
+}
+
+/* ||a - b||_RMS of n stored numbers (b NULL: ||a||_RMS), through the row buffers if 16-bit. */
+static double rms_diff(const stabi_ctx *ctx, const stabi_shape *sh, const float *a, stab_dtype at,
+                       const float *b, stab_dtype bt, size_t n) {
+  const float *fa = stabi_row_f32(a, at, 0, 0, n, rowbuf_a(ctx));
+  const float *fb = b ? stabi_row_f32(b, bt, 0, 0, n, rowbuf_b(ctx, sh)) : NULL;
+  return stab_rms_diff(fa, fb, n);
+}
+
+/* sum of squares of a stored matrix of the layer's shape, or of A - B */
+static double sumsq(const stabi_ctx *ctx, const stabi_shape *sh, const float *a, stab_dtype at,
+                    const float *b, stab_dtype bt) {
+  const stabi_src src = {a, b, at, bt, sh->ld};
+  return stabi_sumsq(&src, sh->rows, sh->cols, rowbuf_a(ctx), rowbuf_b(ctx, sh));
+}
+
 static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
                           const stabi_delta *dl, double *warm, stab_metrics *m) {
   const double k = sqrt((double)l->d_in / (double)l->d_out);
   stab_sigma_result r;
-  stab_status st = stab_spectral_norm(ctx->ws, l->weight, NULL, sh->rows, sh->cols, sh->ld,
-                                      warm, &r);
+  const stabi_src w = {l->weight, NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
+  stab_status st = stabi_spectral_norm_src(ctx->ws, &w, sh->rows, sh->cols, warm, &r);
   if (st != STAB_OK) return st;
-  const double brms = l->bias ? stab_rms_diff(l->bias, NULL, l->d_out) : 0.0;
+  const double brms = l->bias ? rms_diff(ctx, sh, l->bias, l->dtype, NULL, STAB_DTYPE_F32, l->d_out) : 0.0;
   m->sigma = r.sigma;
   m->sigma_rel_err = r.rel_err;
   m->passes = r.passes;
@@ -211,17 +250,17 @@ static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi
     m->forward = m->dependency = m->sigma = NAN;
   }
   if (!dl) return STAB_OK;
-  st = stab_spectral_norm(ctx->ws, dl->w, dl->w_sub, sh->rows, sh->cols, sh->ld,
-                          warm ? warm + sh->cols : NULL, &r);
+  const stabi_src dw = {dl->w, dl->w_sub, dl->wt, dl->sub_t, sh->ld};
+  st = stabi_spectral_norm_src(ctx->ws, &dw, sh->rows, sh->cols, warm ? warm + sh->cols : NULL, &r);
   if (st != STAB_OK) return st;
-  const double dbrms = dl->b ? stab_rms_diff(dl->b, dl->b_sub, l->d_out) : 0.0;
+  const double dbrms = dl->b ? rms_diff(ctx, sh, dl->b, dl->wt, dl->b_sub, dl->sub_t, l->d_out) : 0.0;
   m->sigma_update = r.sigma;
   m->sigma_update_rel_err = r.rel_err;
   m->update_passes = r.passes;
   m->update = k * r.sigma + dbrms;
   if (!r.converged && !r.nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
-  double dw2 = stabi_sumsq(dl->w, dl->w_sub, sh->rows, sh->cols, sh->ld);
-  double w2 = stabi_sumsq(l->weight, NULL, sh->rows, sh->cols, sh->ld);
+  double dw2 = sumsq(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t);
+  double w2 = sumsq(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32);
   if (dl->b) dw2 += dbrms * dbrms * (double)l->d_out;
   if (l->bias) w2 += brms * brms * (double)l->d_out;
   m->rel_update = sqrt(dw2) / sqrt(w2);
@@ -233,15 +272,16 @@ static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi
 }
 
 /* rel_update of a whole stored matrix (tables, vectors). */
-static double rel_update(const stabi_shape *sh, const float *w, const stabi_delta *dl) {
-  return sqrt(stabi_sumsq(dl->w, dl->w_sub, sh->rows, sh->cols, sh->ld)) /
-         sqrt(stabi_sumsq(w, NULL, sh->rows, sh->cols, sh->ld));
+static double rel_update(const stabi_ctx *ctx, const stabi_shape *sh, const stab_layer *l,
+                         const stabi_delta *dl) {
+  return sqrt(sumsq(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t)) /
+         sqrt(sumsq(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32));
 }
 
 static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
                          const stabi_delta *dl, stab_metrics *m) {
   const int head = l->kind == STAB_KIND_LM_HEAD;
-  stabi_set s = table_set(sh, l->weight, NULL);
+  stabi_set s = table_set(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32);
   const double d = (double)s.coords, logv = log((double)s.items);
   double r;
   const double dm = diameter(ctx, &s, &r);
@@ -261,7 +301,7 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
     m->forward = m->dependency = m->spread = m->forward_tight = m->dependency_tight = NAN;
   }
   if (!dl) return;
-  stabi_set u = table_set(sh, dl->w, dl->w_sub);
+  stabi_set u = table_set(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t);
   double dr;
   if (head) {
     m->update_tight = d * diameter(ctx, &u, &dr);
@@ -269,29 +309,32 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
     dr = stabi_set_max_rms(&u, ctx->work);
   }
   m->update = head ? 2.0 * d * dr : dr;
-  m->rel_update = rel_update(sh, l->weight, dl);
+  m->rel_update = rel_update(ctx, sh, l, dl);
   if (!isfinite(dr)) {
     m->flags |= STAB_FLAG_NONFINITE_UPDATE;
     m->update = m->update_tight = m->rel_update = NAN;
   }
 }
 
-static void vector(const stab_layer *l, const stabi_shape *sh, const stabi_delta *dl,
-                   stab_metrics *m) {
+static void vector(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                   const stabi_delta *dl, stab_metrics *m) {
   const size_t n = l->d_out;
+  float *ra = rowbuf_a(ctx), *rb = rowbuf_b(ctx, sh);
   if (l->kind == STAB_KIND_GAIN) {
-    m->forward = m->dependency = stab_max_abs_diff(l->weight, NULL, n);
-    if (dl) m->update = stab_max_abs_diff(dl->w, dl->w_sub, n);
+    m->forward = m->dependency = stab_max_abs_diff(stabi_row_f32(l->weight, l->dtype, 0, 0, n, ra), NULL, n);
+    if (dl)
+      m->update = stab_max_abs_diff(stabi_row_f32(dl->w, dl->wt, 0, 0, n, ra),
+                                    dl->w_sub ? stabi_row_f32(dl->w_sub, dl->sub_t, 0, 0, n, rb) : NULL, n);
   } else {
-    m->forward = stab_rms_diff(l->weight, NULL, n);
-    if (dl) m->update = stab_rms_diff(dl->w, dl->w_sub, n);
+    m->forward = rms_diff(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32, n);
+    if (dl) m->update = rms_diff(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t, n);
   }
   if (!isfinite(m->forward)) {
     m->flags |= STAB_FLAG_NONFINITE_WEIGHT;
     m->forward = m->dependency = NAN;
   }
   if (!dl) return;
-  m->rel_update = rel_update(sh, l->weight, dl);
+  m->rel_update = rel_update(ctx, sh, l, dl);
   if (!isfinite(m->update)) {
     m->flags |= STAB_FLAG_NONFINITE_UPDATE;
     m->update = m->rel_update = NAN;
@@ -310,11 +353,11 @@ static stab_status attention(const stabi_ctx *ctx, const stab_layer *l, const st
     stab_sigma_result rq, rk;
     /* query head h reads key head h / group: grouped-query attention shares a key head */
     const size_t off = h * sh->block_step, k_off = h / (sh->heads / sh->kv_heads) * sh->block_step;
-    stab_status st = stab_spectral_norm(ctx->ws, l->weight + off, NULL, sh->block_rows, bc, sh->ld,
-                                        warm ? warm + 2 * h * bc : NULL, &rq);
+    const stabi_src q = {stabi_elem_ptr(l->weight, l->dtype, off), NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
+    const stabi_src k = {stabi_elem_ptr(l->weight_k, l->dtype, k_off), NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
+    stab_status st = stabi_spectral_norm_src(ctx->ws, &q, sh->block_rows, bc, warm ? warm + 2 * h * bc : NULL, &rq);
     if (st == STAB_OK)
-      st = stab_spectral_norm(ctx->ws, l->weight_k + k_off, NULL, sh->block_rows, bc, sh->ld,
-                              warm ? warm + (2 * h + 1) * bc : NULL, &rk);
+      st = stabi_spectral_norm_src(ctx->ws, &k, sh->block_rows, bc, warm ? warm + (2 * h + 1) * bc : NULL, &rk);
     if (st != STAB_OK) return st;
     const int both = rq.passes + rk.passes; /* each at most STAB_SPECTRAL_MAX_PASSES */
     m->passes = m->passes > INT_MAX - both ? INT_MAX : m->passes + both; /* many heads: saturate */
@@ -340,7 +383,7 @@ stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const
   case STAB_KIND_EMBEDDING:
   case STAB_KIND_LM_HEAD: table(ctx, l, sh, dl, m); break;
   case STAB_KIND_GAIN:
-  case STAB_KIND_BIAS: vector(l, sh, dl, m); break;
+  case STAB_KIND_BIAS: vector(ctx, l, sh, dl, m); break;
   case STAB_KIND_ATTENTION: st = attention(ctx, l, sh, warm, m, heads_out); break;
   }
   if (st == STAB_OK && (m->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE)))
@@ -350,11 +393,16 @@ stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const
   return st;
 }
 
-/* Checks that the `before` weights cover what the layer has. */
+/* Checks that the `before` weights cover what the layer has, in a dtype read natively. */
 static stab_status check_before(const stab_layer *l, const stab_layer *before) {
   if (!before->weight)
     return stabi_fail(STAB_EINVAL, "stab_layer_metrics: layer '%s': before->weight is NULL",
                       layer_name(l));
+  if (!stabi_dtype_size(before->dtype))
+    return stabi_fail(STAB_EINVAL,
+                      "stab_layer_metrics: layer '%s': before has dtype %s%s%d, not F32, F16 or BF16",
+                      layer_name(l), stabi_dtype_name(before->dtype) ? stabi_dtype_name(before->dtype) : "",
+                      stabi_dtype_name(before->dtype) ? " " : "unknown ", (int)before->dtype);
   if (l->bias && !before->bias)
     return stabi_fail(STAB_EINVAL, "stab_layer_metrics: layer '%s' has a bias but before has none",
                       layer_name(l));
@@ -380,8 +428,10 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
     dl.w_sub = before->weight;
     dl.b = layer->bias;
     dl.b_sub = before->bias;
+    dl.wt = layer->dtype;
+    dl.sub_t = before->dtype;
   }
-  stabi_ctx ctx = {NULL, NULL, p.tight};
+  stabi_ctx ctx = {NULL, NULL, p.tight, NULL};
   size_t wr = layer->kind == STAB_KIND_ATTENTION ? sh.block_rows : sh.rows;
   size_t wc = layer->kind == STAB_KIND_ATTENTION ? sh.block_cols : sh.cols;
   if (layer->kind == STAB_KIND_LINEAR || layer->kind == STAB_KIND_ATTENTION)
@@ -389,11 +439,16 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
   if (st != STAB_OK) return st;
   const size_t work_len = stabi_layer_work(&sh, p.tight);
   ctx.work = work_len <= (size_t)-1 / sizeof(double) ? malloc(work_len * sizeof(double)) : NULL;
-  if (!ctx.work) {
+  /* 16-bit operands: a row of each as f32 (the passes have their own tiles) */
+  const int native = layer->dtype == STAB_DTYPE_F32 && (!before || before->dtype == STAB_DTYPE_F32);
+  if (!native) ctx.rowbuf = malloc(2 * stabi_layer_rowbuf(&sh) * sizeof(float));
+  if (!ctx.work || (!native && !ctx.rowbuf)) {
+    free(ctx.work);
     stab_spectral_workspace_free(ctx.ws);
     return stabi_fail(STAB_ENOMEM, "stab_layer_metrics: out of memory");
   }
   st = stabi_layer_measure(&ctx, layer, &sh, before ? &dl : NULL, NULL, out, heads_out);
+  free(ctx.rowbuf);
   free(ctx.work);
   stab_spectral_workspace_free(ctx.ws);
   return st;

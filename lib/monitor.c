@@ -115,6 +115,12 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
   memset(&e, 0, sizeof e);
   st = stabi_layer_shape(layer, who, &e.shape);
   if (st != STAB_OK) return st;
+  /* its snapshot copies, warm vectors and the trace are f32, and measuring allocates nothing:
+   * 16-bit weights would need per-layer tiles a trainer holding f32 masters does not */
+  if (layer->dtype != STAB_DTYPE_F32)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' has dtype %s: the monitor takes F32 layers only "
+                      "(stab_layer_metrics reads F16 and BF16)", who, layer->name,
+                      layer->dtype == STAB_DTYPE_F16 ? "F16" : layer->dtype == STAB_DTYPE_BF16 ? "BF16" : "other than F32");
   e.layer = *layer;
   /* d_in and d_out in the kind's math for every kind, a table's included (given as vocab and
    * width): what stab_monitor_layer shows, and what the trace records per layer as before. */
@@ -241,7 +247,7 @@ stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
           return stabi_fail(STAB_ESTATE, "%s: layer '%s' has no update set (stab_monitor_set_update)", who,
                             m->layers[i].layer.name);
   }
-  stabi_ctx ctx = {m->ws, m->work, m->params.metrics.tight};
+  stabi_ctx ctx = {m->ws, m->work, m->params.metrics.tight, NULL}; /* F32 layers only: no row buffers */
   stab_status first = STAB_OK;
   for (size_t i = 0; i < m->count; i++) {
     entry *e = &m->layers[i];

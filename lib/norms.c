@@ -1,4 +1,4 @@
-/* norms.c — RMS norms and maxima of f32 data, accumulated in f64, with NaN propagating to
+/* norms.c — RMS norms and maxima of stored data (f32; 16-bit rows converted first), accumulated in f64, with NaN propagating to
  * every result it touches (a max never hides a NaN). */
 #include "internal.h"
 
@@ -48,12 +48,12 @@ double stab_max_abs_diff(const float *x, const float *y, size_t n) {
 
 /* Read once per measured step for every linear layer (rel_update), so vectorised: the simd
  * pragma fixes one summation order per build, keeping results reproducible. */
-double stabi_sumsq(const float *a, const float *b, size_t rows, size_t cols, size_t ld) {
+double stabi_sumsq(const stabi_src *m, size_t rows, size_t cols, float *ra, float *rb) {
   double s = 0.0;
   for (size_t i = 0; i < rows; i++) {
-    const float *ai = a + i * ld;
-    if (b) {
-      const float *bi = b + i * ld;
+    const float *ai = stabi_row_f32(m->a, m->at, m->ld, i, cols, ra);
+    if (m->b) {
+      const float *bi = stabi_row_f32(m->b, m->bt, m->ld, i, cols, rb);
 #pragma omp simd reduction(+ : s)
       for (size_t t = 0; t < cols; t++) {
         double v = (double)ai[t] - (double)bi[t];
@@ -123,18 +123,22 @@ double stabi_item_sumsq(const float *a, const float *b, const double *c, size_t 
 
 double stabi_set_max_rms(const stabi_set *s, double *work) {
   double m = 0.0;
+  const float *a, *b;
   if (s->items_are_rows) {
-    for (size_t i = 0; i < s->items; i++)
-      m = stabi_nanmax(m, stabi_item_sumsq(s->a + i * s->ld, s->b ? s->b + i * s->ld : NULL,
-                                           NULL, s->coords, NULL));
+    for (size_t i = 0; i < s->items; i++) {
+      stabi_set_row(s, i, &a, &b);
+      m = stabi_nanmax(m, stabi_item_sumsq(a, b, NULL, s->coords, NULL));
+    }
   } else {
     /* Items are columns: sweep the rows in memory order, one sum of squares per column. */
     memset(work, 0, s->items * sizeof *work);
-    for (size_t t = 0; t < s->coords; t++)
+    for (size_t t = 0; t < s->coords; t++) {
+      stabi_set_row(s, t, &a, &b);
       for (size_t i = 0; i < s->items; i++) {
-        double v = elem(s->a, s->b, t * s->ld + i);
+        double v = elem(a, b, i);
         work[i] += v * v;
       }
+    }
     for (size_t i = 0; i < s->items; i++) m = stabi_nanmax(m, work[i]);
   }
   return sqrt(m / (double)s->coords);

@@ -1,4 +1,4 @@
-/* spectral.c — sigma(A) and sigma(A - B) of f32 matrices: block Lanczos and power iteration
+/* spectral.c — sigma(A) and sigma(A - B) of stored matrices (f32; F16 and BF16 through tiles): block Lanczos and power iteration
  * on the Gram matrix G = A^T A (one pass over A per step, gram_pass.c), warm-started from the
  * previous top right singular vector, and LAPACK dgesvd as the exact reference.
  *
@@ -19,6 +19,9 @@
 #include <lapacke.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Matrices with at most this many columns get their Gram matrix formed exactly. */
 #define SMALL_COLS 32
@@ -38,7 +41,16 @@ struct stab_spectral_workspace {
   lapack_int elwork, eliwork;
   double *copy, *sv, *gwork;     /* exact: f64 matrix, singular values, dgesvd work */
   lapack_int lwork;
+  stabi_tiles tiles;             /* f32 tiles of 16-bit rows, one pair per thread */
+  float *whole;                  /* a small 16-bit matrix (and B) as f32: 2 * WHOLE_FLOATS, made
+                                    when first needed (stab_layer_metrics' path only) */
 };
+
+/* 16-bit matrices up to this many elements (4 MiB as f32) are converted once per estimate
+ * instead of once per pass: an attention head's block (128 x 4096 in Llama-7B) takes 30-60
+ * passes, and converting it at each one cost more than the passes (1.8 s a layer of 32 heads
+ * against 0.4 s). The kernels see the same numbers in the same order either way. */
+#define WHOLE_FLOATS ((size_t)1 << 20)
 
 stab_spectral_params stab_spectral_default_params(void) {
   stab_spectral_params p;
@@ -54,7 +66,7 @@ stab_spectral_params stab_spectral_default_params(void) {
 static void free_buffers(stab_spectral_workspace *ws) {
   free(ws->partial); free(ws->x); free(ws->y); free(ws->basis); free(ws->h);
   free(ws->e); free(ws->w); free(ws->z); free(ws->ework); free(ws->eiwork); free(ws->eifail); free(ws->bq);
-  free(ws->copy); free(ws->sv); free(ws->gwork);
+  free(ws->copy); free(ws->sv); free(ws->gwork); free(ws->tiles.buf); free(ws->whole);
 }
 
 void stab_spectral_workspace_free(stab_spectral_workspace *ws) {
@@ -93,6 +105,18 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
   n.partial = alloc_doubles(stabi_mul(nchunks, 2 * c), &failed);
   n.x = alloc_doubles(2 * c, &failed);
   n.y = alloc_doubles(2 * c, &failed);
+  /* a pair of tiles for each thread a pass may use (never more than its chunks); the exact
+   * mode converts its rows through the first */
+  int slots = ws->params.threads > 0 ? ws->params.threads : 1;
+#ifdef _OPENMP
+  if (ws->params.threads == 0) slots = omp_get_max_threads();
+#endif
+  if ((size_t)slots > nchunks) slots = (int)nchunks;
+  n.tiles.floats = c > STABI_TILE_FLOATS / 8 ? 8 * c : STABI_TILE_FLOATS;
+  n.tiles.slots = slots;
+  if (stabi_mul_fits(n.tiles.floats, 2 * (size_t)slots) &&
+      !(n.tiles.buf = malloc(n.tiles.floats * 2 * (size_t)slots * sizeof(float))))
+    failed = 1;
   if (ws->params.method == STAB_SPECTRAL_LANCZOS) {
     size_t k = stabi_krylov_basis(&ws->params);
     n.kdim = k;
@@ -165,7 +189,7 @@ size_t stabi_spectral_bytes(const stab_spectral_workspace *ws) {
   d += ws->edim * ws->max_cols + ws->kdim * ws->kdim + ws->edim * (2 * ws->edim + 3) + (size_t)ws->elwork;
   d += ((size_t)ws->eliwork + ws->edim) * sizeof(lapack_int) / sizeof(double) + 1;
   if (ws->copy) d += ws->max_rows * ws->max_cols + ws->max_cols + ws->max_rows + (size_t)ws->lwork;
-  return d * sizeof(double) + sizeof *ws;
+  return d * sizeof(double) + ws->tiles.floats * 2 * (size_t)ws->tiles.slots * sizeof(float) + sizeof *ws;
 }
 
 /* ---- small vector helpers (f64) ---- */
@@ -240,15 +264,15 @@ static double sigma_rel(double lambda_err, double theta) {
 
 /* ---- power iteration ---- */
 
-static void power(stab_spectral_workspace *ws, const float *a, const float *b, size_t rows,
-                  size_t cols, size_t ld, double *v, stab_sigma_result *out) {
+static void power(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, size_t cols,
+                  double *v, stab_sigma_result *out) {
   const stab_spectral_params *p = &ws->params;
   double *x = ws->x, *y = ws->y;
   int warm = start_vector(x, v, cols, p->seed);
   double theta = 0.0, err = INFINITY;
   int k = 0;
   while (k < p->max_passes) {
-    theta = stabi_gram_apply(a, b, rows, cols, ld, x, y, ws->partial, p->threads, 1);
+    theta = stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, p->threads, 1);
     k++;
     if (!isfinite(theta)) {
       out->nonfinite = 1;
@@ -406,9 +430,8 @@ static double normalise_or_replace(const double *q, size_t n, const double *also
 
 /* Narrow matrices: the whole Gram matrix G = A^T A from cols/2 two-vector passes over unit
  * vectors, then its largest eigenvalue: exact, whatever the spectrum. */
-static stab_status small_gram(stab_spectral_workspace *ws, const float *a, const float *b,
-                              size_t rows, size_t cols, size_t ld, double *v,
-                              stab_sigma_result *out) {
+static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
+                              size_t cols, double *v, stab_sigma_result *out) {
   const stab_spectral_params *p = &ws->params;
   double *g = ws->basis; /* cols x cols, row-major: the basis holds SMALL_COLS vectors or more */
   int k = 0;
@@ -417,7 +440,7 @@ static stab_status small_gram(stab_spectral_workspace *ws, const float *a, const
     memset(ws->x, 0, 2 * cols * sizeof(double));
     ws->x[j] = 1.0;
     if (nv == 2) ws->x[cols + j + 1] = 1.0;
-    double q = stabi_gram_apply(a, b, rows, cols, ld, ws->x, ws->y, ws->partial, p->threads, nv);
+    double q = stabi_gram_apply(a, rows, cols, ws->x, ws->y, ws->partial, &ws->tiles, p->threads, nv);
     k++;
     if (!isfinite(q)) {
       out->nonfinite = 1;
@@ -436,10 +459,9 @@ static stab_status small_gram(stab_spectral_workspace *ws, const float *a, const
   return STAB_OK;
 }
 
-static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const float *b,
-                           size_t rows, size_t cols, size_t ld, double *v,
-                           stab_sigma_result *out) {
-  if (cols <= SMALL_COLS) return small_gram(ws, a, b, rows, cols, ld, v, out);
+static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, size_t cols,
+                           double *v, stab_sigma_result *out) {
+  if (cols <= SMALL_COLS) return small_gram(ws, a, rows, cols, v, out);
   const stab_spectral_params *p = &ws->params;
   const size_t M = ws->kdim;
   double *const Q = ws->basis, *const H = ws->h, *const Z = ws->y;
@@ -460,7 +482,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
   size_t ritz_n = 0;
   int k = 0;
   while (k < p->max_passes) {
-    double q0 = stabi_gram_apply(a, b, rows, cols, ld, Q + m * cols, Z, ws->partial, p->threads, 2);
+    double q0 = stabi_gram_apply(a, rows, cols, Q + m * cols, Z, ws->partial, &ws->tiles, p->threads, 2);
     k++;
     if (!isfinite(q0) || !isfinite(Z[0]) || !isfinite(Z[cols])) {
       out->nonfinite = 1;
@@ -530,16 +552,20 @@ static stab_status lanczos(stab_spectral_workspace *ws, const float *a, const fl
 
 /* ---- exact: dgesvd on an f64 copy ---- */
 
-static stab_status exact(stab_spectral_workspace *ws, const float *a, const float *b, size_t rows,
-                         size_t cols, size_t ld, stab_sigma_result *out) {
+static stab_status exact(stab_spectral_workspace *ws, const stabi_src *src, size_t rows, size_t cols,
+                         stab_sigma_result *out) {
   double *c = ws->copy;
   double bad = 0.0;
-  for (size_t i = 0; i < rows; i++)
+  float *ra = ws->tiles.buf, *rb = ws->tiles.buf + ws->tiles.floats;
+  for (size_t i = 0; i < rows; i++) {
+    const float *a = stabi_row_f32(src->a, src->at, src->ld, i, cols, ra);
+    const float *b = src->b ? stabi_row_f32(src->b, src->bt, src->ld, i, cols, rb) : NULL;
     for (size_t t = 0; t < cols; t++) {
-      double e = b ? (double)a[i * ld + t] - (double)b[i * ld + t] : (double)a[i * ld + t];
+      double e = b ? (double)a[t] - (double)b[t] : (double)a[t];
       bad += e * 0.0; /* NaN for NaN or Inf, else 0 */
       c[i * cols + t] = e;
     }
+  }
   out->passes = 1;
   if (isnan(bad)) {
     out->nonfinite = 1;
@@ -574,14 +600,32 @@ stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, cons
   out->rel_err = NAN;
   stab_status st = stabi_check_matrix("stab_spectral_norm", "a", a, rows, cols, &ld);
   if (st != STAB_OK) return st;
+  const stabi_src src = {a, b, STAB_DTYPE_F32, STAB_DTYPE_F32, ld};
+  return stabi_spectral_norm_src(ws, &src, rows, cols, v, out);
+}
+
+stab_status stabi_spectral_norm_src(stab_spectral_workspace *ws, const stabi_src *m, size_t rows,
+                                    size_t cols, double *v, stab_sigma_result *out) {
+  memset(out, 0, sizeof *out);
+  out->sigma = NAN;
+  out->rel_err = NAN;
   if (rows > ws->max_rows || cols > ws->max_cols)
     return stabi_fail(STAB_EDIM,
                       "stab_spectral_norm: %zu x %zu does not fit the workspace (%zu x %zu)",
                       rows, cols, ws->max_rows, ws->max_cols);
+  stabi_src whole;
+  if (!stabi_src_is_f32(m) && rows * cols <= WHOLE_FLOATS && ws->params.method != STAB_SPECTRAL_EXACT &&
+      (ws->whole || (ws->whole = malloc(2 * WHOLE_FLOATS * sizeof(float))))) {
+    float *wa = ws->whole, *wb = m->b ? ws->whole + WHOLE_FLOATS : NULL;
+    stabi_tile_f32(m->a, m->at, m->ld, 0, rows, cols, wa);
+    if (wb) stabi_tile_f32(m->b, m->bt, m->ld, 0, rows, cols, wb);
+    whole = (stabi_src){wa, wb, STAB_DTYPE_F32, STAB_DTYPE_F32, cols};
+    m = &whole; /* without the memory (malloc failed): the tiles, slower, the same numbers */
+  }
   switch (ws->params.method) {
-  case STAB_SPECTRAL_POWER: power(ws, a, b, rows, cols, ld, v, out); return STAB_OK;
-  case STAB_SPECTRAL_LANCZOS: return lanczos(ws, a, b, rows, cols, ld, v, out);
-  case STAB_SPECTRAL_EXACT: return exact(ws, a, b, rows, cols, ld, out);
+  case STAB_SPECTRAL_POWER: power(ws, m, rows, cols, v, out); return STAB_OK;
+  case STAB_SPECTRAL_LANCZOS: return lanczos(ws, m, rows, cols, v, out);
+  case STAB_SPECTRAL_EXACT: return exact(ws, m, rows, cols, out);
   }
   return stabi_fail(STAB_EINVAL, "stab_spectral_norm: unknown method");
 }
