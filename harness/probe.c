@@ -282,11 +282,6 @@ static const float *weights_as(const stab_ckpt_tensor *t, stab_dtype dtype, f32b
   return as_f32(t, b, keep_mapped);
 }
 
-/* p advanced by k elements of dtype: the library counts offsets in elements of the layer's dtype. */
-static const float *elem_at(const float *p, stab_dtype dtype, size_t k) {
-  return (const float *)(const void *)((const unsigned char *)p + k * (dtype == STAB_DTYPE_F32 ? 4 : 2));
-}
-
 /* ---- the order of the rows (--sort, --top) and the summary ---------------------------- */
 
 /* The value --sort METRIC orders by (SORT_FORWARD ...). */
@@ -854,16 +849,12 @@ static int describe(options *o, const ckpt *f, stab_model **model, row **rows, s
 }
 
 /* The logit bounds of attention row r, from q and k stored as dtype: the library's attention
- * metrics of the entry's layer (grouped-query heads included: .kv_heads). The entry adds its
- * q and k offsets in floats; a 16-bit layer's are in 2-byte elements, so they are set here. */
+ * metrics of the entry's layer (grouped-query heads included: .kv_heads). */
 static stab_status measure_attention(row *r, const float *q, const float *k, stab_dtype dtype,
                                      const stab_metrics_params *mp) {
   stab_layer L;
-  stab_status st = stab_model_entry_layer(r->e, q, NULL, k, &L);
+  stab_status st = stab_model_entry_layer(r->e, dtype, q, NULL, k, &L);
   if (st != STAB_OK) return st;
-  L.dtype = dtype;
-  L.weight = elem_at(q, dtype, r->e->q_off);
-  L.weight_k = elem_at(k, dtype, r->e->k_off);
   return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
 }
 

@@ -27,9 +27,9 @@ extern "C" {
 #endif
 
 #define STAB_VERSION_MAJOR 0
-#define STAB_VERSION_MINOR 2
+#define STAB_VERSION_MINOR 3
 #define STAB_VERSION_PATCH 0
-#define STAB_VERSION_STRING "0.2.0"
+#define STAB_VERSION_STRING "0.3.0"
 
 /* The version of the library actually linked, "MAJOR.MINOR.PATCH". */
 const char *stab_version(void);
@@ -1324,19 +1324,16 @@ int stab_model_has_head(const stab_model *m);
 size_t stab_model_count(const stab_model *m);
 const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index);
 
-/* The stab_layer of entry e, reading weight, bias and weight_k: the f32 values of e->weight,
- * e->bias and e->weight_k from their first element (the offsets into a fused tensor are
- * added here; bias and weight_k NULL when e has none). The layer is named e->name; an
- * attention entry's kv_heads is the layer's. A layer of experts is no stab_layer (register
- * its experts). Errors: NULL e, weight or out, an entry not measured or a layer of experts,
- * STAB_EINVAL. */
-stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weight, const float *bias,
-                                   const float *weight_k, stab_layer *out);
-/* An attention entry's query head h (0 .. heads-1) as a one-head stab_layer against its key head
- * (h / (heads / kv_heads)): its bound is that head's. Errors: not an attention entry, h out of
- * range, NULL pointers STAB_EINVAL. */
-stab_status stab_model_head_layer(const stab_model_entry *e, size_t h, const float *weight,
-                                  const float *weight_k, stab_layer *out);
+/* The stab_layer of entry e, reading weight, bias and weight_k: the values of e->weight,
+ * e->bias and e->weight_k from their first element, all three stored as dtype (F32, F16 or
+ * BF16: the tensors' own data when their dtype is one of these, or the caller's f32 copy;
+ * the layer's .dtype). The offsets into a fused tensor are added here, in elements of dtype;
+ * bias and weight_k are NULL when e has none. The layer is named e->name; an attention
+ * entry's kv_heads is the layer's. A layer of experts is no stab_layer (register its
+ * experts). Errors: NULL e, weight or out, an entry not measured or a layer of experts, a
+ * dtype other than F32, F16 and BF16, STAB_EINVAL. */
+stab_status stab_model_entry_layer(const stab_model_entry *e, stab_dtype dtype, const void *weight,
+                                   const void *bias, const void *weight_k, stab_layer *out);
 
 #ifdef __cplusplus
 }

@@ -731,13 +731,16 @@ const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index) {
 
 /* ---- entries as layers ------------------------------------------------------------------- */
 
-stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weight, const float *bias,
-                                   const float *weight_k, stab_layer *out) {
+stab_status stab_model_entry_layer(const stab_model_entry *e, stab_dtype dtype, const void *weight,
+                                   const void *bias, const void *weight_k, stab_layer *out) {
   if (!e || !weight || !out) return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: NULL argument");
   if (e->why_not) return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: '%s' is not measured: %s", e->name, e->why_not);
   if (e->n_expert)
     return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: '%s' is a layer of %zu experts: register each expert's entry",
                       e->name, e->n_expert);
+  if (dtype != STAB_DTYPE_F32 && dtype != STAB_DTYPE_F16 && dtype != STAB_DTYPE_BF16)
+    return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: '%s': dtype %d is not F32, F16 or BF16", e->name, (int)dtype);
+  const size_t elem = dtype == STAB_DTYPE_F32 ? 4 : 2; /* the offsets below count elements */
   int attention = e->kind == STAB_KIND_ATTENTION;
   if (attention && !weight_k) return stabi_fail(STAB_EINVAL, "stab_model_entry_layer: attention '%s': NULL weight_k", e->name);
   stab_layer L;
@@ -752,28 +755,13 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, const float *weigh
   } else {
     L.d_in = e->d_in, L.d_out = e->d_out;
   }
-  L.weight = weight + (attention ? e->q_off : 0);
+  L.dtype = dtype;
+  L.weight = (const float *)(const void *)((const unsigned char *)weight + (attention ? e->q_off * elem : 0));
   L.bias = e->kind == STAB_KIND_LINEAR && e->bias ? bias : NULL;
-  if (attention) L.weight_k = weight_k + e->k_off, L.ld = e->ld, L.heads = e->heads, L.kv_heads = e->kv_heads;
-  *out = L;
-  return STAB_OK;
-}
-
-stab_status stab_model_head_layer(const stab_model_entry *e, size_t h, const float *weight, const float *weight_k,
-                                  stab_layer *out) {
-  if (!e || !weight || !weight_k || !out) return stabi_fail(STAB_EINVAL, "stab_model_head_layer: NULL argument");
-  if (e->why_not || e->kind != STAB_KIND_ATTENTION || !e->heads || !e->kv_heads || h >= e->heads)
-    return stabi_fail(STAB_EINVAL, "stab_model_head_layer: '%s' has no attention head %zu", e->name, h);
-  size_t dh = e->d_out / e->heads, group = e->heads / e->kv_heads;
-  size_t step = e->layout == STAB_LAYOUT_IN_MAJOR ? dh : dh * e->ld; /* one head's block */
-  stab_layer L;
-  memset(&L, 0, sizeof L);
-  L.name = e->name;
-  L.kind = STAB_KIND_ATTENTION;
-  L.layout = e->layout;
-  L.d_in = e->d_in, L.d_out = dh, L.heads = 1, L.ld = e->ld;
-  L.weight = weight + e->q_off + h * step;
-  L.weight_k = weight_k + e->k_off + (h / group) * step;
+  if (attention) {
+    L.weight_k = (const float *)(const void *)((const unsigned char *)weight_k + e->k_off * elem);
+    L.ld = e->ld, L.heads = e->heads, L.kv_heads = e->kv_heads;
+  }
   *out = L;
   return STAB_OK;
 }

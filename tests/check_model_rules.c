@@ -385,7 +385,7 @@ static void expect_experts(const model *md, const char *name, size_t n, const ch
   ck_assert_uint_eq(g->expert, STAB_MODEL_NO_EXPERT);
   size_t gi = (size_t)(g - stab_model_entry_at(md->m, 0));
   stab_layer L;
-  ck_assert_int_eq(stab_model_entry_layer(g, (const float *)md, NULL, NULL, &L), STAB_EINVAL);
+  ck_assert_int_eq(stab_model_entry_layer(g, STAB_DTYPE_F32, md, NULL, NULL, &L), STAB_EINVAL);
   for (size_t x = 0; x < n; x++) {
     const stab_model_entry *e = stab_model_entry_at(md->m, gi + 1 + x);
     char want_name[200];
@@ -597,7 +597,7 @@ START_TEST(test_entry_layers) {
   const stab_model_entry *lin = entry(&md, "h.0.attn.c_attn"), *att = entry(&md, "h.0.attn.logits");
   stab_layer L, ref;
   stab_metrics m1, m2;
-  ck_assert_int_eq(stab_model_entry_layer(lin, w, b, NULL, &L), STAB_OK);
+  ck_assert_int_eq(stab_model_entry_layer(lin, STAB_DTYPE_F32, w, b, NULL, &L), STAB_OK);
   ref = (stab_layer){.name = "h.0.attn.c_attn", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C,
                      .layout = STAB_LAYOUT_IN_MAJOR, .weight = w, .bias = b};
   ck_assert_int_eq(stab_layer_metrics(&L, NULL, NULL, &m1, NULL), STAB_OK);
@@ -605,15 +605,19 @@ START_TEST(test_entry_layers) {
   ck_assert_double_eq(m1.forward, m2.forward);
   ck_assert_double_eq(m1.dependency, m2.dependency);
   double hb1[2], hb2[2];
-  ck_assert_int_eq(stab_model_entry_layer(att, w, NULL, w, &L), STAB_OK);
+  ck_assert_int_eq(stab_model_entry_layer(att, STAB_DTYPE_F32, w, NULL, w, &L), STAB_OK);
   ref = (stab_layer){.name = "a", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .layout = STAB_LAYOUT_IN_MAJOR,
                      .ld = 3 * C, .weight = w, .weight_k = w + C, .heads = H};
   ck_assert_int_eq(stab_layer_metrics(&L, NULL, NULL, &m1, hb1), STAB_OK);
   ck_assert_int_eq(stab_layer_metrics(&ref, NULL, NULL, &m2, hb2), STAB_OK);
   ck_assert_double_eq(m1.forward, m2.forward);
   ck_assert_double_eq(hb1[1], hb2[1]);
-  /* not measured, GQA through the whole-layer helper, a head out of range: refused */
-  ck_assert_int_eq(stab_model_head_layer(att, 2, w, w, &L), STAB_EINVAL);
+  /* the same entry over 16-bit data: the offsets into the fused tensor count 2-byte elements */
+  ck_assert_int_eq(stab_model_entry_layer(att, STAB_DTYPE_BF16, w, NULL, w, &L), STAB_OK);
+  ck_assert_int_eq(L.dtype, STAB_DTYPE_BF16);
+  ck_assert_ptr_eq(L.weight, w);
+  ck_assert_ptr_eq((const void *)L.weight_k, (const void *)((const unsigned char *)w + C * 2));
+  ck_assert_int_eq(stab_model_entry_layer(att, STAB_DTYPE_QUANT, w, NULL, w, &L), STAB_EINVAL);
   stab_model_free(md.m);
   build(&md, llama, N_LLAMA, &(stab_model_config){.heads = 4, .tie = -1});
   att = entry(&md, "model.layers.0.self_attn.logits");
@@ -622,7 +626,7 @@ START_TEST(test_entry_layers) {
   tu_fill_gauss(k, 8, 16, 16, 0.3, &rng);
   /* grouped-query: one layer with kv_heads, each head's bound s d_h (f sigma(q_h)) (f sigma(k_g))
    * with g = h / 2, f = sqrt(d / d_h), by LAPACK */
-  ck_assert_int_eq(stab_model_entry_layer(att, q, NULL, k, &L), STAB_OK);
+  ck_assert_int_eq(stab_model_entry_layer(att, STAB_DTYPE_F32, q, NULL, k, &L), STAB_OK);
   ck_assert_uint_eq(L.kv_heads, 2);
   stab_metrics_params mp = stab_metrics_default_params();
   mp.spectral.method = STAB_SPECTRAL_EXACT;
@@ -636,12 +640,7 @@ START_TEST(test_entry_layers) {
     worst = fmax(worst, want);
   }
   ck_assert_double_eq_tol(m1.forward, worst, 1e-12 * worst);
-  ck_assert_int_eq(stab_model_head_layer(att, 3, q, k, &L), STAB_OK);
-  ck_assert_ptr_eq(L.weight, q + 3 * 4 * 16); /* query head 3: rows 12-15 */
-  ck_assert_ptr_eq(L.weight_k, k + 1 * 4 * 16); /* its key head 1 (two query heads each) */
-  ck_assert_uint_eq(L.d_out, 4);
-  ck_assert_uint_eq(L.heads, 1);
-  ck_assert_int_eq(stab_model_entry_layer(entry(&md, "model.norm"), NULL, NULL, NULL, &L), STAB_EINVAL);
+  ck_assert_int_eq(stab_model_entry_layer(entry(&md, "model.norm"), STAB_DTYPE_F32, NULL, NULL, NULL, &L), STAB_EINVAL);
   stab_model_free(md.m);
   stab_model *none;
   ck_assert_int_eq(stab_model_describe(NULL, 1, NULL, &none), STAB_EINVAL);
