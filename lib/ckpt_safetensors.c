@@ -87,36 +87,17 @@ static int accept(cursor *c, char ch) {
   return 0;
 }
 
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
 static stab_status read_hex4(cursor *c, unsigned *out) {
   if (c->n - c->i < 4) return bad(c, "%s", "truncated \\u escape");
   unsigned v = 0;
   for (int k = 0; k < 4; k++) {
-    int h = hexval(c->p[c->i + k]);
+    int h = stabi_hex_digit(c->p[c->i + k]);
     if (h < 0) return bad(c, "%s", "bad hex digit in \\u escape");
     v = v * 16 + (unsigned)h;
   }
   c->i += 4;
   *out = v;
   return STAB_OK;
-}
-
-static size_t put_utf8(char *o, uint32_t cp) {
-  if (cp < 0x80) { o[0] = (char)cp; return 1; }
-  if (cp < 0x800) { o[0] = (char)(0xc0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
-  if (cp < 0x10000) {
-    o[0] = (char)(0xe0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[2] = (char)(0x80 | (cp & 0x3f));
-    return 3;
-  }
-  o[0] = (char)(0xf0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-  o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[3] = (char)(0x80 | (cp & 0x3f));
-  return 4;
 }
 
 /* A JSON string, decoded into a new NUL-terminated buffer (*out, caller frees). The decoded
@@ -183,7 +164,7 @@ static stab_status parse_string(cursor *c, char **out, const char *what) {
         free(s);
         return st;
       }
-      o += put_utf8(s + o, u); /* at most 4 bytes for the 6 or 12 read */
+      o += stabi_utf8_encode(s + o, u); /* at most 4 bytes for the 6 or 12 read */
       break;
     }
     default:

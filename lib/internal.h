@@ -49,6 +49,11 @@ stab_status stabi_check_name(const char *who, const char *name);
 /* Offset of the first byte of s[0..n) that does not start a valid UTF-8 sequence (see
  * stab_utf8_decode), or (size_t)-1 when all n bytes are valid. */
 size_t stabi_utf8_invalid_at(const char *s, size_t n);
+/* Code point cp (at most U+10FFFF, not a surrogate: the caller checked) as UTF-8 into o (room
+ * for 4 bytes); the bytes written. */
+size_t stabi_utf8_encode(char *o, uint32_t cp);
+/* The value of hex digit ch (0-9, a-f, A-F), or -1. */
+int stabi_hex_digit(char ch);
 
 /* ---- stored numbers in the dtypes read natively (stored_rows.c) ----
  * F32, F16 and BF16 in host byte order. Pointers to 16-bit data travel as const float * in

@@ -32,36 +32,17 @@ static void skip_ws(cursor *c) {
     c->i++;
 }
 
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
 static int read_hex4(cursor *c, unsigned *out) {
   if (c->n - c->i < 4) return 0;
   unsigned v = 0;
   for (int k = 0; k < 4; k++) {
-    int h = hexval(c->p[c->i + k]);
+    int h = stabi_hex_digit(c->p[c->i + k]);
     if (h < 0) return 0;
     v = v * 16 + (unsigned)h;
   }
   c->i += 4;
   *out = v;
   return 1;
-}
-
-static size_t put_utf8(char *o, uint32_t cp) {
-  if (cp < 0x80) { o[0] = (char)cp; return 1; }
-  if (cp < 0x800) { o[0] = (char)(0xc0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
-  if (cp < 0x10000) {
-    o[0] = (char)(0xe0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[2] = (char)(0x80 | (cp & 0x3f));
-    return 3;
-  }
-  o[0] = (char)(0xf0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-  o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[3] = (char)(0x80 | (cp & 0x3f));
-  return 4;
 }
 
 /* A string at the cursor (its opening quote), decoded into a new NUL-terminated buffer: valid
@@ -113,7 +94,7 @@ static stab_status parse_string(cursor *c, char **out) {
         else u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
       } else if (u >= 0xdc00 && u <= 0xdfff) why = "unpaired surrogate in \\u escape";
       else if (u == 0) why = "\\u0000 in a string";
-      if (!why) o += put_utf8(s + o, u); /* at most 4 bytes for the 6 or 12 read */
+      if (!why) o += stabi_utf8_encode(s + o, u); /* at most 4 bytes for the 6 or 12 read */
       break;
     default: c->i -= 2, why = "invalid escape in a string";
     }

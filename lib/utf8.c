@@ -1,7 +1,9 @@
-/* utf8.c — the one UTF-8 decoder of the library, strict as RFC 3629 has it: no overlong
+/* utf8.c — the one UTF-8 decoder and encoder of the library, strict as RFC 3629 has it: no overlong
  * forms, no surrogates (U+D800..U+DFFF), nothing above U+10FFFF, no lone continuation bytes.
  * The checkpoint readers refuse names that fail it and the monitor refuses layer names, so
- * that every name the library hands out can be written into JSON or an HDF5 UTF-8 string. */
+ * that every name the library hands out can be written into JSON or an HDF5 UTF-8 string. The
+ * encoder and the hex digit serve the two JSON parsers' \u escapes (safetensors headers,
+ * json.c). */
 #include "internal.h"
 
 int stab_utf8_decode(const char *s, size_t n, uint32_t *cp) {
@@ -36,4 +38,29 @@ size_t stabi_utf8_invalid_at(const char *s, size_t n) {
     i += (size_t)len;
   }
   return (size_t)-1;
+}
+
+size_t stabi_utf8_encode(char *o, uint32_t cp) {
+  if (cp < 0x80) {
+    o[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    o[0] = (char)(0xc0 | (cp >> 6)), o[1] = (char)(0x80 | (cp & 0x3f));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    o[0] = (char)(0xe0 | (cp >> 12)), o[1] = (char)(0x80 | ((cp >> 6) & 0x3f)), o[2] = (char)(0x80 | (cp & 0x3f));
+    return 3;
+  }
+  o[0] = (char)(0xf0 | (cp >> 18)), o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+  o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), o[3] = (char)(0x80 | (cp & 0x3f));
+  return 4;
+}
+
+int stabi_hex_digit(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
 }
