@@ -582,6 +582,69 @@ END_TEST
 /* A trainer registering by name: the entries' layers measure what the hand-written layers of
  * stabmeter.h's examples measure (a linear with its bias, GPT-2's fused in-major attention),
  * and a GQA head's layer reads its group's key head. */
+/* The flow docs/instrumenting.md shows a trainer ("Registering layers by name"): its HF GPT-2
+ * parameters described as stab_ckpt_tensors over its own buffers, every measured entry
+ * registered in a monitor through stab_model_entry_layer, one measurement. Every entry must be
+ * accepted (names unique, sizes consistent), and each layer's metrics must be those of the
+ * layer written by hand: the Conv1D c_attn in-major with its bias, the tied head as a table of
+ * V = 50 rows of width 8, the attention pair inside the fused c_attn (k 8 columns in). */
+START_TEST(test_register_by_name) {
+  model md;
+  stab_model_config c = heads_config(2, 0, 0);
+  build(&md, gpt2_hf, N_GPT2, &c);
+  float *buf[N_GPT2];
+  tu_rng rng;
+  tu_rng_init(&rng, 7);
+  for (size_t i = 0; i < N_GPT2; i++) {
+    size_t n = (size_t)md.t[i].count;
+    ck_assert_ptr_nonnull(buf[i] = malloc(n * sizeof(float)));
+    tu_fill_gauss(buf[i], 1, n, n, 0.2, &rng);
+    md.t[i].data = (const unsigned char *)buf[i];
+  }
+  stab_model_free(md.m);
+  ck_assert_int_eq(stab_model_describe(md.p, N_GPT2, &c, &md.m), STAB_OK); /* over the buffers */
+  stab_monitor_params mp = stab_monitor_default_params();
+  mp.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *mon;
+  ck_assert_int_eq(stab_monitor_create(&mp, &mon), STAB_OK);
+  size_t registered = 0, measured = 0;
+  for (size_t i = 0; i < stab_model_count(md.m); i++) {
+    const stab_model_entry *e = stab_model_entry_at(md.m, i);
+    if (e->why_not) continue;
+    measured++;
+    stab_layer L;
+    ck_assert_int_eq(stab_model_entry_layer(e, STAB_DTYPE_F32, e->weight->data, e->bias ? e->bias->data : NULL,
+                                            e->weight_k ? e->weight_k->data : NULL, &L),
+                     STAB_OK);
+    ck_assert_msg(stab_monitor_add_layer(mon, &L, NULL) == STAB_OK, "%s: %s", e->name, stab_last_error());
+    registered++;
+  }
+  ck_assert_uint_eq(registered, measured);
+  ck_assert_uint_ge(registered, 10); /* 2 tables, 4 linears, 5 norm pairs' gains and shifts, logits, head */
+  ck_assert_int_eq(stab_monitor_measure(mon, 0), STAB_OK);
+  const float *w = buf[4], *b = buf[5], *wte = buf[0];
+  stab_layer want[] = {
+      {.name = "c_attn", .kind = STAB_KIND_LINEAR, .d_in = 8, .d_out = 24, .layout = STAB_LAYOUT_IN_MAJOR,
+       .weight = w, .bias = b},
+      {.name = "head", .kind = STAB_KIND_LM_HEAD, .vocab = 50, .width = 8, .weight = wte},
+      {.name = "logits", .kind = STAB_KIND_ATTENTION, .d_in = 8, .d_out = 8, .layout = STAB_LAYOUT_IN_MAJOR,
+       .ld = 24, .weight = w, .weight_k = w + 8, .heads = 2}};
+  const char *names[] = {"transformer.h.0.attn.c_attn", "lm_head", "transformer.h.0.attn.logits"};
+  for (size_t k = 0; k < 3; k++) {
+    size_t idx;
+    ck_assert_msg(stab_monitor_find(mon, names[k], &idx) == STAB_OK, "no layer %s", names[k]);
+    stab_metrics ref;
+    ck_assert_int_eq(stab_layer_metrics(&want[k], NULL, NULL, &ref, NULL), STAB_OK);
+    const stab_metrics *got = stab_monitor_metrics(mon, idx);
+    ck_assert_msg(fabs(got->forward - ref.forward) <= 1e-6 * fabs(ref.forward), "%s forward %.9g, by hand %.9g",
+                  names[k], got->forward, ref.forward);
+  }
+  stab_monitor_free(mon);
+  stab_model_free(md.m);
+  for (size_t i = 0; i < N_GPT2; i++) free(buf[i]);
+}
+END_TEST
+
 START_TEST(test_entry_layers) {
   tu_rng rng;
   tu_rng_init(&rng, 12);
@@ -670,6 +733,7 @@ int main(void) {
   tcase_add_test(tc, test_overrides_and_names);
   tcase_add_test(tc, test_expert_bounds);
   tcase_add_test(tc, test_entry_layers);
+  tcase_add_test(tc, test_register_by_name);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);
