@@ -43,7 +43,7 @@ static void check_result(const char *what, stab_spectral_method method, const st
   }
   TU_ASSERT_REL(res->sigma, ref, tol, "%s %s (passes %d, rel_err %g)", what, method_name(method),
                 res->passes, res->rel_err);
-  /* Ritz values are lower bounds of sigma up to f64 rounding */
+  /* Ritz values are lower bounds of sigma up to the passes' rounding */
   TU_ASSERT_LE(res->sigma, ref, tu_round_slack(rows, cols), "%s %s lower bound", what,
                method_name(method));
   ck_assert_msg(res->converged == 1, "%s %s: not converged after %d passes (rel_err %g)", what,
