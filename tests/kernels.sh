@@ -18,13 +18,13 @@ for k in avx2 generic; do
 done
 
 # bench/pass_ceiling.sh includes lib/gram_pass.c to time its kernels: it must still build
-# against them and print its four rows (1 and 2 threads, 1 and 2 vectors). Tiny sizes: a
-# check that it runs, not a timing.
+# against them and print its twelve rows (1 and 2 threads, 1, 2 and 4 vectors, f32 and f64).
+# Tiny sizes: a check that it runs, not a timing.
 echo "== bench/pass_ceiling.sh 64 64 1"
 if out=$(sh "${srcdir:-.}/bench/pass_ceiling.sh" 64 64 1 2>&1); then
-  rows=$(printf '%s\n' "$out" | grep -cE '^[12] +[12] +[0-9.]+ GB/s')
-  if [ "$rows" -ne 4 ]; then
-    echo "pass_ceiling.sh printed $rows result rows, expected 4:"; printf '%s\n' "$out"; status=1
+  rows=$(printf '%s\n' "$out" | grep -cE '^[12] +[124] +f(32|64) +[0-9.]+ GB/s')
+  if [ "$rows" -ne 12 ]; then
+    echo "pass_ceiling.sh printed $rows result rows, expected 12:"; printf '%s\n' "$out"; status=1
   fi
 else
   echo "pass_ceiling.sh failed:"; printf '%s\n' "$out"; status=1
