@@ -139,7 +139,7 @@ typedef enum {
 #define STAB_SPECTRAL_TOL_MIN 1e-12
 /* F32_TOL_MIN: the smallest tol that the fast passes honour. They keep products and partial
  * sums in f32 over short runs, each added into f64: sigma's actual error from them was at
- * most 1e-8 (Gaussian, spiked, low-rank, row- and column-scaled matrices up to 4096 x 4096),
+ * most 2.5e-8 (Gaussian, spiked, low-rank, row- and column-scaled matrices up to 4096 x 4096),
  * and an estimate on them reports rel_err >= 1e-7. A smaller tol makes every pass of that
  * estimate all-f64 (about half the speed where memory is not the limit). */
 #define STAB_SPECTRAL_F32_TOL_MIN 1e-6

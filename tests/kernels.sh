@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the spectral and layer-metric tests (f32, and 16-bit: tests/check_layer_dtype) once with
+# Runs the pass, spectral and layer-metric tests (f32, and 16-bit: tests/check_layer_dtype) once with
 # each pass kernel this processor has besides the default (the plain run of those tests covers
 # the default), so that every
 # build of the kernel is checked against LAPACK, not only the fastest; and that the kernel
@@ -11,7 +11,7 @@ for k in avx2 generic; do
     echo "kernel $k: not supported by this processor, skipped"
     continue
   fi
-  for t in tests/check_spectral tests/check_layer_metrics tests/check_layer_dtype; do
+  for t in tests/check_gram_pass tests/check_spectral tests/check_layer_metrics tests/check_layer_dtype; do
     echo "== STAB_KERNEL=$k $t"
     STAB_KERNEL=$k ./$t || status=1
   done
