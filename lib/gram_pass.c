@@ -67,25 +67,38 @@ typedef double (*chunk32_fn)(const float *a, const float *b, size_t r0, size_t r
  * exact, so that the f32 numbers are at most 1 in magnitude. A power of two 2^e with
  * m = f 2^e, 0.5 <= f < 1 (1 for 0 or a non-finite m, which the pass's own check catches);
  * e within +-1000 so that both 2^e and 2^-e are normal doubles. */
-static inline double pow2_above(double m) {
-  int e = 0;
-  if (m > 0.0 && isfinite(m)) frexp(m, &e);
-  if (e > 1000) e = 1000;
-  if (e < -1000) e = -1000;
-  return ldexp(1.0, e);
+static inline double pow2(int e) { /* 2^e for |e| <= 1000, from its bits (no libm call) */
+  uint64_t bits = (uint64_t)(e + 1023) << 52;
+  double p;
+  memcpy(&p, &bits, sizeof p);
+  return p;
 }
+
+static inline int pow2_exponent(double m) {
+  if (!(m > 0.0) || !isfinite(m)) return 0;
+  uint64_t bits;
+  memcpy(&bits, &m, sizeof bits);
+  int e = (int)((bits >> 52) & 0x7ff) - 1022; /* m = f 2^e, 0.5 <= f < 1 (subnormal m: e -1022) */
+  return e > 1000 ? 1000 : e < -1000 ? -1000 : e;
+}
+
+static inline double pow2_above(double m) { return pow2(pow2_exponent(m)); }
 
 /* e[v][r] = d[v][r] / up[v] as f32, with up[v] = pow2_above(max_r |d[v][r]|): what the
  * accumulation of a block of R rows multiplies the rows by. */
 static inline void block_scale(double d[4][8], int nv, int R, float e[4][8], double up[4]) {
   for (int v = 0; v < nv; v++) {
     double m = 0.0;
-    for (int r = 0; r < R; r++) m = fmax(m, fabs(d[v][r]));
-    up[v] = pow2_above(m);
-    for (int r = 0; r < R; r++) e[v][r] = (float)(d[v][r] / up[v]);
+    for (int r = 0; r < R; r++) {
+      double a = fabs(d[v][r]);
+      m = a > m ? a : m;
+    }
+    const int x = pow2_exponent(m);
+    const double down = pow2(-x);
+    up[v] = pow2(x);
+    for (int r = 0; r < R; r++) e[v][r] = (float)(d[v][r] * down);
   }
 }
-
 
 /* ---- portable C ---- */
 
