@@ -2,9 +2,10 @@
  *
  * For each size, on a seeded Gaussian W (std 1/sqrt(cols)): cold Lanczos and power
  * iteration to the tolerance, LAPACK sgesvd (values only) as the time to beat and the
- * reference sigma, the read bandwidth one library pass reaches against a plain streaming
- * read of the same bytes, and the passes a warm start needs after an update of relative
- * size 1e-3. Results (a table, or one JSON object with --json) on stdout, progress on stderr.
+ * reference sigma, the read bandwidth one library pass reaches (f32, and BF16 read as stored)
+ * against the reference read (harness/stream_read.h: the faster of a wide-vector read and
+ * OpenBLAS sgemv of the same bytes, same run) and a plain streaming read, and the passes a
+ * warm start needs after an update of relative size 1e-3. Results (a table, or one JSON object with --json) on stdout, progress on stderr.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -961,7 +962,9 @@ static void usage(void)
   printf("Usage: %s [OPTION]...\n"
          "Times stabmeter's spectral norm of seeded Gaussian f32 matrices (std 1/sqrt(cols)):\n"
          "cold Lanczos and power iteration against LAPACK sgesvd, the bandwidth of one pass\n"
-         "against a plain streaming read, and the passes of a warm start after an update.\n"
+         "(f32, and BF16 read as stored; with the given threads and with one) against the\n"
+         "reference read (the faster of a wide-vector read loop and OpenBLAS sgemv of the same\n"
+         "bytes) and a plain streaming read, and the passes of a warm start after an update.\n"
          "Results on stdout, progress on stderr.\n"
          "\n"
          "Options:\n"
