@@ -1,12 +1,16 @@
-/* gram_pass.c — y = W^T (W x), for one vector x or two, in a single pass over W: the work of
- * every spectral iteration. Reading W from memory is the cost, so each block of rows is used twice
- * while it is in cache (the rows' dots with x, then the rows scaled by those dots added into
- * y), instead of two BLAS gemv calls that would each stream all of W.
+/* gram_pass.c — y = W^T (W x), for one, two or four vectors x, in a single pass over W: the
+ * work of every spectral iteration. Reading W from memory is the cost, so each block of rows is
+ * used twice while it is in cache (the rows' dots with x, then the rows scaled by those dots
+ * added into y), instead of two BLAS gemv calls that would each stream all of W.
  *
  * Storage f32 (the SIMD builds also read BF16 directly; other 16-bit matrices, and BF16 with a
- * B, arrive as f32 tiles of whole 8-row blocks), arithmetic f64. The loop is bound by the
- * f32 -> f64 conversions (two per element), so it comes in three builds picked at run time:
- * AVX-512, AVX2+FMA and portable C.
+ * B, arrive as f32 tiles of whole 8-row blocks). Two arithmetics, each in three builds picked at
+ * run time (AVX-512, AVX2+FMA and portable C):
+ *   - f32 runs (the default): products and partial sums in f32 over short runs, each run added
+ *     into f64 (see "f32 runs" below). In f64 the loop was bound by the f32 -> f64
+ *     conversions (two per element): 21 GB/s for two vectors where the memory gives 45-49.
+ *   - f64 (the precise path, for tolerances below STAB_SPECTRAL_F32_TOL_MIN): every element
+ *     converted to f64, every product and sum in f64.
  * Rows are split into chunks fixed by the shape alone; each chunk accumulates into its own
  * f64 vector and the chunks are summed in order, so on one machine the result is
  * bit-identical for any number of threads. */
@@ -27,10 +31,76 @@
  * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, zeroed by the caller);
  * returns quad + sum_i d_i0^2, added row by row. A chunk stored as 16-bit numbers arrives as
  * successive tiles of whole 8-row blocks, each call carrying acc and quad on from the last,
- * so the sums are the very ones a single call over the f32 rows makes. Every build has the same shape: blocks of rows, then single rows. nv is
- * 1 or 2: a second vector reuses each converted element, so it costs far less than a pass. */
+ * so the sums are the very ones a single call over the f32 rows makes. Every build has the
+ * same shape: blocks of 8 rows, then single rows. nv is 1, 2 or 4: a further vector reuses each
+ * loaded element, so it costs far less than a pass (the f64 SIMD builds take 4 vectors as two
+ * passes of 2 over the chunk's rows, which are then in cache: the precise path is not the fast
+ * one). */
 typedef double (*chunk_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
                            size_t ld, const double *x, double *acc, int nv, double quad);
+
+/* The same with f32 runs; x32 is x rounded to f32 once per pass (nv x cols floats). */
+typedef double (*chunk32_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                             size_t ld, const float *x32, const double *xup, const double *x,
+                             double *acc, int nv, double quad);
+
+/* ---- f32 runs ----
+ * A run is a sum kept in f32 before it is added into f64; each f32 kernel keeps two kinds:
+ *   - the row dots d_iv = <r_i, x_v>: each SIMD lane (each of the portable build's four
+ *     partial sums) accumulates the products of every 16th (AVX2: 8th, portable: 4th) column
+ *     in f32 (by FMA in the SIMD builds) over at most RUN_TERMS of its columns, i.e. runs of
+ *     RUN_TERMS x lanes columns starting at column 0; at each run's end the lanes are widened
+ *     and summed into the row's f64 dot. Columns past the last whole vector are summed in f64.
+ *   - the accumulation of d_iv r_i into y: each lane sums the 8 rows of a block (d rounded to
+ *     f32, the products in f32), and that sum is added into the chunk's f64 accumulator: runs
+ *     of 8 terms, aligned to the blocks, which start at the chunk's first row (fixed by the
+ *     shape; a tile holds whole blocks), so the thread count never moves a run. Single rows
+ *     past the last block, and columns past the last whole vector, are accumulated in f64.
+ * Both are inside the 256 terms a run may hold (docs/metrics.md): for a row of n columns,
+ * |d - d~| <= (RUN_TERMS + 2) u32 sum_j |r_ij x_j| + O(n u64) with u32 = 2^-24 (the bound
+ * tests/check_gram_pass holds them to). Measured, sigma moved by at most 2.5e-8 relative
+ * (2.4e-10 on a Gaussian 4096 x 4096): unchanged at the default tolerance, and far below
+ * STAB_SPECTRAL_F32_TOL_MIN. 64 rather than 256: a run's end costs about 8 operations a
+ * lane sum, 12% of a run of 64 FMAs, and 4 times shorter runs halve the typical error. */
+#define RUN_TERMS 64
+
+/* f32 spans about 1e-38 .. 3e38 where a matrix's f64 pass would not care: x is scaled per
+ * vector (xup) and the dots of a block per vector (block_scale) by powers of two, which are
+ * exact, so that the f32 numbers are at most 1 in magnitude. A power of two 2^e with
+ * m = f 2^e, 0.5 <= f < 1 (1 for 0 or a non-finite m, which the pass's own check catches);
+ * e within +-1000 so that both 2^e and 2^-e are normal doubles. */
+static inline double pow2(int e) { /* 2^e for |e| <= 1000, from its bits (no libm call) */
+  uint64_t bits = (uint64_t)(e + 1023) << 52;
+  double p;
+  memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+static inline int pow2_exponent(double m) {
+  if (!(m > 0.0) || !isfinite(m)) return 0;
+  uint64_t bits;
+  memcpy(&bits, &m, sizeof bits);
+  int e = (int)((bits >> 52) & 0x7ff) - 1022; /* m = f 2^e, 0.5 <= f < 1 (subnormal m: e -1022) */
+  return e > 1000 ? 1000 : e < -1000 ? -1000 : e;
+}
+
+static inline double pow2_above(double m) { return pow2(pow2_exponent(m)); }
+
+/* e[v][r] = d[v][r] / up[v] as f32, with up[v] = pow2_above(max_r |d[v][r]|): what the
+ * accumulation of a block of R rows multiplies the rows by. */
+static inline void block_scale(double d[4][8], int nv, int R, float e[4][8], double up[4]) {
+  for (int v = 0; v < nv; v++) {
+    double m = 0.0;
+    for (int r = 0; r < R; r++) {
+      double a = fabs(d[v][r]);
+      m = a > m ? a : m;
+    }
+    const int x = pow2_exponent(m);
+    const double down = pow2(-x);
+    up[v] = pow2(x);
+    for (int r = 0; r < R; r++) e[v][r] = (float)(d[v][r] * down);
+  }
+}
 
 /* ---- portable C ---- */
 
@@ -82,6 +152,76 @@ static double chunk_generic(const float *a, const float *b, size_t r0, size_t r1
       if (v == 0) quad += d * d;
       double *av = acc + (size_t)v * cols;
       for (j = 0; j < cols; j++) av[j] += d * elem(ai, bi, j);
+    }
+  }
+  return quad;
+}
+
+/* f32 runs, portable: four partial sums a dot (lanes of 1), blocks of 8 rows for the
+ * accumulation. */
+static inline float elem32(const float *a, const float *b, size_t j) { return b ? a[j] - b[j] : a[j]; }
+
+static double chunk32_generic(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                              size_t ld, const float *x32, const double *xup, const double *x, double *acc,
+                              int nv, double quad) {
+  enum { R = 8, L = 4 };
+  const size_t c4 = cols & ~(size_t)(L - 1);
+  size_t i = r0;
+  for (; i + R <= r1; i += R) {
+    double d[4][R];
+    float e[4][R];
+    for (int v = 0; v < nv; v++)
+      for (int r = 0; r < R; r++) {
+        const float *ar = a + (i + (size_t)r) * ld, *br = b ? b + (i + (size_t)r) * ld : NULL;
+        const float *xv = x32 + (size_t)v * cols;
+        double dv = 0.0;
+        for (size_t j0 = 0; j0 < c4; j0 += (size_t)RUN_TERMS * L) {
+          const size_t j1 = c4 - j0 < (size_t)RUN_TERMS * L ? c4 : j0 + (size_t)RUN_TERMS * L;
+          float s[L] = {0};
+          for (size_t j = j0; j < j1; j += L)
+            for (int l = 0; l < L; l++) s[l] += elem32(ar, br, j + (size_t)l) * xv[j + (size_t)l];
+          dv += (((double)s[0] + (double)s[1]) + ((double)s[2] + (double)s[3])) * xup[v];
+        }
+        for (size_t j = c4; j < cols; j++) dv += elem(ar, br, j) * x[(size_t)v * cols + j];
+        d[v][r] = dv;
+      }
+    double up[4];
+    block_scale(d, nv, R, e, up);
+    for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
+    for (int v = 0; v < nv; v++) {
+      double *av = acc + (size_t)v * cols;
+      for (size_t j = 0; j < c4; j++) {
+        float t = 0.0f;
+        for (int r = 0; r < R; r++) {
+          const float *ar = a + (i + (size_t)r) * ld, *br = b ? b + (i + (size_t)r) * ld : NULL;
+          t += e[v][r] * elem32(ar, br, j);
+        }
+        av[j] += (double)t * up[v];
+      }
+      for (size_t j = c4; j < cols; j++)
+        for (int r = 0; r < R; r++) {
+          const float *ar = a + (i + (size_t)r) * ld, *br = b ? b + (i + (size_t)r) * ld : NULL;
+          av[j] += d[v][r] * elem(ar, br, j);
+        }
+    }
+  }
+  /* single rows: the dots in f32 runs, the accumulation in f64 (one row is no run) */
+  for (; i < r1; i++) {
+    const float *ai = a + i * ld, *bi = b ? b + i * ld : NULL;
+    for (int v = 0; v < nv; v++) {
+      const float *xv = x32 + (size_t)v * cols;
+      double d = 0.0;
+      for (size_t j0 = 0; j0 < c4; j0 += (size_t)RUN_TERMS * L) {
+        const size_t j1 = c4 - j0 < (size_t)RUN_TERMS * L ? c4 : j0 + (size_t)RUN_TERMS * L;
+        float s[L] = {0};
+        for (size_t j = j0; j < j1; j += L)
+          for (int l = 0; l < L; l++) s[l] += elem32(ai, bi, j + (size_t)l) * xv[j + (size_t)l];
+        d += (((double)s[0] + (double)s[1]) + ((double)s[2] + (double)s[3])) * xup[v];
+      }
+      for (size_t j = c4; j < cols; j++) d += elem(ai, bi, j) * x[(size_t)v * cols + j];
+      if (v == 0) quad += d * d;
+      double *av = acc + (size_t)v * cols;
+      for (size_t j = 0; j < cols; j++) av[j] += d * elem(ai, bi, j);
     }
   }
   return quad;
@@ -206,6 +346,11 @@ AVX2 double chunk_avx2_body(const float *a, const float *b, size_t r0, size_t r1
 __attribute__((target("avx2,fma"))) static double
 chunk_avx2(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
            const double *x, double *acc, int nv, double quad) {
+  if (nv == 4) {
+    double q = chunk_avx2(a, b, r0, r1, cols, ld, x, acc, 2, quad);
+    chunk_avx2(a, b, r0, r1, cols, ld, x + 2 * cols, acc + 2 * cols, 2, 0.0);
+    return q;
+  }
   if (nv == 2)
     return b ? chunk_avx2_body(a, b, r0, r1, cols, ld, x, acc, 2, 8, quad, 0)
              : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8, quad, 0);
@@ -218,8 +363,164 @@ __attribute__((target("avx2,fma"))) static double
 chunk_avx2_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
                 const double *x, double *acc, int nv, double quad) {
   (void)b;
+  if (nv == 4) {
+    double q = chunk_avx2_bf16(a, NULL, r0, r1, cols, ld, x, acc, 2, quad);
+    chunk_avx2_bf16(a, NULL, r0, r1, cols, ld, x + 2 * cols, acc + 2 * cols, 2, 0.0);
+    return q;
+  }
   return nv == 2 ? chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 2, 8, quad, 1)
                  : chunk_avx2_body(a, NULL, r0, r1, cols, ld, x, acc, 1, 8, quad, 1);
+}
+
+/* ---- AVX2 + FMA, f32 runs: eight floats a vector ---- */
+
+AVX2 __m256 load8f_t(const float *a, const float *b, size_t j, int bf) {
+  if (bf) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const unsigned char *)(const void *)a + 2 * j));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  __m256 v = _mm256_loadu_ps(a + j);
+  return b ? _mm256_sub_ps(v, _mm256_loadu_ps(b + j)) : v;
+}
+
+/* the 8 lanes of s widened to f64 and summed, in a fixed order */
+AVX2 double sum8(__m256 s) {
+  __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(s));
+  __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(s, 1));
+  return hsum4(_mm256_add_pd(lo, hi));
+}
+
+/* acc[0..8) += t up, widened (up a power of two: exact) */
+AVX2 void add8(double *acc, __m256 t, double up) {
+  const __m256d u = _mm256_set1_pd(up);
+  __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(t));
+  __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(t, 1));
+  _mm256_storeu_pd(acc, _mm256_fmadd_pd(lo, u, _mm256_loadu_pd(acc)));
+  _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(hi, u, _mm256_loadu_pd(acc + 4)));
+}
+
+/* Blocks of 8 rows, the dots swept RS rows at a time so that the nv x RS sums (8 of them) and
+ * the nv vectors of x fit in the 16 ymm registers. */
+AVX2 double chunk32_avx2_body(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                              size_t ld, const float *x32, const double *xup, const double *x,
+                              double *acc, const int nv, double quad, const int BF) {
+  enum { R = 8, L = 8 };
+  const int RS = R / nv;
+  const size_t c8 = cols & ~(size_t)(L - 1), run = (size_t)RUN_TERMS * L;
+  size_t i = r0;
+  for (; i + R <= r1; i += R) {
+    const float *A[R], *B[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      A[r] = row_at(a, i + (size_t)r, ld, BF);
+      B[r] = b ? b + (i + (size_t)r) * ld : NULL;
+    }
+    double d[4][R];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) d[v][r] = 0.0;
+    for (int q = 0; q < R; q += RS)
+      for (size_t j0 = 0; j0 < c8; j0 += run) {
+        const size_t j1 = c8 - j0 < run ? c8 : j0 + run;
+        __m256 s[4][8];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+          for (int r = 0; r < RS; r++) s[v][r] = _mm256_setzero_ps();
+        for (size_t j = j0; j < j1; j += L) {
+          __m256 xv[4];
+#pragma GCC unroll 4
+          for (int v = 0; v < nv; v++) xv[v] = _mm256_loadu_ps(x32 + (size_t)v * cols + j);
+#pragma GCC unroll 8
+          for (int r = 0; r < RS; r++) {
+            __m256 w = load8f_t(A[q + r], B[q + r], j, BF);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) s[v][r] = _mm256_fmadd_ps(w, xv[v], s[v][r]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+          for (int r = 0; r < RS; r++) d[v][q + r] += sum8(s[v][r]) * xup[v];
+      }
+    float e[4][R];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        for (size_t t = c8; t < cols; t++) d[v][r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
+    double up[4];
+    block_scale(d, nv, R, e, up);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
+    for (size_t j = 0; j < c8; j += L) {
+      __m256 w[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) w[r] = load8f_t(A[r], B[r], j, BF);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) {
+        __m256 t0 = _mm256_mul_ps(_mm256_set1_ps(e[v][0]), w[0]);
+        __m256 t1 = _mm256_mul_ps(_mm256_set1_ps(e[v][1]), w[1]);
+#pragma GCC unroll 8
+        for (int r = 2; r < R; r += 2) {
+          t0 = _mm256_fmadd_ps(_mm256_set1_ps(e[v][r]), w[r], t0);
+          t1 = _mm256_fmadd_ps(_mm256_set1_ps(e[v][r + 1]), w[r + 1], t1);
+        }
+        add8(acc + (size_t)v * cols + j, _mm256_add_ps(t0, t1), up[v]);
+      }
+    }
+    for (size_t j = c8; j < cols; j++)
+      for (int v = 0; v < nv; v++)
+        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem_t(A[r], B[r], j, BF);
+  }
+  /* single rows: the dots in f32 runs, the accumulation in f64 (one row is no run) */
+  for (; i < r1; i++) {
+    const float *ai = row_at(a, i, ld, BF), *bi = b ? b + i * ld : NULL;
+    for (int v = 0; v < nv; v++) {
+      const float *xv = x32 + (size_t)v * cols;
+      double *av = acc + (size_t)v * cols;
+      double d = 0.0;
+      for (size_t j0 = 0; j0 < c8; j0 += run) {
+        const size_t j1 = c8 - j0 < run ? c8 : j0 + run;
+        __m256 s = _mm256_setzero_ps();
+        for (size_t j = j0; j < j1; j += L) s = _mm256_fmadd_ps(load8f_t(ai, bi, j, BF), _mm256_loadu_ps(xv + j), s);
+        d += sum8(s) * xup[v];
+      }
+      for (size_t j = c8; j < cols; j++) d += elem_t(ai, bi, j, BF) * x[(size_t)v * cols + j];
+      if (v == 0) quad += d * d;
+      const __m256d e = _mm256_set1_pd(d);
+      size_t j = 0;
+      for (; j + 4 <= cols; j += 4)
+        _mm256_storeu_pd(av + j, _mm256_fmadd_pd(e, load4_t(ai, bi, j, BF), _mm256_loadu_pd(av + j)));
+      for (; j < cols; j++) av[j] += d * elem_t(ai, bi, j, BF);
+    }
+  }
+  return quad;
+}
+
+/* b, nv and BF are literals in each call, so their tests vanish from the loops. */
+__attribute__((target("avx2,fma"))) static double
+chunk32_avx2(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+             const float *x32, const double *xup, const double *x, double *acc, int nv, double quad) {
+  if (b) {
+    if (nv == 4) return chunk32_avx2_body(a, b, r0, r1, cols, ld, x32, xup, x, acc, 4, quad, 0);
+    if (nv == 2) return chunk32_avx2_body(a, b, r0, r1, cols, ld, x32, xup, x, acc, 2, quad, 0);
+    return chunk32_avx2_body(a, b, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 0);
+  }
+  if (nv == 4) return chunk32_avx2_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 4, quad, 0);
+  if (nv == 2) return chunk32_avx2_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 2, quad, 0);
+  return chunk32_avx2_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 0);
+}
+
+/* A stored as BF16, no B (b is ignored). */
+__attribute__((target("avx2,fma"))) static double
+chunk32_avx2_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+                  const float *x32, const double *xup, const double *x, double *acc, int nv, double quad) {
+  (void)b;
+  if (nv == 4) return chunk32_avx2_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 4, quad, 1);
+  if (nv == 2) return chunk32_avx2_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 2, quad, 1);
+  return chunk32_avx2_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 1);
 }
 
 /* ---- AVX-512: eight doubles a vector ---- */
@@ -326,6 +627,11 @@ AVX512 double chunk_avx512_body(const float *a, const float *b, size_t r0, size_
 __attribute__((target("avx512f"))) static double
 chunk_avx512(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
              const double *x, double *acc, int nv, double quad) {
+  if (nv == 4) {
+    double q = chunk_avx512(a, b, r0, r1, cols, ld, x, acc, 2, quad);
+    chunk_avx512(a, b, r0, r1, cols, ld, x + 2 * cols, acc + 2 * cols, 2, 0.0);
+    return q;
+  }
   if (nv == 2)
     return b ? chunk_avx512_body(a, b, r0, r1, cols, ld, x, acc, 2, quad, 0)
              : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2, quad, 0);
@@ -338,8 +644,165 @@ __attribute__((target("avx512f"))) static double
 chunk_avx512_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
                   const double *x, double *acc, int nv, double quad) {
   (void)b;
+  if (nv == 4) {
+    double q = chunk_avx512_bf16(a, NULL, r0, r1, cols, ld, x, acc, 2, quad);
+    chunk_avx512_bf16(a, NULL, r0, r1, cols, ld, x + 2 * cols, acc + 2 * cols, 2, 0.0);
+    return q;
+  }
   return nv == 2 ? chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 2, quad, 1)
                  : chunk_avx512_body(a, NULL, r0, r1, cols, ld, x, acc, 1, quad, 1);
+}
+
+/* ---- AVX-512, f32 runs: sixteen floats a vector ---- */
+
+AVX512 __m512 load16_t(const float *a, const float *b, size_t j, int bf) {
+  if (bf) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const unsigned char *)(const void *)a + 2 * j));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  __m512 v = _mm512_loadu_ps(a + j);
+  return b ? _mm512_sub_ps(v, _mm512_loadu_ps(b + j)) : v;
+}
+
+/* the 16 lanes of s widened to f64 and summed, in a fixed order */
+AVX512 double sum16(__m512 s) {
+  __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+  __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+}
+
+/* acc[0..16) += t up, widened (up a power of two: exact) */
+AVX512 void add16(double *acc, __m512 t, double up) {
+  const __m512d u = _mm512_set1_pd(up);
+  __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(t));
+  __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)));
+  _mm512_storeu_pd(acc, _mm512_fmadd_pd(lo, u, _mm512_loadu_pd(acc)));
+  _mm512_storeu_pd(acc + 8, _mm512_fmadd_pd(hi, u, _mm512_loadu_pd(acc + 8)));
+}
+
+/* Blocks of 8 rows. The dots of a block are swept over the columns RS rows at a time, so that
+ * the nv x RS sums stay in the 32 zmm registers (four vectors: two sweeps of 4 rows, which
+ * read x twice from cache and W once). */
+AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, size_t r1,
+                                  size_t cols, size_t ld, const float *x32, const double *xup,
+                                  const double *x, double *acc, const int nv, double quad, const int BF) {
+  enum { R = 8, L = 16 };
+  const int RS = nv == 4 ? 4 : 8;
+  const size_t c16 = cols & ~(size_t)(L - 1), run = (size_t)RUN_TERMS * L;
+  size_t i = r0;
+  for (; i + R <= r1; i += R) {
+    const float *A[R], *B[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      A[r] = row_at(a, i + (size_t)r, ld, BF);
+      B[r] = b ? b + (i + (size_t)r) * ld : NULL;
+    }
+    double d[4][R];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) d[v][r] = 0.0;
+    for (int q = 0; q < R; q += RS)
+      for (size_t j0 = 0; j0 < c16; j0 += run) {
+        const size_t j1 = c16 - j0 < run ? c16 : j0 + run;
+        __m512 s[4][8];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+          for (int r = 0; r < RS; r++) s[v][r] = _mm512_setzero_ps();
+        for (size_t j = j0; j < j1; j += L) {
+          __m512 xv[4];
+#pragma GCC unroll 4
+          for (int v = 0; v < nv; v++) xv[v] = _mm512_loadu_ps(x32 + (size_t)v * cols + j);
+#pragma GCC unroll 8
+          for (int r = 0; r < RS; r++) {
+            __m512 w = load16_t(A[q + r], B[q + r], j, BF);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) s[v][r] = _mm512_fmadd_ps(w, xv[v], s[v][r]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+          for (int r = 0; r < RS; r++) d[v][q + r] += sum16(s[v][r]) * xup[v];
+      }
+    float e[4][R];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        for (size_t t = c16; t < cols; t++) d[v][r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
+    double up[4];
+    block_scale(d, nv, R, e, up);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
+    for (size_t j = 0; j < c16; j += L) {
+      __m512 w[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) w[r] = load16_t(A[r], B[r], j, BF);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) {
+        __m512 t0 = _mm512_mul_ps(_mm512_set1_ps(e[v][0]), w[0]);
+        __m512 t1 = _mm512_mul_ps(_mm512_set1_ps(e[v][1]), w[1]);
+#pragma GCC unroll 8
+        for (int r = 2; r < R; r += 2) {
+          t0 = _mm512_fmadd_ps(_mm512_set1_ps(e[v][r]), w[r], t0);
+          t1 = _mm512_fmadd_ps(_mm512_set1_ps(e[v][r + 1]), w[r + 1], t1);
+        }
+        add16(acc + (size_t)v * cols + j, _mm512_add_ps(t0, t1), up[v]);
+      }
+    }
+    for (size_t j = c16; j < cols; j++)
+      for (int v = 0; v < nv; v++)
+        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem_t(A[r], B[r], j, BF);
+  }
+  /* single rows: the dots in f32 runs, the accumulation in f64 (one row is no run) */
+  for (; i < r1; i++) {
+    const float *ai = row_at(a, i, ld, BF), *bi = b ? b + i * ld : NULL;
+    for (int v = 0; v < nv; v++) {
+      const float *xv = x32 + (size_t)v * cols;
+      double *av = acc + (size_t)v * cols;
+      double d = 0.0;
+      for (size_t j0 = 0; j0 < c16; j0 += run) {
+        const size_t j1 = c16 - j0 < run ? c16 : j0 + run;
+        __m512 s = _mm512_setzero_ps();
+        for (size_t j = j0; j < j1; j += L) s = _mm512_fmadd_ps(load16_t(ai, bi, j, BF), _mm512_loadu_ps(xv + j), s);
+        d += sum16(s) * xup[v];
+      }
+      for (size_t j = c16; j < cols; j++) d += elem_t(ai, bi, j, BF) * x[(size_t)v * cols + j];
+      if (v == 0) quad += d * d;
+      const __m512d e = _mm512_set1_pd(d);
+      size_t j = 0;
+      for (; j + 8 <= cols; j += 8)
+        _mm512_storeu_pd(av + j, _mm512_fmadd_pd(e, load8_t(ai, bi, j, BF), _mm512_loadu_pd(av + j)));
+      for (; j < cols; j++) av[j] += d * elem_t(ai, bi, j, BF);
+    }
+  }
+  return quad;
+}
+
+/* b, nv and BF are literals in each call, so their tests vanish from the loops. */
+__attribute__((target("avx512f"))) static double
+chunk32_avx512(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+               const float *x32, const double *xup, const double *x, double *acc, int nv, double quad) {
+  if (b) {
+    if (nv == 4) return chunk32_avx512_body(a, b, r0, r1, cols, ld, x32, xup, x, acc, 4, quad, 0);
+    if (nv == 2) return chunk32_avx512_body(a, b, r0, r1, cols, ld, x32, xup, x, acc, 2, quad, 0);
+    return chunk32_avx512_body(a, b, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 0);
+  }
+  if (nv == 4) return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 4, quad, 0);
+  if (nv == 2) return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 2, quad, 0);
+  return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 0);
+}
+
+/* A stored as BF16, no B (b is ignored). */
+__attribute__((target("avx512f"))) static double
+chunk32_avx512_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t cols, size_t ld,
+                    const float *x32, const double *xup, const double *x, double *acc, int nv, double quad) {
+  (void)b;
+  if (nv == 4) return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 4, quad, 1);
+  if (nv == 2) return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 2, quad, 1);
+  return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 1);
 }
 
 #endif /* HAVE_X86_KERNELS */
@@ -348,14 +811,16 @@ chunk_avx512_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t c
 
 static const struct kernel {
   const char *name;
-  chunk_fn fn;
-  chunk_fn bf16_fn; /* A in BF16 and no B, read as it is stored; NULL: through the tiles */
+  chunk_fn fn;        /* f64 */
+  chunk_fn bf16_fn;   /* f64, A in BF16 and no B, read as it is stored; NULL: through the tiles */
+  chunk32_fn fn32;    /* f32 runs */
+  chunk32_fn bf16_fn32;
 } kernels[] = {
 #ifdef HAVE_X86_KERNELS
-    {"avx512", chunk_avx512, chunk_avx512_bf16},
-    {"avx2", chunk_avx2, chunk_avx2_bf16},
+    {"avx512", chunk_avx512, chunk_avx512_bf16, chunk32_avx512, chunk32_avx512_bf16},
+    {"avx2", chunk_avx2, chunk_avx2_bf16, chunk32_avx2, chunk32_avx2_bf16},
 #endif
-    {"generic", chunk_generic, NULL},
+    {"generic", chunk_generic, NULL, chunk32_generic, NULL},
 };
 
 static int supported(const struct kernel *k) {
@@ -400,15 +865,20 @@ size_t stabi_chunk_count(size_t rows) {
  * on one. */
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
 
-/* One chunk of rows [r0, r1). F32 rows are read where they are; 16-bit rows (or a mix: a
- * BF16 matrix against an F32 one) are converted tile by tile into this thread's tile pair. */
+/* One chunk of rows [r0, r1), in f64 or in f32 runs (x32: x as f32, NULL for f64). F32 rows
+ * are read where they are; 16-bit rows (or a mix: a BF16 matrix against an F32 one) are
+ * converted tile by tile into this thread's tile pair. */
 static double chunk(const struct kernel *kn, const stabi_src *m, size_t r0, size_t r1, size_t cols,
-                    const double *x, double *acc, int nv, float *tile) {
-  const chunk_fn fn = kn->fn;
+                    const double *x, const float *x32, const double *xup, double *acc, int nv,
+                    float *tile) {
   memset(acc, 0, (size_t)nv * cols * sizeof *acc);
-  if (stabi_src_is_f32(m)) return fn(m->a, m->b, r0, r1, cols, m->ld, x, acc, nv, 0.0);
-  if (m->at == STAB_DTYPE_BF16 && !m->b && kn->bf16_fn)
-    return kn->bf16_fn(m->a, NULL, r0, r1, cols, m->ld, x, acc, nv, 0.0);
+  const int direct_bf16 = m->at == STAB_DTYPE_BF16 && !m->b && kn->bf16_fn;
+  if (stabi_src_is_f32(m) || direct_bf16) {
+    const float *a = m->a, *b = m->b;
+    if (x32)
+      return (direct_bf16 ? kn->bf16_fn32 : kn->fn32)(a, b, r0, r1, cols, m->ld, x32, xup, x, acc, nv, 0.0);
+    return (direct_bf16 ? kn->bf16_fn : kn->fn)(a, b, r0, r1, cols, m->ld, x, acc, nv, 0.0);
+  }
   const size_t step = stabi_tile_rows(cols);
   float *ta = tile, *tb = m->b ? tile + step * cols : NULL;
   double quad = 0.0;
@@ -416,15 +886,30 @@ static double chunk(const struct kernel *kn, const stabi_src *m, size_t r0, size
     size_t k = r1 - i < step ? r1 - i : step;
     stabi_tile_f32(m->a, m->at, m->ld, i, k, cols, ta);
     if (tb) stabi_tile_f32(m->b, m->bt, m->ld, i, k, cols, tb);
-    quad = fn(ta, tb, 0, k, cols, cols, x, acc, nv, quad);
+    quad = x32 ? kn->fn32(ta, tb, 0, k, cols, cols, x32, xup, x, acc, nv, quad)
+               : kn->fn(ta, tb, 0, k, cols, cols, x, acc, nv, quad);
   }
   return quad;
 }
 
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
-                        double *partial, const stabi_tiles *tiles, int threads, int nv) {
+                        double *partial, const stabi_tiles *tiles, int threads, int nv, int f64) {
   const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
   const struct kernel *kn = kernel();
+  /* x / xup rounded to f32 once, where the pass writes only at its end: in y while the
+   * chunks accumulate into partial, in partial while the single chunk accumulates into y. */
+  float *x32 = NULL;
+  double xup[4] = {1.0, 1.0, 1.0, 1.0};
+  if (!f64) {
+    x32 = (float *)(void *)(nchunks == 1 ? partial : y);
+    for (int v = 0; v < nv; v++) {
+      const double *xv = x + (size_t)v * cols;
+      double mx = 0.0;
+      for (size_t j = 0; j < cols; j++) mx = fmax(mx, fabs(xv[j]));
+      xup[v] = pow2_above(mx);
+      for (size_t j = 0; j < cols; j++) x32[(size_t)v * cols + j] = (float)(xv[j] / xup[v]);
+    }
+  }
   const int tiled = !stabi_src_is_f32(m);
   double quad[STABI_MAX_CHUNKS];
   int nt = 1;
@@ -453,7 +938,7 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
 #endif
       tile = tiles->buf + (size_t)me * 2 * tiles->floats;
     }
-    quad[k] = chunk(kn, m, r0, r1, cols, x, acc0 + k * span, nv, tile);
+    quad[k] = chunk(kn, m, r0, r1, cols, x, x32, xup, acc0 + k * span, nv, tile);
   }
   double total = 0.0;
   for (size_t k = 0; k < nchunks; k++) total += quad[k];
@@ -463,6 +948,14 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
       for (size_t k = 1; k < nchunks; k++) s += partial[k * span + j];
       y[j] = s;
     }
+  }
+  /* Past f32's range (elements above about 1e37, sums above 3e38) a pass in f32 runs can
+   * overflow where f64 would not: such a pass is made again in f64, which also tells a
+   * matrix holding NaN or Inf (non-finite either way) from one that is merely large. */
+  if (!f64) {
+    int finite = isfinite(total);
+    for (size_t j = 0; j < span && finite; j++) finite = isfinite(y[j]);
+    if (!finite) return stabi_gram_apply(m, rows, cols, x, y, partial, tiles, threads, nv, 1);
   }
   return total;
 }

@@ -122,11 +122,25 @@ static inline size_t stabi_tile_rows(size_t cols) {
 size_t stabi_chunk_count(size_t rows);
 
 /* Y = G X with G = (A - B)^T (A - B) (B may be NULL), A and B rows x cols with row stride
- * ld, in one pass: each row's dots with the nv (1 or 2) vectors of X (x + v cols), then the
+ * ld, in one pass: each row's dots with the nv (1, 2 or 4) vectors of X (x + v cols), then the
  * row scaled by them into per-chunk f64 accumulators while the row is in cache. Y holds nv x
- * cols doubles; partial holds stabi_chunk_count(rows) * nv * cols. Returns x_0^T G x_0. */
+ * cols doubles; partial holds stabi_chunk_count(rows) * nv * cols (at least 2 * cols), and X
+ * overlaps neither (the f32 copy of X is kept in one of them during the pass). f64 = 0: products
+ * and partial sums in f32 runs added into f64 (gram_pass.c says how long; the caller's tol is
+ * then at least STAB_SPECTRAL_F32_TOL_MIN); 1: all in f64. Returns x_0^T G x_0. */
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
-                        double *partial, const stabi_tiles *tiles, int threads, int nv);
+                        double *partial, const stabi_tiles *tiles, int threads, int nv, int f64);
+
+/* The relative error of sigma to report for an estimate whose own bound is err (theta its
+ * eigenvalue of G): at least STABI_F32_PASS_REL_ERR when its passes were f32 runs (tol at or
+ * above STAB_SPECTRAL_F32_TOL_MIN) and theta > 0. err is about the matrix the passes
+ * applied, which the f32 runs perturb: a Krylov space that ends (rank 1, few rows) gave err 0
+ * where sigma was 2.6e-9 off. */
+#define STABI_F32_PASS_REL_ERR 1e-7
+static inline double stabi_pass_rel_err(double err, double theta, double tol) {
+  if (tol < STAB_SPECTRAL_F32_TOL_MIN || !(theta > 0.0) || !(err < STABI_F32_PASS_REL_ERR)) return err;
+  return STABI_F32_PASS_REL_ERR;
+}
 
 /* ---- spectral workspace internals (spectral.c) ---- */
 

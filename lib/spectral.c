@@ -272,7 +272,7 @@ static void power(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, 
   double theta = 0.0, err = INFINITY;
   int k = 0;
   while (k < p->max_passes) {
-    theta = stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, p->threads, 1);
+    theta = stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, p->threads, 1, p->tol < STAB_SPECTRAL_F32_TOL_MIN);
     k++;
     if (!isfinite(theta)) {
       out->nonfinite = 1;
@@ -305,7 +305,7 @@ static void power(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, 
   out->passes = k;
   if (out->nonfinite) return;
   out->sigma = sqrt(theta);
-  out->rel_err = err;
+  out->rel_err = stabi_pass_rel_err(err, theta, p->tol);
   out->converged = err <= p->tol;
   if (v) memcpy(v, x, cols * sizeof *v);
 }
@@ -440,7 +440,7 @@ static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, s
     memset(ws->x, 0, 2 * cols * sizeof(double));
     ws->x[j] = 1.0;
     if (nv == 2) ws->x[cols + j + 1] = 1.0;
-    double q = stabi_gram_apply(a, rows, cols, ws->x, ws->y, ws->partial, &ws->tiles, p->threads, nv);
+    double q = stabi_gram_apply(a, rows, cols, ws->x, ws->y, ws->partial, &ws->tiles, p->threads, nv, 1);
     k++;
     if (!isfinite(q)) {
       out->nonfinite = 1;
@@ -482,7 +482,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
   size_t ritz_n = 0;
   int k = 0;
   while (k < p->max_passes) {
-    double q0 = stabi_gram_apply(a, rows, cols, Q + m * cols, Z, ws->partial, &ws->tiles, p->threads, 2);
+    double q0 = stabi_gram_apply(a, rows, cols, Q + m * cols, Z, ws->partial, &ws->tiles, p->threads, 2, to_the_end || p->tol < STAB_SPECTRAL_F32_TOL_MIN);
     k++;
     if (!isfinite(q0) || !isfinite(Z[0]) || !isfinite(Z[cols])) {
       out->nonfinite = 1;
@@ -537,7 +537,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
   }
   out->passes = k;
   out->sigma = sqrt(fmax(theta, 0.0));
-  out->rel_err = err;
+  out->rel_err = stabi_pass_rel_err(err, theta, p->tol);
   out->converged = err <= p->tol;
   if (v && ritz) {
     combine(Q, ritz, ritz_n, cols, ws->x);

@@ -43,7 +43,7 @@ static void check_result(const char *what, stab_spectral_method method, const st
   }
   TU_ASSERT_REL(res->sigma, ref, tol, "%s %s (passes %d, rel_err %g)", what, method_name(method),
                 res->passes, res->rel_err);
-  /* Ritz values are lower bounds of sigma up to f64 rounding */
+  /* Ritz values are lower bounds of sigma up to the passes' rounding */
   TU_ASSERT_LE(res->sigma, ref, tu_round_slack(rows, cols), "%s %s lower bound", what,
                method_name(method));
   ck_assert_msg(res->converged == 1, "%s %s: not converged after %d passes (rel_err %g)", what,
@@ -357,6 +357,41 @@ START_TEST(test_power_error_below_1e8) {
 }
 END_TEST
 
+/* The passes' precision follows tol. At the default tol they are f32 runs, whose rounding a
+ * Krylov space that ends (rank 1: the first block spans it) does not see: rel_err must still
+ * cover the actual error, and says at least 1e-7 (the floor stabmeter.h documents). Below
+ * STAB_SPECTRAL_F32_TOL_MIN they are f64: sigma to 1e-12 against dgesvd, on a matrix whose
+ * rows span six decades (where the f32 runs were 1.7e-8 off). */
+START_TEST(test_precision_follows_tol) {
+  tu_rng r;
+  tu_rng_init(&r, 3011);
+  const size_t rows = 256, cols = 2048;
+  float *a = tu_floats(rows * cols);
+  tu_fill_lowrank(a, rows, cols, cols, 1, 0.0, &r);
+  double ref = ref_sigma(a, rows, cols, cols);
+  stab_spectral_params p = params_for(STAB_SPECTRAL_LANCZOS);
+  stab_sigma_result res;
+  TU_ASSERT_OK(stab_sigma(a, rows, cols, cols, &p, NULL, &res));
+  double err = tu_rel(res.sigma, ref);
+  ck_assert_msg(err <= res.rel_err + 1e-15 && res.rel_err >= 1e-7 && res.rel_err <= p.tol,
+                "rank 1, tol %g: actual error %.3g, reported %.3g (passes %d)", p.tol, err, res.rel_err,
+                res.passes);
+
+  tu_fill_gauss(a, rows, cols, cols, 1.0, &r);
+  for (size_t i = 0; i < rows; i++)
+    for (size_t j = 0; j < cols; j++) a[i * cols + j] = (float)(a[i * cols + j] * pow(1e-6, (double)i / rows));
+  ref = ref_sigma(a, rows, cols, cols);
+  p.tol = 1e-9;
+  TU_ASSERT_OK(stab_sigma(a, rows, cols, cols, &p, NULL, &res));
+  ck_assert_msg(p.tol < STAB_SPECTRAL_F32_TOL_MIN, "tol %g is not below the f32 floor %g", p.tol,
+                STAB_SPECTRAL_F32_TOL_MIN);
+  check_result("rows scaled 1 .. 1e-6, tol 1e-9", STAB_SPECTRAL_LANCZOS, &res, ref, a, rows, cols, cols, NULL,
+               1e-9);
+  TU_ASSERT_REL(res.sigma, ref, 1e-12, "rows scaled 1 .. 1e-6, tol 1e-9: f64 passes (%d)", res.passes);
+  free(a);
+}
+END_TEST
+
 START_TEST(test_not_converged) {
   tu_rng r;
   tu_rng_init(&r, 3002);
@@ -494,12 +529,13 @@ START_TEST(test_threads_bit_identical) {
   memcpy(b, a, sizeof(float) * ROWS * COLS);
   tu_add_relative_noise(b, ROWS, COLS, COLS, 0.1, &r);
   double ref = ref_sigma(a, ROWS, COLS, COLS);
-  static const int threads[] = {1, 2, 0};
+  static const int threads[] = {1, 2, 0}; /* 3 threads: tests/check_gram_pass, pass by pass */
+  enum { NT = sizeof threads / sizeof threads[0] };
   for (int m = 0; m < 3; m++)
     for (int with_b = 0; with_b < 2; with_b++) {
-      stab_sigma_result res[3];
-      double *v[3];
-      for (int t = 0; t < 3; t++) {
+      stab_sigma_result res[NT];
+      double *v[NT];
+      for (int t = 0; t < NT; t++) {
         stab_spectral_params p = params_for((stab_spectral_method)m);
         p.threads = threads[t];
         stab_spectral_workspace *ws = NULL;
@@ -512,7 +548,7 @@ START_TEST(test_threads_bit_identical) {
       if (!with_b)
         check_result(ctx, (stab_spectral_method)m, &res[0], ref, a, ROWS, COLS, COLS,
                      m == STAB_SPECTRAL_EXACT ? NULL : v[0], 1e-3);
-      for (int t = 1; t < 3; t++) {
+      for (int t = 1; t < NT; t++) {
         ck_assert_msg(memcmp(&res[0].sigma, &res[t].sigma, sizeof(double)) == 0,
                       "%s: sigma %.17g with 1 thread, %.17g with %d", ctx, res[0].sigma,
                       res[t].sigma, threads[t]);
@@ -524,7 +560,7 @@ START_TEST(test_threads_bit_identical) {
           ck_assert_msg(memcmp(v[0], v[t], COLS * sizeof(double)) == 0,
                         "%s: v differs between 1 and %d threads", ctx, threads[t]);
       }
-      for (int t = 0; t < 3; t++) free(v[t]);
+      for (int t = 0; t < NT; t++) free(v[t]);
     }
   free(a);
   free(b);
@@ -683,6 +719,7 @@ static Suite *spectral_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_tight_tolerance);
   tcase_add_test(tc, test_power_error_below_1e8);
+  tcase_add_test(tc, test_precision_follows_tol);
   tcase_add_test(tc, test_not_converged);
   tcase_add_test(tc, test_small_krylov_dim);
   tcase_add_loop_test(tc, test_seeds_and_cold_start, 0, 6);

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the spectral and layer-metric tests (f32, and 16-bit: tests/check_layer_dtype) once with
+# Runs the pass, spectral and layer-metric tests (f32, and 16-bit: tests/check_layer_dtype) once with
 # each pass kernel this processor has besides the default (the plain run of those tests covers
 # the default), so that every
 # build of the kernel is checked against LAPACK, not only the fastest; and that the kernel
@@ -11,20 +11,20 @@ for k in avx2 generic; do
     echo "kernel $k: not supported by this processor, skipped"
     continue
   fi
-  for t in tests/check_spectral tests/check_layer_metrics tests/check_layer_dtype; do
+  for t in tests/check_gram_pass tests/check_spectral tests/check_layer_metrics tests/check_layer_dtype; do
     echo "== STAB_KERNEL=$k $t"
     STAB_KERNEL=$k ./$t || status=1
   done
 done
 
 # bench/pass_ceiling.sh includes lib/gram_pass.c to time its kernels: it must still build
-# against them and print its four rows (1 and 2 threads, 1 and 2 vectors). Tiny sizes: a
-# check that it runs, not a timing.
+# against them and print its twelve rows (1 and 2 threads, 1, 2 and 4 vectors, f32 and f64).
+# Tiny sizes: a check that it runs, not a timing.
 echo "== bench/pass_ceiling.sh 64 64 1"
 if out=$(sh "${srcdir:-.}/bench/pass_ceiling.sh" 64 64 1 2>&1); then
-  rows=$(printf '%s\n' "$out" | grep -cE '^[12] +[12] +[0-9.]+ GB/s')
-  if [ "$rows" -ne 4 ]; then
-    echo "pass_ceiling.sh printed $rows result rows, expected 4:"; printf '%s\n' "$out"; status=1
+  rows=$(printf '%s\n' "$out" | grep -cE '^[12] +[124] +f(32|64) +[0-9.]+ GB/s')
+  if [ "$rows" -ne 12 ]; then
+    echo "pass_ceiling.sh printed $rows result rows, expected 12:"; printf '%s\n' "$out"; status=1
   fi
 else
   echo "pass_ceiling.sh failed:"; printf '%s\n' "$out"; status=1

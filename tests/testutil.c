@@ -340,7 +340,7 @@ double tu_tol_exact(size_t rows, size_t cols) {
 }
 
 double tu_round_slack(size_t rows, size_t cols) {
-  return 256.0 * (double)(rows + cols) * DBL_EPSILON;
+  return 256.0 * (double)(rows + cols) * DBL_EPSILON + 0.5 * (64 + 8 + 4) * (FLT_EPSILON / 2);
 }
 
 const char *tu_ctx_fmt(const char *fmt, ...) {

@@ -108,7 +108,10 @@ double tu_rms_d(const double *x, size_t n);
 double tu_rel(double got, double want);
 /* Tolerance of an f64 SVD-backed value of a rows x cols matrix: k n DBL_EPSILON. */
 double tu_tol_exact(size_t rows, size_t cols);
-/* How far a Ritz value may exceed the true sigma through f64 rounding alone. */
+/* How far a Ritz value may exceed the true sigma through the passes' rounding: f64's, plus
+ * the f32 runs of lib/gram_pass.c (at most 64 products a dot lane, 8 rows an accumulation, so
+ * about (64 + 8 + 4) u32 relative on G x where |W|^T |W| |x| is not far above G x; half of it
+ * on sigma). */
 double tu_round_slack(size_t rows, size_t cols);
 
 /* got is finite and within relative tolerance tol of want. */
