@@ -147,9 +147,12 @@ typedef struct {
                        default 1000 */
   int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart, 2 to
                        STAB_SPECTRAL_KRYLOV_MAX (rounded up to even, at least 4); default 128 */
-  int threads;      /* threads for a pass, >= 0; 0 = as many as OpenMP offers (a pass never uses
-                       more than it has row chunks, 16). Results are bit-identical for every
-                       value. Default 0 */
+  int threads;      /* threads for a pass, >= 0; 0 = the CPUs this process may run on
+                       (sched_getaffinity). A pass never uses more than it has row chunks (16),
+                       nor threads for a matrix under 2^20 elements; a monitor step measures
+                       its layers on this many threads, one matrix each. Threads sleep between
+                       passes, and a pass never waits for one that is not running. Results are
+                       bit-identical for every value. Default 0 */
   uint64_t seed;    /* seed of the cold-start vector; default 0x5eed */
 } stab_spectral_params;
 

@@ -14,9 +14,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -421,40 +418,36 @@ static double chunk(const struct kernel *kn, const stabi_src *m, size_t r0, size
   return quad;
 }
 
+/* One pass's chunks as pool tasks: task k is chunk k, into its own accumulator. */
+typedef struct {
+  const struct kernel *kn;
+  const stabi_src *m;
+  size_t rows, cols, nchunks, span;
+  const double *x;
+  double *acc0, *quad;
+  const stabi_tiles *tiles;
+  int nv;
+} pass_job;
+
+static void pass_task(void *arg, size_t k, int slot) {
+  const pass_job *j = arg;
+  const size_t r0 = k * j->rows / j->nchunks, r1 = (k + 1) * j->rows / j->nchunks;
+  /* 16-bit rows go through the tile pair of this thread's slot */
+  float *tile = stabi_src_is_f32(j->m) ? NULL : j->tiles->buf + (size_t)slot * 2 * j->tiles->floats;
+  j->quad[k] = chunk(j->kn, j->m, r0, r1, j->cols, j->x, j->acc0 + k * j->span, j->nv, tile);
+}
+
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
                         double *partial, const stabi_tiles *tiles, int threads, int nv) {
   const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
-  const struct kernel *kn = kernel();
   const int tiled = !stabi_src_is_f32(m);
   double quad[STABI_MAX_CHUNKS];
-  int nt = 1;
-#ifdef _OPENMP
-  nt = threads > 0 ? threads : omp_get_max_threads();
+  int nt = stabi_pool_threads(threads);
   if (rows * cols < PARALLEL_MIN_ELEMENTS || nchunks == 1) nt = 1;
-  /* a thread past the chunk count would have nothing to do; asking OpenMP for, say, INT_MAX
-   * of them makes libgomp abort the process when it cannot create them */
-  if ((size_t)nt > nchunks) nt = (int)nchunks;
   if (tiled && nt > tiles->slots) nt = tiles->slots; /* one tile pair per thread */
-#else
-  (void)threads;
-#endif
   /* With a single chunk it accumulates straight into y. */
-  double *const acc0 = nchunks == 1 ? y : partial;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-#endif
-  for (size_t k = 0; k < nchunks; k++) {
-    const size_t r0 = k * rows / nchunks, r1 = (k + 1) * rows / nchunks;
-    float *tile = NULL;
-    if (tiled) {
-      int me = 0;
-#ifdef _OPENMP
-      me = omp_get_thread_num();
-#endif
-      tile = tiles->buf + (size_t)me * 2 * tiles->floats;
-    }
-    quad[k] = chunk(kn, m, r0, r1, cols, x, acc0 + k * span, nv, tile);
-  }
+  pass_job job = {kernel(), m, rows, cols, nchunks, span, x, nchunks == 1 ? y : partial, quad, tiles, nv};
+  stabi_pool_run(nchunks, nt, pass_task, &job);
   double total = 0.0;
   for (size_t k = 0; k < nchunks; k++) total += quad[k];
   if (nchunks > 1) {
