@@ -391,10 +391,12 @@ size_t stabi_chunk_count(size_t rows) {
 }
 
 /* Below this many elements (4 MiB of f32) a pass is too short to be worth waking other
- * threads. Every parallel pass ends on a barrier, and when the cores are busy with other work
- * (a trainer's own BLAS threads, say) the barrier waits for a descheduled thread: the demo's
- * 39 layers of 256..1024 wide took 2040 ms with two threads under a load of 2.5, against 77 ms
- * on one. */
+ * threads: waking a sleeping worker (a futex wake, a context switch) takes tens of
+ * microseconds, about a whole pass of 2^18 elements, and the worker would find few chunks
+ * left. (With OpenMP's barrier at the end of every parallel pass this rule also kept the
+ * demo's 39 layers of 256..1024 wide from waiting on descheduled threads: 2040 ms with two
+ * threads under a load of 2.5, against 77 ms on one; the pool never waits for a thread that
+ * has not started, so the rule is now only about cost.) */
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
 
 /* One chunk of rows [r0, r1). F32 rows are read where they are; 16-bit rows (or a mix: a
