@@ -51,7 +51,7 @@ typedef struct {
 typedef struct {
   shape *sizes;          /* the matrices to measure, in order */
   size_t n_sizes;
-  int threads;           /* stab_spectral_params.threads; 0 = what OpenMP offers */
+  int threads;           /* stab_spectral_params.threads; 0 = the CPUs this process may run on */
   int stream_threads;    /* threads of the plain streaming read (the same number, resolved) */
   double load_start, load_end; /* 1-minute load average before and after the run */
   double tol;            /* target relative error of sigma */
@@ -881,7 +881,7 @@ static void usage(void)
          "                        %s)\n"
          "  -q, --quick           the small list %s\n"
          "  -t, --threads N       threads of a pass and of the streaming read, 0..4096 (default\n"
-         "                        0: all that OpenMP offers)\n"
+         "                        0: the CPUs this process may run on)\n"
          "      --tol X           target relative error of sigma, in (0, 0.5) (default 1e-3)\n"
          "      --max-passes N    pass limit of the cold and warm estimates (default 1000)\n"
          "      --repeats N       timings of one pass and of the stream read: best of N (default\n"

@@ -63,7 +63,8 @@ const char *stab_strerror(stab_status status);
 const char *stab_last_error(void);
 
 /* Optional sink for diagnostics (failures and non-finite-weight warnings naming the
- * layer). Called from the thread that hit them; must not call back into the library.
+ * layer). Called from the thread that hit them (a monitor step's layers are measured on the
+ * library's pooled threads); must not call back into the library.
  * Pass NULL to remove. Process-wide; set it before other threads use the library. */
 typedef void (*stab_message_fn)(void *user, const char *message);
 void stab_set_message_handler(stab_message_fn fn, void *user);
@@ -397,7 +398,8 @@ void stab_monitor_free(stab_monitor *m);
  * measurement) until the monitor is freed. F32 layers only (.dtype 0; F16 or BF16 is
  * STAB_EINVAL: measure those with stab_layer_metrics). Allocates everything the layer will need:
  * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
- * fused matrix copies the rows it spans), and grows the shared spectral workspace.
+ * fused matrix copies the rows it spans), and grows the spectral workspace of each thread a
+ * step measures layers on (one per thread, up to metrics.spectral.threads).
  * index may be NULL. Names must be non-empty, valid UTF-8 (STAB_EINVAL) and unique (STAB_EEXIST). On failure the
  * monitor is as it was. */
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
@@ -429,7 +431,11 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
  * taken since the last measurement with update, which uses it up; GIVEN: every non-attention
  * layer's update set). Allocates nothing. A layer with
  * non-finite weights gets NaN metrics and a flag (and a message naming it); the others are
- * unaffected. */
+ * unaffected. The layers are measured on metrics.spectral.threads threads (0: the CPUs this
+ * process may run on), one layer each, largest first; the metrics are the same bits as on one
+ * thread. The calling thread takes part and returns when every layer is done. When layers
+ * fail, the status and the calling thread's stab_last_error() are those of the first failing
+ * layer in registration order. */
 stab_status stab_monitor_measure(stab_monitor *m, int with_update);
 
 /* The metrics of the last measurement of a layer; NULL if index is out of range. */
