@@ -36,8 +36,10 @@ typedef struct {
   char message[512];           /* its stab_last_error() */
 } slot;
 
-/* Threads a step measures layers on, at most: beyond this they only queue for memory. */
-#define MONITOR_MAX_THREADS 64
+/* Threads a step measures layers on, at most: each holds a workspace as large as the largest
+ * layer needs (its Lanczos basis alone krylov_dim x cols doubles, 3 MiB at 3072 columns), and
+ * more threads would only queue for the same memory. */
+#define MONITOR_MAX_THREADS 8
 
 struct stab_monitor {
   stab_monitor_params params;
