@@ -132,7 +132,7 @@ static void grow_workers(int want) {
     pthread_attr_t attr;
     if (pthread_attr_init(&attr) != 0) return;
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, (size_t)256 << 10); /* tasks keep little on the stack */
+    /* the default stack: a monitor's layer tasks call LAPACK and BLAS, whose needs are theirs */
     pthread_t t;
     int rc = pthread_create(&t, &attr, worker_main, NULL);
     pthread_attr_destroy(&attr);
