@@ -30,9 +30,10 @@
  * one per layer, and more threads than this would only queue for the same memory bus. */
 #define POOL_MAX_WORKERS 63
 
-/* A waiting thread polls this many times (each a pause, tens of ns) before it sleeps: a few
- * microseconds, enough to catch a task that is about to end or the next pass of a Lanczos
- * loop, far too short to take a core from other work. */
+/* The caller, its own tasks done, polls this many times (each a pause, tens of ns) for the
+ * workers' last tasks before it sleeps: a few microseconds, enough to catch a task about to
+ * end, far too short to take a core from other work. Workers never poll: they sleep as soon
+ * as they find nothing to claim. */
 #define SPIN_POLLS 256
 
 /* The state of the job being run, all under `lock` except `claim` and `finished`.
