@@ -21,6 +21,9 @@
 #include "../harness/stream_read.h"
 
 #include <stdio.h>
+#ifdef _OPENMP
+#include <omp.h> /* its own threads: gram_pass.c no longer uses OpenMP */
+#endif
 
 static volatile double sink;
 

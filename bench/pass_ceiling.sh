@@ -13,7 +13,7 @@ here=$(dirname "$0")
 tmp=$(mktemp -d /tmp/stab_pass_ceiling.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 ${CC:-cc} ${CFLAGS:--O2} -fopenmp -I"$here/../lib" -I"$here/../include" \
-  "$here/pass_ceiling.c" "$here/../lib/stored_rows.c" "$here/../harness/clock.c" "$here/../harness/stream_read.c" -o "$tmp/pass_ceiling" \
-  $(pkg-config --cflags --libs openblas) -lm
+  "$here/pass_ceiling.c" "$here/../lib/stored_rows.c" "$here/../lib/pass_pool.c" "$here/../harness/clock.c" "$here/../harness/stream_read.c" -o "$tmp/pass_ceiling" \
+  $(pkg-config --cflags --libs openblas) -lm -lpthread
 echo "pass_ceiling.sh: load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$tmp/pass_ceiling" "$@"

@@ -23,6 +23,7 @@
 #endif
 
 #include "cli.h"
+#include "bench_load.h"
 #include "clock.h"
 #include "stream_read.h"
 #include "stabmeter.h"
@@ -37,6 +38,8 @@
 /* one pass against the reference read (the faster of a wide-vector read and sgemv) */
 #define TARGET_REFERENCE_FRACTION 0.85
 #define TARGET_WARM_PASSES 4
+/* beside a busy machine, a cold or warm estimate at most this many times its idle time */
+#define TARGET_LOADED_SLOWDOWN 1.5
 
 static const char *const default_sizes = "512x512,1024x1024,2048x2048,4096x4096,768x3072,3072x768";
 static const char *const quick_sizes = "256x256,512x512,256x1024,1024x256";
@@ -51,7 +54,7 @@ typedef struct {
 typedef struct {
   shape *sizes;          /* the matrices to measure, in order */
   size_t n_sizes;
-  int threads;           /* stab_spectral_params.threads; 0 = what OpenMP offers */
+  int threads;           /* stab_spectral_params.threads; 0 = the CPUs this process may run on */
   int stream_threads;    /* threads of the plain streaming read (the same number, resolved) */
   double load_start, load_end; /* 1-minute load average before and after the run */
   double tol;            /* target relative error of sigma */
@@ -64,6 +67,7 @@ typedef struct {
   int lapack;            /* 0 with --no-lapack */
   int exact_f64;         /* also dgesvd; its sigma becomes the reference */
   int exact_warm;        /* also the SVD of W + dW, for the actual warm errors */
+  int loaded;            /* 0 with --no-load: no loaded_slowdown */
 } options;
 
 /* ---------------------------------------------------------------------------------- */
@@ -99,6 +103,8 @@ typedef struct {
   double pass_1t_GBps, reference_1t_fraction; /* a one-thread pass, against reference_1t */
   double pass_bf16_s, pass_bf16_GBps;  /* one pass over W stored as BF16 (bytes as stored) */
   double bf16_reference_fraction;      /* pass_bf16_GBps / reference_GBps */
+  load_result load_spin, load_blas; /* beside spinning loops, beside spinning OpenBLAS threads */
+  int loaded_ok;           /* both measured */
 } size_result;
 
 static void sigma_run_clear(sigma_run *r)
@@ -579,6 +585,23 @@ static int bench_size(const options *o, shape sh, size_t index, size_result *r)
   progress("%s: warm lanczos %d passes, warm power %d passes\n", tag, r->warm_krylov.passes,
            r->warm_power.passes);
 
+  /* Beside a busy machine: the cold and warm Lanczos estimates idle, then with every CPU kept
+   * busy, by loops and by a child's OpenBLAS sgemm; before LAPACK, whose threads would stay. */
+  if (o->loaded) {
+    progress("%s: loaded slowdown (a spinning child per CPU, then OpenBLAS sgemm)\n", tag);
+    if (bench_loaded_slowdown(ws_krylov, w, w2, rows, cols, v_krylov, v, o->cold_repeats, LOAD_SPIN,
+                              &r->load_spin) ||
+        bench_loaded_slowdown(ws_krylov, w, w2, rows, cols, v_krylov, v, o->cold_repeats, LOAD_BLAS,
+                              &r->load_blas))
+      goto out;
+    r->loaded_ok = 1;
+    progress("%s: loaded/idle cold %.2fx warm %.2fx (spin), cold %.2fx warm %.2fx (OpenBLAS)\n", tag,
+             r->load_spin.loaded_cold_s / r->load_spin.idle_cold_s,
+             r->load_spin.loaded_warm_s / r->load_spin.idle_warm_s,
+             r->load_blas.loaded_cold_s / r->load_blas.idle_cold_s,
+             r->load_blas.loaded_warm_s / r->load_blas.idle_warm_s);
+  }
+
   /* LAPACK last: its threads would otherwise compete with the timed passes above. */
   if (o->lapack) {
     progress("%s: sgesvd%s ...\n", tag, o->exact_f64 ? " and dgesvd" : "");
@@ -637,11 +660,13 @@ typedef struct {
   int warm;                /* max Lanczos warm passes over the sizes; -1 if none */
   /* the same sizes as fraction: min pass/reference over them, f32 and BF16 */
   double ref_fraction, bf16_ref_fraction;
+  double loaded;           /* worst loaded/idle ratio (cold or warm, either load); NaN if none */
+  const size_result *loaded_from;
 } targets;
 
 static targets compute_targets(const size_result *res, size_t n)
 {
-  targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN};
+  targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN, NAN, NULL};
   const size_result *largest = NULL;
   for (size_t i = 0; i < n; i++) {
     const size_result *r = &res[i];
@@ -660,6 +685,16 @@ static targets compute_targets(const size_result *res, size_t n)
       largest = r;
     if (r->warm_krylov.passes > t.warm)
       t.warm = r->warm_krylov.passes;
+    if (r->loaded_ok) {
+      const load_result *l[2] = {&r->load_spin, &r->load_blas};
+      for (int k = 0; k < 2; k++) {
+        double worst = fmax(l[k]->loaded_cold_s / l[k]->idle_cold_s, l[k]->loaded_warm_s / l[k]->idle_warm_s);
+        if (!(worst <= t.loaded)) { /* also the first (NaN) */
+          t.loaded = worst;
+          t.loaded_from = r;
+        }
+      }
+    }
   }
   if (!t.fraction_big && largest) {
     t.fraction = largest->fraction;
@@ -712,6 +747,39 @@ static const char *fmt_warm(char *buf, size_t len, const size_result *r)
     snprintf(buf, len, "%d%s/%d%s", r->warm_krylov.passes, r->warm_krylov.converged ? "" : "*",
              r->warm_power.passes, r->warm_power.converged ? "" : "*");
   return buf;
+}
+
+/* The loaded_slowdown table and its target line. */
+static void print_loaded(const size_result *res, size_t n, const targets *t)
+{
+  int any = 0;
+  for (size_t i = 0; i < n; i++)
+    any |= res[i].loaded_ok;
+  if (any) {
+    printf("\nbeside a busy machine (best of the repeats each; load = 1-minute average while loaded)\n");
+    printf("%-11s %9s %9s %8s %8s %8s %8s %6s\n", "size", "idle s", "loaded s", "cold", "warm", "blas c",
+           "blas w", "load");
+    for (size_t i = 0; i < n; i++) {
+      const size_result *r = &res[i];
+      if (!r->loaded_ok)
+        continue;
+      char s[32];
+      snprintf(s, sizeof s, "%zux%zu", r->rows, r->cols);
+      printf("%-11s %9.4f %9.4f %7.2fx %7.2fx %7.2fx %7.2fx %6.2f\n", s, r->load_spin.idle_cold_s,
+             r->load_spin.loaded_cold_s, r->load_spin.loaded_cold_s / r->load_spin.idle_cold_s,
+             r->load_spin.loaded_warm_s / r->load_spin.idle_warm_s,
+             r->load_blas.loaded_cold_s / r->load_blas.idle_cold_s,
+             r->load_blas.loaded_warm_s / r->load_blas.idle_warm_s, r->load_spin.load_after);
+    }
+    printf("  cold/warm: loaded / idle with a spinning loop on each of the %d online CPUs; blas: beside\n"
+           "  one process doing sgemm on as many OpenBLAS threads.\n", res[0].load_spin.cpus);
+  }
+  if (t->loaded_from)
+    printf("target loaded cold and warm <= %.1fx idle: worst %.2fx (at %zux%zu) %s\n", TARGET_LOADED_SLOWDOWN,
+           t->loaded, t->loaded_from->rows, t->loaded_from->cols,
+           pass_fail(1, t->loaded <= TARGET_LOADED_SLOWDOWN));
+  else
+    printf("target loaded cold and warm <= %.1fx idle: n/a SKIP\n", TARGET_LOADED_SLOWDOWN);
 }
 
 static void print_human(const options *o, const size_result *res, size_t n, const targets *t,
@@ -814,6 +882,7 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
            pass_fail(1, t->warm <= TARGET_WARM_PASSES));
   else
     printf("target warm <= %d passes: n/a SKIP\n", TARGET_WARM_PASSES);
+  print_loaded(res, n, t);
 }
 
 /* A JSON number, or null when x is not finite. */
@@ -917,7 +986,18 @@ static void print_json(const options *o, const size_result *res, size_t n, const
              r->warm_err_actual ? r->warm_krylov.rel_err : r->warm_krylov.est_rel_err, 1);
     json_num("warm_rel_err_power",
              r->warm_err_actual ? r->warm_power.rel_err : r->warm_power.est_rel_err, 1);
-    json_bool("warm_rel_err_actual", r->warm_err_actual, 0);
+    json_bool("warm_rel_err_actual", r->warm_err_actual, 1);
+    /* loaded / idle, best of the repeats each: beside spinning loops, and beside OpenBLAS */
+    json_num("loaded_slowdown", r->loaded_ok ? r->load_spin.loaded_cold_s / r->load_spin.idle_cold_s : NAN, 1);
+    json_num("loaded_slowdown_warm", r->loaded_ok ? r->load_spin.loaded_warm_s / r->load_spin.idle_warm_s : NAN, 1);
+    json_num("loaded_slowdown_blas", r->loaded_ok ? r->load_blas.loaded_cold_s / r->load_blas.idle_cold_s : NAN, 1);
+    json_num("loaded_slowdown_blas_warm",
+             r->loaded_ok ? r->load_blas.loaded_warm_s / r->load_blas.idle_warm_s : NAN, 1);
+    json_num("loaded_idle_cold_s", r->loaded_ok ? r->load_spin.idle_cold_s : NAN, 1);
+    json_num("loaded_cold_s", r->loaded_ok ? r->load_spin.loaded_cold_s : NAN, 1);
+    json_num("loaded_idle_warm_s", r->loaded_ok ? r->load_spin.idle_warm_s : NAN, 1);
+    json_num("loaded_warm_s", r->loaded_ok ? r->load_spin.loaded_warm_s : NAN, 1);
+    json_num("loaded_load_average", r->loaded_ok ? r->load_spin.load_after : NAN, 0);
     printf("}");
   }
   printf("\n ],\n \"targets\": {");
@@ -949,8 +1029,13 @@ static void print_json(const options *o, const size_result *res, size_t n, const
   printf("\"warm_passes\": {");
   json_int("value", t->warm, 1);
   json_int("max", TARGET_WARM_PASSES, 1);
-  printf("\"pass\": %s}}}\n", t->warm >= 0 ? (t->warm <= TARGET_WARM_PASSES ? "true" : "false")
-                                          : "null");
+  printf("\"pass\": %s}, ", t->warm >= 0 ? (t->warm <= TARGET_WARM_PASSES ? "true" : "false")
+                                        : "null");
+  printf("\"loaded_slowdown\": {");
+  json_num("value", t->loaded, 1);
+  json_num("max", TARGET_LOADED_SLOWDOWN, 1);
+  printf("\"pass\": %s}}}\n", t->loaded_from ? (t->loaded <= TARGET_LOADED_SLOWDOWN ? "true" : "false")
+                                            : "null");
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -971,7 +1056,7 @@ static void usage(void)
          "                        %s)\n"
          "  -q, --quick           the small list %s\n"
          "  -t, --threads N       threads of a pass and of the streaming read, 0..4096 (default\n"
-         "                        0: all that OpenMP offers)\n"
+         "                        0: the CPUs this process may run on)\n"
          "      --tol X           target relative error of sigma, in (0, 0.5) (default 1e-3)\n"
          "      --max-passes N    pass limit of the cold and warm estimates (default 1000)\n"
          "      --repeats N       timings of one pass and of the stream read: best of N (default\n"
@@ -984,6 +1069,8 @@ static void usage(void)
          "      --no-lapack       skip sgesvd (no speedup, no actual errors)\n"
          "      --exact-f64       also dgesvd on an f64 copy, and use it as the reference\n"
          "      --exact-warm      also the SVD of W + dW, for the actual warm errors\n"
+         "      --no-load         skip loaded_slowdown (the cold and warm estimates timed again\n"
+         "                        beside a spinning child per CPU, and beside OpenBLAS sgemm)\n"
          "      --accuracy N      instead: N Gaussian matrices of random shapes up to 300x300,\n"
          "                        how often each method ends above tol against dgesvd\n"
          "  -j, --json            one JSON object on stdout instead of the table\n"
@@ -1126,7 +1213,7 @@ static int accuracy_sweep(const options *o, long count)
 int main(int argc, char **argv)
 {
   enum { OPT_TOL = 256, OPT_MAX_PASSES, OPT_REPEATS, OPT_COLD_REPEATS, OPT_SEED, OPT_UPDATE,
-         OPT_NO_LAPACK, OPT_EXACT_F64, OPT_EXACT_WARM, OPT_ACCURACY };
+         OPT_NO_LAPACK, OPT_EXACT_F64, OPT_EXACT_WARM, OPT_ACCURACY, OPT_NO_LOAD };
   static const struct option longopts[] = {
       {"sizes", required_argument, NULL, 's'},
       {"quick", no_argument, NULL, 'q'},
@@ -1141,13 +1228,14 @@ int main(int argc, char **argv)
       {"exact-f64", no_argument, NULL, OPT_EXACT_F64},
       {"exact-warm", no_argument, NULL, OPT_EXACT_WARM},
       {"accuracy", required_argument, NULL, OPT_ACCURACY},
+      {"no-load", no_argument, NULL, OPT_NO_LOAD},
       {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   options o = {.sizes = NULL, .n_sizes = 0, .threads = 0, .tol = 1e-3, .max_passes = 1000,
                .repeats = 0 /* 10, or 5 with --quick */, .cold_repeats = 3, .seed = 1, .update = 1e-3, .json = 0,
-               .lapack = 1, .exact_f64 = 0, .exact_warm = 0};
+               .lapack = 1, .exact_f64 = 0, .exact_warm = 0, .loaded = 1};
   const char *sizes = default_sizes;
   int quick = 0, c;
   long accuracy = 0;
@@ -1173,6 +1261,7 @@ int main(int argc, char **argv)
     case OPT_NO_LAPACK: o.lapack = 0; break;
     case OPT_EXACT_F64: o.exact_f64 = 1; break;
     case OPT_EXACT_WARM: o.exact_warm = 1; break;
+    case OPT_NO_LOAD: o.loaded = 0; break;
     case OPT_ACCURACY: if (!(rc = cli_whole("--accuracy", optarg, 1, 1000000, &v))) accuracy = (long)v; break;
     case 'j': o.json = 1; break;
     case 'h': usage(); return CLI_OK;

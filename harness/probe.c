@@ -1756,22 +1756,7 @@ static int decide_step(options *o, const ckpt *f) {
   return 0;
 }
 
-/* The library's passes run on OpenMP threads, and libgomp's default is to spin for some
- * milliseconds at every barrier before sleeping. The probe makes hundreds of short passes with
- * serial work between them, so on a machine busy with other work the spinning thread and the
- * thread it waits for take turns at the cores: GPT-2-124M took 7.1 s instead of 1.6 s under a
- * load of 2.5, and 1.25 s instead of 1.16 s even on a quiet machine. libgomp reads its wait
- * policy only when it is loaded, before main, so when the user has not chosen one the probe
- * starts itself again with OMP_WAIT_POLICY=passive (the threads then sleep at once). */
-static void prefer_sleeping_threads(char **argv) {
-  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-  execv("/proc/self/exe", argv);
-  unsetenv("OMP_WAIT_POLICY"); /* no /proc: carry on as we are */
-}
-
 int main(int argc, char **argv) {
-  prefer_sleeping_threads(argv); /* first: nothing is printed twice */
   cli_init("stabmeter-probe");
   options o;
   int rc = parse(argc, argv, &o);

@@ -63,7 +63,8 @@ const char *stab_strerror(stab_status status);
 const char *stab_last_error(void);
 
 /* Optional sink for diagnostics (failures and non-finite-weight warnings naming the
- * layer). Called from the thread that hit them; must not call back into the library.
+ * layer). Called from the thread that hit them (a monitor step's layers are measured on the
+ * library's pooled threads); must not call back into the library.
  * Pass NULL to remove. Process-wide; set it before other threads use the library. */
 typedef void (*stab_message_fn)(void *user, const char *message);
 void stab_set_message_handler(stab_message_fn fn, void *user);
@@ -154,9 +155,12 @@ typedef struct {
                        default 1000 */
   int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart, 2 to
                        STAB_SPECTRAL_KRYLOV_MAX (rounded up to even, at least 4); default 128 */
-  int threads;      /* threads for a pass, >= 0; 0 = as many as OpenMP offers (a pass never uses
-                       more than it has row chunks, 16). Results are bit-identical for every
-                       value. Default 0 */
+  int threads;      /* threads for a pass, >= 0; 0 = the CPUs this process may run on
+                       (sched_getaffinity). A pass never uses more than it has row chunks (16),
+                       nor threads for a matrix under 2^20 elements; a monitor step measures
+                       its layers on this many threads, one matrix each. Threads sleep between
+                       passes, and a pass never waits for one that is not running. Results are
+                       bit-identical for every value. Default 0 */
   uint64_t seed;    /* seed of the cold-start vector; default 0x5eed */
 } stab_spectral_params;
 
@@ -401,7 +405,8 @@ void stab_monitor_free(stab_monitor *m);
  * measurement) until the monitor is freed. F32 layers only (.dtype 0; F16 or BF16 is
  * STAB_EINVAL: measure those with stab_layer_metrics). Allocates everything the layer will need:
  * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
- * fused matrix copies the rows it spans), and grows the shared spectral workspace.
+ * fused matrix copies the rows it spans), and grows the spectral workspace of each thread a
+ * step measures layers on (one per thread, up to metrics.spectral.threads).
  * index may be NULL. Names must be non-empty, valid UTF-8 (STAB_EINVAL) and unique (STAB_EEXIST). On failure the
  * monitor is as it was. */
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
@@ -433,7 +438,11 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
  * taken since the last measurement with update, which uses it up; GIVEN: every non-attention
  * layer's update set). Allocates nothing. A layer with
  * non-finite weights gets NaN metrics and a flag (and a message naming it); the others are
- * unaffected. */
+ * unaffected. The layers are measured on metrics.spectral.threads threads (0: the CPUs this
+ * process may run on), one layer each, largest first; the metrics are the same bits as on one
+ * thread. The calling thread takes part and returns when every layer is done. When layers
+ * fail, the status and the calling thread's stab_last_error() are those of the first failing
+ * layer in registration order. */
 stab_status stab_monitor_measure(stab_monitor *m, int with_update);
 
 /* The metrics of the last measurement of a layer; NULL if index is out of range. */

@@ -18,9 +18,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -859,10 +856,12 @@ size_t stabi_chunk_count(size_t rows) {
 }
 
 /* Below this many elements (4 MiB of f32) a pass is too short to be worth waking other
- * threads. Every parallel pass ends on a barrier, and when the cores are busy with other work
- * (a trainer's own BLAS threads, say) the barrier waits for a descheduled thread: the demo's
- * 39 layers of 256..1024 wide took 2040 ms with two threads under a load of 2.5, against 77 ms
- * on one. */
+ * threads: waking a sleeping worker (a futex wake, a context switch) takes tens of
+ * microseconds, about a whole pass of 2^18 elements, and the worker would find few chunks
+ * left. (With OpenMP's barrier at the end of every parallel pass this rule also kept the
+ * demo's 39 layers of 256..1024 wide from waiting on descheduled threads: 2040 ms with two
+ * threads under a load of 2.5, against 77 ms on one; the pool never waits for a thread that
+ * has not started, so the rule is now only about cost.) */
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
 
 /* One chunk of rows [r0, r1), in f64 or in f32 runs (x32: x as f32, NULL for f64). F32 rows
@@ -892,6 +891,27 @@ static double chunk(const struct kernel *kn, const stabi_src *m, size_t r0, size
   return quad;
 }
 
+/* One pass's chunks as pool tasks: task k is chunk k, into its own accumulator. */
+typedef struct {
+  const struct kernel *kn;
+  const stabi_src *m;
+  size_t rows, cols, nchunks, span;
+  const double *x;
+  const float *x32;   /* x rounded to f32 (scaled by xup), NULL for an f64 pass */
+  const double *xup;
+  double *acc0, *quad;
+  const stabi_tiles *tiles;
+  int nv;
+} pass_job;
+
+static void pass_task(void *arg, size_t k, int slot) {
+  const pass_job *j = arg;
+  const size_t r0 = k * j->rows / j->nchunks, r1 = (k + 1) * j->rows / j->nchunks;
+  /* 16-bit rows go through the tile pair of this thread's slot */
+  float *tile = stabi_src_is_f32(j->m) ? NULL : j->tiles->buf + (size_t)slot * 2 * j->tiles->floats;
+  j->quad[k] = chunk(j->kn, j->m, r0, r1, j->cols, j->x, j->x32, j->xup, j->acc0 + k * j->span, j->nv, tile);
+}
+
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
                         double *partial, const stabi_tiles *tiles, int threads, int nv, int f64) {
   const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
@@ -912,34 +932,12 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
   }
   const int tiled = !stabi_src_is_f32(m);
   double quad[STABI_MAX_CHUNKS];
-  int nt = 1;
-#ifdef _OPENMP
-  nt = threads > 0 ? threads : omp_get_max_threads();
+  int nt = stabi_pool_threads(threads);
   if (rows * cols < PARALLEL_MIN_ELEMENTS || nchunks == 1) nt = 1;
-  /* a thread past the chunk count would have nothing to do; asking OpenMP for, say, INT_MAX
-   * of them makes libgomp abort the process when it cannot create them */
-  if ((size_t)nt > nchunks) nt = (int)nchunks;
   if (tiled && nt > tiles->slots) nt = tiles->slots; /* one tile pair per thread */
-#else
-  (void)threads;
-#endif
   /* With a single chunk it accumulates straight into y. */
-  double *const acc0 = nchunks == 1 ? y : partial;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-#endif
-  for (size_t k = 0; k < nchunks; k++) {
-    const size_t r0 = k * rows / nchunks, r1 = (k + 1) * rows / nchunks;
-    float *tile = NULL;
-    if (tiled) {
-      int me = 0;
-#ifdef _OPENMP
-      me = omp_get_thread_num();
-#endif
-      tile = tiles->buf + (size_t)me * 2 * tiles->floats;
-    }
-    quad[k] = chunk(kn, m, r0, r1, cols, x, x32, xup, acc0 + k * span, nv, tile);
-  }
+  pass_job job = {kn, m, rows, cols, nchunks, span, x, x32, xup, nchunks == 1 ? y : partial, quad, tiles, nv};
+  stabi_pool_run(nchunks, nt, pass_task, &job);
   double total = 0.0;
   for (size_t k = 0; k < nchunks; k++) total += quad[k];
   if (nchunks > 1) {

@@ -15,6 +15,10 @@ stab_status stabi_fail(stab_status status, const char *fmt, ...)
 
 /* Hands a warning (not a failure) to the message handler only. */
 void stabi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Makes msg the calling thread's stab_last_error() without calling the message handler: a
+ * failure met on a pooled thread (and already handed to the handler there) reported again on
+ * the thread that asked for the work. */
+void stabi_set_last_error(const char *msg);
 
 /* max that lets NaN win, unlike fmax: a NaN anywhere must reach the result. */
 static inline double stabi_nanmax(double a, double b) {
@@ -113,6 +117,27 @@ static inline size_t stabi_tile_rows(size_t cols) {
   size_t r = STABI_TILE_FLOATS / cols / 8 * 8;
   return r < 8 ? 8 : r;
 }
+
+/* ---- the threads that share a pass or a monitor step (pass_pool.c) ---- */
+
+/* One task of a job: task k of n, run by the thread of this slot (0 the caller, 1.. the
+ * workers that joined; slots are unique among the threads of one job, < its thread count). */
+typedef void (*stabi_task_fn)(void *arg, size_t k, int slot);
+
+/* Runs fn(arg, k, slot) once for every k in [0, n), on the calling thread and up to
+ * threads - 1 pooled workers (created the first time they are wanted, asleep between jobs),
+ * each task claimed by whichever thread is free, and returns once every task has ended, with
+ * what they wrote visible. The caller never waits for a worker that has not started: one that
+ * is not scheduled claims nothing. When the pool is busy with another job (another thread's,
+ * or a task of an enclosing job), or threads cannot be created, the tasks run serially on the
+ * caller, in order. Safe from any number of threads, and in the child of a fork. Returns the
+ * threads that took part (1: serial). */
+int stabi_pool_run(size_t n, int threads, stabi_task_fn fn, void *arg);
+
+/* The CPUs this process may run on (sched_getaffinity), at least 1. */
+int stabi_pool_cpus(void);
+/* threads as a params.threads value means: itself when > 0, 0 = stabi_pool_cpus(). */
+int stabi_pool_threads(int threads);
 
 /* ---- the pass over a matrix (gram_pass.c) ---- */
 

@@ -1,8 +1,17 @@
 /* monitor.c — the per-step monitor: layers registered once with every buffer allocated then
- * (warm-start vectors, snapshot copies, one spectral workspace shared by all layers), and a
- * measurement every step that allocates nothing. */
+ * (warm-start vectors, snapshot copies, a spectral workspace per measuring thread), and a
+ * measurement every step that allocates nothing.
+ *
+ * A step measures its layers on several threads, one layer each, largest first, each claimed
+ * by whichever thread is free (pass_pool.c). Most layers are small and their passes short, and
+ * the serial work between passes (the Lanczos vectors, LAPACK on the small projected problem)
+ * left a second core idle when both shared one pass; sharing nothing, the threads also never
+ * wait for each other while another program holds the cores. A layer's numbers depend only on
+ * its weights and its own warm vectors, so they are the same bits on any thread. */
 #include "internal.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,13 +26,30 @@ typedef struct {
   double *heads;      /* attention: per-head bounds */
 } entry;
 
+/* What one measuring thread borrows: layers do not share buffers. */
+typedef struct {
+  stab_spectral_workspace *ws; /* NULL until a layer has a spectral block */
+  double *work;
+  size_t work_len;
+  stab_status st;              /* this step: the failure of its earliest layer that failed */
+  size_t failed_at;            /* that layer (SIZE_MAX: none) */
+  char message[512];           /* its stab_last_error() */
+} slot;
+
+/* Threads a step measures layers on, at most: each holds a workspace as large as the largest
+ * layer needs (its Lanczos basis alone krylov_dim x cols doubles, 3 MiB at 3072 columns), and
+ * more threads would only queue for the same memory. */
+#define MONITOR_MAX_THREADS 8
+
 struct stab_monitor {
   stab_monitor_params params;
   entry *layers;
   size_t count, cap;
-  stab_spectral_workspace *ws;
-  double *work;
-  size_t work_len;
+  size_t *order;      /* (cap) the layers, largest stored matrix first (ties: registration) */
+  slot *slots;        /* (threads) */
+  int threads;        /* the params' threads, resolved */
+  int ready;          /* slots with buffers for every registered layer: min(threads, count) */
+  size_t max_rows, max_cols; /* the largest spectral block's sides so far */
   int snapshot_ready;
   size_t bytes;
 };
@@ -48,7 +74,14 @@ stab_status stab_monitor_create(const stab_monitor_params *params, stab_monitor 
   stab_status st = stabi_spectral_check(&p.metrics.spectral, "stab_monitor_create");
   if (st != STAB_OK) return st;
   stab_monitor *m = calloc(1, sizeof *m);
+  int threads = stabi_pool_threads(p.metrics.spectral.threads);
+  if (threads > MONITOR_MAX_THREADS) threads = MONITOR_MAX_THREADS;
+  if (m && !(m->slots = calloc((size_t)threads, sizeof *m->slots))) {
+    free(m);
+    m = NULL;
+  }
   if (!m) return stabi_fail(STAB_ENOMEM, "stab_monitor_create: out of memory");
+  m->threads = threads;
   m->params = p;
   m->bytes = sizeof *m;
   *out = m;
@@ -67,8 +100,12 @@ void stab_monitor_free(stab_monitor *m) {
   if (!m) return;
   for (size_t i = 0; i < m->count; i++) free_entry(&m->layers[i]);
   free(m->layers);
-  stab_spectral_workspace_free(m->ws);
-  free(m->work);
+  free(m->order);
+  for (int s = 0; s < m->threads; s++) {
+    stab_spectral_workspace_free(m->slots[s].ws);
+    free(m->slots[s].work);
+  }
+  free(m->slots);
   free(m);
 }
 
@@ -102,6 +139,53 @@ static int has_spectral(const stab_layer *l) {
   return l->kind == STAB_KIND_LINEAR || l->kind == STAB_KIND_ATTENTION;
 }
 
+/* Gives every slot a layer may be measured on (one more than now, up to the threads, for
+ * the layer being added) buffers that fit that layer too. Grows buffers only, so a failure
+ * leaves the monitor able to measure the layers it has. */
+static stab_status grow_slots(stab_monitor *m, const stab_layer *l, const stabi_shape *sh, size_t work_len,
+                              const char *who) {
+  size_t r = m->max_rows, c = m->max_cols;
+  if (has_spectral(l)) {
+    size_t lr, lc;
+    spectral_block(l, sh, &lr, &lc);
+    if (lr > r) r = lr;
+    if (lc > c) c = lc;
+  }
+  const int want = m->count + 1 < (size_t)m->threads ? (int)m->count + 1 : m->threads;
+  for (int s = 0; s < want; s++) {
+    slot *t = &m->slots[s];
+    stab_status st = STAB_OK;
+    if (r && !t->ws) st = stab_spectral_workspace_create(r, c, &m->params.metrics.spectral, &t->ws);
+    else if (r) st = stabi_spectral_reserve(t->ws, r, c);
+    if (st != STAB_OK) return st;
+    if (work_len > t->work_len) {
+      double *w = work_len <= (size_t)-1 / sizeof *w ? realloc(t->work, work_len * sizeof *w) : NULL;
+      if (!w) return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory for its workspace", who, l->name);
+      t->work = w;
+      t->work_len = work_len;
+    }
+  }
+  m->max_rows = r;
+  m->max_cols = c;
+  return STAB_OK;
+}
+
+/* Numbers a layer's measurement reads: what orders the layers of a step, largest first, so
+ * that the last layers left to a step's threads are its smallest. */
+static size_t layer_size(const entry *e) {
+  size_t n = e->shape.rows * e->shape.cols;
+  return e->layer.kind == STAB_KIND_ATTENTION ? 2 * n : n;
+}
+
+/* Puts layer i (just registered) into m->order. */
+static void insert_in_order(stab_monitor *m, size_t i) {
+  const size_t size = layer_size(&m->layers[i]);
+  size_t at = i;
+  while (at > 0 && layer_size(&m->layers[m->order[at - 1]]) < size) at--;
+  memmove(m->order + at + 1, m->order + at, (i - at) * sizeof *m->order);
+  m->order[at] = i;
+}
+
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index) {
   static const char who[] = "stab_monitor_add_layer";
   if (!m || !layer) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !m ? "monitor" : "layer");
@@ -133,24 +217,16 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
   int failed = 0;
 
   /* Grow what is shared first: on failure nothing of the monitor's state is lost. */
-  if (has_spectral(layer)) {
-    size_t r, c;
-    spectral_block(layer, &e.shape, &r, &c);
-    if (!m->ws) st = stab_spectral_workspace_create(r, c, &m->params.metrics.spectral, &m->ws);
-    else st = stabi_spectral_reserve(m->ws, r, c);
-    if (st != STAB_OK) return st;
-  }
-  if (work_len > m->work_len) {
-    double *w = work_len <= (size_t)-1 / sizeof *w ? realloc(m->work, work_len * sizeof *w) : NULL;
-    if (!w) return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory for its workspace", who, layer->name);
-    m->work = w;
-    m->work_len = work_len;
-  }
+  st = grow_slots(m, layer, &e.shape, work_len, who);
+  if (st != STAB_OK) return st;
   if (m->count == m->cap) {
     size_t cap = m->cap ? 2 * m->cap : 16;
     entry *grown = realloc(m->layers, cap * sizeof *grown);
     if (!grown) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the layer table", who);
     m->layers = grown;
+    size_t *order = realloc(m->order, cap * sizeof *order);
+    if (!order) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the layer table", who);
+    m->order = order;
     m->cap = cap;
   }
   size_t nlen = strlen(layer->name) + 1;
@@ -180,8 +256,10 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
   for (size_t h = 0; h < e.shape.heads; h++) e.heads[h] = NAN;
   stabi_layer_measure_clear(&e.metrics);
   m->layers[m->count] = e;
+  insert_in_order(m, m->count);
   if (index) *index = m->count;
   m->count++;
+  m->ready = m->count < (size_t)m->threads ? (int)m->count : m->threads;
   m->bytes += bytes;
   return STAB_OK;
 }
@@ -233,6 +311,31 @@ static const stabi_delta *layer_delta(const stab_monitor *m, const entry *e, sta
   return d;
 }
 
+/* A step's layers as pool tasks: task k measures the k-th largest layer with the buffers of
+ * the slot of the thread that claimed it. Passes inside find the pool busy and run on that
+ * thread alone. */
+typedef struct {
+  stab_monitor *m;
+  int with_update;
+} step_job;
+
+static void measure_task(void *arg, size_t k, int s) {
+  const step_job *job = arg;
+  stab_monitor *m = job->m;
+  const size_t i = m->order[k];
+  entry *e = &m->layers[i];
+  slot *t = &m->slots[s];
+  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL};
+  stabi_delta d;
+  const stabi_delta *dl = job->with_update ? layer_delta(m, e, &d) : NULL;
+  stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
+  if (st != STAB_OK && i < t->failed_at) {
+    t->failed_at = i;
+    t->st = st;
+    snprintf(t->message, sizeof t->message, "%s", stab_last_error());
+  }
+}
+
 stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
   static const char who[] = "stab_monitor_measure";
   if (!m) return stabi_fail(STAB_EINVAL, "%s: monitor is NULL", who);
@@ -247,14 +350,29 @@ stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
           return stabi_fail(STAB_ESTATE, "%s: layer '%s' has no update set (stab_monitor_set_update)", who,
                             m->layers[i].layer.name);
   }
-  stabi_ctx ctx = {m->ws, m->work, m->params.metrics.tight, NULL}; /* F32 layers only: no row buffers */
   stab_status first = STAB_OK;
-  for (size_t i = 0; i < m->count; i++) {
-    entry *e = &m->layers[i];
-    stabi_delta d;
-    const stabi_delta *dl = with_update ? layer_delta(m, e, &d) : NULL;
-    stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
-    if (st != STAB_OK && first == STAB_OK) first = st;
+  if (m->ready <= 1) {
+    /* one thread: the layers in order, each pass free to use the pool's threads */
+    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL}; /* F32 only: no row buffers */
+    for (size_t i = 0; i < m->count; i++) {
+      entry *e = &m->layers[i];
+      stabi_delta d;
+      const stabi_delta *dl = with_update ? layer_delta(m, e, &d) : NULL;
+      stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
+      if (st != STAB_OK && first == STAB_OK) first = st;
+    }
+  } else {
+    for (int s = 0; s < m->ready; s++) m->slots[s].failed_at = SIZE_MAX;
+    step_job job = {m, with_update};
+    stabi_pool_run(m->count, m->ready, measure_task, &job);
+    /* the failure of the earliest layer, as the serial order would return it */
+    const slot *f = NULL;
+    for (int s = 0; s < m->ready; s++)
+      if (m->slots[s].failed_at != SIZE_MAX && (!f || m->slots[s].failed_at < f->failed_at)) f = &m->slots[s];
+    if (f) {
+      stabi_set_last_error(f->message);
+      first = f->st;
+    }
   }
   if (with_update) m->snapshot_ready = 0;
   return first;
@@ -283,7 +401,10 @@ stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_m
 
 size_t stab_monitor_memory(const stab_monitor *m) {
   if (!m) return 0;
-  size_t b = m->bytes + m->cap * sizeof(entry) + m->work_len * sizeof(double);
-  if (m->ws) b += stabi_spectral_bytes(m->ws);
+  size_t b = m->bytes + m->cap * (sizeof(entry) + sizeof *m->order) + (size_t)m->threads * sizeof(slot);
+  for (int s = 0; s < m->threads; s++) {
+    b += m->slots[s].work_len * sizeof(double);
+    if (m->slots[s].ws) b += stabi_spectral_bytes(m->slots[s].ws);
+  }
   return b;
 }

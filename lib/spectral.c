@@ -107,10 +107,7 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
   n.y = alloc_doubles(2 * c, &failed);
   /* a pair of tiles for each thread a pass may use (never more than its chunks); the exact
    * mode converts its rows through the first */
-  int slots = ws->params.threads > 0 ? ws->params.threads : 1;
-#ifdef _OPENMP
-  if (ws->params.threads == 0) slots = omp_get_max_threads();
-#endif
+  int slots = stabi_pool_threads(ws->params.threads);
   if ((size_t)slots > nchunks) slots = (int)nchunks;
   n.tiles.floats = c > STABI_TILE_FLOATS / 8 ? 8 * c : STABI_TILE_FLOATS;
   n.tiles.slots = slots;

@@ -45,6 +45,8 @@ stab_status stabi_fail(stab_status status, const char *fmt, ...) {
   return status;
 }
 
+void stabi_set_last_error(const char *msg) { snprintf(last_error, sizeof last_error, "%s", msg); }
+
 void stabi_warn(const char *fmt, ...) {
   if (!message_fn) return;
   char buf[512];

@@ -1,7 +1,7 @@
 /* check_monitor.c — the per-step monitor: registration of every layer kind, lookups and
  * their failures, metrics equal to stab_layer_metrics on the same weights, update metrics
  * in snapshot and given-update modes, warm starts, NaN isolation between layers, and the
- * memory accounting. */
+ * memory accounting; a step's layers measured on several threads. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -762,6 +762,69 @@ START_TEST(test_narrow_exact_and_warm) {
 }
 END_TEST
 
+/* ---- layers on several threads ------------------------------------------------------ */
+
+/* Threads of this process, from /proc/self/task (0 when it cannot be read). */
+static int process_threads(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  if (f) fclose(f);
+  return n;
+}
+
+static int same_metrics(const stab_metrics *a, const stab_metrics *b) {
+  const double x[] = {a->forward, a->dependency, a->update, a->forward_tight, a->dependency_tight,
+                      a->update_tight, a->spread, a->sigma, a->sigma_rel_err, a->sigma_update,
+                      a->sigma_update_rel_err, a->rel_update};
+  const double y[] = {b->forward, b->dependency, b->update, b->forward_tight, b->dependency_tight,
+                      b->update_tight, b->spread, b->sigma, b->sigma_rel_err, b->sigma_update,
+                      b->sigma_update_rel_err, b->rel_update};
+  return memcmp(x, y, sizeof x) == 0 && a->passes == b->passes && a->update_passes == b->update_passes &&
+         a->flags == b->flags && a->tight_method == b->tight_method;
+}
+
+/* A step measured with its layers spread over threads gives the bits of one thread, every step
+ * (warm starts included), and really uses another thread: these layers are far below the size
+ * where a single pass would. */
+START_TEST(test_layers_in_parallel) {
+  static const int threads[] = {1, 2, 3, 8};
+  enum { NT = sizeof threads / sizeof threads[0], STEPS = 3 };
+  model md;
+  model_init(&md, 9, 0);
+  stab_monitor *m[NT];
+  for (int t = 0; t < NT; t++) {
+    stab_metrics_params p = stab_metrics_default_params();
+    p.spectral.threads = threads[t];
+    m[t] = make_monitor(&md, STAB_UPDATE_SNAPSHOT, &p);
+  }
+  const int before = process_threads();
+  tu_rng r;
+  tu_rng_init(&r, 99);
+  for (int step = 0; step < STEPS; step++) {
+    for (int t = 0; t < NT; t++) TU_ASSERT_OK(stab_monitor_snapshot(m[t]));
+    model_step(&md, 1e-2, &r);
+    for (int t = 0; t < NT; t++) TU_ASSERT_OK(stab_monitor_measure(m[t], 1), "step %d, %d threads", step, threads[t]);
+    for (size_t i = 0; i < md.n; i++)
+      for (int t = 1; t < NT; t++) {
+        const stab_metrics *a = stab_monitor_metrics(m[0], i), *b = stab_monitor_metrics(m[t], i);
+        ck_assert_msg(same_metrics(a, b), "step %d, %s: sigma %.17g forward %.17g update %.17g with 1 thread, "
+                      "%.17g %.17g %.17g with %d", step, md.layers[i].name, a->sigma, a->forward, a->update,
+                      b->sigma, b->forward, b->update, threads[t]);
+        const double *ha = stab_monitor_head_bounds(m[0], i), *hb = stab_monitor_head_bounds(m[t], i);
+        if (ha) ck_assert_msg(memcmp(ha, hb, md.layers[i].heads * sizeof *ha) == 0, "step %d, %s: head bounds "
+                              "differ with %d threads", step, md.layers[i].name, threads[t]);
+      }
+  }
+  if (before > 0) ck_assert_msg(process_threads() > before, "%d threads before the steps, %d after: the layers "
+                                "were all measured on the caller's", before, process_threads());
+  for (int t = 0; t < NT; t++) stab_monitor_free(m[t]);
+  model_free(&md);
+}
+END_TEST
+
 static Suite *monitor_suite(void) {
   Suite *s = suite_create("monitor");
   TCase *tc = tcase_create("lifecycle");
@@ -782,6 +845,7 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_narrow_exact_and_warm);
   tcase_add_test(tc, test_tied_table);
   tcase_add_test(tc, test_nan_isolation);
+  tcase_add_test(tc, test_layers_in_parallel);
   suite_add_tcase(s, tc);
   return s;
 }
