@@ -146,7 +146,8 @@ typedef struct {
   int max_passes;   /* at most this many passes over the matrix, 1 to STAB_SPECTRAL_MAX_PASSES;
                        default 1000 */
   int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart, 2 to
-                       STAB_SPECTRAL_KRYLOV_MAX (rounded up to even, at least 4); default 128 */
+                       STAB_SPECTRAL_KRYLOV_MAX (rounded to whole blocks of 4 vectors, at
+                       least 8); default 128 */
   int threads;      /* threads for a pass, >= 0; 0 = as many as OpenMP offers (a pass never uses
                        more than it has row chunks, 16). Results are bit-identical for every
                        value. Default 0 */
@@ -158,8 +159,13 @@ stab_spectral_params stab_spectral_default_params(void);
 
 typedef struct {
   double sigma;     /* the estimate; power and Lanczos give lower bounds (Ritz values) */
-  double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix */
-  int passes;       /* passes over the matrix that were made (one pass reads it once) */
+  double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix.
+                       Lanczos: the smaller of the residual bound and a safety-scaled
+                       extrapolation of the Ritz value; an estimate, not a proof (its record
+                       over families of matrices: docs/performance.md) */
+  int passes;       /* passes over the matrix that were made (one pass reads it once); a
+                       Lanczos pass applies W^T W to a block of 4 vectors (in this version,
+                       two reads of the matrix) */
   int converged;    /* 1 when rel_err <= tol (always 1 in exact mode), 0 if max_passes ran out */
   int nonfinite;    /* 1 when the matrix holds NaN or Inf: sigma is then NaN */
 } stab_sigma_result;
@@ -191,7 +197,7 @@ void stab_spectral_workspace_free(stab_spectral_workspace *ws);
  * is narrow and on v:
  *  - cols <= 32: always, warm start or not (the whole cols x cols Gram matrix is formed and
  *    its top eigenvalue taken; rel_err 0);
- *  - rows <= 32 with cols > 32 (and rows + 4 <= krylov_dim, true of the default): only from a
+ *  - rows <= 32 with cols > 32 (and rows + 8 <= krylov_dim, true of the default): only from a
  *    cold start (v NULL, all zeros or non-finite), where the Krylov space is run to its end.
  *    From a warm start the estimate stops at tol like any other matrix's: a lower bound
  *    within tol, in fewer passes.
