@@ -1283,8 +1283,9 @@ static int accuracy_sweep(const options *o, long count)
           st[f][m].above_tol++;
         if (err > st[f][m].worst)
           st[f][m].worst = err;
-        if (r.rel_err > 0.0 && err / r.rel_err > st[f][m].worst_ratio)
-          st[f][m].worst_ratio = err / r.rel_err;
+        /* over the slack: an exact answer's rounding is not a ratio to report */
+        if (err / fmax(r.rel_err, slack) > st[f][m].worst_ratio)
+          st[f][m].worst_ratio = err / fmax(r.rel_err, slack);
       }
       if ((k + 1) % 100 == 0)
         progress("%s: accuracy %ld/%ld\n", cli_name, k + 1, count);

@@ -18,18 +18,18 @@
  *    lambda_max;
  *  - TAIL_SAFETY (8) times theta's remaining rise extrapolated from its last three rises as a
  *    geometric series (rise_tail), used only while the rises shrink by TAIL_RHO (0.8) a pass
- *    or faster, and allowed to stop the iteration only when the pass before agreed: where
- *    theta settles on s2 before s1 shows, the rises collapse for a pass, then grow again.
+ *    or faster, and allowed to stop the iteration only when the pass before agreed (where
+ *    theta settles on s2 before s1 shows, the rises collapse for a pass, then grow again)
+ *    and the residual bound is within TAIL_LIN (1.5) tol (the vector a warm start gets).
  * Neither is a proof: no Ritz information bounds the distance to an eigenvalue the Krylov
  * space has not seen yet (Kato-Temple and Lehmann bounds need a lower bound on the gap, which
  * a Ritz value alone does not give: stopping on r^2 / (theta_1 - theta_2) ended above tol 33
  * times in 400). What holds is measured: harness/bench --accuracy counts, per family of
  * matrices, how often the actual error exceeds the reported one (docs/performance.md).
- * Cost: at tol 1e-3, a Gaussian 4096^2 takes 19 passes (the residual bound alone: 23 with
+ * Cost: at tol 1e-3, a Gaussian 4096^2 takes 21 passes (the residual bound alone: 23 with
  * block 4, 24 with block 2); until gram_pass.c takes four vectors a pass reads A twice (two
- * two-vector calls, block_product); a warm start after a 1e-3 update 1-2 (the extrapolation needs three
- * rises, so warm starts stop on the residual bound, as before). Ritz values are lower bounds
- * of sigma. */
+ * two-vector calls, block_product); a warm start after a 1e-3 update 2-3, then 1 a step.
+ * Ritz values are lower bounds of sigma. */
 #include "internal.h"
 
 #include <float.h>
@@ -46,13 +46,13 @@
 /* Lanczos block size: vectors carried by one pass (even: the kernel takes them two at a time). */
 #define BLOCK 4
 /* The stopping estimate's extrapolation of theta (rise_tail): times this safety factor, and
- * only while the rises shrink by this ratio a pass or faster. */
-#ifndef TAIL_SAFETY
+ * only while the rises shrink by this ratio a pass or faster; it stops a cold start only once
+ * the residual bound is within TAIL_LIN tol too, so that the vector handed back warm-starts
+ * the next step in a few passes (4096^2 after a 1e-3 update: 3 passes; 5 without the limit,
+ * whose residual bound was 2.2e-3 at the stop, against 1 pass after the bound alone). */
 #define TAIL_SAFETY 8.0
-#endif
-#ifndef TAIL_RHO
+#define TAIL_LIN 1.5
 #define TAIL_RHO 0.8
-#endif
 
 struct stab_spectral_workspace {
   stab_spectral_params params;
@@ -602,7 +602,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     err = fmin(lin, sigma_rel(TAIL_SAFETY * rise_tail(rise), theta));
     /* the extrapolation alone stops only when the pass before agreed: it is fooled where theta
      * settles on a lower eigenvalue before the top one shows (its next rise grows again) */
-    const int done = lin <= p->tol || (err <= p->tol && was <= p->tol);
+    const int done = lin <= p->tol || (err <= p->tol && was <= p->tol && lin <= TAIL_LIN * p->tol);
     if ((done && !to_the_end) || r <= tiny || n >= cols) break;
     if (n + BLOCK > M) {
       /* Explicit restart from the BLOCK leading Ritz vectors (orthonormal), the top one first. */
