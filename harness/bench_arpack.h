@@ -11,7 +11,8 @@ int arpack_available(void);
 
 /* sigma(W) of the row-major rows x cols f32 matrix w: the largest eigenvalue of the smaller
  * Gram matrix (W^T W or W W^T) by dsaupd with which = "LA", nev = 1, ncv = min(n, 20) (scipy's
- * eigsh default), ARPACK's own random start and maxiter 10 n, to ARPACK's tolerance tol.
+ * eigsh default), a seeded Gaussian start (the same every call) and maxiter 10 n, to
+ * ARPACK's tolerance tol.
  * Each product reads W twice (two sgemv). On success returns 0 and sets *sigma, *reads (reads
  * of W) and *seconds (the whole call, allocation excluded); -1 when ARPACK is absent or
  * fails (a message on stderr). */
