@@ -11,24 +11,22 @@
  * a TinyLlama v_proj: actual error 1.4e-3, reported below 1e-3); block 4 on none.
  *
  * Error estimate (relative, on sigma = sqrt(lambda_max(G)); d(sigma)/sigma = d(lambda)/(2 lambda)):
- * the smaller of two, where theta is the top Ritz value and r its residual norm:
- *  - the residual bound r / (2 theta): some eigenvalue of G lies within r of theta
- *    (Bauer-Fike). Exact as far as it goes, but on matrices without a gap it overshoots the
- *    actual error 10-100x: the Ritz vector mixes eigenvectors whose eigenvalues are all near
- *    lambda_max;
- *  - TAIL_SAFETY (8) times theta's remaining rise extrapolated from its last three rises as a
- *    geometric series (rise_tail), used only while the rises shrink by TAIL_RHO (0.8) a pass
- *    or faster, and allowed to stop the iteration only when the pass before agreed (where
- *    theta settles on s2 before s1 shows, the rises collapse for a pass, then grow again)
- *    and the residual bound is within TAIL_LIN (1.5) tol (the vector a warm start gets).
- * Neither is a proof: no Ritz information bounds the distance to an eigenvalue the Krylov
- * space has not seen yet (Kato-Temple and Lehmann bounds need a lower bound on the gap, which
- * a Ritz value alone does not give: stopping on r^2 / (theta_1 - theta_2) ended above tol 33
- * times in 400). What holds is measured: harness/bench --accuracy counts, per family of
- * matrices, how often the actual error exceeds the reported one (docs/performance.md).
- * Cost: at tol 1e-3, a Gaussian 4096^2 takes 21 passes (the residual bound alone: 23 with
- * block 4, 24 with block 2); until gram_pass.c takes four vectors a pass reads A twice (two
- * two-vector calls, block_product); a warm start after a 1e-3 update 2-3, then 1 a step.
+ * the residual bound r / (2 theta), theta the top Ritz value and r its residual norm: some
+ * eigenvalue of G lies within r of theta (Bauer-Fike). It is not a proof that the eigenvalue
+ * is the top one: nothing in a Krylov space bounds the distance to an eigenvalue it has not
+ * seen yet, and the block above is what makes that rare. Two tighter estimates were tried and
+ * dropped for reporting less than the actual error: Kato-Temple, r^2 / (theta_1 - theta_2)
+ * (it needs a lower bound on the gap, which Ritz values do not give: above tol 33 times in
+ * 400), and extrapolating theta's last rises as a geometric series (x8, confirmed over two
+ * passes: 21 passes instead of 23 on a Gaussian 4096^2 at tol 1e-3, but on the bench's own
+ * 4096^2, s1/s2 = 1.0014, at tol 2e-3 it reported 1.15e-3 for an actual 1.50e-3: theta sat
+ * on s2 and its rises had collapsed). On Gaussians the residual bound overshoots the actual
+ * error 10-100x (the Ritz vector mixes eigenvectors whose eigenvalues are all near lambda_max).
+ * What holds is measured: harness/bench --accuracy counts, per family of matrices, how often
+ * the actual error exceeds the reported one (docs/performance.md).
+ * Cost: at tol 1e-3, a Gaussian 4096^2 takes 23-32 passes depending on the matrix (block 2
+ * with the same bound: 24-41); until gram_pass.c takes four vectors a pass reads A twice (two
+ * two-vector calls, block_product); a warm start after a 1e-3 update 1 pass.
  * Ritz values are lower bounds of sigma. */
 #include "internal.h"
 
@@ -45,14 +43,6 @@
 
 /* Lanczos block size: vectors carried by one pass (even: the kernel takes them two at a time). */
 #define BLOCK 4
-/* The stopping estimate's extrapolation of theta (rise_tail): times this safety factor, and
- * only while the rises shrink by this ratio a pass or faster; it stops a cold start only once
- * the residual bound is within TAIL_LIN tol too, so that the vector handed back warm-starts
- * the next step in a few passes (4096^2 after a 1e-3 update: 3 passes; 5 without the limit,
- * whose residual bound was 2.2e-3 at the stop, against 1 pass after the bound alone). */
-#define TAIL_SAFETY 8.0
-#define TAIL_LIN 1.5
-#define TAIL_RHO 0.8
 
 struct stab_spectral_workspace {
   stab_spectral_params params;
@@ -487,17 +477,6 @@ static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, s
   return STAB_OK;
 }
 
-/* What theta has still to rise, extrapolated from its last three rises as a geometric series
- * whose ratio is the larger of the last two ratios (Lanczos converges faster and faster, so
- * the older, larger ratio errs on the safe side); INFINITY while that cannot be judged: fewer
- * than three rises (a warm start), a rise that is not positive, or a ratio above TAIL_RHO. */
-static double rise_tail(const double rise[3]) {
-  if (!(rise[0] > 0.0 && rise[1] > 0.0 && rise[2] > 0.0)) return INFINITY;
-  double rho = fmax(rise[0] / rise[1], rise[1] / rise[2]);
-  if (rho > TAIL_RHO) return INFINITY;
-  return rise[0] * rho / (1.0 - rho);
-}
-
 /* ||R s|| for the upper triangular BLOCK x BLOCK R. */
 static double ritz_residual(const double R[BLOCK][BLOCK], const double *s) {
   double rr = 0.0;
@@ -548,7 +527,6 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
   static const double one = 1.0;
   const double *ritz = NULL; /* coefficients of the top Ritz vector in the basis */
   size_t ritz_n = 0;
-  double rise[3] = {0.0, 0.0, 0.0}; /* theta's rise at each of the last three passes, newest first */
   int k = 0;
   while (k < p->max_passes) {
     double q0 = block_product(ws, a, rows, cols, Q + m * cols, Z);
@@ -584,9 +562,6 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     size_t found = 0;
     int info = top_eigen_band(ws, H, M, n, &found);
     if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
-    rise[2] = rise[1];
-    rise[1] = rise[0];
-    rise[0] = k > 1 ? ws->w[found - 1] - theta : 0.0;
     theta = ws->w[found - 1];
     ritz = ws->z + (found - 1) * n;
     ritz_n = n;
@@ -598,12 +573,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     /* The top Ritz pair's residual is Z R s_last (Z orthonormal, s_last the last BLOCK
      * coefficients of its vector): its norm is ||R s_last||. */
     double r = ritz_residual(R, ritz + n - BLOCK);
-    const double lin = sigma_rel(r, theta), was = err;
-    err = fmin(lin, sigma_rel(TAIL_SAFETY * rise_tail(rise), theta));
-    /* the extrapolation alone stops only when the pass before agreed: it is fooled where theta
-     * settles on a lower eigenvalue before the top one shows (its next rise grows again) */
-    const int done = lin <= p->tol || (err <= p->tol && was <= p->tol && lin <= TAIL_LIN * p->tol);
-    if ((done && !to_the_end) || r <= tiny || n >= cols) break;
+    err = sigma_rel(r, theta);
+    if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
     if (n + BLOCK > M) {
       /* Explicit restart from the BLOCK leading Ritz vectors (orthonormal), the top one first. */
       for (size_t i = 0; i < found; i++)
