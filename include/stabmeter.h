@@ -160,12 +160,12 @@ stab_spectral_params stab_spectral_default_params(void);
 typedef struct {
   double sigma;     /* the estimate; power and Lanczos give lower bounds (Ritz values) */
   double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix.
-                       Lanczos: the smaller of the residual bound and a safety-scaled
-                       extrapolation of the Ritz value; an estimate, not a proof (its record
-                       over families of matrices: docs/performance.md) */
-  int passes;       /* passes over the matrix that were made (one pass reads it once); a
-                       Lanczos pass applies W^T W to a block of 4 vectors (in this version,
-                       two reads of the matrix) */
+                       Lanczos and power: the residual bound, true of the eigenvalue nearest
+                       the Ritz value, which is the top one unless the Krylov space has not
+                       seen it yet (its record over families of matrices: docs/performance.md) */
+  int passes;       /* passes made: products of W^T W with the current vector (power) or block
+                       of 4 vectors (Lanczos), one read of the matrix each (in this version a
+                       Lanczos pass still reads it twice, two vectors at a time) */
   int converged;    /* 1 when rel_err <= tol (always 1 in exact mode), 0 if max_passes ran out */
   int nonfinite;    /* 1 when the matrix holds NaN or Inf: sigma is then NaN */
 } stab_sigma_result;
