@@ -10,6 +10,8 @@ cd "$(dirname "$0")"
 packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           liblapacke-dev libopenblas-dev libhdf5-dev hdf5-tools check python3-h5py
           clang libclang-rt-14-dev)
+# harness/bench times ARPACK (dsaupd) as the anchor of the cold estimate.
+packages+=(libarpack2-dev)
 # The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
 packages+=(python3-pandas gnuplot-nox)
 # tests/trace_readers.sh opens traces with xarray (both engines) and ncdump.

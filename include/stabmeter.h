@@ -154,7 +154,8 @@ typedef struct {
   int max_passes;   /* at most this many passes over the matrix, 1 to STAB_SPECTRAL_MAX_PASSES;
                        default 1000 */
   int krylov_dim;   /* Lanczos basis vectors kept before an explicit restart, 2 to
-                       STAB_SPECTRAL_KRYLOV_MAX (rounded up to even, at least 4); default 128 */
+                       STAB_SPECTRAL_KRYLOV_MAX (rounded to whole blocks of 4 vectors, at
+                       least 8); default 128 */
   int threads;      /* threads for a pass, >= 0; 0 = the CPUs this process may run on
                        (sched_getaffinity). A pass never uses more than it has row chunks (16),
                        nor threads for a matrix under 2^20 elements; a monitor step measures
@@ -169,8 +170,13 @@ stab_spectral_params stab_spectral_default_params(void);
 
 typedef struct {
   double sigma;     /* the estimate; power and Lanczos give lower bounds (Ritz values) */
-  double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix */
-  int passes;       /* passes over the matrix that were made (one pass reads it once) */
+  double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix.
+                       Lanczos and power: the residual bound, true of the eigenvalue nearest
+                       the Ritz value, which is the top one unless the Krylov space has not
+                       seen it yet (its record over families of matrices: docs/performance.md) */
+  int passes;       /* passes made: products of W^T W with the current vector (power) or block
+                       of 4 vectors (Lanczos), one read of the matrix each (in this version a
+                       Lanczos pass still reads it twice, two vectors at a time) */
   int converged;    /* 1 when rel_err <= tol (always 1 in exact mode), 0 if max_passes ran out */
   int nonfinite;    /* 1 when the matrix holds NaN or Inf: sigma is then NaN */
 } stab_sigma_result;
@@ -202,7 +208,7 @@ void stab_spectral_workspace_free(stab_spectral_workspace *ws);
  * is narrow and on v:
  *  - cols <= 32: always, warm start or not (the whole cols x cols Gram matrix is formed and
  *    its top eigenvalue taken; rel_err 0);
- *  - rows <= 32 with cols > 32 (and rows + 4 <= krylov_dim, true of the default): only from a
+ *  - rows <= 32 with cols > 32 (and rows + 8 <= krylov_dim, true of the default): only from a
  *    cold start (v NULL, all zeros or non-finite), where the Krylov space is run to its end.
  *    From a warm start the estimate stops at tol like any other matrix's: a lower bound
  *    within tol, in fewer passes.

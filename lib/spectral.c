@@ -2,17 +2,32 @@
  * on the Gram matrix G = A^T A (one pass over A per step, gram_pass.c), warm-started from the
  * previous top right singular vector, and LAPACK dgesvd as the exact reference.
  *
- * Lanczos works on blocks of two vectors: a pass carries both for little more than the cost
- * of one (the pass is bound by converting f32 to f64, shared by the two), and a block
- * separates the two top singular values even when they are close, where one vector is easily
- * fooled. Over 400 random Gaussian matrices (2..300 x 2..300) single-vector Lanczos ended
- * above tol once (1.35e-3: it had converged to sigma_2) and Kato-Temple stopping 33 times;
- * block Lanczos never, worst 1.7e-5, in fewer passes (12.0 against 16.5 on average).
+ * Method. Block Lanczos with blocks of BLOCK = 4 vectors, full reorthogonalisation, an
+ * explicit restart from the 4 leading Ritz vectors when the basis (krylov_dim, 128) is full.
+ * One pass applies G to the whole block. The block is what separates near-equal top values:
+ * a Ritz value settles on s2 when the start vectors' components along the top two singular
+ * vectors are nearly parallel, which is far less likely with 4 random vectors than with 2.
+ * Block 2 did so on 4 of 256 seeds of a 512 x 128 matrix with s1/s2 = 1.0014 (the failure of
+ * a TinyLlama v_proj: actual error 1.4e-3, reported below 1e-3); block 4 on none.
  *
- * Error estimate (relative, on sigma = sqrt(lambda_max(G))): the residual norm r of the top
- * Ritz pair (theta, y) bounds the distance from theta to some eigenvalue of G (Bauer-Fike),
- * and d(sigma)/sigma = d(lambda)/(2 lambda), so rel_err = r / (2 theta). Ritz values are
- * lower bounds of sigma. */
+ * Error estimate (relative, on sigma = sqrt(lambda_max(G)); d(sigma)/sigma = d(lambda)/(2 lambda)):
+ * the residual bound r / (2 theta), theta the top Ritz value and r its residual norm: some
+ * eigenvalue of G lies within r of theta (Bauer-Fike). It is not a proof that the eigenvalue
+ * is the top one: nothing in a Krylov space bounds the distance to an eigenvalue it has not
+ * seen yet, and the block above is what makes that rare. Two tighter estimates were tried and
+ * dropped for reporting less than the actual error: Kato-Temple, r^2 / (theta_1 - theta_2)
+ * (it needs a lower bound on the gap, which Ritz values do not give: above tol 33 times in
+ * 400), and extrapolating theta's last rises as a geometric series (x8, confirmed over two
+ * passes: 21 passes instead of 23 on a Gaussian 4096^2 at tol 1e-3, but on the bench's own
+ * 4096^2, s1/s2 = 1.0014, at tol 2e-3 it reported 1.15e-3 for an actual 1.50e-3: theta sat
+ * on s2 and its rises had collapsed). On Gaussians the residual bound overshoots the actual
+ * error 10-100x (the Ritz vector mixes eigenvectors whose eigenvalues are all near lambda_max).
+ * What holds is measured: harness/bench --accuracy counts, per family of matrices, how often
+ * the actual error exceeds the reported one (docs/performance.md).
+ * Cost: at tol 1e-3, a Gaussian 4096^2 takes 23-32 passes depending on the matrix (block 2
+ * with the same bound: 24-41), each one pass over A carrying the four vectors
+ * (block_product); a warm start after a 1e-3 update 1 pass.
+ * Ritz values are lower bounds of sigma. */
 #include "internal.h"
 
 #include <float.h>
@@ -26,16 +41,19 @@
 /* Matrices with at most this many columns get their Gram matrix formed exactly. */
 #define SMALL_COLS 32
 
+/* Lanczos block size: vectors carried by one pass (the kernels take 1, 2 or 4). */
+#define BLOCK 4
+
 struct stab_spectral_workspace {
   stab_spectral_params params;
   size_t max_rows, max_cols;
-  size_t kdim;      /* Lanczos basis vectors held: even, >= 4 */
+  size_t kdim;      /* Lanczos basis vectors held: a multiple of BLOCK, >= 2 BLOCK */
   size_t edim;      /* order of the largest projected eigenproblem: max(kdim, SMALL_COLS) */
   double *partial;  /* chunk accumulators, stabi_chunk_count(max_rows) * 2 * max_cols */
-  double *x, *y;    /* 2 * max_cols each */
+  double *x, *y;    /* BLOCK * max_cols each */
   double *basis;    /* Lanczos: edim * max_cols */
   double *h;        /* the projected matrix Q^T G Q, kdim x kdim */
-  double *e, *w, *z, *ework; /* band storage (or Jacobi's matrix), values, 2 vectors, work */
+  double *e, *w, *z, *ework; /* band storage (or Jacobi's matrix), values, BLOCK vectors, work */
   lapack_int *eiwork, *eifail; /* dsbevx integer work */
   double *bq;                   /* dsbevx's n x n reduction (or Jacobi's vectors) */
   lapack_int elwork, eliwork;
@@ -102,9 +120,9 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
   n.max_cols = c;
   int failed = 0;
   size_t nchunks = stabi_chunk_count(r);
-  n.partial = alloc_doubles(stabi_mul(nchunks, 2 * c), &failed);
-  n.x = alloc_doubles(2 * c, &failed);
-  n.y = alloc_doubles(2 * c, &failed);
+  n.partial = alloc_doubles(stabi_mul(nchunks, BLOCK * c), &failed); /* one block per chunk */
+  n.x = alloc_doubles(BLOCK * c, &failed); /* a block of vectors; power and small_gram use 2 */
+  n.y = alloc_doubles(BLOCK * c, &failed);
   /* a pair of tiles for each thread a pass may use (never more than its chunks); the exact
    * mode converts its rows through the first */
   int slots = stabi_pool_threads(ws->params.threads);
@@ -116,13 +134,14 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
     failed = 1;
   if (ws->params.method == STAB_SPECTRAL_LANCZOS) {
     size_t k = stabi_krylov_basis(&ws->params);
+    k = k < 2 * BLOCK ? 2 * BLOCK : k / BLOCK * BLOCK; /* whole blocks, two at least */
     n.kdim = k;
     n.edim = k > SMALL_COLS ? k : SMALL_COLS;
     n.basis = alloc_doubles(stabi_mul(n.edim, c), &failed);
     n.h = alloc_doubles(k * k, &failed);
     n.e = alloc_doubles(n.edim * n.edim, &failed);
     n.w = alloc_doubles(n.edim, &failed);
-    n.z = alloc_doubles(2 * n.edim, &failed);
+    n.z = alloc_doubles(BLOCK * n.edim, &failed);
     n.elwork = 7 * (lapack_int)n.edim; /* dsbevx: 7 n doubles, 5 n integers */
     n.eliwork = 5 * (lapack_int)n.edim;
     if (!failed) {
@@ -182,8 +201,9 @@ const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace 
 }
 
 size_t stabi_spectral_bytes(const stab_spectral_workspace *ws) {
-  size_t d = (stabi_chunk_count(ws->max_rows) + 2) * 2 * ws->max_cols;
-  d += ws->edim * ws->max_cols + ws->kdim * ws->kdim + ws->edim * (2 * ws->edim + 3) + (size_t)ws->elwork;
+  size_t d = (stabi_chunk_count(ws->max_rows) + 2) * BLOCK * ws->max_cols;
+  d += ws->edim * ws->max_cols + ws->kdim * ws->kdim + ws->edim * (2 * ws->edim + 1 + BLOCK) +
+       (size_t)ws->elwork;
   d += ((size_t)ws->eliwork + ws->edim) * sizeof(lapack_int) / sizeof(double) + 1;
   if (ws->copy) d += ws->max_rows * ws->max_cols + ws->max_cols + ws->max_rows + (size_t)ws->lwork;
   return d * sizeof(double) + ws->tiles.floats * 2 * (size_t)ws->tiles.slots * sizeof(float) + sizeof *ws;
@@ -357,28 +377,26 @@ static double jacobi_top(const double *g, size_t n, double *a, double *vec) {
   return theta;
 }
 
-/* The two largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos, held
- * (upper triangle) in h with row stride hs: theta1 and its eigenvector *top, *second the
- * next one (NULL when n = 1), n doubles each inside ws->z. Entries farther than 3 from the
- * diagonal are rounding noise (the Krylov relation makes them 0), so it is solved as a band
- * matrix: dsbevx calls no threaded BLAS, where the dense drivers woke OpenBLAS's threads every
- * iteration and their spinning took the cores from the pass (4096^2: 4.3 ms an iteration
- * instead of 2.8). Returns LAPACK's info. */
-#define BAND 3
+/* The BLOCK largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos,
+ * held (upper triangle) in h with row stride hs: values ascending in ws->w[0..BLOCK) (fewer
+ * when n < BLOCK), their eigenvectors (n doubles each) in ws->z in the same order. Entries
+ * farther than 2 BLOCK - 1 from the diagonal are rounding noise (the Krylov relation makes
+ * them 0), so it is solved as a band matrix: dsbevx calls no threaded BLAS, where the dense
+ * drivers woke OpenBLAS's threads every iteration and their spinning took the cores from the
+ * pass (4096^2: 4.3 ms an iteration instead of 2.8). Sets *found; returns LAPACK's info. */
 static int top_eigen_band(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n,
-                          double *theta1, const double **top, const double **second) {
-  const size_t kd = n - 1 < BAND ? n - 1 : BAND, ldab = kd + 1;
+                          size_t *found) {
+  const size_t band = 2 * BLOCK - 1;
+  const size_t kd = n - 1 < band ? n - 1 : band, ldab = kd + 1;
   for (size_t j = 0; j < n; j++) /* LAPACK upper band storage, column-major */
     for (size_t i = j > kd ? j - kd : 0; i <= j; i++) ws->e[j * ldab + kd + i - j] = h[i * hs + j];
-  lapack_int ln = (lapack_int)n, il = n > 1 ? ln - 1 : 1, found = 0;
+  lapack_int ln = (lapack_int)n, il = n > BLOCK ? ln - BLOCK + 1 : 1, got = 0;
   lapack_int info = LAPACKE_dsbevx_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ln, (lapack_int)kd, ws->e,
-                                        (lapack_int)ldab, ws->bq, ln, 0.0, 0.0, il, ln, 0.0, &found,
+                                        (lapack_int)ldab, ws->bq, ln, 0.0, 0.0, il, ln, 0.0, &got,
                                         ws->w, ws->z, ln, ws->ework, ws->eiwork, ws->eifail);
   if (info != 0) return (int)info;
-  if (found != ln - il + 1) return -1;
-  *theta1 = ws->w[found - 1];
-  *top = ws->z + (size_t)(found - 1) * n;
-  *second = found > 1 ? ws->z : NULL;
+  if (got != ln - il + 1) return -1;
+  *found = (size_t)got;
   return 0;
 }
 
@@ -405,10 +423,10 @@ static void orthogonalise(const double *q, size_t n, size_t cols, double *z, dou
 }
 
 /* Normalises z, or, when it is negligible (below tiny), replaces it by a random vector
- * orthogonal to q[0..n) and to `also` (a unit vector, or NULL) so that the basis keeps
- * growing (or by zero once the space is full). Returns the norm z had. */
-static double normalise_or_replace(const double *q, size_t n, const double *also, size_t cols,
-                                   double *z, double tiny, uint64_t seed) {
+ * orthogonal to q[0..n) and to also[0..na) (unit vectors) so that the basis keeps growing (or
+ * by zero once the space is full). Returns the norm z had. */
+static double normalise_or_replace(const double *q, size_t n, const double *also, size_t na,
+                                   size_t cols, double *z, double tiny, uint64_t seed) {
   double nz = sqrt(dot(z, z, cols));
   if (nz > tiny) {
     scale(z, 1.0 / nz, cols);
@@ -417,7 +435,7 @@ static double normalise_or_replace(const double *q, size_t n, const double *also
   cold_start(z, cols, seed);
   for (int pass = 0; pass < 2; pass++) {
     orthogonalise(q, n, cols, z, NULL, 0);
-    if (also) axpy_sub(z, dot(also, z, cols), also, cols);
+    orthogonalise(also, na, cols, z, NULL, 0);
   }
   double nr = sqrt(dot(z, z, cols));
   if (nr > 1e-8) scale(z, 1.0 / nr, cols);
@@ -456,80 +474,109 @@ static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, s
   return STAB_OK;
 }
 
+/* ||R s|| for the upper triangular BLOCK x BLOCK R. */
+static double ritz_residual(const double R[BLOCK][BLOCK], const double *s) {
+  double rr = 0.0;
+  for (size_t i = 0; i < BLOCK; i++) {
+    double t = 0.0;
+    for (size_t c = i; c < BLOCK; c++) t += R[i][c] * s[c];
+    rr += t * t;
+  }
+  return sqrt(rr);
+}
+
+/* G times the BLOCK vectors at x, into y (BLOCK x cols each), in one pass over A (f64
+ * arithmetic when f64, else the kernels' f32 runs). Returns x_0^T G x_0. */
+static double block_product(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
+                            size_t cols, const double *x, double *y, int f64) {
+  return stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, ws->params.threads, BLOCK, f64);
+}
+
 static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, size_t cols,
                            double *v, stab_sigma_result *out) {
   if (cols <= SMALL_COLS) return small_gram(ws, a, rows, cols, v, out);
   const stab_spectral_params *p = &ws->params;
-  const size_t M = ws->kdim;
+  const size_t M = ws->kdim; /* a multiple of BLOCK, at least 2 BLOCK */
   double *const Q = ws->basis, *const H = ws->h, *const Z = ws->y;
-  /* A matrix with few rows has a Krylov space that ends (theta exact) within rows + 2 basis
-   * vectors: on a cold start, running it to the end is cheap and immune to the residual
+  /* A matrix with few rows has a Krylov space that ends (theta exact) within rows + BLOCK
+   * basis vectors: on a cold start, running it to the end is cheap and immune to the residual
    * estimate being fooled. A warm start, from last step's top vector, trusts the estimate: the
    * attention heads of a small model took 17 passes a step each instead of 1-3. */
   const int warm = start_vector(Q, v, cols, p->seed);
-  const int to_the_end = !warm && rows + 4 <= M && rows <= SMALL_COLS;
-  cold_start(Q + cols, cols, p->seed + 1);
-  orthogonalise(Q, 1, cols, Q + cols, NULL, 0);
-  scale(Q + cols, 1.0 / sqrt(dot(Q + cols, Q + cols, cols)), cols);
+  const int to_the_end = !warm && rows + 2 * BLOCK <= M && rows <= SMALL_COLS;
+  for (size_t c = 1; c < BLOCK; c++) { /* the rest of the first block: random, orthonormal */
+    double *q = Q + c * cols;
+    cold_start(q, cols, p->seed + c);
+    for (int pass = 0; pass < 2; pass++) orthogonalise(Q, c, cols, q, NULL, 0);
+    scale(q, 1.0 / sqrt(dot(q, q, cols)), cols);
+  }
   memset(H, 0, M * M * sizeof *H);
-  size_t m = 0;       /* the current block is basis vectors m, m+1 */
+  size_t m = 0; /* the current block is basis vectors m .. m + BLOCK - 1 */
   double theta = 0.0, err = INFINITY, scale_seen = 0.0;
   static const double one = 1.0;
   const double *ritz = NULL; /* coefficients of the top Ritz vector in the basis */
   size_t ritz_n = 0;
   int k = 0;
   while (k < p->max_passes) {
-    double q0 = stabi_gram_apply(a, rows, cols, Q + m * cols, Z, ws->partial, &ws->tiles, p->threads, 2, to_the_end || p->tol < STAB_SPECTRAL_F32_TOL_MIN);
+    double q0 = block_product(ws, a, rows, cols, Q + m * cols, Z,
+                              to_the_end || p->tol < STAB_SPECTRAL_F32_TOL_MIN);
     k++;
-    if (!isfinite(q0) || !isfinite(Z[0]) || !isfinite(Z[cols])) {
+    int finite = isfinite(q0);
+    for (size_t c = 0; c < BLOCK; c++) finite = finite && isfinite(Z[c * cols]);
+    if (!finite) {
       out->nonfinite = 1;
       out->passes = k;
       return STAB_OK;
     }
     /* Column m+c of H is Q^T G q_{m+c}: the coefficients of the full orthogonalisation. */
-    for (size_t c = 0; c < 2; c++)
-      orthogonalise(Q, m + 2, cols, Z + c * cols, H + m + c, M);
-    const size_t n = m + 2;
+    for (size_t c = 0; c < BLOCK; c++)
+      orthogonalise(Q, m + BLOCK, cols, Z + c * cols, H + m + c, M);
+    const size_t n = m + BLOCK;
     for (size_t i = 0; i < n; i++) scale_seen = fmax(scale_seen, fabs(H[i * M + i]));
     const double tiny = 64 * DBL_EPSILON * scale_seen;
-    /* QR of the remainder: Z = [z0 z1] R, the coupling of this block to the next. */
-    double r00 = normalise_or_replace(Q, n, NULL, cols, Z, tiny, p->seed + 2 + (uint64_t)k);
-    double r01 = 0.0;
-    for (int pass = 0; pass < 2; pass++) {
-      double c = dot(Z, Z + cols, cols);
-      axpy_sub(Z + cols, c, Z, cols);
-      r01 += c;
+    /* QR of the remainder, Z = [z_0 .. z_B-1] R (R upper triangular): the coupling of this
+     * block to the next, and what the Ritz residuals are made of. */
+    double R[BLOCK][BLOCK] = {{0.0}};
+    for (size_t c = 0; c < BLOCK; c++) {
+      double *z = Z + c * cols;
+      for (int pass = 0; pass < 2; pass++)
+        for (size_t j = 0; j < c; j++) {
+          double d = dot(Z + j * cols, z, cols);
+          axpy_sub(z, d, Z + j * cols, cols);
+          R[j][c] += d;
+        }
+      orthogonalise(Q, n, cols, z, NULL, 0);
+      R[c][c] = normalise_or_replace(Q, n, Z, c, cols, z, tiny,
+                                     p->seed + BLOCK * (uint64_t)(k + 1) + c);
     }
-    orthogonalise(Q, n, cols, Z + cols, NULL, 0);
-    double r11 = normalise_or_replace(Q, n, Z, cols, Z + cols, tiny, p->seed + 3 + (uint64_t)k);
-    if (r00 == 0.0) r01 = 0.0;
-    const double *second = NULL;
-    int info = top_eigen_band(ws, H, M, n, &theta, &ritz, &second);
+    size_t found = 0;
+    int info = top_eigen_band(ws, H, M, n, &found);
     if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
+    theta = ws->w[found - 1];
+    ritz = ws->z + (found - 1) * n;
     ritz_n = n;
-    if (scale_seen == 0.0) { /* the zero matrix: the random second vector saw nothing either */
+    if (scale_seen == 0.0) { /* the zero matrix: the random block saw nothing either */
       theta = 0.0;
       err = 0.0;
       break;
     }
-    /* The top Ritz pair's residual is Z R s_last (Z orthonormal): its norm is ||R s_last||. */
-    const double *s = ritz;
-    double t0 = r00 * s[n - 2] + r01 * s[n - 1], t1 = r11 * s[n - 1];
-    double r = sqrt(t0 * t0 + t1 * t1);
+    /* The top Ritz pair's residual is Z R s_last (Z orthonormal, s_last the last BLOCK
+     * coefficients of its vector): its norm is ||R s_last||. */
+    double r = ritz_residual(R, ritz + n - BLOCK);
     err = sigma_rel(r, theta);
     if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
-    if (n + 2 > M) {
-      /* Explicit restart from the two leading Ritz vectors (already orthonormal). */
-      combine(Q, s, n, cols, ws->x);
-      combine(Q, second, n, cols, ws->x + cols);
-      memcpy(Q, ws->x, 2 * cols * sizeof *Q);
+    if (n + BLOCK > M) {
+      /* Explicit restart from the BLOCK leading Ritz vectors (orthonormal), the top one first. */
+      for (size_t i = 0; i < found; i++)
+        combine(Q, ws->z + (found - 1 - i) * n, n, cols, ws->x + i * cols);
+      memcpy(Q, ws->x, found * cols * sizeof *Q);
       memset(H, 0, M * M * sizeof *H);
       m = 0;
       ritz = &one; /* the top Ritz vector is now q_0 */
       ritz_n = 1;
       continue;
     }
-    memcpy(Q + n * cols, Z, 2 * cols * sizeof *Q);
+    memcpy(Q + n * cols, Z, BLOCK * cols * sizeof *Q);
     m = n;
   }
   out->passes = k;

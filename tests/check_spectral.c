@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <lapacke.h>
+
 #include "stabmeter.h"
 #include "testutil.h"
 
@@ -220,6 +222,64 @@ static void check_diff(const char *what, const float *a, const float *b, size_t 
     stab_spectral_workspace_free(ws);
   }
 }
+
+/* n x k (row-major) with orthonormal columns: Q of the QR of a Gaussian, in f64. */
+static double *orthonormal_columns(size_t n, size_t k, tu_rng *r) {
+  double *q = tu_doubles(n * k), *tau = tu_doubles(k);
+  for (size_t i = 0; i < n * k; i++) q[i] = tu_rng_gauss(r);
+  ck_assert_int_eq(LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, (lapack_int)n, (lapack_int)k, q, (lapack_int)k, tau), 0);
+  ck_assert_int_eq(LAPACKE_dorgqr(LAPACK_ROW_MAJOR, (lapack_int)n, (lapack_int)k, (lapack_int)k, q,
+                                  (lapack_int)k, tau), 0);
+  free(tau);
+  return q;
+}
+
+/* The failure of issue 13 (a TinyLlama v_proj, s1/s2 = 1.0014): theta settled on s2 before
+ * s1 showed, and the residual bound, true of *some* singular value, was reported for s1.
+ * W = U diag(s) V^T with a known spectrum, dense below the top like a trained layer's
+ * (s_i = 1 - 0.6 ((i - 1) / k)^(2/3) for i >= 1) and s_0 = 1.0014 s_1. Over many seeds
+ * the reported rel_err must bound the actual one. Block-2 Lanczos with the residual bound
+ * failed on 4 of seeds 0..255, 3 of them in this range (65, 109, 121: actual 1.4e-3, the
+ * distance to s_1, reported 6.2e-4 to 8.3e-4). */
+START_TEST(test_near_equal_top_pair) {
+  enum { ROWS = 512, COLS = 128, K = 128, SEED0 = 60, SEEDS = 72 };
+  float *a = tu_floats((size_t)ROWS * COLS);
+  double s[K];
+  for (size_t i = 1; i < K; i++) s[i] = 1.0 - 0.6 * pow((double)(i - 1) / K, 2.0 / 3.0);
+  s[0] = 1.0014 * s[1];
+  int bad = 0;
+  double worst = 0.0;
+  for (int seed = SEED0; seed < SEED0 + SEEDS; seed++) {
+    tu_rng r;
+    tu_rng_init(&r, 1300 + (uint64_t)seed);
+    double *u = orthonormal_columns(ROWS, K, &r), *v = orthonormal_columns(COLS, K, &r);
+    for (size_t i = 0; i < ROWS; i++)
+      for (size_t j = 0; j < COLS; j++) {
+        double t = 0.0;
+        for (size_t l = 0; l < K; l++) t += u[i * K + l] * s[l] * v[j * K + l];
+        a[i * COLS + j] = (float)t;
+      }
+    stab_spectral_params p = stab_spectral_default_params();
+    p.seed = (uint64_t)seed;
+    stab_sigma_result res;
+    ck_assert_int_eq(stab_sigma(a, ROWS, COLS, COLS, &p, NULL, &res), STAB_OK);
+    /* the closed form is of the f64 matrix; rounding W to f32 moves sigma by ~1e-9 */
+    double actual = fabs(s[0] - res.sigma) / s[0];
+    if (actual > res.rel_err + 1e-8) {
+      bad++;
+      fprintf(stderr, "near-equal pair, seed %d: actual %.3e > reported %.3e (%d passes)\n", seed,
+              actual, res.rel_err, res.passes);
+    }
+    if (actual > worst) worst = actual;
+    ck_assert_msg(res.converged, "seed %d: not converged (%d passes)", seed, res.passes);
+    free(u);
+    free(v);
+  }
+  ck_assert_msg(bad == 0, "near-equal top pair: actual error above the reported one on %d of %d "
+                "seeds (worst actual %.3e)", bad, SEEDS, worst);
+  free(a);
+}
+END_TEST
 
 START_TEST(test_sigma_diff) {
   tu_rng r;
@@ -710,6 +770,7 @@ static Suite *spectral_suite(void) {
 
   tc = tcase_create("difference_and_blocks");
   tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_near_equal_top_pair);
   tcase_add_test(tc, test_sigma_diff);
   tcase_add_test(tc, test_sigma_diff_same_is_zero);
   tcase_add_test(tc, test_sigma_block_of_bigger);

@@ -1,0 +1,46 @@
+#!/bin/sh
+# bench_json.sh — harness/bench --json on one tiny :spiked size: the
+# keys the issue-13 check reads are there, and the ARPACK and oracle-power ones are numbers
+# when configure found ARPACK (config.h's HAVE_ARPACK), null (and said why) when it did not.
+set -u
+build=${builddir:-.}
+out=$(mktemp "${TMPDIR:-/tmp}/stab-bench.XXXXXX") || exit 1
+trap 'rm -f "$out"' EXIT
+if ! "$build/harness/bench" --sizes 48x48:spiked --json --repeats 1 --cold-repeats 1 \
+    >"$out" 2>/dev/null; then
+  echo "FAIL: harness/bench --json exited non-zero"
+  exit 1
+fi
+with_arpack=0
+grep -q '^#define HAVE_ARPACK 1' "$build/config.h" 2>/dev/null && with_arpack=1
+python3 - "$out" "$with_arpack" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+with_arpack = sys.argv[2] == "1"
+bad = []
+if doc["targets"]["arpack_available"] != with_arpack:
+    bad.append("targets.arpack_available is %r, config.h says %r" % (doc["targets"]["arpack_available"], with_arpack))
+keys = ["arpack_s", "arpack_rel_err", "arpack_tol", "arpack_reads", "speedup_vs_arpack",
+        "krylov_tol_for_equal_error", "power_oracle_s", "power_oracle_iterations"]
+for size in doc["sizes"]:
+    name = "%dx%d%s" % (size["rows"], size["cols"], ":spiked" if size["spiked"] else "")
+    for k in keys:
+        if k not in size:
+            bad.append("%s: no key %s" % (name, k))
+        elif with_arpack and not isinstance(size[k], (int, float)):
+            bad.append("%s: %s is %r, built with ARPACK" % (name, k, size[k]))
+        elif not with_arpack and k.startswith("arpack") and size[k] is not None:
+            bad.append("%s: %s is %r without ARPACK" % (name, k, size[k]))
+    if with_arpack and isinstance(size.get("arpack_rel_err"), float) and size["arpack_rel_err"] > doc["tol"]:
+        bad.append("%s: ARPACK's chosen answer has error %g > tol" % (name, size["arpack_rel_err"]))
+    if with_arpack and isinstance(size.get("krylov_equal_error_rel_err"), float) and \
+            size["krylov_equal_error_rel_err"] > size["arpack_rel_err"]:
+        bad.append("%s: the library's compared answer is less accurate than ARPACK's" % name)
+if not any(s["spiked"] for s in doc["sizes"]):
+    bad.append("no spiked size in the output")
+for b in bad:
+    print("FAIL:", b)
+if not bad:
+    print("PASS: bench JSON keys (ARPACK %s)" % ("linked" if with_arpack else "absent"))
+sys.exit(1 if bad else 0)
+PY
