@@ -578,11 +578,20 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  * (STAB_EIO, "no room on the disk"), before HDF5 writes, and closes cleanly with every row
  * flushed before. A trace can thus stop while a few MB are still free.
  *
- * Cost. Rows are staged in memory and written at a flush, one hyperslab per dataset; a flush
- * writes every dataset's header, index and last chunk, mostly CPU time inside HDF5, about
- * 13 us per dataset. For 40 linear layers (682 datasets) an append costs about 9-13 ms with
- * flush_every 1, 1 ms with 10 and 0.2 ms with 100 (tests/trace_writer --bench, 2 busy cores):
- * flush less often when steps are short. Format 2 (each group's copy of /step, 723 datasets for
+ * Flushing. Rows are staged in memory and written at a flush, one hyperslab per dataset; a
+ * flush writes every dataset's header, index and last chunk, mostly CPU time inside HDF5,
+ * about 13 us per dataset, and costs about as much for 256 rows as for one. By default an
+ * append flushes when a second has passed since the last flush (flush_seconds), when the stage
+ * holds 256 rows, or every flush_every appends if that is set; close and stab_trace_flush
+ * write everything. A writer killed (kill -9, a crash) loses the rows appended after the last
+ * flush, which span less than flush_seconds of appends: with the default, at most one second of
+ * steps. The library has no timer: rows staged before a long pause (evaluation, a checkpoint)
+ * stay in memory until the next append, stab_trace_flush or close, so call stab_trace_flush
+ * before one. An append that flushes costs the whole flush (10-20 ms for 800 datasets); the
+ * others only copy the row (bench/trace_append.sh measures both beside the monitor).
+ * Cost with flush_every 1 (every append flushes): for 40 linear layers (682 datasets) about
+ * 9-13 ms an append, 1 ms with 10 and 0.2 ms with 100 (tests/trace_writer --bench, 2 busy
+ * cores). Format 2 (each group's copy of /step, 723 datasets for
  * those 40 layers, and the scales' and units' attributes in every header) costs about 15% more
  * than format 1 did: 3.6 against 3.1 ms per append with flush_every 1 (--bench --layers 40
  * --steps 300, one run beside others' builds), and a file 13% larger. */
@@ -604,11 +613,18 @@ typedef enum {
 } stab_trace_on_error;
 
 typedef struct {
-  int flush_every;        /* rows are written and flushed every this many appends (>= 1; above 256,
-                             every 256); a row is in the file, safe from a crash and seen by
+  int flush_every;        /* also write and flush the staged rows every this many appends (>= 1;
+                             above 256, every 256); 0: only flush_seconds and a full stage (256
+                             rows) do. A row is in the file, safe from a crash and seen by
                              readers, once flushed. Staging takes min(flush_every, 256) x datasets
-                             x 8 bytes.
-                             Default 1 */
+                             x 8 bytes (256 x datasets x 8 with 0: 1.6 MB for 800 datasets).
+                             Default 0 */
+  double flush_seconds;   /* seconds: an append at least this long after the last flush (or the
+                             open) writes and flushes every staged row, itself included; 0: no
+                             time limit. So a kill -9 loses at most the rows appended in the last
+                             flush_seconds before it (but see "Flushing" above: rows wait for an
+                             append, stab_trace_flush or close), and flushes cost at most one per
+                             flush_seconds whatever the step rate. 0 .. 86400. Default 1.0 */
   const char *run_config; /* JSON text stored as the root attribute run_config, or NULL ("{}");
                              copied. Not changed when appending */
   const char *const *scalars; /* names of the /scalars datasets, n_scalars of them, copied. They
@@ -638,7 +654,8 @@ stab_trace_params stab_trace_default_params(void);
  * means the defaults. Allocates every buffer appends need. Names (scalars, extras) must be
  * non-empty, without '/', unique, and extras must not be a metric's name.
  * Not thread-safe: one thread at a time per trace (HDF5 itself is built serial on Debian).
- * Errors: NULL argument, bad name, flush_every < 1 or unknown on_error STAB_EINVAL; two layers
+ * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN)
+ * or unknown on_error STAB_EINVAL; two layers
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
  * (the message names the first difference, e.g. the layer), or a file at path that is not a
  * stabmeter trace at all (not HDF5: refused before anything is written to it), STAB_EINVAL; another writer holds
@@ -652,15 +669,17 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
 
 /* Appends one row: step, wall_time (seconds), the scalars and every layer's last metrics
  * (stab_monitor_metrics, and stab_monitor_head_bounds for attention) of the monitor given to
- * open, as they are now. The row is staged; every flush_every appends the staged rows are
- * written and flushed. Allocates nothing itself.
+ * open, as they are now. The row is staged; the staged rows are written and flushed when
+ * flush_seconds have passed since the last flush, when the stage is full or every flush_every
+ * appends (see "Flushing"). Allocates nothing itself.
  *  scalars       n_scalars values in declaration order, or NULL (all NaN)
  *  layer_extras  n_layers x n_layer_extras values, one row per layer in monitor order, or NULL
  * step must be greater than the last row's (the last appended, or the trace's last when opened
  * with append): else STAB_ERANGE naming both steps, the row is not added, and the trace goes on
  * as before (not a write failure).
- * Errors: t NULL STAB_EINVAL; step not increasing STAB_ERANGE; a write failure STAB_EIO (then
- * see stab_trace_on_error). */
+ * Errors: t NULL STAB_EINVAL; step not increasing STAB_ERANGE; a write failure STAB_EIO naming
+ * the path, from the append whose flush failed, whichever rows it was writing (then see
+ * stab_trace_on_error). */
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras);
 

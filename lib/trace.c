@@ -25,7 +25,9 @@ enum { CHUNK_ROWS = 256 };
 
 /* Rows are staged in memory and reach the file only at a flush: one write of many rows per
  * dataset costs little more than one of a row, and rows written but not flushed could reach
- * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. */
+ * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. No
+ * more than a chunk, so that the rows of one flush start at most one new chunk per dataset
+ * (reserve_bytes counts on it). */
 enum { STAGE_ROWS = 256 };
 
 /* The format this library writes. 2: /step a dimension scale, and each group (/scalars, every
@@ -33,6 +35,17 @@ enum { STAGE_ROWS = 256 };
  * and description attributes; storage sharing. A version 1 trace appended to is brought to
  * version 2 first (add_step_copies, describe). */
 enum { FORMAT_VERSION = 2 };
+
+/* The longest flush_seconds accepted (a day): beyond it a kill loses more than anyone means to
+ * keep in memory only; 0 turns the clock off instead. */
+enum { FLUSH_SECONDS_MAX = 86400 };
+
+/* The clock of the flush policy: monotonic, so that a clock set back never holds rows back. */
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* The stab_metrics fields every layer records, in file order. */
 enum { N_METRICS = 15 };
@@ -192,7 +205,10 @@ struct stab_trace {
   size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
   size_t first_copy;  /* dsets from here on are the groups' copies of /step: /scalars/step, then
                          each layer's (int64, written from stage_step like /step) */
-  size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS): a full stage is flushed */
+  size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS) (STAGE_ROWS when
+                         flush_every is 0): a full stage is flushed */
+  double flush_seconds; /* an append this long after the last flush flushes (0: never by time) */
+  double last_flush;  /* monotonic seconds when the last flush (or the open) ended */
   double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
                          column 0 unused (step is int64) */
   int64_t *stage_step;/* (cap) */
@@ -211,7 +227,8 @@ struct stab_trace {
 stab_trace_params stab_trace_default_params(void) {
   stab_trace_params p;
   memset(&p, 0, sizeof p);
-  p.flush_every = 1;
+  p.flush_every = 0;
+  p.flush_seconds = 1.0;
   p.on_error = STAB_TRACE_STOP;
   return p;
 }
@@ -1292,7 +1309,10 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   if (!path || !path[0] || !m)
     return stabi_fail(STAB_EINVAL, "%s: %s", who, !m ? "monitor is NULL" : "path is NULL or empty");
   stab_trace_params p = params ? *params : stab_trace_default_params();
-  if (p.flush_every < 1) return stabi_fail(STAB_EINVAL, "%s: flush_every is %d, must be >= 1", who, p.flush_every);
+  if (p.flush_every < 0) return stabi_fail(STAB_EINVAL, "%s: flush_every is %d, must be >= 0", who, p.flush_every);
+  if (!(p.flush_seconds >= 0 && p.flush_seconds <= FLUSH_SECONDS_MAX)) /* NaN fails too */
+    return stabi_fail(STAB_EINVAL, "%s: flush_seconds is %g, must be 0 .. %g", who, p.flush_seconds,
+                      (double)FLUSH_SECONDS_MAX);
   if (p.on_error != STAB_TRACE_STOP && p.on_error != STAB_TRACE_CONTINUE)
     return stabi_fail(STAB_EINVAL, "%s: unknown on_error %d", who, (int)p.on_error);
   stab_status st = check_names(who, "scalars", p.scalars, p.n_scalars, 0);
@@ -1350,7 +1370,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   t->first_copy = t->n_dsets;
   t->n_dsets += 1 + n_layers; /* the groups' copies of /step */
   t->dsets = malloc(t->n_dsets * sizeof *t->dsets);
-  t->cap = p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
+  t->cap = p.flush_every >= 1 && p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
+  t->flush_seconds = p.flush_seconds;
   t->stage = malloc(t->n_dsets * t->cap * sizeof *t->stage);
   t->stage_step = malloc(t->cap * sizeof *t->stage_step);
   if (!t->dsets || !t->stage || !t->stage_step) {
@@ -1396,6 +1417,7 @@ out:
   if (b.space0 >= 0) H5Sclose(b.space0);
   stabi_sharing_free(&share);
   if (st == STAB_OK) {
+    t->last_flush = now_seconds(); /* the first rows wait at most flush_seconds, as later ones */
     *out = t;
   } else {
     destroy(t, NULL);
@@ -1453,6 +1475,7 @@ static stab_status write_out(stab_trace *t, const char *who) {
   t->written += (int64_t)t->staged;
   t->staged = 0;
   if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
+  t->last_flush = now_seconds();
   return STAB_OK;
 }
 
@@ -1488,7 +1511,11 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
     for (size_t e = 0; e < t->n_extras; e++)
       col[k++ * cap] = layer_extras ? layer_extras[i * t->n_extras + e] : NAN;
   }
-  if (++t->staged < cap) return STAB_OK;
+  /* Flushing costs about the same for one row as for 256 (it is per dataset), so rows wait in
+   * the stage for flush_seconds: a kill then loses at most that span of appends, and the
+   * flushes cost at most one per flush_seconds of the caller's time, whatever its step rate. */
+  if (++t->staged < cap && !(t->flush_seconds > 0 && now_seconds() - t->last_flush >= t->flush_seconds))
+    return STAB_OK;
 
   quiet q;
   quiet_begin(&q);
