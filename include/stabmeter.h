@@ -712,7 +712,8 @@ int64_t stab_trace_steps(const stab_trace *t);
  * NULL STAB_EINVAL. */
 stab_status stab_trace_last_step(const stab_trace *t, int64_t *step);
 
-/* 1 once a write has failed (either on_error), else 0; 0 for NULL. */
+/* 1 once a call has returned a write failure (either on_error; with the writer thread, the call
+ * after the failure), else 0; 0 for NULL. */
 int stab_trace_failed(const stab_trace *t);
 
 /* Writes the staged rows, ends the writer thread, closes the file (which flushes it) and frees

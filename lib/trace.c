@@ -1692,10 +1692,9 @@ stab_status stab_trace_last_step(const stab_trace *t, int64_t *step) {
   return STAB_OK;
 }
 
-int stab_trace_failed(const stab_trace *t) {
-  if (!t) return 0;
-  return (t->background ? writer_error((stab_trace *)t) : t->error) != STAB_OK;
-}
+/* From the caller's side: a failure of the writer thread happens at the call that returns it,
+ * so that a program sees stab_trace_failed turn to 1 at that call, as without the thread. */
+int stab_trace_failed(const stab_trace *t) { return t && t->reported; }
 
 stab_status stab_trace_close(stab_trace *t) {
   if (!t) return STAB_OK;

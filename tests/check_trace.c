@@ -1356,12 +1356,13 @@ END_TEST
  * needs new room), and the disk has none. _i = 0: close writes them and returns the failure;
  * _i = 1: an append flush_seconds after the last flush hands them to the writer thread, which
  * fails, and the next append (the next flush, after another pause) returns it, or an earlier
- * one if the machine was slow enough to flush by time already. Either way the call returns
+ * one if the machine was slow enough to flush by time already; _i = 2 the same with on_error
+ * CONTINUE (returned once, then nothing). Either way the call returns
  * STAB_EIO naming the path and the cause, every flushed row is there, HDF5 never wrote on the
  * full disk, and the file closes cleanly. */
 enum { FLUSHED = 250, STAGED = 10 };
 START_TEST(test_delayed_write_failure) {
-  const int by_time = _i;
+  const int by_time = _i >= 1, go_on = _i == 2; /* 2: on_error CONTINUE */
   make_tmpdir();
   model md;
   model_init(&md, 23, D);
@@ -1369,6 +1370,7 @@ START_TEST(test_delayed_write_failure) {
   TU_ASSERT_OK(stab_monitor_measure(m, 0));
   stab_trace_params p = trace_params(0);
   p.flush_seconds = by_time ? 0.2 : 3600;
+  if (go_on) p.on_error = STAB_TRACE_CONTINUE;
   stab_trace *t = NULL;
   const char *path = tmp_path("full-later.h5");
   TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
@@ -1380,6 +1382,8 @@ START_TEST(test_delayed_write_failure) {
   stab_status st = STAB_OK;
   int64_t failed_at = -1;
   for (int64_t s = FLUSHED; s < FLUSHED + STAGED && st == STAB_OK; s++) {
+    /* a failure is the caller's at the call that returns it (the trainer's "said once") */
+    ck_assert_int_eq(stab_trace_failed(t), 0);
     st = stab_trace_append(t, s, 0.0, NULL, NULL);
     if (st != STAB_OK) failed_at = s;
   }
@@ -1388,6 +1392,7 @@ START_TEST(test_delayed_write_failure) {
       const struct timespec pause = {0, 300 * 1000 * 1000};
       ck_assert_int_eq(nanosleep(&pause, NULL), 0);
       failed_at = s;
+      ck_assert_int_eq(stab_trace_failed(t), 0);
       st = stab_trace_append(t, s, 0.0, NULL, NULL);
     }
     ck_assert_msg(st == STAB_EIO, "no failure from the delayed flush on a full disk: status %d", (int)st);
@@ -1403,7 +1408,13 @@ START_TEST(test_delayed_write_failure) {
                 "message does not name the path and the cause: %s", stab_last_error());
   if (t) {
     ck_assert_int_eq(stab_trace_failed(t), 1);
-    TU_ASSERT_STATUS(stab_trace_append(t, FLUSHED + STAGED + 2, 0.0, NULL, NULL), STAB_EIO); /* STOP */
+    if (go_on) { /* returned once, then the trace is off */
+      TU_ASSERT_OK(stab_trace_append(t, FLUSHED + STAGED + 2, 0.0, NULL, NULL));
+      TU_ASSERT_OK(stab_trace_flush(t));
+    } else {
+      TU_ASSERT_STATUS(stab_trace_append(t, FLUSHED + STAGED + 2, 0.0, NULL, NULL), STAB_EIO);
+    }
+    ck_assert_int_eq(stab_trace_failed(t), 1);
     TU_ASSERT_OK(stab_trace_close(t)); /* HDF5 wrote nothing on the full disk: it closes cleanly */
   }
   no_room = 0;
@@ -1721,7 +1732,7 @@ static Suite *trace_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_no_directory);
   tcase_add_loop_test(tc, test_write_failure, 0, 2);
-  tcase_add_loop_test(tc, test_delayed_write_failure, 0, 2);
+  tcase_add_loop_test(tc, test_delayed_write_failure, 0, 3);
   tcase_add_test(tc, test_create_failure);
   tcase_add_test(tc, test_arguments);
   tcase_add_test(tc, test_shared_storage);
