@@ -692,8 +692,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
  * with append): else STAB_ERANGE naming both steps, the row is not added, and the trace goes on
  * as before (not a write failure).
  * Errors: t NULL STAB_EINVAL; step not increasing STAB_ERANGE; a write failure STAB_EIO naming
- * the path, from the append whose flush failed, whichever rows it was writing (then see
- * stab_trace_on_error). */
+ * the path: from the append whose flush failed, or with the writer thread from the first call
+ * after the failed write (then see stab_trace_on_error). */
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras);
 

@@ -1529,9 +1529,11 @@ static void *writer_main(void *arg) {
     while (!t->out_rows && !t->quit) pthread_cond_wait(&t->cv, &t->mu);
     if (!t->out_rows) break;
     const size_t rows = t->out_rows;
+    const double *out = t->out;
+    const int64_t *steps = t->out_step;
     pthread_mutex_unlock(&t->mu);
-    /* written, dsets and the file are this thread's while out_rows is set */
-    stab_status st = write_rows(t, "stab_trace_append (rows written in the background)", t->out, t->out_step, rows);
+    /* out, written, dsets and the file are this thread's while out_rows is set */
+    stab_status st = write_rows(t, "stab_trace_append (rows written in the background)", out, steps, rows);
     pthread_mutex_lock(&t->mu);
     if (st == STAB_OK) {
       t->written += (int64_t)rows;
