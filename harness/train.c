@@ -28,7 +28,8 @@ typedef struct {
   uint64_t seed;
   int biases, untied;
   int print_metrics; /* the last measurement of every layer, as a table on stdout */
-  size_t flush_every; /* trace rows written and flushed every this many measurements */
+  size_t flush_every; /* trace rows written and flushed every this many measurements; 0: the
+                        library's default (a writer thread, at most a second behind) */
   stab_trace_on_error trace_errors;
   const char *out, *data;
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
@@ -81,7 +82,8 @@ static void usage(void) {
          "                             DIR/model.safetensors at the end (default: nothing);\n"
          "                             DIR is created, and must be a directory if it exists\n"
          "      --flush-every N        write and flush the trace every N measurements, 1..1000000\n"
-         "                             (default 1: a crash loses nothing measured)\n"
+         "                             (default: written in the background at most once a\n"
+         "                             second; a crash loses at most the last second measured)\n"
          "      --trace-errors WHAT    after a trace write fails: stop (default) or continue\n"
          "                             without the trace\n"
          "      --print-metrics        print every layer's last metrics as a table at the end\n"
@@ -146,7 +148,7 @@ static int parse(int argc, char **argv, options *o) {
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
                  .metrics_every = 1, .corpus_bytes = 524288, .min_lr_frac = 0.1, .seed = 1,
-                 .flush_every = 1, .trace_errors = STAB_TRACE_STOP};
+                 .flush_every = 0, .trace_errors = STAB_TRACE_STOP};
   static const char *const trace_errors[] = {"stop", "continue", NULL};
   static const char *const optimizers[] = {"adamw", "steepest", NULL};
   int c, which;

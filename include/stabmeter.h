@@ -600,11 +600,31 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  * (STAB_EIO, "no room on the disk"), before HDF5 writes, and closes cleanly with every row
  * flushed before. A trace can thus stop while a few MB are still free.
  *
- * Cost. Rows are staged in memory and written at a flush, one hyperslab per dataset; a flush
- * writes every dataset's header, index and last chunk, mostly CPU time inside HDF5, about
- * 13 us per dataset. For 40 linear layers (682 datasets) an append costs about 9-13 ms with
- * flush_every 1, 1 ms with 10 and 0.2 ms with 100 (tests/trace_writer --bench, 2 busy cores):
- * flush less often when steps are short. Format 2 (each group's copy of /step, 723 datasets for
+ * Flushing. Rows are staged in memory and written at a flush, one hyperslab per dataset; a
+ * flush writes every dataset's header, index and last chunk, mostly CPU time inside HDF5,
+ * about 13 us per dataset, and costs about as much for 256 rows as for one. An append flushes
+ * when flush_seconds (default 1) have passed since the last flush, when the stage holds 256
+ * rows, or every flush_every appends if that is set; stab_trace_flush and close write
+ * everything and return once it is in the file.
+ * By default (flush_every 0) a flush hands the staged rows to the trace's writer thread and
+ * returns: an append costs a copy of the row (a few us for 800 datasets), and the flushes, one
+ * a second, run beside the caller (10-20 ms of one core each for 800 datasets). At most one
+ * batch is in flight: a flush first waits for the one before. A failure of the writer (a full
+ * disk) is returned by the next append, flush or close, naming the path; its rows and those
+ * staged are dropped, every row flushed before stays. With flush_every >= 1 there is no
+ * thread: the caller's thread writes, and an append that flushes costs the whole flush.
+ * What a kill -9 (or a crash) loses: the rows appended after the last completed flush, which
+ * span at most flush_seconds of appends plus the one batch being written: with the defaults,
+ * about the last second of steps. The library has no timer: rows staged before a long pause
+ * (evaluation, a checkpoint) stay in memory until the next append, stab_trace_flush or close;
+ * call stab_trace_flush before one.
+ * The writer thread and HDF5: Debian's HDF5 is built without thread safety, so the library
+ * makes its own HDF5 calls one at a time (one lock for every trace of the process); a program
+ * whose other threads call HDF5 themselves while a trace is open uses flush_every >= 1. After
+ * fork() the child must not use a trace its parent opened.
+ * Cost with flush_every 1 (every append flushes): for 40 linear layers (682 datasets) about
+ * 9-13 ms an append, 1 ms with 10 and 0.2 ms with 100 (tests/trace_writer --bench, 2 busy
+ * cores). Format 2 (each group's copy of /step, 723 datasets for
  * those 40 layers, and the scales' and units' attributes in every header) costs about 15% more
  * than format 1 did: 3.6 against 3.1 ms per append with flush_every 1 (--bench --layers 40
  * --steps 300, one run beside others' builds), and a file 13% larger. */
@@ -612,8 +632,9 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
 typedef struct stab_trace stab_trace;
 
 /* What the trace does after a write failure (disk full, file removed, permissions). Either way
- * the failing call returns the error, the rows staged but not yet written are dropped, and every
- * row flushed before stays in the file. A full disk (or quota) is caught before HDF5 writes (see
+ * the failing call returns the error (with the writer thread, the next append, flush or close
+ * after the failure), the rows staged but not yet written are dropped, and every row flushed
+ * before stays in the file. A full disk (or quota) is caught before HDF5 writes (see
  * "A full disk" above) and leaves nothing behind. What is still true: a write that fails inside
  * HDF5 for another reason (an I/O error, a file system without fallocate that fills up) leaves
  * HDF5 holding data it could not write, closing fails too, and HDF5 1.10.8 then misbehaves when
@@ -626,11 +647,19 @@ typedef enum {
 } stab_trace_on_error;
 
 typedef struct {
-  int flush_every;        /* rows are written and flushed every this many appends (>= 1; above 256,
-                             every 256); a row is in the file, safe from a crash and seen by
-                             readers, once flushed. Staging takes min(flush_every, 256) x datasets
-                             x 8 bytes.
-                             Default 1 */
+  int flush_every;        /* 0: a writer thread writes the rows in the background, when
+                             flush_seconds have passed or 256 rows are staged (see "Flushing");
+                             >= 1: the caller's thread writes and flushes them every this many
+                             appends (above 256, every 256), or sooner by flush_seconds. A row is
+                             in the file, safe from a crash and seen by readers, once flushed.
+                             Staging takes min(flush_every, 256) x datasets x 8 bytes (with 0,
+                             twice 256 x datasets x 8: 3.2 MB for 800 datasets). Default 0 */
+  double flush_seconds;   /* seconds: an append at least this long after the last flush (or the
+                             open) flushes every staged row, itself included; 0: no time limit.
+                             So a kill -9 loses about the rows of the last flush_seconds of
+                             appends (see "Flushing" above: rows wait for an append,
+                             stab_trace_flush or close), and flushes come at most one per
+                             flush_seconds whatever the step rate. 0 .. 86400. Default 1.0 */
   const char *run_config; /* JSON text stored as the root attribute run_config, or NULL ("{}");
                              copied. Not changed when appending */
   const char *const *scalars; /* names of the /scalars datasets, n_scalars of them, copied. They
@@ -659,8 +688,10 @@ stab_trace_params stab_trace_default_params(void);
  * append (its metrics); its layers must not change while the trace is open. params NULL
  * means the defaults. Allocates every buffer appends need. Names (scalars, extras) must be
  * non-empty, without '/', unique, and extras must not be a metric's name.
- * Not thread-safe: one thread at a time per trace (HDF5 itself is built serial on Debian).
- * Errors: NULL argument, bad name, flush_every < 1 or unknown on_error STAB_EINVAL; two layers
+ * Not thread-safe: one thread at a time per trace (HDF5 itself is built serial on Debian;
+ * the writer thread of flush_every 0 is the library's own, see "Flushing").
+ * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN)
+ * or unknown on_error STAB_EINVAL; two layers
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
  * (the message names the first difference, e.g. the layer), or a file at path that is not a
  * stabmeter trace at all (not HDF5: refused before anything is written to it), STAB_EINVAL; another writer holds
@@ -674,20 +705,23 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
 
 /* Appends one row: step, wall_time (seconds), the scalars and every layer's last metrics
  * (stab_monitor_metrics, and stab_monitor_head_bounds for attention) of the monitor given to
- * open, as they are now. The row is staged; every flush_every appends the staged rows are
- * written and flushed. Allocates nothing itself.
+ * open, as they are now. The row is staged; the staged rows are written and flushed when
+ * flush_seconds have passed since the last flush, when the stage is full or every flush_every
+ * appends (see "Flushing"). Allocates nothing itself.
  *  scalars       n_scalars values in declaration order, or NULL (all NaN)
  *  layer_extras  n_layers x n_layer_extras values, one row per layer in monitor order, or NULL
  * step must be greater than the last row's (the last appended, or the trace's last when opened
  * with append): else STAB_ERANGE naming both steps, the row is not added, and the trace goes on
  * as before (not a write failure).
- * Errors: t NULL STAB_EINVAL; step not increasing STAB_ERANGE; a write failure STAB_EIO (then
- * see stab_trace_on_error). */
+ * Errors: t NULL STAB_EINVAL; step not increasing STAB_ERANGE; a write failure STAB_EIO naming
+ * the path: from the append whose flush failed, or with the writer thread from the first call
+ * after the failed write (then see stab_trace_on_error). */
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras);
 
-/* Writes every row appended so far to the file now (readers and a crash see them).
- * A disabled trace (CONTINUE after a failure) returns STAB_OK. */
+/* Writes every row appended so far to the file now (readers and a crash see them), and
+ * returns once they are there (it waits for the writer thread). A disabled trace (CONTINUE
+ * after a failure) returns STAB_OK; a failure of the writer not yet returned is returned. */
 stab_status stab_trace_flush(stab_trace *t);
 
 /* Rows in the trace, the rows it held when opened and the rows staged included; after a
@@ -700,12 +734,13 @@ int64_t stab_trace_steps(const stab_trace *t);
  * NULL STAB_EINVAL. */
 stab_status stab_trace_last_step(const stab_trace *t, int64_t *step);
 
-/* 1 once a write has failed (either on_error), else 0; 0 for NULL. */
+/* 1 once a call has returned a write failure (either on_error; with the writer thread, the call
+ * after the failure), else 0; 0 for NULL. */
 int stab_trace_failed(const stab_trace *t);
 
-/* Writes the staged rows, closes the file (which flushes it) and frees t. NULL is a no-op
- * returning STAB_OK. Returns STAB_EIO if the last writes or the close failed; t is freed all the
- * same. */
+/* Writes the staged rows, ends the writer thread, closes the file (which flushes it) and frees
+ * t. NULL is a no-op returning STAB_OK. Returns STAB_EIO if the last writes (or a background
+ * write no call has returned yet) or the close failed; t is freed all the same. */
 stab_status stab_trace_close(stab_trace *t);
 
 /* ---------------------------------------------------------------------------------- */

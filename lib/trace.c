@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,9 @@ enum { CHUNK_ROWS = 256 };
 
 /* Rows are staged in memory and reach the file only at a flush: one write of many rows per
  * dataset costs little more than one of a row, and rows written but not flushed could reach
- * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. */
+ * the disk in any order when HDF5 evicts its cache. A flush comes at least this often. No
+ * more than a chunk, so that the rows of one flush start at most one new chunk per dataset
+ * (reserve_bytes counts on it). */
 enum { STAGE_ROWS = 256 };
 
 /* The format this library writes. 2: /step a dimension scale, and each group (/scalars, every
@@ -33,6 +36,27 @@ enum { STAGE_ROWS = 256 };
  * and description attributes; storage sharing. A version 1 trace appended to is brought to
  * version 2 first (add_step_copies, describe). */
 enum { FORMAT_VERSION = 2 };
+
+/* The longest flush_seconds accepted (a day): beyond it a kill loses more than anyone means to
+ * keep in memory only; 0 turns the clock off instead. */
+enum { FLUSH_SECONDS_MAX = 86400 };
+
+/* One thread in HDF5 at a time, in the whole process: Debian builds HDF5 without thread safety,
+ * and a trace's writer thread writes while the caller opens or closes another trace. Held
+ * around every HDF5 call of this file; fork waits for it (after_fork), so that a child never
+ * starts with it held by a writer thread it does not have. */
+static pthread_mutex_t hdf5_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void hdf5_lock_take(void) { pthread_mutex_lock(&hdf5_lock); }
+static void hdf5_lock_give(void) { pthread_mutex_unlock(&hdf5_lock); }
+static void after_fork(void) { pthread_atfork(hdf5_lock_take, hdf5_lock_give, hdf5_lock_give); }
+
+/* The clock of the flush policy: monotonic, so that a clock set back never holds rows back. */
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* The stab_metrics fields every layer records, in file order. */
 enum { N_METRICS = 15 };
@@ -192,7 +216,22 @@ struct stab_trace {
   size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
   size_t first_copy;  /* dsets from here on are the groups' copies of /step: /scalars/step, then
                          each layer's (int64, written from stage_step like /step) */
-  size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS): a full stage is flushed */
+  size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS) (STAGE_ROWS when
+                         flush_every is 0): a full stage is flushed */
+  double flush_seconds; /* an append this long after the last flush flushes (0: never by time) */
+  double last_flush;  /* monotonic seconds when the last flush (or the open) ended, or the last
+                         rows were handed to the writer */
+  /* The writer thread (flush_every 0): a flush hands the stage to it (swapping stage and out)
+   * and returns; the thread writes out while appends fill the other stage. mu guards out_rows,
+   * quit, written, error and message while it runs; cv signals both ways. */
+  int background;     /* the writer thread runs */
+  pthread_t writer;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  double *out;        /* (n_dsets, cap) the rows being written, laid out as stage */
+  int64_t *out_step;  /* (cap) */
+  size_t out_rows;    /* rows in out, 0 once written (or dropped by a failure) */
+  int quit;           /* close: the thread ends once out is written */
   double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
                          column 0 unused (step is int64) */
   int64_t *stage_step;/* (cap) */
@@ -205,13 +244,17 @@ struct stab_trace {
   int no_reserve;     /* the file system cannot reserve space (no fallocate) */
   stab_trace_on_error on_error;
   stab_status error;  /* the write failure that stopped the trace, STAB_OK if none */
+  int reported;       /* a call has returned that failure (CONTINUE returns it once) */
   char message[512];  /* its message, repeated by every later append in STOP mode */
 };
+
+static void start_writer(stab_trace *t);
 
 stab_trace_params stab_trace_default_params(void) {
   stab_trace_params p;
   memset(&p, 0, sizeof p);
-  p.flush_every = 1;
+  p.flush_every = 0;
+  p.flush_seconds = 1.0;
   p.on_error = STAB_TRACE_STOP;
   return p;
 }
@@ -581,7 +624,7 @@ static stab_status publish(stab_trace *t, const char *who, const char *tmp, int 
  * flush left it and closes cleanly). Where the file system has no fallocate, nothing is
  * reserved and a full disk reaches HDF5 as before. The reserve is given back at close. */
 
-/* The most the next flush can add to the file. Rows fill chunks of CHUNK_ROWS, and a flush
+/* The most a flush of `rows` rows can add to the file. Rows fill chunks of CHUNK_ROWS, and a flush
  * (at most CHUNK_ROWS rows) starts at most one new chunk per dataset: its bytes, plus the
  * growth of the dataset's chunk index. That index is an extensible array whose blocks grow
  * with it (16 addresses at first, about as many as it holds later, in pages of 1024): the
@@ -589,23 +632,24 @@ static stab_status publish(stab_trace *t, const char *who, const char *tmp, int 
  * a KiB more covers the block headers and a new super block. A flush that starts no chunk
  * rewrites what exists in place. The constant covers HDF5's metadata and small-data
  * aggregators' blocks and the object headers' growth. */
-static off_t reserve_bytes(const stab_trace *t) {
+static off_t reserve_bytes(const stab_trace *t, size_t rows) {
   const off_t base = (off_t)256 * 1024;
   size_t in_chunk = (size_t)t->written % CHUNK_ROWS;
-  if (t->staged == 0 || (in_chunk != 0 && in_chunk + t->staged <= CHUNK_ROWS)) return base;
-  size_t k = ((size_t)t->written + t->staged - 1) / CHUNK_ROWS; /* the new chunk */
+  if (rows == 0 || (in_chunk != 0 && in_chunk + rows <= CHUNK_ROWS)) return base;
+  size_t k = ((size_t)t->written + rows - 1) / CHUNK_ROWS; /* the new chunk */
   size_t index = 8 * (k + 16 < 1024 ? k + 16 : 1024) + 1024;
   return base + (off_t)t->n_dsets * (off_t)(CHUNK_ROWS * 8 + index);
 }
 
-/* Makes sure reserve_bytes() past the end of the file are allocated. STAB_EIO naming the path
- * and the system's words when the disk (or the quota) has no room. */
-static stab_status reserve(stab_trace *t, const char *who) {
+/* Makes sure reserve_bytes(rows) past the end of the file are allocated, for a flush of `rows`
+ * rows. STAB_EIO naming the path and the system's words when the disk (or the quota) has no
+ * room. */
+static stab_status reserve(stab_trace *t, const char *who, size_t rows) {
   if (t->no_reserve || t->lock_fd < 0) return STAB_OK;
   struct stat sb;
   if (fstat(t->lock_fd, &sb) != 0)
     return stabi_fail(STAB_EIO, "%s: %s: cannot stat it: %s", who, t->path, strerror(errno));
-  const off_t r = reserve_bytes(t);
+  const off_t r = reserve_bytes(t, rows);
   if (sb.st_size + r <= t->reserved) return STAB_OK;
   /* twice what is needed, so that most flushes make no call; on a nearly full disk, what is */
   for (int k = 2; k >= 1; k--) {
@@ -1007,7 +1051,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   const char *who = b->who, *path = b->path;
   stab_status st = STAB_OK;
   hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
-  if ((st = reserve(t, who)) != STAB_OK) return st; /* cutting rows back writes too */
+  if ((st = reserve(t, who, 0)) != STAB_OK) return st; /* cutting rows back writes too */
   t->file = H5Fopen(disk, H5F_ACC_RDWR, fapl);
   if (t->file < 0) {
     /* A writer killed in SWMR mode leaves the file marked as open for writing. Its data are
@@ -1124,6 +1168,8 @@ static stab_status destroy(stab_trace *t, const char *who) {
   free(t->layer_first);
   free(t->stage);
   free(t->stage_step);
+  free(t->out);
+  free(t->out_step);
   free(t->path);
   free(t);
   return st;
@@ -1292,7 +1338,10 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   if (!path || !path[0] || !m)
     return stabi_fail(STAB_EINVAL, "%s: %s", who, !m ? "monitor is NULL" : "path is NULL or empty");
   stab_trace_params p = params ? *params : stab_trace_default_params();
-  if (p.flush_every < 1) return stabi_fail(STAB_EINVAL, "%s: flush_every is %d, must be >= 1", who, p.flush_every);
+  if (p.flush_every < 0) return stabi_fail(STAB_EINVAL, "%s: flush_every is %d, must be >= 0", who, p.flush_every);
+  if (!(p.flush_seconds >= 0 && p.flush_seconds <= FLUSH_SECONDS_MAX)) /* NaN fails too */
+    return stabi_fail(STAB_EINVAL, "%s: flush_seconds is %g, must be 0 .. %g", who, p.flush_seconds,
+                      (double)FLUSH_SECONDS_MAX);
   if (p.on_error != STAB_TRACE_STOP && p.on_error != STAB_TRACE_CONTINUE)
     return stabi_fail(STAB_EINVAL, "%s: unknown on_error %d", who, (int)p.on_error);
   stab_status st = check_names(who, "scalars", p.scalars, p.n_scalars, 0);
@@ -1308,6 +1357,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   hid_t fapl = H5I_INVALID_HID;
   char *tmp = NULL;
   quiet q;
+  pthread_once(&fork_once, after_fork);
+  hdf5_lock_take();
   quiet_begin(&q);
   if (!t || (n_layers && !gnames)) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
@@ -1350,10 +1401,15 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   t->first_copy = t->n_dsets;
   t->n_dsets += 1 + n_layers; /* the groups' copies of /step */
   t->dsets = malloc(t->n_dsets * sizeof *t->dsets);
-  t->cap = p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
+  t->cap = p.flush_every >= 1 && p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
+  t->flush_seconds = p.flush_seconds;
   t->stage = malloc(t->n_dsets * t->cap * sizeof *t->stage);
   t->stage_step = malloc(t->cap * sizeof *t->stage_step);
-  if (!t->dsets || !t->stage || !t->stage_step) {
+  if (p.flush_every == 0) { /* the writer thread's half */
+    t->out = malloc(t->n_dsets * t->cap * sizeof *t->out);
+    t->out_step = malloc(t->cap * sizeof *t->out_step);
+  }
+  if (!t->dsets || !t->stage || !t->stage_step || (p.flush_every == 0 && (!t->out || !t->out_step))) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
     goto out;
   }
@@ -1395,39 +1451,65 @@ out:
   if (b.dcpl_i >= 0) H5Pclose(b.dcpl_i);
   if (b.space0 >= 0) H5Sclose(b.space0);
   stabi_sharing_free(&share);
-  if (st == STAB_OK) {
-    *out = t;
-  } else {
+  if (st != STAB_OK) {
     destroy(t, NULL);
     if (tmp) unlink(tmp); /* ours (O_EXCL), not yet published: a published one is never removed */
   }
   free(tmp);
   quiet_end(&q);
+  hdf5_lock_give();
+  if (st == STAB_OK) {
+    t->last_flush = now_seconds(); /* the first rows wait at most flush_seconds, as later ones */
+    if (p.flush_every == 0) start_writer(t);
+    *out = t;
+  }
   return st;
 }
 
 /* ---- appending ------------------------------------------------------------------------- */
 
-/* The staged rows of dataset k, written after the file's `written` rows. */
-static stab_status write_column(stab_trace *t, size_t k, const char *who) {
+/* Dataset k's `rows` rows of stage (laid out as t->stage) and steps, written after the file's
+ * `written` rows. */
+static stab_status write_column(stab_trace *t, size_t k, const char *who, const double *stage,
+                                const int64_t *steps, size_t rows) {
   hid_t d = t->dsets[k];
-  hsize_t at = (hsize_t)t->written, count = t->staged, n = at + count, zero = 0;
+  hsize_t at = (hsize_t)t->written, count = rows, n = at + count, zero = 0;
   if (H5Dset_extent(d, &n) < 0) return h5fail(who, t->path, "cannot extend a dataset");
   hid_t fs = H5Dget_space(d);
   if (fs < 0) return h5fail(who, t->path, "cannot write rows");
   herr_t rc = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &count, NULL);
   if (rc >= 0) rc = H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL);
   if (rc >= 0)
-    rc = k == 0 || k >= t->first_copy ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, t->stage_step)
-                : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, t->stage + k * t->cap);
+    rc = k == 0 || k >= t->first_copy ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, steps)
+                : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, stage + k * t->cap);
   /* HDF5's message is taken before H5Sclose clears it. */
   stab_status st = rc < 0 ? h5fail(who, t->path, "cannot write rows") : STAB_OK;
   if (H5Sclose(fs) < 0 && st == STAB_OK) st = h5fail(who, t->path, "cannot write rows");
   return st;
 }
 
+/* Writes rows and flushes them, in two steps: every dataset but /step, flush, then /step,
+ * flush. HDF5 writes a flush's metadata in its own order, so a writer killed during a single
+ * flush could leave /step longer than another dataset; this way the length of /step never
+ * counts a row that is not everywhere. Called from the caller's thread (flush_every >= 1) or
+ * the writer thread, never both; takes hdf5_lock. */
+static stab_status write_rows(stab_trace *t, const char *who, const double *stage, const int64_t *steps,
+                              size_t rows) {
+  quiet q;
+  hdf5_lock_take();
+  quiet_begin(&q);
+  stab_status st = reserve(t, who, rows);
+  for (size_t k = 1; k < t->n_dsets && st == STAB_OK; k++) st = write_column(t, k, who, stage, steps, rows);
+  if (st == STAB_OK && H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) st = h5fail(who, t->path, "cannot flush");
+  if (st == STAB_OK) st = write_column(t, 0, who, stage, steps, rows);
+  if (st == STAB_OK && H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) st = h5fail(who, t->path, "cannot flush");
+  quiet_end(&q);
+  hdf5_lock_give();
+  return st;
+}
+
 /* A write failed: the trace keeps the failure (STOP) or turns itself off (CONTINUE). The rows
- * staged are dropped: the trace holds what reached the file. */
+ * staged are dropped: the trace holds what reached the file. Caller's thread, mu not held. */
 static stab_status stop(stab_trace *t, stab_status st) {
   t->error = st;
   t->staged = 0;
@@ -1435,33 +1517,116 @@ static stab_status stop(stab_trace *t, stab_status st) {
   return st;
 }
 
-/* Writes the staged rows and flushes them, in two steps: every dataset but /step, flush, then
- * /step, flush. HDF5 writes a flush's metadata in its own order, so a writer killed during a
- * single flush could leave /step longer than another dataset; this way the length of /step
- * never counts a row that is not everywhere. */
-static stab_status write_out(stab_trace *t, const char *who) {
-  if (!t->staged) return STAB_OK;
-  stab_status rs = reserve(t, who);
-  if (rs != STAB_OK) return stop(t, rs);
-  for (size_t k = 1; k < t->n_dsets; k++) {
-    stab_status st = write_column(t, k, who);
-    if (st != STAB_OK) return stop(t, st);
+/* ---- the writer thread ----------------------------------------------------------------- */
+
+/* Writes each batch handed to it (out), records a failure for the caller's next call, and ends
+ * at close once nothing is left. Rows of a batch that failed are dropped, as the stage is in the
+ * caller's thread. */
+static void *writer_main(void *arg) {
+  stab_trace *t = arg;
+  pthread_mutex_lock(&t->mu);
+  for (;;) {
+    while (!t->out_rows && !t->quit) pthread_cond_wait(&t->cv, &t->mu);
+    if (!t->out_rows) break;
+    const size_t rows = t->out_rows;
+    const double *out = t->out;
+    const int64_t *steps = t->out_step;
+    pthread_mutex_unlock(&t->mu);
+    /* out, written, dsets and the file are this thread's while out_rows is set */
+    stab_status st = write_rows(t, "stab_trace_append (rows written in the background)", out, steps, rows);
+    pthread_mutex_lock(&t->mu);
+    if (st == STAB_OK) {
+      t->written += (int64_t)rows;
+    } else if (t->error == STAB_OK) {
+      t->error = st;
+      snprintf(t->message, sizeof t->message, "%s", stab_last_error()); /* this thread's */
+    }
+    t->out_rows = 0;
+    pthread_cond_broadcast(&t->cv);
   }
-  if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
-  stab_status st = write_column(t, 0, who);
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+/* Starts the writer thread; without one (no thread to be had), the caller's thread writes, as
+ * with flush_every >= 1. */
+static void start_writer(stab_trace *t) {
+  if (pthread_mutex_init(&t->mu, NULL) != 0) return;
+  if (pthread_cond_init(&t->cv, NULL) != 0) {
+    pthread_mutex_destroy(&t->mu);
+    return;
+  }
+  if (pthread_create(&t->writer, NULL, writer_main, t) != 0) {
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    return;
+  }
+  t->background = 1;
+}
+
+/* Waits until the writer has written the batch it holds; mu held. */
+static void wait_written(stab_trace *t) {
+  while (t->out_rows) pthread_cond_wait(&t->cv, &t->mu);
+}
+
+/* The writer's failure, or STAB_OK. */
+static stab_status writer_error(stab_trace *t) {
+  pthread_mutex_lock(&t->mu);
+  stab_status st = t->error;
+  pthread_mutex_unlock(&t->mu);
+  return st;
+}
+
+/* Flushes the staged rows: hands them to the writer thread (after it has written the batch
+ * before: at most one batch is in flight, so once this returns every row staged before the
+ * previous flush is in the file), or writes them here. A failure, this one's or the writer's
+ * with the previous batch, drops the staged rows and is returned. */
+static stab_status write_out(stab_trace *t, const char *who) {
+  if (t->background) {
+    pthread_mutex_lock(&t->mu);
+    wait_written(t);
+    stab_status st = t->error;
+    if (st == STAB_OK && t->staged) {
+      double *stage = t->stage;
+      int64_t *steps = t->stage_step;
+      t->stage = t->out, t->stage_step = t->out_step;
+      t->out = stage, t->out_step = steps;
+      t->out_rows = t->staged;
+      pthread_cond_signal(&t->cv);
+    }
+    t->staged = 0; /* handed over, or dropped by the failure */
+    pthread_mutex_unlock(&t->mu);
+    t->last_flush = now_seconds();
+    return st;
+  }
+  if (!t->staged) return STAB_OK;
+  stab_status st = write_rows(t, who, t->stage, t->stage_step, t->staged);
   if (st != STAB_OK) return stop(t, st);
   t->written += (int64_t)t->staged;
   t->staged = 0;
-  if (H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) return stop(t, h5fail(who, t->path, "cannot flush"));
+  t->last_flush = now_seconds();
   return STAB_OK;
 }
+
+/* The failure the trace stopped on, as a call returns it: the first call to learn of it (the
+ * failing one, or with the writer thread the next one) returns it, later ones too in STOP mode
+ * and STAB_OK in CONTINUE mode. Caller's thread, after the writer's failure is in t->error. */
+static stab_status failed(stab_trace *t) {
+  if (t->reported && t->on_error == STAB_TRACE_CONTINUE) return STAB_OK;
+  t->reported = 1;
+  return stabi_fail(t->error, "%s", t->message);
+}
+
+/* ---- appending ------------------------------------------------------------------------- */
 
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras) {
   static const char who[] = "stab_trace_append";
   if (!t) return stabi_fail(STAB_EINVAL, "%s: trace is NULL", who);
-  if (t->error != STAB_OK)
-    return t->on_error == STAB_TRACE_CONTINUE ? STAB_OK : stabi_fail(t->error, "%s", t->message);
+  if ((t->background ? writer_error(t) : t->error) != STAB_OK) {
+    t->staged = 0;
+    return failed(t);
+  }
   /* Readers and a resume (which keeps the rows up to a step) rely on /step increasing. Not a
    * write failure: the row is refused and the trace goes on. */
   if (t->has_last && step <= t->last_step)
@@ -1488,27 +1653,39 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
     for (size_t e = 0; e < t->n_extras; e++)
       col[k++ * cap] = layer_extras ? layer_extras[i * t->n_extras + e] : NAN;
   }
-  if (++t->staged < cap) return STAB_OK;
-
-  quiet q;
-  quiet_begin(&q);
-  stab_status st = write_out(t, who);
-  quiet_end(&q);
-  return st;
+  /* Flushing costs about the same for one row as for 256 (it is per dataset), so rows wait in
+   * the stage for flush_seconds: a kill then loses at most that span of appends, and the
+   * flushes cost at most one per flush_seconds of the caller's time, whatever its step rate. */
+  if (++t->staged < cap && !(t->flush_seconds > 0 && now_seconds() - t->last_flush >= t->flush_seconds))
+    return STAB_OK;
+  return write_out(t, who) == STAB_OK ? STAB_OK : failed(t);
 }
 
 stab_status stab_trace_flush(stab_trace *t) {
   if (!t) return stabi_fail(STAB_EINVAL, "stab_trace_flush: trace is NULL");
-  if (t->error != STAB_OK)
-    return t->on_error == STAB_TRACE_CONTINUE ? STAB_OK : stabi_fail(t->error, "%s", t->message);
-  quiet q;
-  quiet_begin(&q);
+  if ((t->background ? writer_error(t) : t->error) != STAB_OK) {
+    t->staged = 0;
+    return failed(t);
+  }
   stab_status st = write_out(t, "stab_trace_flush");
-  quiet_end(&q);
-  return st;
+  if (st == STAB_OK && t->background) { /* written, not only handed over */
+    pthread_mutex_lock(&t->mu);
+    wait_written(t);
+    st = t->error;
+    pthread_mutex_unlock(&t->mu);
+  }
+  return st == STAB_OK ? STAB_OK : failed(t);
 }
 
-int64_t stab_trace_steps(const stab_trace *t) { return t ? t->written + (int64_t)t->staged : 0; }
+int64_t stab_trace_steps(const stab_trace *t) {
+  if (!t) return 0;
+  if (!t->background) return t->written + (int64_t)t->staged;
+  stab_trace *w = (stab_trace *)t; /* the lock only: nothing t shows changes */
+  pthread_mutex_lock(&w->mu);
+  int64_t n = t->written + (t->error == STAB_OK ? (int64_t)(t->staged + t->out_rows) : 0);
+  pthread_mutex_unlock(&w->mu);
+  return n;
+}
 
 stab_status stab_trace_last_step(const stab_trace *t, int64_t *step) {
   if (!t || !step) return stabi_fail(STAB_EINVAL, "stab_trace_last_step: %s is NULL", !t ? "trace" : "step");
@@ -1517,15 +1694,34 @@ stab_status stab_trace_last_step(const stab_trace *t, int64_t *step) {
   return STAB_OK;
 }
 
-int stab_trace_failed(const stab_trace *t) { return t && t->error != STAB_OK; }
+/* From the caller's side: a failure of the writer thread happens at the call that returns it,
+ * so that a program sees stab_trace_failed turn to 1 at that call, as without the thread. */
+int stab_trace_failed(const stab_trace *t) { return t && t->reported; }
 
 stab_status stab_trace_close(stab_trace *t) {
   if (!t) return STAB_OK;
+  stab_status st = STAB_OK;
+  if (t->background) {
+    if (writer_error(t) == STAB_OK) write_out(t, "stab_trace_close"); /* the last rows */
+    pthread_mutex_lock(&t->mu);
+    t->quit = 1;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->writer, NULL); /* it writes the last batch first */
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    t->background = 0;
+    /* a failure no call has returned yet: the last batch's, or one after the last append */
+    if (t->error != STAB_OK && !t->reported) st = failed(t);
+  } else {
+    st = t->error == STAB_OK ? write_out(t, "stab_trace_close") : STAB_OK;
+  }
   quiet q;
+  hdf5_lock_take();
   quiet_begin(&q);
-  stab_status st = t->error == STAB_OK ? write_out(t, "stab_trace_close") : STAB_OK;
   stab_status closed = destroy(t, "stab_trace_close");
-  if (st == STAB_OK) st = closed;
   quiet_end(&q);
+  hdf5_lock_give();
+  if (st == STAB_OK) st = closed;
   return st;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hdf5.h>
@@ -146,6 +147,20 @@ static off_t disk_limit;
 /* A writer killed in the middle of a flush, deterministically: when set, the process kills
  * itself at that many writes from now (test_kill9). */
 static long die_at_write;
+
+/* A disk with no room left, as the library's reserve meets it: while set, fallocate fails with
+ * ENOSPC (HDF5 itself never calls it), so that a flush is refused before HDF5 writes. */
+static int no_room;
+
+int fallocate(int fd, int mode, off_t off, off_t len) {
+  static int (*real)(int, int, off_t, off_t);
+  if (!real) real = (int (*)(int, int, off_t, off_t))dlsym(RTLD_NEXT, "fallocate");
+  if (no_room) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return real(fd, mode, off, len);
+}
 
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
   static ssize_t (*real)(int, const void *, size_t, off_t);
@@ -443,6 +458,9 @@ static void write_rows(stab_trace *t, stab_monitor *m, model *md, tu_rng *r, row
 
 enum { ROWS = 7 };
 
+/* The writer's rows per chunk (lib/trace.c): a flush crossing it needs new room on the disk. */
+enum { CHUNK_ROWS_TEST = 256 };
+
 /* flush_every 1, 3 (rows staged between flushes) and 100 (nothing flushed before close). */
 START_TEST(test_schema_and_values) {
   const int flush_every[] = {1, 3, 100};
@@ -480,36 +498,72 @@ START_TEST(test_schema_and_values) {
 }
 END_TEST
 
-/* Rows are visible to a SWMR reader once flushed, before the writer closes. The reader is
- * another process, forked before this one touches HDF5: within one process HDF5 shares a file
- * opened twice, and a child forked later would inherit the writer's open file. */
-START_TEST(test_flush_visible) {
-  make_tmpdir();
-  const char *path = tmp_path("flush.h5");
+/* A SWMR reader in another process, forked before this one touches HDF5: within one process
+ * HDF5 shares a file opened twice, and a child forked later would inherit the writer's open
+ * file. Each rows_seen() has it open the file afresh and say how many rows /step holds, -1 if
+ * it cannot open or read it, -2 if the last step is not 10 x its row (as write_rows numbers
+ * them). */
+typedef struct {
+  pid_t pid;
+  int ask, answer; /* pipe ends: a byte asks, an int answers */
+} reader;
+
+static reader start_reader(const char *path) {
   int go[2], done[2];
   ck_assert_int_eq(pipe(go), 0);
   ck_assert_int_eq(pipe(done), 0);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    char c, rows = 0;
-    if (read(go[0], &c, 1) != 1) _exit(2);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, H5P_DEFAULT);
-    if (f >= 0) {
-      hid_t d = H5Dopen2(f, "step", H5P_DEFAULT), sp = H5Dget_space(d);
-      hsize_t n = 0;
-      int64_t last = -1;
-      H5Sget_simple_extent_dims(sp, &n, NULL);
-      hsize_t at = n ? n - 1 : 0, one = 1;
-      hid_t mem = H5Screate_simple(1, &one, NULL);
-      if (n && H5Sselect_hyperslab(sp, H5S_SELECT_SET, &at, NULL, &one, NULL) >= 0 &&
-          H5Dread(d, H5T_NATIVE_INT64, mem, sp, H5P_DEFAULT, &last) >= 0 && last == 10 * ((int64_t)n - 1))
-        rows = (char)n;
-      H5Fclose(f);
+  reader rd = {fork(), go[1], done[0]};
+  ck_assert_int_ge(rd.pid, 0);
+  if (rd.pid == 0) {
+    close(go[1]), close(done[0]);
+    char c;
+    while (read(go[0], &c, 1) == 1 && c == '?') {
+      int rows = -1;
+      hid_t f = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, H5P_DEFAULT);
+      if (f >= 0) {
+        hid_t d = H5Dopen2(f, "step", H5P_DEFAULT), sp = d >= 0 ? H5Dget_space(d) : -1;
+        hsize_t n = 0, one = 1;
+        int64_t last = -1;
+        if (sp >= 0 && H5Sget_simple_extent_dims(sp, &n, NULL) == 1) {
+          hsize_t at = n ? n - 1 : 0;
+          hid_t mem = H5Screate_simple(1, &one, NULL);
+          if (!n) rows = 0;
+          else if (H5Sselect_hyperslab(sp, H5S_SELECT_SET, &at, NULL, &one, NULL) >= 0 &&
+                   H5Dread(d, H5T_NATIVE_INT64, mem, sp, H5P_DEFAULT, &last) >= 0)
+            rows = last == 10 * ((int64_t)n - 1) ? (int)n : -2;
+          H5Sclose(mem);
+        }
+        if (sp >= 0) H5Sclose(sp);
+        if (d >= 0) H5Dclose(d);
+        H5Fclose(f);
+      }
+      if (write(done[1], &rows, sizeof rows) != sizeof rows) _exit(2);
     }
-    if (write(done[1], &rows, 1) != 1) _exit(2);
     _exit(0);
   }
+  close(go[0]), close(done[1]);
+  return rd;
+}
+
+static int rows_seen(const reader *rd) {
+  int rows = -3;
+  ck_assert_int_eq(write(rd->ask, "?", 1), 1);
+  ck_assert_int_eq(read(rd->answer, &rows, sizeof rows), (ssize_t)sizeof rows);
+  return rows;
+}
+
+static void stop_reader(reader *rd) {
+  int status = 0;
+  close(rd->ask), close(rd->answer);
+  ck_assert_int_eq(waitpid(rd->pid, &status, 0), rd->pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the reader ended with status 0x%x", status);
+}
+
+/* Rows are visible to a SWMR reader once flushed, before the writer closes. */
+START_TEST(test_flush_visible) {
+  make_tmpdir();
+  const char *path = tmp_path("flush.h5");
+  reader rd = start_reader(path);
   model md;
   model_init(&md, 12, D);
   stab_monitor *m = make_monitor(&md);
@@ -521,13 +575,93 @@ START_TEST(test_flush_visible) {
   TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
   write_rows(t, m, &md, &r, want, 0, 4);
   TU_ASSERT_OK(stab_trace_flush(t));
-  char rows = -1;
-  ck_assert_int_eq(write(go[1], "x", 1), 1);
-  ck_assert_int_eq(read(done[0], &rows, 1), 1);
-  ck_assert_msg(rows == 4, "the SWMR reader saw %d rows, 4 were flushed", (int)rows);
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  int rows = rows_seen(&rd);
+  ck_assert_msg(rows == 4, "the SWMR reader saw %d rows, 4 were flushed", rows);
+  stop_reader(&rd);
   TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* The default policy stages rows until a full stage (256 rows), stab_trace_flush or close, when
+ * flush_seconds has not passed (an hour here, so that no machine is slow enough to reach it):
+ * a reader sees 0 rows after 3 appends, at most the full stage's 256 after 300 (the writer
+ * thread may still be writing them), all of them after the flush (which waits for the
+ * writer); and close writes the rows still staged, every value as appended. */
+enum { MANY = 310 };
+START_TEST(test_stage_until_flush) {
+  make_tmpdir();
+  const char *path = tmp_path("staged.h5");
+  reader rd = start_reader(path);
+  model md;
+  model_init(&md, 21, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 9);
+  row_want *want = malloc(MANY * sizeof *want);
+  ck_assert_ptr_nonnull(want);
+  stab_trace_params p = trace_params(0);
+  p.flush_seconds = 3600;
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  write_rows(t, m, &md, &r, want, 0, 3);
+  int rows = rows_seen(&rd);
+  ck_assert_msg(rows == 0, "the reader saw %d rows of 3 staged", rows);
+  write_rows(t, m, &md, &r, want, 3, 297);
+  rows = rows_seen(&rd);
+  ck_assert_msg(rows == 0 || rows == 256, "the reader saw %d rows of 300 appended, not 0 or the full stage's 256",
+                rows);
+  TU_ASSERT_OK(stab_trace_flush(t));
+  rows = rows_seen(&rd);
+  ck_assert_msg(rows == 300, "the reader saw %d rows after the flush of 300", rows);
+  write_rows(t, m, &md, &r, want, 300, MANY - 300);
+  ck_assert_int_eq(stab_trace_steps(t), MANY);
+  TU_ASSERT_OK(stab_trace_close(t));
+  stop_reader(&rd);
+  hid_t f = open_read(path, 0);
+  check_file(f, &md, want, MANY);
+  H5Fclose(f);
+  free(want);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* An append flush_seconds after the last flush hands every staged row to the writer thread,
+ * and the next such flush waits until they are written: after two sleeps longer than
+ * flush_seconds (a slow machine only lengthens them), each followed by an append, a reader
+ * sees every row before the second sleep. */
+START_TEST(test_flush_by_time) {
+  make_tmpdir();
+  const char *path = tmp_path("timed.h5");
+  reader rd = start_reader(path);
+  model md;
+  model_init(&md, 22, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 10);
+  row_want want[ROWS];
+  stab_trace_params p = trace_params(0);
+  p.flush_seconds = 0.2;
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  write_rows(t, m, &md, &r, want, 0, 3);
+  const struct timespec pause = {0, 300 * 1000 * 1000};
+  ck_assert_int_eq(nanosleep(&pause, NULL), 0);
+  write_rows(t, m, &md, &r, want, 3, 1);
+  ck_assert_int_eq(nanosleep(&pause, NULL), 0);
+  write_rows(t, m, &md, &r, want, 4, 1);
+  int rows = rows_seen(&rd);
+  ck_assert_msg(rows == 4 || rows == 5, "the reader saw %d rows, 4 appended before the last pause of %g s", rows,
+                p.flush_seconds);
+  stop_reader(&rd);
+  TU_ASSERT_OK(stab_trace_close(t));
+  hid_t f = open_read(path, 0);
+  check_file(f, &md, want, 5);
+  H5Fclose(f);
   stab_monitor_free(m);
   model_free(&md);
   remove_tmpdir();
@@ -1049,6 +1183,76 @@ START_TEST(test_kill9) {
 }
 END_TEST
 
+/* The default flush policy under kill -9: a writer appends BEFORE_PAUSE rows, sleeps longer
+ * than flush_seconds (the default, 1 s), appends one more (which hands them all to the writer
+ * thread), sleeps again and appends one (a flush, which waits until the rows handed before are
+ * written), appends a few (staged), and kills itself. The file must hold every row up to the
+ * first flush, each as appended; the later ones may or may not be there. Sleeping makes it
+ * independent of speed: a slow machine only flushes more. */
+enum { BEFORE_PAUSE = 5, AFTER_FLUSH = 4 };
+START_TEST(test_kill9_default_policy) {
+  make_tmpdir();
+  const char *path = tmp_path("killed-default.h5");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    model md;
+    model_init(&md, 15, D);
+    stab_monitor *m = make_monitor(&md);
+    stab_trace_params p = trace_params(0);
+    p.flush_seconds = stab_trace_default_params().flush_seconds;
+    stab_trace *t = NULL;
+    if (stab_trace_open(path, m, &p, &t) != STAB_OK) _exit(3);
+    double e[MAXL * NE], s[NS];
+    for (int64_t step = 0; step <= BEFORE_PAUSE + AFTER_FLUSH; step++) {
+      if (step == BEFORE_PAUSE || step == BEFORE_PAUSE + 1) {
+        const struct timespec pause = {1, 200 * 1000 * 1000};
+        if (nanosleep(&pause, NULL) != 0) _exit(7);
+      }
+      if (stab_monitor_measure(m, 0) != STAB_OK) _exit(4);
+      scalars_of(step, s);
+      extras_of(step, md.n, e);
+      if (stab_trace_append(t, step, 0.5 * (double)step + 0.125, s, e) != STAB_OK) _exit(5);
+    }
+    raise(SIGKILL);
+    _exit(6);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the writer ended with status 0x%x", status);
+
+  hid_t f = open_read(path, 1);
+  int64_t *steps;
+  size_t rows = read_dataset(f, "step", 1, (void **)&steps);
+  free(steps);
+  ck_assert_msg(rows >= BEFORE_PAUSE + 1 && rows <= BEFORE_PAUSE + 1 + AFTER_FLUSH,
+                "%zu rows after the kill; %d were appended before the pause and the flush", rows, BEFORE_PAUSE + 1);
+  model md;
+  model_init(&md, 15, D);
+  stab_monitor *m = make_monitor(&md);
+  row_want want[BEFORE_PAUSE + 1 + AFTER_FLUSH];
+  for (size_t r = 0; r < rows; r++) {
+    TU_ASSERT_OK(stab_monitor_measure(m, 0));
+    want[r].step = (int64_t)r;
+    want[r].wall = 0.5 * (double)r + 0.125;
+    scalars_of((int64_t)r, want[r].scalars);
+    double e[MAXL * NE];
+    extras_of((int64_t)r, md.n, e);
+    for (size_t i = 0; i < md.n; i++) {
+      want[r].metrics[i] = *stab_monitor_metrics(m, i);
+      memcpy(want[r].extras[i], e + i * NE, sizeof want[r].extras[i]);
+      const double *h = stab_monitor_head_bounds(m, i);
+      for (size_t k = 0; h && k < HEADS; k++) want[r].heads[i][k] = h[k];
+    }
+  }
+  check_file(f, &md, want, rows);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
 /* ---- failures ---------------------------------------------------------------------------- */
 
 static int hdf5_printed;
@@ -1139,6 +1343,91 @@ START_TEST(test_write_failure) {
   double *v;
   ck_assert(read_dataset(f, "layers/ln_f/forward", 0, (void **)&v) >= (hsize_t)good);
   for (int64_t s = 0; s < good; s++) assert_same(v[s], stab_monitor_metrics(m, 4)->forward, "ln_f/forward", (size_t)s);
+  free(v);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* A full disk met by a delayed flush: FLUSHED rows are in the file, a writer appending to it
+ * (so that it holds no room reserved yet) stages rows across a chunk boundary (so the flush
+ * needs new room), and the disk has none. _i = 0: close writes them and returns the failure;
+ * _i = 1: an append flush_seconds after the last flush hands them to the writer thread, which
+ * fails, and the next append (the next flush, after another pause) returns it, or an earlier
+ * one if the machine was slow enough to flush by time already; _i = 2 the same with on_error
+ * CONTINUE (returned once, then nothing). Either way the call returns
+ * STAB_EIO naming the path and the cause, every flushed row is there, HDF5 never wrote on the
+ * full disk, and the file closes cleanly. */
+enum { FLUSHED = 250, STAGED = 10 };
+START_TEST(test_delayed_write_failure) {
+  const int by_time = _i >= 1, go_on = _i == 2; /* 2: on_error CONTINUE */
+  make_tmpdir();
+  model md;
+  model_init(&md, 23, D);
+  stab_monitor *m = make_monitor(&md);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_trace_params p = trace_params(0);
+  p.flush_seconds = by_time ? 0.2 : 3600;
+  if (go_on) p.on_error = STAB_TRACE_CONTINUE;
+  stab_trace *t = NULL;
+  const char *path = tmp_path("full-later.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  for (int64_t s = 0; s < FLUSHED; s++) TU_ASSERT_OK(stab_trace_append(t, s, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  p.append = 1;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  no_room = 1;
+  stab_status st = STAB_OK;
+  int64_t failed_at = -1;
+  for (int64_t s = FLUSHED; s < FLUSHED + STAGED && st == STAB_OK; s++) {
+    /* a failure is the caller's at the call that returns it (the trainer's "said once") */
+    ck_assert_int_eq(stab_trace_failed(t), 0);
+    st = stab_trace_append(t, s, 0.0, NULL, NULL);
+    if (st != STAB_OK) failed_at = s;
+  }
+  if (by_time) {
+    for (int64_t s = FLUSHED + STAGED; s < FLUSHED + STAGED + 2 && st == STAB_OK; s++) {
+      const struct timespec pause = {0, 300 * 1000 * 1000};
+      ck_assert_int_eq(nanosleep(&pause, NULL), 0);
+      failed_at = s;
+      ck_assert_int_eq(stab_trace_failed(t), 0);
+      st = stab_trace_append(t, s, 0.0, NULL, NULL);
+    }
+    ck_assert_msg(st == STAB_EIO, "no failure from the delayed flush on a full disk: status %d", (int)st);
+    ck_assert_msg(failed_at >= CHUNK_ROWS_TEST, "the append of step %lld failed, before a new chunk", (long long)failed_at);
+  } else {
+    ck_assert_msg(st == STAB_OK, "an append failed with nothing to flush (step %lld): %s", (long long)failed_at,
+                  stab_last_error());
+    st = stab_trace_close(t);
+    t = NULL;
+    ck_assert_msg(st == STAB_EIO, "close wrote on a full disk without an error: status %d", (int)st);
+  }
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), "No space left on device"),
+                "message does not name the path and the cause: %s", stab_last_error());
+  if (t) {
+    ck_assert_int_eq(stab_trace_failed(t), 1);
+    if (go_on) { /* returned once, then the trace is off */
+      TU_ASSERT_OK(stab_trace_append(t, FLUSHED + STAGED + 2, 0.0, NULL, NULL));
+      TU_ASSERT_OK(stab_trace_flush(t));
+    } else {
+      TU_ASSERT_STATUS(stab_trace_append(t, FLUSHED + STAGED + 2, 0.0, NULL, NULL), STAB_EIO);
+    }
+    ck_assert_int_eq(stab_trace_failed(t), 1);
+    TU_ASSERT_OK(stab_trace_close(t)); /* HDF5 wrote nothing on the full disk: it closes cleanly */
+  }
+  no_room = 0;
+  hid_t f = open_read(path, 0); /* closed cleanly: a plain open works */
+  int64_t *steps;
+  hsize_t n = read_dataset(f, "step", 1, (void **)&steps);
+  ck_assert_msg(n >= FLUSHED && n < CHUNK_ROWS_TEST, "%llu rows after the failure, %d were flushed before it",
+                (unsigned long long)n, FLUSHED);
+  for (hsize_t s = 0; s < n; s++) ck_assert_int_eq(steps[s], (int64_t)s);
+  free(steps);
+  double *v;
+  ck_assert(read_dataset(f, "layers/ln_f/forward", 0, (void **)&v) == n);
+  for (hsize_t s = 0; s < n; s++) assert_same(v[s], stab_monitor_metrics(m, 4)->forward, "ln_f/forward", (size_t)s);
   free(v);
   H5Fclose(f);
   stab_monitor_free(m);
@@ -1367,14 +1656,23 @@ START_TEST(test_arguments) {
   stab_trace *t = NULL;
   const char *path = tmp_path("args.h5");
   stab_trace_params p = stab_trace_default_params();
-  ck_assert_int_eq(p.flush_every, 1);
+  ck_assert_int_eq(p.flush_every, 0);
+  ck_assert(p.flush_seconds == 1.0); /* the default a kill -9 loses at most of (docs/trace.md) */
   ck_assert_int_eq(p.on_error, STAB_TRACE_STOP);
   ck_assert_int_eq(p.append, 0);
   TU_ASSERT_STATUS(stab_trace_open(path, m, NULL, NULL), STAB_EINVAL);
   TU_ASSERT_STATUS(stab_trace_open(NULL, m, NULL, &t), STAB_EINVAL);
   TU_ASSERT_STATUS(stab_trace_open(path, NULL, NULL, &t), STAB_EINVAL);
-  p.flush_every = 0;
+  p.flush_every = -1;
   TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL);
+  p = stab_trace_default_params();
+  const double bad_seconds[] = {-1.0, NAN, INFINITY, 1e6};
+  for (size_t k = 0; k < 4; k++) {
+    p.flush_seconds = bad_seconds[k];
+    TU_ASSERT_STATUS(stab_trace_open(path, m, &p, &t), STAB_EINVAL, "flush_seconds %g", bad_seconds[k]);
+    ck_assert_msg(strstr(stab_last_error(), "flush_seconds"), "message: %s", stab_last_error());
+    ck_assert_ptr_null(t);
+  }
   p = stab_trace_default_params();
   /* "step" names each group's copy of /step */
   const char *bad[][2] = {{"loss", "a/b"}, {"loss", "loss"}, {"loss", ""}, {"loss", "step"}};
@@ -1426,11 +1724,15 @@ static Suite *trace_suite(void) {
   tcase_add_test(tc, test_writers_race);
   tcase_add_test(tc, test_steps_increase);
   tcase_add_loop_test(tc, test_kill9, 0, (int)(sizeof kill_at_write / sizeof kill_at_write[0]));
+  tcase_add_test(tc, test_kill9_default_policy);
+  tcase_add_test(tc, test_stage_until_flush);
+  tcase_add_test(tc, test_flush_by_time);
   suite_add_tcase(s, tc);
   tc = tcase_create("failures");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_no_directory);
   tcase_add_loop_test(tc, test_write_failure, 0, 2);
+  tcase_add_loop_test(tc, test_delayed_write_failure, 0, 3);
   tcase_add_test(tc, test_create_failure);
   tcase_add_test(tc, test_arguments);
   tcase_add_test(tc, test_shared_storage);
