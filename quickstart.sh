@@ -20,6 +20,8 @@ packages+=(python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin)
 packages+=(help2man)
 # notebooks-export/ (make notebooks, tests/notebooks.sh)
 packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
+# bench/probe_vs_svds.sh (the whole checkpoint against scipy's svds) and its test
+packages+=(python3-scipy)
 
 install_missing() {
   local missing=() p
