@@ -688,7 +688,7 @@ stab_trace_params stab_trace_default_params(void);
  * append (its metrics); its layers must not change while the trace is open. params NULL
  * means the defaults. Allocates every buffer appends need. Names (scalars, extras) must be
  * non-empty, without '/', unique, and extras must not be a metric's name.
- * Not thread-safe: one thread at a time per trace (HDF5 itself is built serial on Debian;
+ * Not thread-safe: one thread at a time per trace (the library makes its own HDF5 calls one at a time, since HDF5 need not be built thread-safe;
  * the writer thread of flush_every 0 is the library's own, see "Flushing").
  * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN)
  * or unknown on_error STAB_EINVAL; two layers

@@ -377,20 +377,20 @@ static double jacobi_top(const double *g, size_t n, double *a, double *vec) {
   return theta;
 }
 
-/* The BLOCK largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos,
- * held (upper triangle) in h with row stride hs: values ascending in ws->w[0..BLOCK) (fewer
- * when n < BLOCK), their eigenvectors (n doubles each) in ws->z in the same order. Entries
- * farther than 2 BLOCK - 1 from the diagonal are rounding noise (the Krylov relation makes
+/* The bs largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos with
+ * blocks of bs vectors, held (upper triangle) in h with row stride hs: values ascending in
+ * ws->w[0..bs) (fewer when n < bs), their eigenvectors (n doubles each) in ws->z in the same
+ * order. Entries farther than 2 bs - 1 from the diagonal are rounding noise (the Krylov relation makes
  * them 0), so it is solved as a band matrix: dsbevx calls no threaded BLAS, where the dense
  * drivers woke OpenBLAS's threads every iteration and their spinning took the cores from the
  * pass (4096^2: 4.3 ms an iteration instead of 2.8). Sets *found; returns LAPACK's info. */
 static int top_eigen_band(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n,
-                          size_t *found) {
-  const size_t band = 2 * BLOCK - 1;
+                          size_t bs, size_t *found) {
+  const size_t band = 2 * bs - 1;
   const size_t kd = n - 1 < band ? n - 1 : band, ldab = kd + 1;
   for (size_t j = 0; j < n; j++) /* LAPACK upper band storage, column-major */
     for (size_t i = j > kd ? j - kd : 0; i <= j; i++) ws->e[j * ldab + kd + i - j] = h[i * hs + j];
-  lapack_int ln = (lapack_int)n, il = n > BLOCK ? ln - BLOCK + 1 : 1, got = 0;
+  lapack_int ln = (lapack_int)n, il = n > bs ? ln - (lapack_int)bs + 1 : 1, got = 0;
   lapack_int info = LAPACKE_dsbevx_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ln, (lapack_int)kd, ws->e,
                                         (lapack_int)ldab, ws->bq, ln, 0.0, 0.0, il, ln, 0.0, &got,
                                         ws->w, ws->z, ln, ws->ework, ws->eiwork, ws->eifail);
@@ -420,6 +420,27 @@ static void orthogonalise(const double *q, size_t n, size_t cols, double *z, dou
       axpy_sub(z, c, qi, cols);
       if (coef) coef[i * stride] += c;
     }
+}
+
+/* Orthogonalises the nz vectors z[0..nz) (cols apart) against q[0..n) twice, classical
+ * Gram-Schmidt on the whole block ("twice is enough" holds for classical Gram-Schmidt run
+ * twice); adds the coefficients of z_c into coef[i * stride + c] when coef is not NULL. Each
+ * sweep reads every q_i once for all nz vectors, while it is in cache: orthogonalising the
+ * four vectors of a block one at a time read the basis 16 times a pass, up to 128 MB for
+ * 128 vectors of 4096, twice what the pass over a 4096^2 matrix reads. nz <= BLOCK. */
+static void orthogonalise_block(const double *q, size_t n, size_t cols, double *z, size_t nz,
+                                double *coef, size_t stride) {
+  double c[BLOCK];
+  for (int pass = 0; pass < 2; pass++) {
+    double *cs = coef; /* the coefficients, n x nz, kept in coef's rows when given */
+    for (size_t i = 0; i < n; i++) {
+      const double *qi = q + i * cols;
+      for (size_t v = 0; v < nz; v++) c[v] = dot(qi, z + v * cols, cols);
+      for (size_t v = 0; v < nz; v++) axpy_sub(z + v * cols, c[v], qi, cols);
+      if (cs)
+        for (size_t v = 0; v < nz; v++) cs[i * stride + v] += c[v];
+    }
+  }
 }
 
 /* Normalises z, or, when it is negligible (below tiny), replaces it by a random vector
@@ -474,22 +495,22 @@ static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, s
   return STAB_OK;
 }
 
-/* ||R s|| for the upper triangular BLOCK x BLOCK R. */
-static double ritz_residual(const double R[BLOCK][BLOCK], const double *s) {
+/* ||R s|| for the upper triangular bs x bs R. */
+static double ritz_residual(const double R[BLOCK][BLOCK], const double *s, size_t bs) {
   double rr = 0.0;
-  for (size_t i = 0; i < BLOCK; i++) {
+  for (size_t i = 0; i < bs; i++) {
     double t = 0.0;
-    for (size_t c = i; c < BLOCK; c++) t += R[i][c] * s[c];
+    for (size_t c = i; c < bs; c++) t += R[i][c] * s[c];
     rr += t * t;
   }
   return sqrt(rr);
 }
 
-/* G times the BLOCK vectors at x, into y (BLOCK x cols each), in one pass over A (f64
- * arithmetic when f64, else the kernels' f32 runs). Returns x_0^T G x_0. */
+/* G times the bs vectors at x, into y (bs x cols each), in one pass over A (f64 arithmetic
+ * when f64, else the kernels' f32 runs). Returns x_0^T G x_0. */
 static double block_product(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
-                            size_t cols, const double *x, double *y, int f64) {
-  return stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, ws->params.threads, BLOCK, f64);
+                            size_t cols, const double *x, double *y, size_t bs, int f64) {
+  return stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, ws->params.threads, (int)bs, f64);
 }
 
 static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, size_t cols,
@@ -504,53 +525,61 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
    * attention heads of a small model took 17 passes a step each instead of 1-3. */
   const int warm = start_vector(Q, v, cols, p->seed);
   const int to_the_end = !warm && rows + 2 * BLOCK <= M && rows <= SMALL_COLS;
-  for (size_t c = 1; c < BLOCK; c++) { /* the rest of the first block: random, orthonormal */
+  /* The block: BLOCK vectors from a cold start, where only the block keeps a near-equal
+   * second value from passing for the top one; 2 from a warm start, whose first vector is
+   * last step's top vector: a pass of two vectors costs 0.6 of one of four (4096^2), and the
+   * monitor's steps are 1-3 such passes. */
+  const size_t bs = warm ? 2 : BLOCK;
+  for (size_t c = 1; c < bs; c++) { /* the rest of the first block: random, orthonormal */
     double *q = Q + c * cols;
     cold_start(q, cols, p->seed + c);
     for (int pass = 0; pass < 2; pass++) orthogonalise(Q, c, cols, q, NULL, 0);
     scale(q, 1.0 / sqrt(dot(q, q, cols)), cols);
   }
   memset(H, 0, M * M * sizeof *H);
-  size_t m = 0; /* the current block is basis vectors m .. m + BLOCK - 1 */
+  size_t m = 0; /* the current block is basis vectors m .. m + bs - 1 */
   double theta = 0.0, err = INFINITY, scale_seen = 0.0;
   static const double one = 1.0;
   const double *ritz = NULL; /* coefficients of the top Ritz vector in the basis */
   size_t ritz_n = 0;
   int k = 0;
   while (k < p->max_passes) {
-    double q0 = block_product(ws, a, rows, cols, Q + m * cols, Z,
+    double q0 = block_product(ws, a, rows, cols, Q + m * cols, Z, bs,
                               to_the_end || p->tol < STAB_SPECTRAL_F32_TOL_MIN);
     k++;
     int finite = isfinite(q0);
-    for (size_t c = 0; c < BLOCK; c++) finite = finite && isfinite(Z[c * cols]);
+    for (size_t c = 0; c < bs; c++) finite = finite && isfinite(Z[c * cols]);
     if (!finite) {
       out->nonfinite = 1;
       out->passes = k;
       return STAB_OK;
     }
     /* Column m+c of H is Q^T G q_{m+c}: the coefficients of the full orthogonalisation. */
-    for (size_t c = 0; c < BLOCK; c++)
-      orthogonalise(Q, m + BLOCK, cols, Z + c * cols, H + m + c, M);
-    const size_t n = m + BLOCK;
+    orthogonalise_block(Q, m + bs, cols, Z, bs, H + m, M);
+    const size_t n = m + bs;
     for (size_t i = 0; i < n; i++) scale_seen = fmax(scale_seen, fabs(H[i * M + i]));
     const double tiny = 64 * DBL_EPSILON * scale_seen;
     /* QR of the remainder, Z = [z_0 .. z_B-1] R (R upper triangular): the coupling of this
      * block to the next, and what the Ritz residuals are made of. */
     double R[BLOCK][BLOCK] = {{0.0}};
-    for (size_t c = 0; c < BLOCK; c++) {
+    for (size_t c = 0; c < bs; c++) {
       double *z = Z + c * cols;
+      const double before = dot(z, z, cols);
       for (int pass = 0; pass < 2; pass++)
         for (size_t j = 0; j < c; j++) {
           double d = dot(Z + j * cols, z, cols);
           axpy_sub(z, d, Z + j * cols, cols);
           R[j][c] += d;
         }
-      orthogonalise(Q, n, cols, z, NULL, 0);
+      /* z is orthogonal to the basis to rounding relative to its norm before the block's own
+       * projections; when those cancelled most of it (the norm fell below 1/sqrt(2) of what
+       * it was), that rounding is no longer small against z: orthogonalise it again. */
+      if (c > 0 && dot(z, z, cols) < 0.5 * before) orthogonalise(Q, n, cols, z, NULL, 0);
       R[c][c] = normalise_or_replace(Q, n, Z, c, cols, z, tiny,
-                                     p->seed + BLOCK * (uint64_t)(k + 1) + c);
+                                     p->seed + bs * (uint64_t)(k + 1) + c);
     }
     size_t found = 0;
-    int info = top_eigen_band(ws, H, M, n, &found);
+    int info = top_eigen_band(ws, H, M, n, bs, &found);
     if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
     theta = ws->w[found - 1];
     ritz = ws->z + (found - 1) * n;
@@ -560,13 +589,13 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
       err = 0.0;
       break;
     }
-    /* The top Ritz pair's residual is Z R s_last (Z orthonormal, s_last the last BLOCK
+    /* The top Ritz pair's residual is Z R s_last (Z orthonormal, s_last the last bs
      * coefficients of its vector): its norm is ||R s_last||. */
-    double r = ritz_residual(R, ritz + n - BLOCK);
+    double r = ritz_residual(R, ritz + n - bs, bs);
     err = sigma_rel(r, theta);
     if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
-    if (n + BLOCK > M) {
-      /* Explicit restart from the BLOCK leading Ritz vectors (orthonormal), the top one first. */
+    if (n + bs > M) {
+      /* Explicit restart from the bs leading Ritz vectors (orthonormal), the top one first. */
       for (size_t i = 0; i < found; i++)
         combine(Q, ws->z + (found - 1 - i) * n, n, cols, ws->x + i * cols);
       memcpy(Q, ws->x, found * cols * sizeof *Q);
@@ -576,7 +605,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
       ritz_n = 1;
       continue;
     }
-    memcpy(Q + n * cols, Z, BLOCK * cols * sizeof *Q);
+    memcpy(Q + n * cols, Z, bs * cols * sizeof *Q);
     m = n;
   }
   out->passes = k;

@@ -41,8 +41,9 @@ enum { FORMAT_VERSION = 2 };
  * keep in memory only; 0 turns the clock off instead. */
 enum { FLUSH_SECONDS_MAX = 86400 };
 
-/* One thread in HDF5 at a time, in the whole process: Debian builds HDF5 without thread safety,
- * and a trace's writer thread writes while the caller opens or closes another trace. Held
+/* One thread in HDF5 at a time, in the whole process: HDF5 is thread-safe only when built so
+ * (Debian 12's is, H5is_library_threadsafe says 1; a source build by default is not), and a
+ * trace's writer thread writes while the caller opens or closes another trace. Held
  * around every HDF5 call of this file; fork waits for it (after_fork), so that a child never
  * starts with it held by a writer thread it does not have. */
 static pthread_mutex_t hdf5_lock = PTHREAD_MUTEX_INITIALIZER;
