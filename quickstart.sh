@@ -78,7 +78,7 @@ run_tests() {
     # replay their corpora there: they have just fuzzed).
     # A failed distcheck leaves its build in stabmeter-VERSION/_build/sub: show what failed
     # there before the sanitizer build's make distdir replaces that folder.
-    if ! FUZZ_SECONDS=0 make -j"$(nproc)" distcheck >distcheck.log 2>&1; then
+    if ! FUZZ_SECONDS=0 STAB_DISTCHECK=1 make -j"$(nproc)" distcheck >distcheck.log 2>&1; then
       tail -n 40 distcheck.log
       local log
       for log in stabmeter-*/_build/sub/tests/*.log; do [ -f "$log" ] && show_if_failed "$log"; done
