@@ -208,10 +208,11 @@ void stab_spectral_workspace_free(stab_spectral_workspace *ws);
  * is narrow and on v:
  *  - cols <= 32: always, warm start or not (the whole cols x cols Gram matrix is formed and
  *    its top eigenvalue taken; rel_err 0);
- *  - rows <= 32 with cols > 32 (and rows + 8 <= krylov_dim, true of the default): only from a
- *    cold start (v NULL, all zeros or non-finite), where the Krylov space is run to its end.
- *    From a warm start the estimate stops at tol like any other matrix's: a lower bound
- *    within tol, in fewer passes.
+ *  - rows <= 128 with cols > rows (and rows <= krylov_dim, true of the default): only from a
+ *    cold start (v NULL, all zeros or non-finite), where the Gram matrix of the rows side
+ *    (rows x rows, from an f64 copy of A) is formed and its top eigenvalue taken (rel_err 0,
+ *    passes 1). From a warm start the estimate stops at tol like any other matrix's: a lower
+ *    bound within tol, in fewer passes.
  * cols is the stored row length, so an out-major attention head block (d_h rows of d) is the
  * second case: stab_layer_metrics (always cold) measures it exactly, a monitor (warm after its
  * first measurement of each layer) exactly once, then to tol. Power iteration always stops at

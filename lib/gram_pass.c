@@ -802,9 +802,84 @@ chunk32_avx512_bf16(const float *a, const float *b, size_t r0, size_t r1, size_t
   return chunk32_avx512_body(a, NULL, r0, r1, cols, ld, x32, xup, x, acc, 1, quad, 1);
 }
 
+
+/* ---- the 16 dots of two blocks of 4 f64 rows (spectral.c's rows-side Gram) ---- */
+
+__attribute__((target("avx512f"))) static void dot4x4_avx512(const double *const x[4], const double *const y[4],
+                                                            size_t n, double s[4][4]) {
+  __m512d acc[4][4];
+#pragma GCC unroll 4
+  for (int a = 0; a < 4; a++)
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; b++) acc[a][b] = _mm512_setzero_pd();
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m512d xv[4], yv[4];
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; a++) {
+      xv[a] = _mm512_loadu_pd(x[a] + t);
+      yv[a] = _mm512_loadu_pd(y[a] + t);
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; a++)
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; b++) acc[a][b] = _mm512_fmadd_pd(xv[a], yv[b], acc[a][b]);
+  }
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 4; b++) {
+      double r = _mm512_reduce_add_pd(acc[a][b]);
+      for (size_t u = t; u < n; u++) r += x[a][u] * y[b][u];
+      s[a][b] = r;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void dot4x4_avx2(const double *const x[4], const double *const y[4],
+                                                           size_t n, double s[4][4]) {
+  __m256d acc[4][4];
+#pragma GCC unroll 4
+  for (int a = 0; a < 4; a++)
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; b++) acc[a][b] = _mm256_setzero_pd();
+  size_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    __m256d xv[4], yv[4];
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; a++) {
+      xv[a] = _mm256_loadu_pd(x[a] + t);
+      yv[a] = _mm256_loadu_pd(y[a] + t);
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; a++)
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; b++) acc[a][b] = _mm256_fmadd_pd(xv[a], yv[b], acc[a][b]);
+  }
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 4; b++) {
+      double r = hsum4(acc[a][b]);
+      for (size_t u = t; u < n; u++) r += x[a][u] * y[b][u];
+      s[a][b] = r;
+    }
+}
+
 #endif /* HAVE_X86_KERNELS */
 
+static void dot4x4_generic(const double *const x[4], const double *const y[4], size_t n,
+                           double s[4][4]) {
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 4; b++) {
+      double p[4] = {0.0, 0.0, 0.0, 0.0};
+      size_t t = 0;
+      for (; t + 4 <= n; t += 4)
+        for (int l = 0; l < 4; l++) p[l] += x[a][t + (size_t)l] * y[b][t + (size_t)l];
+      double r = (p[0] + p[1]) + (p[2] + p[3]);
+      for (; t < n; t++) r += x[a][t] * y[b][t];
+      s[a][b] = r;
+    }
+}
+
 /* ---- dispatch ---- */
+
+typedef void (*dot4x4_fn)(const double *const x[4], const double *const y[4], size_t n, double s[4][4]);
 
 static const struct kernel {
   const char *name;
@@ -812,12 +887,13 @@ static const struct kernel {
   chunk_fn bf16_fn;   /* f64, A in BF16 and no B, read as it is stored; NULL: through the tiles */
   chunk32_fn fn32;    /* f32 runs */
   chunk32_fn bf16_fn32;
+  dot4x4_fn dot4x4;   /* f64 */
 } kernels[] = {
 #ifdef HAVE_X86_KERNELS
-    {"avx512", chunk_avx512, chunk_avx512_bf16, chunk32_avx512, chunk32_avx512_bf16},
-    {"avx2", chunk_avx2, chunk_avx2_bf16, chunk32_avx2, chunk32_avx2_bf16},
+    {"avx512", chunk_avx512, chunk_avx512_bf16, chunk32_avx512, chunk32_avx512_bf16, dot4x4_avx512},
+    {"avx2", chunk_avx2, chunk_avx2_bf16, chunk32_avx2, chunk32_avx2_bf16, dot4x4_avx2},
 #endif
-    {"generic", chunk_generic, NULL, chunk32_generic, NULL},
+    {"generic", chunk_generic, NULL, chunk32_generic, NULL, dot4x4_generic},
 };
 
 static int supported(const struct kernel *k) {
@@ -846,6 +922,10 @@ static const struct kernel *kernel(void) {
 }
 
 const char *stab_spectral_kernel(void) { return kernel()->name; }
+
+void stabi_dot4x4(const double *const x[4], const double *const y[4], size_t n, double s[4][4]) {
+  kernel()->dot4x4(x, y, n, s);
+}
 
 size_t stabi_chunk_count(size_t rows) {
   /* Enough chunks to keep two or more threads busy, few enough that summing them is cheap. */

@@ -156,6 +156,11 @@ size_t stabi_chunk_count(size_t rows);
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
                         double *partial, const stabi_tiles *tiles, int threads, int nv, int f64);
 
+/* s[a][b] = <x_a, y_b> for four f64 vectors each side, n long, in f64 (with this processor's
+ * kernel: FMA in the SIMD builds): the blocks of the rows-side Gram matrix spectral.c forms for
+ * matrices with few rows. */
+void stabi_dot4x4(const double *const x[4], const double *const y[4], size_t n, double s[4][4]);
+
 /* The relative error of sigma to report for an estimate whose own bound is err (theta its
  * eigenvalue of G): at least STABI_F32_PASS_REL_ERR when its passes were f32 runs (tol at or
  * above STAB_SPECTRAL_F32_TOL_MIN) and theta > 0. err is about the matrix the passes

@@ -189,6 +189,74 @@ START_TEST(test_sigma_families) {
 }
 END_TEST
 
+/* Few rows (rows <= 128, rows < cols): a cold start forms the rows-side Gram matrix and is
+ * exact to rounding in one pass, near-equal top values included; a warm start is Lanczos
+ * again, within tol; 129 rows is Lanczos. Against dgesvd in f64, and ||A v|| = sigma. */
+START_TEST(test_few_rows_exact) {
+  static const struct { size_t rows, cols, ld; int pair; } shapes[] = {
+      {1, 300, 0, 0}, {33, 500, 0, 0}, {64, 2048, 0, 0}, {64, 256, 300, 1},
+      {100, 101, 0, 0}, {128, 4096, 0, 1}, {129, 300, 0, 0}};
+  tu_rng r;
+  tu_rng_init(&r, 77);
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+    const size_t rows = shapes[k].rows, cols = shapes[k].cols;
+    const size_t ld = shapes[k].ld ? shapes[k].ld : cols;
+    float *a = tu_floats(rows * ld);
+    tu_fill_gauss(a, rows, cols, ld, 1.0, &r);
+    if (shapes[k].pair) /* the top two values 1e-4 apart: rows 0 and 1 scaled up */
+      for (size_t t = 0; t < cols; t++) {
+        a[t] *= 30.0f;
+        a[ld + t] *= 30.003f;
+      }
+    const double ref = ref_sigma(a, rows, cols, ld);
+    stab_spectral_params p = stab_spectral_default_params();
+    stab_spectral_workspace *ws = NULL;
+    TU_ASSERT_OK(stab_spectral_workspace_create(rows, cols, &p, &ws), "%zux%zu", rows, cols);
+    double *v = tu_doubles(cols);
+    stab_sigma_result res;
+    TU_ASSERT_OK(stab_spectral_norm(ws, a, NULL, rows, cols, ld, v, &res), "%zux%zu cold", rows, cols);
+    double *av = tu_doubles(rows);
+    tu_matvec(a, rows, cols, ld, v, av);
+    if (rows <= 128) {
+      ck_assert_msg(res.passes == 1 && res.rel_err == 0.0 && res.converged,
+                    "%zux%zu cold: passes %d, rel_err %g (expected 1, 0)", rows, cols, res.passes, res.rel_err);
+      TU_ASSERT_REL(res.sigma, ref, 1e-12, "%zux%zu cold: exact sigma", rows, cols);
+      TU_ASSERT_REL(tu_norm2(v, cols), 1.0, 1e-12, "%zux%zu cold: ||v||", rows, cols);
+      TU_ASSERT_REL(tu_norm2(av, rows), ref, 1e-11, "%zux%zu cold: ||A v|| vs sigma", rows, cols);
+    } else {
+      ck_assert_msg(res.passes > 1 && res.rel_err > 0.0, "%zux%zu cold: passes %d, rel_err %g: Lanczos expected",
+                    rows, cols, res.passes, res.rel_err);
+      check_result("129 rows", STAB_SPECTRAL_LANCZOS, &res, ref, a, rows, cols, ld, v, p.tol);
+    }
+    /* from that vector, warm: Lanczos, a lower bound within tol */
+    stab_sigma_result warm;
+    TU_ASSERT_OK(stab_spectral_norm(ws, a, NULL, rows, cols, ld, v, &warm), "%zux%zu warm", rows, cols);
+    TU_ASSERT_REL(warm.sigma, ref, p.tol, "%zux%zu warm", rows, cols);
+    TU_ASSERT_LE(warm.sigma, ref, tu_round_slack(rows, cols), "%zux%zu warm lower bound", rows, cols);
+    /* A - B the same way, B = A / 2 on the first rows: sigma(A - B) by dgesvd of the difference */
+    if (rows <= 128) {
+      float *b = tu_floats(rows * ld);
+      memcpy(b, a, rows * ld * sizeof *b);
+      for (size_t t = 0; t < cols; t++) b[t] *= 0.5f;
+      stab_sigma_result d;
+      TU_ASSERT_OK(stab_spectral_norm(ws, a, b, rows, cols, ld, NULL, &d), "%zux%zu A - B", rows, cols);
+      TU_ASSERT_REL(d.sigma, ref_sigma_diff(a, b, rows, cols, ld), 1e-12, "%zux%zu A - B exact", rows, cols);
+      ck_assert_msg(d.passes == 1 && d.rel_err == 0.0, "%zux%zu A - B: passes %d", rows, cols, d.passes);
+      /* NaN in one element: nonfinite, STAB_OK */
+      a[(rows - 1) * ld + cols / 2] = NAN;
+      TU_ASSERT_OK(stab_spectral_norm(ws, a, NULL, rows, cols, ld, NULL, &d), "%zux%zu NaN", rows, cols);
+      ck_assert_msg(d.nonfinite == 1 && isnan(d.sigma), "%zux%zu NaN: nonfinite %d sigma %g", rows, cols,
+                    d.nonfinite, d.sigma);
+      free(b);
+    }
+    stab_spectral_workspace_free(ws);
+    free(av);
+    free(v);
+    free(a);
+  }
+}
+END_TEST
+
 /* ---- sigma(A - B) and blocks ------------------------------------------------------- */
 
 static void check_diff(const char *what, const float *a, const float *b, size_t rows, size_t cols,
@@ -771,6 +839,7 @@ static Suite *spectral_suite(void) {
   tc = tcase_create("difference_and_blocks");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_near_equal_top_pair);
+  tcase_add_test(tc, test_few_rows_exact);
   tcase_add_test(tc, test_sigma_diff);
   tcase_add_test(tc, test_sigma_diff_same_is_zero);
   tcase_add_test(tc, test_sigma_block_of_bigger);
