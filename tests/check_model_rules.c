@@ -703,6 +703,18 @@ START_TEST(test_entry_layers) {
     worst = fmax(worst, want);
   }
   ck_assert_double_eq_tol(m1.forward, worst, 1e-12 * worst);
+  /* each key head is measured once, not once per query head that reads it: the passes are
+   * those of 4 query blocks and 2 key blocks */
+  stab_metrics_params lp = stab_metrics_default_params();
+  ck_assert_int_eq(stab_layer_metrics(&L, NULL, &lp, &m1, hb), STAB_OK);
+  int want_passes = 0;
+  for (size_t b = 0; b < 6; b++) {
+    stab_sigma_result one;
+    ck_assert_int_eq(stab_sigma(b < 4 ? q + b * 4 * 16 : k + (b - 4) * 4 * 16, 4, 16, 16, &lp.spectral, NULL, &one), STAB_OK);
+    want_passes += one.passes;
+  }
+  ck_assert_msg(m1.passes == want_passes, "GQA: %d passes, the 6 blocks' own take %d", m1.passes, want_passes);
+  ck_assert_double_eq_tol(m1.forward, worst, 2e-3 * worst);
   ck_assert_int_eq(stab_model_entry_layer(entry(&md, "model.norm"), STAB_DTYPE_F32, NULL, NULL, NULL, &L), STAB_EINVAL);
   stab_model_free(md.m);
   stab_model *none;
