@@ -1109,6 +1109,20 @@ static void json_bool(const char *key, int x, int comma)
   printf("\"%s\": %s%s", key, x ? "true" : "false", comma ? ", " : "");
 }
 
+/* One target: "name": {"value": x, "min" or "max": bound, extra, "pass": met}, then ", ";
+ * met is null when the value was not measured (NaN). extra: more members with their trailing
+ * ", ", or NULL. */
+static void json_target(const char *name, double value, int is_max, double bound, const char *extra)
+{
+  printf("\"%s\": {", name);
+  json_num("value", value, 1);
+  json_num(is_max ? "max" : "min", bound, 1);
+  if (extra)
+    fputs(extra, stdout);
+  int met = is_max ? value <= bound : value >= bound;
+  printf("\"pass\": %s}, ", isfinite(value) ? (met ? "true" : "false") : "null");
+}
+
 static void print_json(const options *o, const size_result *res, size_t n, const targets *t,
                        int stream_threads)
 {
@@ -1212,47 +1226,22 @@ static void print_json(const options *o, const size_result *res, size_t n, const
     printf("}");
   }
   printf("\n ],\n \"targets\": {");
-  printf("\"cold_4096_speedup\": {");
-  json_num("value", t->speedup, 1);
-  json_num("min", TARGET_SPEEDUP, 1);
-  printf("\"pass\": %s}, ", isfinite(t->speedup) ? (t->speedup >= TARGET_SPEEDUP ? "true" : "false")
-                                                 : "null");
-  printf("\"pass_bandwidth_fraction\": {");
-  json_num("value", t->fraction, 1);
-  json_num("min", TARGET_FRACTION, 1);
+  json_target("cold_4096_speedup", t->speedup, 0, TARGET_SPEEDUP, NULL);
+  char extra[128];
+  int e = 0;
   if (t->fraction_from)
-    printf("\"size\": [%zu, %zu], ", t->fraction_from->rows, t->fraction_from->cols);
-  json_bool("over_big_matrices", t->fraction_big, 1);
-  printf("\"pass\": %s}, ", isfinite(t->fraction) ? (t->fraction >= TARGET_FRACTION ? "true" : "false")
-                                                  : "null");
-  printf("\"pass_reference_fraction\": {");
-  json_num("value", t->ref_fraction, 1);
-  json_num("min", TARGET_REFERENCE_FRACTION, 1);
-  printf("\"pass\": %s}, ", isfinite(t->ref_fraction)
-                                ? (t->ref_fraction >= TARGET_REFERENCE_FRACTION ? "true" : "false")
-                                : "null");
-  printf("\"pass_bf16_reference_fraction\": {");
-  json_num("value", t->bf16_ref_fraction, 1);
-  json_num("min", TARGET_REFERENCE_FRACTION, 1);
-  printf("\"pass\": %s}, ", isfinite(t->bf16_ref_fraction)
-                                ? (t->bf16_ref_fraction >= TARGET_REFERENCE_FRACTION ? "true" : "false")
-                                : "null");
-  printf("\"warm_passes\": {");
-  json_int("value", t->warm, 1);
-  json_int("max", TARGET_WARM_PASSES, 1);
-  printf("\"pass\": %s}, ", t->warm >= 0 ? (t->warm <= TARGET_WARM_PASSES ? "true" : "false")
-                                        : "null");
-  printf("\"loaded_slowdown\": {");
-  json_num("value", t->loaded, 1);
-  json_num("max", TARGET_LOADED_SLOWDOWN, 1);
-  printf("\"pass\": %s}, ", t->loaded_from ? (t->loaded <= TARGET_LOADED_SLOWDOWN ? "true" : "false")
-                                          : "null");
+    e = snprintf(extra, sizeof extra, "\"size\": [%zu, %zu], ", t->fraction_from->rows, t->fraction_from->cols);
+  snprintf(extra + e, sizeof extra - (size_t)e, "\"over_big_matrices\": %s, ", t->fraction_big ? "true" : "false");
+  json_target("pass_bandwidth_fraction", t->fraction, 0, TARGET_FRACTION, extra);
+  json_target("pass_reference_fraction", t->ref_fraction, 0, TARGET_REFERENCE_FRACTION, NULL);
+  json_target("pass_bf16_reference_fraction", t->bf16_ref_fraction, 0, TARGET_REFERENCE_FRACTION, NULL);
+  json_target("warm_passes", t->warm >= 0 ? t->warm : NAN, 1, TARGET_WARM_PASSES, NULL);
+  json_target("loaded_slowdown", t->loaded_from ? t->loaded : NAN, 1, TARGET_LOADED_SLOWDOWN, NULL);
   printf("\"arpack_available\": %s, ", arpack_available() ? "true" : "false");
   for (int k = 0; k < 3; k++) {
-    printf("\"cold_vs_arpack_%s\": {", arpack_target_sizes[k]);
-    json_num("value", t->arpack[k], 1);
-    json_num("min", TARGET_ARPACK, 1);
-    printf("\"pass\": %s}, ", isfinite(t->arpack[k]) ? (t->arpack[k] >= TARGET_ARPACK ? "true" : "false") : "null");
+    char name[64];
+    snprintf(name, sizeof name, "cold_vs_arpack_%s", arpack_target_sizes[k]);
+    json_target(name, t->arpack[k], 0, TARGET_ARPACK, NULL);
   }
   printf("\"spiked_vs_power_oracle\": {");
   json_num("value", t->spiked_vs_power, 1);
