@@ -244,31 +244,11 @@ static void report_stab_error(const char *what, stab_status st)
 /* Keeps the sums alive so that the compiler cannot drop the reads. */
 static volatile double stream_sink;
 
-/* Sum of a[0..n) by `threads` threads, each over one contiguous slice (as a pass splits
- * its rows). */
-static double stream_sum(const float *a, size_t n, int threads)
-{
-  double total = 0.0;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    size_t lo = n / (size_t)nt * (size_t)t;
-    size_t hi = t == nt - 1 ? n : n / (size_t)nt * (size_t)(t + 1);
-    total += stream_read_sum(a + lo, hi - lo);
-  }
-#else
-  (void)threads;
-  total = stream_read_sum(a, n);
-#endif
-  return total;
-}
-
 /* Seconds of one streaming read of a[0..n). */
 static double time_stream(const float *a, size_t n, int threads)
 {
   double t0 = monotonic_seconds();
-  double s = stream_sum(a, n, threads);
+  double s = stream_read_threads(a, n, threads);
   double t = monotonic_seconds() - t0;
   stream_sink = s;
   return t;
@@ -608,7 +588,7 @@ static int bench_size(const options *o, shape sh, size_t index, size_result *r)
     sigma_run one, cold;
     double cold_s = INFINITY;
     /* Warm-up of both: threads started, caches and branch predictors in their steady state. */
-    stream_sink = stream_sum(w, n, o->stream_threads);
+    stream_sink = stream_read_threads(w, n, o->stream_threads);
     if ((st = run_sigma(ws_one, w, rows, cols, v, v_warm, 1, 0.0, &one)) != STAB_OK) {
       report_stab_error("stab_spectral_norm (one pass)", st);
       goto out;

@@ -111,20 +111,29 @@ double stream_read_wide_sum(const float *a, size_t n) {
 /* Keeps the sums alive so that the compiler cannot drop the reads. */
 static volatile double sink;
 
-double reference_wide_read(const float *a, size_t n, int threads) {
-  double t0 = monotonic_seconds(), total = 0.0;
+/* Sum of a[0..n) by `threads` threads, one contiguous slice each (as a pass splits its rows),
+ * with the 16-byte or the wide loop. */
+static double split_sum(const float *a, size_t n, int threads, int wide) {
+  double total = 0.0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(+ : total)
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
     size_t lo = n / (size_t)nt * (size_t)t;
     size_t hi = t == nt - 1 ? n : n / (size_t)nt * (size_t)(t + 1);
-    total += stream_read_wide_sum(a + lo, hi - lo);
+    total += wide ? stream_read_wide_sum(a + lo, hi - lo) : stream_read_sum(a + lo, hi - lo);
   }
 #else
   (void)threads;
-  total = stream_read_wide_sum(a, n);
+  total = wide ? stream_read_wide_sum(a, n) : stream_read_sum(a, n);
 #endif
+  return total;
+}
+
+double stream_read_threads(const float *a, size_t n, int threads) { return split_sum(a, n, threads, 0); }
+
+double reference_wide_read(const float *a, size_t n, int threads) {
+  double t0 = monotonic_seconds(), total = split_sum(a, n, threads, 1);
   double t = monotonic_seconds() - t0;
   sink = total;
   return t;

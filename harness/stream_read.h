@@ -12,6 +12,9 @@ double stream_read_sum(const float *a, size_t n);
  * AVX-512F, "256-bit" with AVX, else "128-bit", the loop above). */
 double stream_read_wide_sum(const float *a, size_t n);
 const char *stream_read_wide_name(void);
+/* stream_read_sum over a[0..n) by `threads` threads, one contiguous slice each (as a pass
+ * splits its rows): the sum of the slices' sums. */
+double stream_read_threads(const float *a, size_t n, int threads);
 
 /* The reference read of a matrix is the faster of the two reads below over its bytes, each
  * the best of its repeats in one run (harness/bench). */
