@@ -161,6 +161,11 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
  * matrices with few rows. */
 void stabi_dot4x4(const double *const x[4], const double *const y[4], size_t n, double s[4][4]);
 
+/* One step of Gram-Schmidt against the unit vector q (n doubles) for nz <= 4 vectors z_v =
+ * z + v stride: c[v] = <q, z_v> for every v, then z_v -= c[v] q (f64; FMA in the SIMD builds):
+ * q is read twice for all nz vectors instead of twice for each. */
+void stabi_project_out(const double *q, double *z, size_t stride, size_t nz, size_t n, double *c);
+
 /* The relative error of sigma to report for an estimate whose own bound is err (theta its
  * eigenvalue of G): at least STABI_F32_PASS_REL_ERR when its passes were f32 runs (tol at or
  * above STAB_SPECTRAL_F32_TOL_MIN) and theta > 0. err is about the matrix the passes

@@ -435,8 +435,7 @@ static void orthogonalise_block(const double *q, size_t n, size_t cols, double *
     double *cs = coef; /* the coefficients, n x nz, kept in coef's rows when given */
     for (size_t i = 0; i < n; i++) {
       const double *qi = q + i * cols;
-      for (size_t v = 0; v < nz; v++) c[v] = dot(qi, z + v * cols, cols);
-      for (size_t v = 0; v < nz; v++) axpy_sub(z + v * cols, c[v], qi, cols);
+      stabi_project_out(qi, z, cols, nz, cols, c);
       if (cs)
         for (size_t v = 0; v < nz; v++) cs[i * stride + v] += c[v];
     }

@@ -258,6 +258,68 @@ START_TEST(test_pass_range) {
 }
 END_TEST
 
+/* The f64 vector kernels of spectral.c (this build's: tests/kernels.sh runs each): the 16 dots
+ * of two blocks of four rows, and one Gram-Schmidt step, against long double sums, within the
+ * f64 rounding bound n eps sum |x_t y_t| (lengths around the SIMD widths and their tails). */
+START_TEST(test_vector_kernels) {
+  static const size_t lengths[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 33, 256, 1001};
+  uint64_t z = 99;
+  for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++) {
+    const size_t n = lengths[k];
+    double *x = malloc(8 * n * sizeof *x), *zz = malloc(4 * n * sizeof *zz), *z0 = malloc(4 * n * sizeof *z0);
+    ck_assert(x && zz && z0);
+    for (size_t i = 0; i < 8 * n; i++) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      x[i] = (double)(z >> 11) * 0x1.0p-53 - 0.5;
+    }
+    const double *xa[4] = {x, x + n, x + 2 * n, x + 3 * n}, *ya[4] = {x + 4 * n, x + 5 * n, x + 6 * n, x + 7 * n};
+    double s[4][4];
+    stabi_dot4x4(xa, ya, n, s);
+    for (int a = 0; a < 4; a++)
+      for (int b = 0; b < 4; b++) {
+        long double ref = 0.0L, mag = 0.0L;
+        for (size_t t = 0; t < n; t++) {
+          ref += (long double)xa[a][t] * ya[b][t];
+          mag += fabsl((long double)xa[a][t] * ya[b][t]);
+        }
+        ck_assert_msg(fabsl(s[a][b] - ref) <= (long double)(n + 2) * 0x1.0p-52L * mag + 1e-300L,
+                      "dot4x4 n %zu [%d][%d]: %.17g, long double %.17Lg", n, a, b, s[a][b], ref);
+      }
+    /* q unit, z0..z3: c[v] = <q, z_v>, then z_v - c[v] q */
+    long double qq = 0.0L;
+    for (size_t t = 0; t < n; t++) qq += (long double)x[t] * x[t];
+    for (size_t t = 0; t < n; t++) x[t] /= (double)sqrtl(qq);
+    for (size_t nz = 1; nz <= 4; nz++) {
+      memcpy(zz, x + 4 * n, 4 * n * sizeof *zz);
+      memcpy(z0, zz, 4 * n * sizeof *z0);
+      double c[4];
+      stabi_project_out(x, zz, n, nz, n, c);
+      for (size_t v = 0; v < 4; v++) {
+        long double ref = 0.0L, mag = 0.0L;
+        for (size_t t = 0; t < n; t++) {
+          ref += (long double)x[t] * z0[v * n + t];
+          mag += fabsl((long double)x[t] * z0[v * n + t]);
+        }
+        if (v >= nz) { /* past nz: untouched */
+          ck_assert_msg(memcmp(zz + v * n, z0 + v * n, n * sizeof *zz) == 0, "project_out nz %zu touched z_%zu", nz, v);
+          continue;
+        }
+        ck_assert_msg(fabsl(c[v] - ref) <= (long double)(n + 2) * 0x1.0p-52L * mag + 1e-300L,
+                      "project_out n %zu nz %zu: c[%zu] %.17g, long double %.17Lg", n, nz, v, c[v], ref);
+        for (size_t t = 0; t < n; t++) {
+          long double want = (long double)z0[v * n + t] - (long double)c[v] * x[t];
+          ck_assert_msg(fabsl(zz[v * n + t] - want) <= 0x1.0p-52L * (fabsl((long double)z0[v * n + t]) + fabsl((long double)c[v] * x[t])),
+                        "project_out n %zu nz %zu: z_%zu[%zu] %.17g, want %.17Lg", n, nz, v, t, zz[v * n + t], want);
+        }
+      }
+    }
+    free(x);
+    free(zz);
+    free(z0);
+  }
+}
+END_TEST
+
 static Suite *gram_pass_suite(void) {
   Suite *s = suite_create("gram_pass");
   TCase *tc = tcase_create("accuracy");
@@ -265,6 +327,7 @@ static Suite *gram_pass_suite(void) {
   tcase_add_loop_test(tc, test_pass_within_bound, 0, (int)(NSHAPES * NKINDS));
   tcase_add_test(tc, test_pass_bound_not_loose);
   tcase_add_test(tc, test_pass_range);
+  tcase_add_test(tc, test_vector_kernels);
   suite_add_tcase(s, tc);
   tc = tcase_create("threads");
   tcase_set_timeout(tc, 60);
