@@ -862,66 +862,52 @@ __attribute__((target("avx2,fma"))) static void dot4x4_avx2(const double *const 
 }
 
 
-/* ---- one basis vector projected out of up to four (spectral.c's Gram-Schmidt) ---- */
+/* ---- z_v -= sum_a c[a][v] q_a for four q and up to four z (spectral.c's Gram-Schmidt) ---- */
 
-__attribute__((target("avx512f"))) static void project_out_avx512(const double *q, double *z, size_t stride,
-                                                                 size_t nz, size_t n, double *c) {
-  __m512d a0[4], a1[4];
-  for (size_t v = 0; v < nz; v++) a0[v] = a1[v] = _mm512_setzero_pd();
-  size_t t = 0;
-  for (; t + 16 <= n; t += 16) {
-    const __m512d q0 = _mm512_loadu_pd(q + t), q1 = _mm512_loadu_pd(q + t + 8);
-    for (size_t v = 0; v < nz; v++) {
-      a0[v] = _mm512_fmadd_pd(q0, _mm512_loadu_pd(z + v * stride + t), a0[v]);
-      a1[v] = _mm512_fmadd_pd(q1, _mm512_loadu_pd(z + v * stride + t + 8), a1[v]);
-    }
-  }
-  for (size_t v = 0; v < nz; v++) {
-    double r = _mm512_reduce_add_pd(_mm512_add_pd(a0[v], a1[v]));
-    for (size_t u = t; u < n; u++) r += q[u] * z[v * stride + u];
-    c[v] = r;
-  }
-  __m512d cv[4];
-  for (size_t v = 0; v < nz; v++) cv[v] = _mm512_set1_pd(c[v]);
-  for (t = 0; t + 8 <= n; t += 8) {
-    const __m512d qv = _mm512_loadu_pd(q + t);
-    for (size_t v = 0; v < nz; v++) {
-      double *zv = z + v * stride + t;
-      _mm512_storeu_pd(zv, _mm512_fnmadd_pd(cv[v], qv, _mm512_loadu_pd(zv)));
-    }
-  }
-  for (; t < n; t++)
-    for (size_t v = 0; v < nz; v++) z[v * stride + t] -= c[v] * q[t];
-}
-
-__attribute__((target("avx2,fma"))) static void project_out_avx2(const double *q, double *z, size_t stride,
-                                                                size_t nz, size_t n, double *c) {
-  __m256d a0[4], a1[4];
-  for (size_t v = 0; v < nz; v++) a0[v] = a1[v] = _mm256_setzero_pd();
+__attribute__((target("avx512f"))) static void sub4_avx512(const double *const q[4], const double c[4][4],
+                                                          double *const z[4], size_t nz, size_t n) {
+  __m512d cv[4][4];
+  for (int a = 0; a < 4; a++)
+    for (size_t v = 0; v < nz; v++) cv[a][v] = _mm512_set1_pd(c[a][v]);
   size_t t = 0;
   for (; t + 8 <= n; t += 8) {
-    const __m256d q0 = _mm256_loadu_pd(q + t), q1 = _mm256_loadu_pd(q + t + 4);
+    const __m512d q0 = _mm512_loadu_pd(q[0] + t), q1 = _mm512_loadu_pd(q[1] + t);
+    const __m512d q2 = _mm512_loadu_pd(q[2] + t), q3 = _mm512_loadu_pd(q[3] + t);
     for (size_t v = 0; v < nz; v++) {
-      a0[v] = _mm256_fmadd_pd(q0, _mm256_loadu_pd(z + v * stride + t), a0[v]);
-      a1[v] = _mm256_fmadd_pd(q1, _mm256_loadu_pd(z + v * stride + t + 4), a1[v]);
-    }
-  }
-  for (size_t v = 0; v < nz; v++) {
-    double r = hsum4(_mm256_add_pd(a0[v], a1[v]));
-    for (size_t u = t; u < n; u++) r += q[u] * z[v * stride + u];
-    c[v] = r;
-  }
-  __m256d cv[4];
-  for (size_t v = 0; v < nz; v++) cv[v] = _mm256_set1_pd(c[v]);
-  for (t = 0; t + 4 <= n; t += 4) {
-    const __m256d qv = _mm256_loadu_pd(q + t);
-    for (size_t v = 0; v < nz; v++) {
-      double *zv = z + v * stride + t;
-      _mm256_storeu_pd(zv, _mm256_fnmadd_pd(cv[v], qv, _mm256_loadu_pd(zv)));
+      __m512d zv = _mm512_loadu_pd(z[v] + t);
+      zv = _mm512_fnmadd_pd(cv[0][v], q0, zv);
+      zv = _mm512_fnmadd_pd(cv[1][v], q1, zv);
+      zv = _mm512_fnmadd_pd(cv[2][v], q2, zv);
+      zv = _mm512_fnmadd_pd(cv[3][v], q3, zv);
+      _mm512_storeu_pd(z[v] + t, zv);
     }
   }
   for (; t < n; t++)
-    for (size_t v = 0; v < nz; v++) z[v * stride + t] -= c[v] * q[t];
+    for (size_t v = 0; v < nz; v++)
+      z[v][t] = (((z[v][t] - c[0][v] * q[0][t]) - c[1][v] * q[1][t]) - c[2][v] * q[2][t]) - c[3][v] * q[3][t];
+}
+
+__attribute__((target("avx2,fma"))) static void sub4_avx2(const double *const q[4], const double c[4][4],
+                                                         double *const z[4], size_t nz, size_t n) {
+  __m256d cv[4][4];
+  for (int a = 0; a < 4; a++)
+    for (size_t v = 0; v < nz; v++) cv[a][v] = _mm256_set1_pd(c[a][v]);
+  size_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const __m256d q0 = _mm256_loadu_pd(q[0] + t), q1 = _mm256_loadu_pd(q[1] + t);
+    const __m256d q2 = _mm256_loadu_pd(q[2] + t), q3 = _mm256_loadu_pd(q[3] + t);
+    for (size_t v = 0; v < nz; v++) {
+      __m256d zv = _mm256_loadu_pd(z[v] + t);
+      zv = _mm256_fnmadd_pd(cv[0][v], q0, zv);
+      zv = _mm256_fnmadd_pd(cv[1][v], q1, zv);
+      zv = _mm256_fnmadd_pd(cv[2][v], q2, zv);
+      zv = _mm256_fnmadd_pd(cv[3][v], q3, zv);
+      _mm256_storeu_pd(z[v] + t, zv);
+    }
+  }
+  for (; t < n; t++)
+    for (size_t v = 0; v < nz; v++)
+      z[v][t] = (((z[v][t] - c[0][v] * q[0][t]) - c[1][v] * q[1][t]) - c[2][v] * q[2][t]) - c[3][v] * q[3][t];
 }
 
 #endif /* HAVE_X86_KERNELS */
@@ -940,25 +926,16 @@ static void dot4x4_generic(const double *const x[4], const double *const y[4], s
     }
 }
 
-static void project_out_generic(const double *q, double *z, size_t stride, size_t nz, size_t n,
-                                double *c) {
-  for (size_t v = 0; v < nz; v++) {
-    const double *zv = z + v * stride;
-    double p[4] = {0.0, 0.0, 0.0, 0.0};
-    size_t t = 0;
-    for (; t + 4 <= n; t += 4)
-      for (int l = 0; l < 4; l++) p[l] += q[t + (size_t)l] * zv[t + (size_t)l];
-    double r = (p[0] + p[1]) + (p[2] + p[3]);
-    for (; t < n; t++) r += q[t] * zv[t];
-    c[v] = r;
-  }
-  for (size_t v = 0; v < nz; v++)
-    for (size_t t = 0; t < n; t++) z[v * stride + t] -= c[v] * q[t];
+static void sub4_generic(const double *const q[4], const double c[4][4], double *const z[4], size_t nz,
+                         size_t n) {
+  for (size_t t = 0; t < n; t++)
+    for (size_t v = 0; v < nz; v++)
+      z[v][t] = (((z[v][t] - c[0][v] * q[0][t]) - c[1][v] * q[1][t]) - c[2][v] * q[2][t]) - c[3][v] * q[3][t];
 }
 
 /* ---- dispatch ---- */
 
-typedef void (*project_out_fn)(const double *q, double *z, size_t stride, size_t nz, size_t n, double *c);
+typedef void (*sub4_fn)(const double *const q[4], const double c[4][4], double *const z[4], size_t nz, size_t n);
 typedef void (*dot4x4_fn)(const double *const x[4], const double *const y[4], size_t n, double s[4][4]);
 
 static const struct kernel {
@@ -968,13 +945,13 @@ static const struct kernel {
   chunk32_fn fn32;    /* f32 runs */
   chunk32_fn bf16_fn32;
   dot4x4_fn dot4x4;   /* f64 */
-  project_out_fn project_out; /* f64 */
+  sub4_fn sub4;       /* f64 */
 } kernels[] = {
 #ifdef HAVE_X86_KERNELS
-    {"avx512", chunk_avx512, chunk_avx512_bf16, chunk32_avx512, chunk32_avx512_bf16, dot4x4_avx512, project_out_avx512},
-    {"avx2", chunk_avx2, chunk_avx2_bf16, chunk32_avx2, chunk32_avx2_bf16, dot4x4_avx2, project_out_avx2},
+    {"avx512", chunk_avx512, chunk_avx512_bf16, chunk32_avx512, chunk32_avx512_bf16, dot4x4_avx512, sub4_avx512},
+    {"avx2", chunk_avx2, chunk_avx2_bf16, chunk32_avx2, chunk32_avx2_bf16, dot4x4_avx2, sub4_avx2},
 #endif
-    {"generic", chunk_generic, NULL, chunk32_generic, NULL, dot4x4_generic, project_out_generic},
+    {"generic", chunk_generic, NULL, chunk32_generic, NULL, dot4x4_generic, sub4_generic},
 };
 
 static int supported(const struct kernel *k) {
@@ -1008,8 +985,8 @@ void stabi_dot4x4(const double *const x[4], const double *const y[4], size_t n, 
   kernel()->dot4x4(x, y, n, s);
 }
 
-void stabi_project_out(const double *q, double *z, size_t stride, size_t nz, size_t n, double *c) {
-  kernel()->project_out(q, z, stride, nz, n, c);
+void stabi_sub4(const double *const q[4], const double c[4][4], double *const z[4], size_t nz, size_t n) {
+  kernel()->sub4(q, c, z, nz, n);
 }
 
 size_t stabi_chunk_count(size_t rows) {

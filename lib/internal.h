@@ -158,13 +158,12 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
 
 /* s[a][b] = <x_a, y_b> for four f64 vectors each side, n long, in f64 (with this processor's
  * kernel: FMA in the SIMD builds): the blocks of the rows-side Gram matrix spectral.c forms for
- * matrices with few rows. */
+ * matrices with few rows, and Gram-Schmidt's coefficients. */
 void stabi_dot4x4(const double *const x[4], const double *const y[4], size_t n, double s[4][4]);
 
-/* One step of Gram-Schmidt against the unit vector q (n doubles) for nz <= 4 vectors z_v =
- * z + v stride: c[v] = <q, z_v> for every v, then z_v -= c[v] q (f64; FMA in the SIMD builds):
- * q is read twice for all nz vectors instead of twice for each. */
-void stabi_project_out(const double *q, double *z, size_t stride, size_t nz, size_t n, double *c);
+/* z_v -= sum_{a < 4} c[a][v] q_a over n doubles for v < nz <= 4, the four terms subtracted in
+ * order (FMA in the SIMD builds): classical Gram-Schmidt's update for four basis vectors. */
+void stabi_sub4(const double *const q[4], const double c[4][4], double *const z[4], size_t nz, size_t n);
 
 /* The relative error of sigma to report for an estimate whose own bound is err (theta its
  * eigenvalue of G): at least STABI_F32_PASS_REL_ERR when its passes were f32 runs (tol at or

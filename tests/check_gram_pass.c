@@ -259,8 +259,8 @@ START_TEST(test_pass_range) {
 END_TEST
 
 /* The f64 vector kernels of spectral.c (this build's: tests/kernels.sh runs each): the 16 dots
- * of two blocks of four rows, and one Gram-Schmidt step, against long double sums, within the
- * f64 rounding bound n eps sum |x_t y_t| (lengths around the SIMD widths and their tails). */
+ * of two blocks of four vectors and Gram-Schmidt's update of up to four by four, against long
+ * double sums, within f64's rounding bounds (lengths around the SIMD widths and their tails). */
 START_TEST(test_vector_kernels) {
   static const size_t lengths[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 33, 256, 1001};
   uint64_t z = 99;
@@ -285,31 +285,29 @@ START_TEST(test_vector_kernels) {
         ck_assert_msg(fabsl(s[a][b] - ref) <= (long double)(n + 2) * 0x1.0p-52L * mag + 1e-300L,
                       "dot4x4 n %zu [%d][%d]: %.17g, long double %.17Lg", n, a, b, s[a][b], ref);
       }
-    /* q unit, z0..z3: c[v] = <q, z_v>, then z_v - c[v] q */
-    long double qq = 0.0L;
-    for (size_t t = 0; t < n; t++) qq += (long double)x[t] * x[t];
-    for (size_t t = 0; t < n; t++) x[t] /= (double)sqrtl(qq);
+    /* z_v -= sum_a c[a][v] q_a for v < nz, the q_a the first four vectors of x, the z_v copies
+     * of the last four, c arbitrary: against long double, within f64's rounding of each term */
     for (size_t nz = 1; nz <= 4; nz++) {
       memcpy(zz, x + 4 * n, 4 * n * sizeof *zz);
       memcpy(z0, zz, 4 * n * sizeof *z0);
-      double c[4];
-      stabi_project_out(x, zz, n, nz, n, c);
+      double c[4][4];
+      for (int a = 0; a < 4; a++)
+        for (int v = 0; v < 4; v++) c[a][v] = 0.25 * (a + 1) - 0.125 * v;
+      double *const zp[4] = {zz, zz + n, zz + 2 * n, zz + 3 * n};
+      stabi_sub4(xa, c, zp, nz, n);
       for (size_t v = 0; v < 4; v++) {
-        long double ref = 0.0L, mag = 0.0L;
-        for (size_t t = 0; t < n; t++) {
-          ref += (long double)x[t] * z0[v * n + t];
-          mag += fabsl((long double)x[t] * z0[v * n + t]);
-        }
         if (v >= nz) { /* past nz: untouched */
-          ck_assert_msg(memcmp(zz + v * n, z0 + v * n, n * sizeof *zz) == 0, "project_out nz %zu touched z_%zu", nz, v);
+          ck_assert_msg(memcmp(zz + v * n, z0 + v * n, n * sizeof *zz) == 0, "sub4 nz %zu touched z_%zu", nz, v);
           continue;
         }
-        ck_assert_msg(fabsl(c[v] - ref) <= (long double)(n + 2) * 0x1.0p-52L * mag + 1e-300L,
-                      "project_out n %zu nz %zu: c[%zu] %.17g, long double %.17Lg", n, nz, v, c[v], ref);
         for (size_t t = 0; t < n; t++) {
-          long double want = (long double)z0[v * n + t] - (long double)c[v] * x[t];
-          ck_assert_msg(fabsl(zz[v * n + t] - want) <= 0x1.0p-52L * (fabsl((long double)z0[v * n + t]) + fabsl((long double)c[v] * x[t])),
-                        "project_out n %zu nz %zu: z_%zu[%zu] %.17g, want %.17Lg", n, nz, v, t, zz[v * n + t], want);
+          long double want = z0[v * n + t], mag = fabsl(want);
+          for (int a = 0; a < 4; a++) {
+            want -= (long double)c[a][v] * xa[a][t];
+            mag += fabsl((long double)c[a][v] * xa[a][t]);
+          }
+          ck_assert_msg(fabsl(zz[v * n + t] - want) <= 5 * 0x1.0p-53L * mag,
+                        "sub4 n %zu nz %zu: z_%zu[%zu] %.17g, want %.17Lg", n, nz, v, t, zz[v * n + t], want);
         }
       }
     }
