@@ -231,6 +231,34 @@ const char *stab_spectral_kernel(void);
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
                        const stab_spectral_params *params, double *v, stab_sigma_result *out);
 
+/* Sums a pass's products over the shards of a matrix, for stab_spectral_norm_reduced: on
+ * entry y (n doubles: the pass's nv vectors of the shared length, one after the other) and
+ * *quad (x_0^T G_k x_0) are this shard's; on return both must be the sums over every shard,
+ * the same bits on every shard (else the shards' estimates part ways). Return STAB_OK, or a
+ * failure, which stops the estimate and is returned by it. Stabmeter's MPI layer
+ * (stabmeter_mpi.h) is one such; a caller with its own transport may write another. */
+typedef stab_status (*stab_spectral_reduce_fn)(void *ctx, double *y, size_t n, double *quad);
+
+/* sigma of a matrix split by rows among shards, W = [A_1; A_2; ...; A_P], this caller holding
+ * A = A_k: the same Lanczos as stab_spectral_norm (warm start, stopping rule, error estimate,
+ * f32 or f64 passes, narrow matrices exact) on G = W^T W = sum_k A_k^T A_k, each pass this
+ * shard's product followed by reduce(ctx, ...). Every shard must call it with the same cols,
+ * whole_rows, workspace params (threads aside) and v, and then takes the same decisions
+ * (passes, restarts, stop, failure) and returns the same result, bit for bit.
+ *  a           rows x cols, row stride ld (0 means cols), f32: this shard's rows, checked as
+ *              stab_spectral_norm checks a; rows must fit the workspace
+ *  whole_rows  the rows of W (the sum of every shard's rows), >= rows (else STAB_EDIM)
+ *  reduce, ctx the sum over shards, called once per pass (never after a failure)
+ *  v, out      as stab_spectral_norm's; on a failure of reduce, its status, sigma NaN
+ * A shard split by columns is the same problem on W^T: pass A_k^T. The method must be
+ * STAB_SPECTRAL_LANCZOS (else STAB_EINVAL). The argument checks above fail before the first
+ * reduce, on this shard alone: a caller whose shards could disagree checks them together
+ * first. Not thread-safe on one workspace. */
+stab_status stab_spectral_norm_reduced(stab_spectral_workspace *ws, const float *a, size_t rows,
+                                       size_t cols, size_t ld, size_t whole_rows,
+                                       stab_spectral_reduce_fn reduce, void *ctx, double *v,
+                                       stab_sigma_result *out);
+
 /* ---------------------------------------------------------------------------------- */
 /* Metrics of one layer                                                                */
 

@@ -169,6 +169,16 @@ static inline double stabi_pass_rel_err(double err, double theta, double tol) {
 
 /* ---- spectral workspace internals (spectral.c) ---- */
 
+/* stab_spectral_norm_reduced's hook, held by the workspace during that call only: fn NULL
+ * otherwise. whole_rows: rows of the whole matrix (the Lanczos run-to-the-end rule is about
+ * it, not about one shard); status: the first failure of fn. */
+typedef struct {
+  stab_spectral_reduce_fn fn;
+  void *ctx;
+  size_t whole_rows;
+  stab_status status;
+} stabi_pass_reduce;
+
 /* Grows the workspace to hold rows x cols matrices (never shrinks). */
 stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, size_t cols);
 const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace *ws);
