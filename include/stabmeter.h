@@ -479,6 +479,13 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
  * layer in registration order. */
 stab_status stab_monitor_measure(stab_monitor *m, int with_update);
 
+/* stab_monitor_measure of some layers only: those i with which[i] nonzero (which: one byte per
+ * registered layer; NULL measures all, as stab_monitor_measure). The others keep their last
+ * metrics and warm-start vectors. The checks are those of stab_monitor_measure, over every
+ * layer; with_update uses up the snapshot as it does. For processes that each measure a share
+ * of one model held whole by all of them (stabmeter_mpi.h's stab_mpi_monitor_measure). */
+stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const unsigned char *which);
+
 /* The metrics of the last measurement of a layer; NULL if index is out of range. */
 const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index);
 
