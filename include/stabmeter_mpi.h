@@ -66,6 +66,21 @@ stab_status stab_mpi_sharded_sigma(stab_mpi_sharded *s, const float *w, size_t l
  * handle, before MPI_Finalize). NULL is a no-op. */
 void stab_mpi_sharded_free(stab_mpi_sharded *s);
 
+/* Replicated weights (data parallelism, ZeRO-1/2: every rank holds the same weights): measures
+ * the monitor's layers, divided among the ranks by their cost (elements x the passes they
+ * expect, from the shapes alone: a layer stays on its rank from step to step, and so keeps its
+ * warm start), each rank measuring its share (stab_monitor_measure_some), then gathers every
+ * layer's metrics and head bounds to every rank (stab_monitor_set_metrics). Collective: every
+ * rank calls it with its own monitor, the same layers registered in the same order (their
+ * count and shapes are checked: STAB_EINVAL on every rank otherwise), the same with_update,
+ * and after its own stab_monitor_snapshot in SNAPSHOT mode. On return every rank's
+ * stab_monitor_metrics are the same bits as one process's stab_monitor_measure on the same
+ * weights. A failing layer fails every rank with its status and message ("rank R: ..."), the
+ * other layers' metrics gathered all the same. Allocates per call (the assignment and the
+ * gathered metrics: some 120 bytes a layer per rank). Per rank, time falls about as 1/P while
+ * the largest layer is well under 1/P of the total. */
+stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_update);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,5 @@
-/* mpi_sharded.c — libstabmeter_mpi's sharded spectral norms under mpirun (tests/mpi.sh runs it
- * on 2 and 3 ranks): every case against the single-process library on the whole matrix, which
+/* mpi_sharded.c — libstabmeter_mpi under mpirun (tests/mpi.sh runs it on 2 and 3 ranks): the
+ * sharded spectral norms here, the replicated monitor in mpi_replicated.c. Every case against the single-process library on the whole matrix, which
  * every rank builds from the same seed, and against LAPACK (dgesvd, the exact method). Prints
  * a summary in Check's format ("Checks: N, Failures: F, Errors: 0") on rank 0, the line the
  * quickstart counts; exits 1 when any rank saw a failure. */
@@ -9,20 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stabmeter_mpi.h"
 
-static int rank, ranks, checks, failures;
+#include "mpi_check.h"
 
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    checks++;                                                             \
-    if (!(cond)) {                                                        \
-      failures++;                                                         \
-      fprintf(stderr, "rank %d: %s:%d: FAIL ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                       \
-      fputc('\n', stderr);                                                \
-    }                                                                     \
-  } while (0)
+int rank, ranks, checks, failures;
 
 /* A seeded rows x cols matrix, uniform in [-1, 1) plus a rank-one spike that keeps the top two
  * singular values apart (so that the single-process estimates converge well inside tol). */
@@ -245,6 +235,7 @@ int main(int argc, char **argv) {
   nonfinite_case(STAB_MPI_SPLIT_ROWS);
   nonfinite_case(STAB_MPI_SPLIT_COLS);
   registration_cases();
+  replicated_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
