@@ -77,8 +77,10 @@ void stab_mpi_sharded_free(stab_mpi_sharded *s);
  * stab_monitor_metrics are the same bits as one process's stab_monitor_measure on the same
  * weights. A failing layer fails every rank with its status and message ("rank R: ..."), the
  * other layers' metrics gathered all the same. Allocates per call (the assignment and the
- * gathered metrics: some 120 bytes a layer per rank). Per rank, time falls about as 1/P while
- * the largest layer is well under 1/P of the total. */
+ * gathered metrics: some 120 bytes a layer per rank). Runs on comm itself (a handful of
+ * collectives a call, no duplicate kept): an MPI failure follows comm's error handler, and is
+ * STAB_EIO where that returns. Per rank, time falls about as 1/P while the largest layer is well
+ * under 1/P of the total. */
 stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_update);
 
 #ifdef __cplusplus
