@@ -51,16 +51,10 @@ static stab_status check_shard(const stab_mpi_shard *sh, const stab_spectral_par
 /* Builds the handle for a shard already checked on its own. */
 static stab_status alloc_handle(stab_mpi_sharded *s, const stab_spectral_params *p) {
   const stab_mpi_shard *sh = &s->shard;
-  const size_t count = sh->end - sh->begin;
-  if (sh->split == STAB_MPI_SPLIT_ROWS) {
-    s->local_rows = count;
-    s->n = sh->cols;
-    s->whole_rows = sh->rows;
-  } else {
-    s->local_rows = count;
-    s->n = sh->rows;
-    s->whole_rows = sh->cols;
-  }
+  const int by_rows = sh->split == STAB_MPI_SPLIT_ROWS;
+  s->local_rows = sh->end - sh->begin; /* by columns: the rows of the transposed shard */
+  s->n = by_rows ? sh->cols : sh->rows;
+  s->whole_rows = by_rows ? sh->rows : sh->cols;
   stab_status st = stab_spectral_workspace_create(s->local_rows, s->n, p, &s->ws);
   if (st != STAB_OK) return st;
   if (s->n > SIZE_MAX / 4)
