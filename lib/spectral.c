@@ -465,11 +465,11 @@ static double normalise_or_replace(const double *q, size_t n, const double *also
   return 0.0;
 }
 
-/* Narrow matrices: the whole Gram matrix G = A^T A from cols/2 two-vector passes over unit
- * vectors, then its largest eigenvalue: exact, whatever the spectrum. */
 static double block_product(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
                             size_t cols, const double *x, double *y, size_t bs, int f64);
 
+/* Narrow matrices: the whole Gram matrix G = A^T A from cols/2 two-vector passes over unit
+ * vectors, then its largest eigenvalue: exact, whatever the spectrum. */
 static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
                               size_t cols, double *v, stab_sigma_result *out) {
   double *g = ws->basis; /* cols x cols, row-major: the basis holds SMALL_COLS vectors or more */
