@@ -11,7 +11,7 @@ fi
 status=0
 lib=lib/.libs/libstabmeter.so
 mpilib=lib/.libs/libstabmeter_mpi.so
-if ldd "$lib" | grep -i 'mpi'; then
+if ldd "$lib" | grep -E 'lib(mpi|open-pal|open-rte|pmix)'; then
   echo "FAIL: libstabmeter links MPI (above)"; status=1
 fi
 if nm -D --undefined-only "$lib" | grep -E ' (P?MPI_|ompi_)'; then
