@@ -399,6 +399,35 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
                                const stab_metrics_params *params, stab_metrics *out,
                                double *heads_out);
 
+/* Sums and maxima over the shards of a table split by vocabulary, for
+ * stab_table_metrics_reduced: each replaces x[0..n) (this shard's) by its sum, or its maximum
+ * (a NaN anywhere wins), over every shard, the same bits on every shard. Return STAB_OK or a
+ * failure, which the measurement returns. */
+typedef struct {
+  stab_status (*sum)(void *ctx, double *x, size_t n);
+  stab_status (*max)(void *ctx, double *x, size_t n);
+  void *ctx;
+} stab_shard_reduce;
+
+/* stab_layer_metrics of an embedding or LM-head table split by vocabulary, this caller holding
+ * shard: a table layer of shard->vocab of the whole table's whole_vocab tokens or classes
+ * (same width, kind, layout and dtype on every shard). Every table metric of the whole table
+ * (max row RMS, the centred diameter bound, log V, rel_update) from the shards' sums (the mean
+ * item, sums of squares) and maxima, through reduce, in a fixed number of calls (2 sums and 3
+ * maxima at most) that every shard makes alike. before: as stab_layer_metrics' (this shard's
+ * weights before the step), or NULL. The tight method must be CENTRED or NONE (EXACT, all pairs
+ * across shards, is STAB_EINVAL). Errors as stab_layer_metrics', whole_vocab < shard->vocab
+ * STAB_EDIM, reduce or its functions NULL STAB_EINVAL, all before the first reduce call (a
+ * caller whose shards could disagree checks them together first: stab_table_check_shard); a
+ * failure of reduce, its status (metrics NaN). */
+stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                       const stab_metrics_params *params, const stab_shard_reduce *reduce,
+                                       stab_metrics *out);
+/* The checks stab_table_metrics_reduced makes of its shard, whole_vocab, before and params
+ * before its first reduce call, alone (cheap, no reduce): for shards to agree on first. */
+stab_status stab_table_check_shard(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                   const stab_metrics_params *params);
+
 /* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
  * n = 0, stride 0 or a span ((n - 1) * stride + 1 floats) past what memory can address, with
  * the reason in stab_last_error(). */

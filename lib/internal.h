@@ -191,6 +191,21 @@ size_t stabi_spectral_bytes(const stab_spectral_workspace *ws);
 /* ---- sets of vectors stored as the rows or the columns of a matrix (norms.c, diameter.c) ----
  * An embedding table or an LM head is a set of vectors r_i = a_i - b_i (b NULL: a_i) of
  * `coords` numbers each: the rows of a matrix with row stride ld, or its columns. */
+/* A set that is one shard of a larger one (a table split by vocabulary): its sums and maxima
+ * are completed over the shards (stab_table_metrics_reduced); whole_items: the whole set's
+ * items; status: the first failure of ops, after which every completed value is NaN. */
+typedef struct {
+  stab_shard_reduce ops;
+  size_t whole_items;
+  stab_status status;
+} stabi_items_reduce;
+
+static inline void stabi_items_complete(stabi_items_reduce *r, int max, double *x, size_t n) {
+  if (r->status == STAB_OK) r->status = max ? r->ops.max(r->ops.ctx, x, n) : r->ops.sum(r->ops.ctx, x, n);
+  if (r->status != STAB_OK)
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
 typedef struct {
   const void *a, *b;
   stab_dtype at, bt;      /* how a and b are stored */
@@ -198,6 +213,7 @@ typedef struct {
   int items_are_rows;
   float *ra, *rb;         /* a stored row of a and of b as f32 (items or coords floats, whichever
                              a row holds), for 16-bit sets; unused for F32 */
+  stabi_items_reduce *shards; /* NULL, or the set is this shard of a larger one */
 } stabi_set;
 
 /* Stored row t of the set (item t when items are rows; coordinate t of every item when they
@@ -290,6 +306,7 @@ typedef struct {
   stab_tight_method tight;
   float *rowbuf;          /* 2 * stabi_layer_rowbuf() floats: rows of 16-bit layers as f32; NULL
                              for F32 layers (the monitor's), which are read in place */
+  stabi_items_reduce *shards; /* a table split by vocabulary (stab_table_metrics_reduced), else NULL */
 } stabi_ctx;
 
 /* Floats of ctx->rowbuf a layer of this shape needs per operand (A, B). */

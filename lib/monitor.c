@@ -327,7 +327,7 @@ static void measure_task(void *arg, size_t k, int s) {
   if (job->which && !job->which[i]) return;
   entry *e = &m->layers[i];
   slot *t = &m->slots[s];
-  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL};
+  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL, NULL};
   stabi_delta d;
   const stabi_delta *dl = job->with_update ? layer_delta(m, e, &d) : NULL;
   stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
@@ -361,7 +361,7 @@ stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const un
   stab_status first = STAB_OK;
   if (m->ready <= 1) {
     /* one thread: the layers in order, each pass free to use the pool's threads */
-    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL}; /* F32 only: no row buffers */
+    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL, NULL}; /* F32 only: no row buffers */
     for (size_t i = 0; i < m->count; i++) {
       if (which && !which[i]) continue;
       entry *e = &m->layers[i];
