@@ -83,6 +83,20 @@ void stab_mpi_sharded_free(stab_mpi_sharded *s);
  * under 1/P of the total. */
 stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_update);
 
+/* An embedding or LM-head table split by vocabulary (rows of tokens or classes [vocab_begin,
+ * vocab_begin + shard->vocab) of whole_vocab, on every rank a table layer of its own tokens, the
+ * same width, kind, layout, dtype and params): the whole table's metrics, as stab_layer_metrics
+ * gives them for the whole table (max row RMS, the centred diameter bound, log V, rel_update),
+ * on every rank, the same bits. before: this rank's shard before the step, or NULL. Each call
+ * completes its sums (the mean item: width doubles; sums of squares) and maxima over the ranks
+ * by gathering them and combining in rank order (a NaN anywhere wins), at most five small
+ * collectives besides the checks. Collective over comm: every rank gets the same status; any
+ * rank's bad shard or arguments fail every rank, with a message naming it; shards must cover the
+ * vocabulary exactly once. The tight method must be CENTRED or NONE. Allocates P x width doubles
+ * per call. */
+stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_t vocab_begin, size_t whole_vocab,
+                                   const stab_layer *before, const stab_metrics_params *params, stab_metrics *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,5 +22,7 @@ extern int rank, ranks, checks, failures;
 
 /* mpi_replicated.c: the monitor over replicated weights against one process's monitor. */
 void replicated_cases(void);
+/* mpi_tables.c: tables split by vocabulary against stab_layer_metrics on the whole table. */
+void table_cases(void);
 
 #endif

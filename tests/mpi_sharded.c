@@ -1,5 +1,6 @@
 /* mpi_sharded.c — libstabmeter_mpi under mpirun (tests/mpi.sh runs it on 2 and 3 ranks): the
- * sharded spectral norms here, the replicated monitor in mpi_replicated.c. Every case against the single-process library on the whole matrix, which
+ * sharded spectral norms here, the replicated monitor in mpi_replicated.c, tables split by
+ * vocabulary in mpi_tables.c. Every case against the single-process library on the whole matrix, which
  * every rank builds from the same seed, and against LAPACK (dgesvd, the exact method). Prints
  * a summary in Check's format ("Checks: N, Failures: F, Errors: 0") on rank 0, the line the
  * quickstart counts; exits 1 when any rank saw a failure. */
@@ -236,6 +237,7 @@ int main(int argc, char **argv) {
   nonfinite_case(STAB_MPI_SPLIT_COLS);
   registration_cases();
   replicated_cases();
+  table_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
