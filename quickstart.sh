@@ -22,6 +22,8 @@ packages+=(help2man)
 packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
 # bench/probe_vs_svds.sh (the whole checkpoint against scipy's svds) and its test
 packages+=(python3-scipy)
+# the MPI layer (configure --with-mpi: libstabmeter_mpi) and its tests under mpirun (tests/mpi.sh)
+packages+=(libopenmpi-dev openmpi-bin)
 
 install_missing() {
   local missing=() p
@@ -41,7 +43,10 @@ install_missing() {
 
 build() {
   [ -x configure ] || autoreconf -fi
-  [ -f Makefile ] || ./configure
+  # the MPI layer too when MPI is here (Open MPI's mpicc, or its pkg-config file)
+  local mpi=()
+  if command -v mpicc >/dev/null || pkg-config --exists ompi-c 2>/dev/null; then mpi=(--with-mpi); fi
+  [ -f Makefile ] || ./configure "${mpi[@]}"
   make -j"$(nproc)"
 }
 

@@ -232,6 +232,36 @@ const char *stab_spectral_kernel(void);
 stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
                        const stab_spectral_params *params, double *v, stab_sigma_result *out);
 
+/* Sums a pass's products over the shards of a matrix, for stab_spectral_norm_reduced: on
+ * entry y (n doubles: the pass's nv vectors of the shared length, one after the other) and
+ * *quad (x_0^T G_k x_0) are this shard's; on return both must be the sums over every shard,
+ * the same bits on every shard (else the shards' estimates part ways). Return STAB_OK, or a
+ * failure, which stops the estimate and is returned by it. Stabmeter's MPI layer
+ * (stabmeter_mpi.h) is one such; a caller with its own transport may write another. */
+typedef stab_status (*stab_spectral_reduce_fn)(void *ctx, double *y, size_t n, double *quad);
+
+/* sigma of a matrix split by rows among shards, W = [A_1; A_2; ...; A_P], this caller holding
+ * A = A_k: the same Lanczos as stab_spectral_norm (warm start, stopping rule, error estimate,
+ * f32 or f64 passes; exact when cols <= 32, and from a cold start when whole_rows <= 32, the
+ * Krylov space run to its end: the few-rows Gram matrix of one process is not formed, a shard's
+ * rows being some of W's) on G = W^T W = sum_k A_k^T A_k, each pass this
+ * shard's product followed by reduce(ctx, ...). Every shard must call it with the same cols,
+ * whole_rows, workspace params (threads aside) and v, and then takes the same decisions
+ * (passes, restarts, stop, failure) and returns the same result, bit for bit.
+ *  a           rows x cols, row stride ld (0 means cols), f32: this shard's rows, checked as
+ *              stab_spectral_norm checks a; rows must fit the workspace
+ *  whole_rows  the rows of W (the sum of every shard's rows), >= rows (else STAB_EDIM)
+ *  reduce, ctx the sum over shards, called once per pass (never after a failure)
+ *  v, out      as stab_spectral_norm's; on a failure of reduce, its status, sigma NaN
+ * A shard split by columns is the same problem on W^T: pass A_k^T. The method must be
+ * STAB_SPECTRAL_LANCZOS (else STAB_EINVAL). The argument checks above fail before the first
+ * reduce, on this shard alone: a caller whose shards could disagree checks them together
+ * first. Not thread-safe on one workspace. */
+stab_status stab_spectral_norm_reduced(stab_spectral_workspace *ws, const float *a, size_t rows,
+                                       size_t cols, size_t ld, size_t whole_rows,
+                                       stab_spectral_reduce_fn reduce, void *ctx, double *v,
+                                       stab_sigma_result *out);
+
 /* ---------------------------------------------------------------------------------- */
 /* Metrics of one layer                                                                */
 
@@ -372,6 +402,35 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
                                const stab_metrics_params *params, stab_metrics *out,
                                double *heads_out);
 
+/* Sums and maxima over the shards of a table split by vocabulary, for
+ * stab_table_metrics_reduced: each replaces x[0..n) (this shard's) by its sum, or its maximum
+ * (a NaN anywhere wins), over every shard, the same bits on every shard. Return STAB_OK or a
+ * failure, which the measurement returns. */
+typedef struct {
+  stab_status (*sum)(void *ctx, double *x, size_t n);
+  stab_status (*max)(void *ctx, double *x, size_t n);
+  void *ctx;
+} stab_shard_reduce;
+
+/* stab_layer_metrics of an embedding or LM-head table split by vocabulary, this caller holding
+ * shard: a table layer of shard->vocab of the whole table's whole_vocab tokens or classes
+ * (same width, kind, layout and dtype on every shard). Every table metric of the whole table
+ * (max row RMS, the centred diameter bound, log V, rel_update) from the shards' sums (the mean
+ * item, sums of squares) and maxima, through reduce, in a fixed number of calls (2 sums and 3
+ * maxima at most) that every shard makes alike. before: as stab_layer_metrics' (this shard's
+ * weights before the step), or NULL. The tight method must be CENTRED or NONE (EXACT, all pairs
+ * across shards, is STAB_EINVAL). Errors as stab_layer_metrics', whole_vocab < shard->vocab
+ * STAB_EDIM, reduce or its functions NULL STAB_EINVAL, all before the first reduce call (a
+ * caller whose shards could disagree checks them together first: stab_table_check_shard); a
+ * failure of reduce, its status (metrics NaN). */
+stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                       const stab_metrics_params *params, const stab_shard_reduce *reduce,
+                                       stab_metrics *out);
+/* The checks stab_table_metrics_reduced makes of its shard, whole_vocab, before and params
+ * before its first reduce call, alone (cheap, no reduce): for shards to agree on first. */
+stab_status stab_table_check_shard(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                   const stab_metrics_params *params);
+
 /* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
  * n = 0, stride 0 or a span ((n - 1) * stride + 1 floats) past what memory can address, with
  * the reason in stab_last_error(). */
@@ -451,6 +510,13 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
  * fail, the status and the calling thread's stab_last_error() are those of the first failing
  * layer in registration order. */
 stab_status stab_monitor_measure(stab_monitor *m, int with_update);
+
+/* stab_monitor_measure of some layers only: those i with which[i] nonzero (which: one byte per
+ * registered layer; NULL measures all, as stab_monitor_measure). The others keep their last
+ * metrics and warm-start vectors. The checks are those of stab_monitor_measure, over every
+ * layer; with_update uses up the snapshot as it does. For processes that each measure a share
+ * of one model held whole by all of them (stabmeter_mpi.h's stab_mpi_monitor_measure). */
+stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const unsigned char *which);
 
 /* The metrics of the last measurement of a layer; NULL if index is out of range. */
 const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index);

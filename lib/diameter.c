@@ -33,7 +33,10 @@ double stabi_set_diameter_centred(const stabi_set *s, double *work, double *max_
       for (size_t i = 0; i < n; i++) mean[t] += elem(a, b, i);
     }
   }
-  for (size_t t = 0; t < d; t++) mean[t] /= (double)n;
+  /* a shard of a larger set: the whole set's mean */
+  if (s->shards) stabi_items_complete(s->shards, 0, mean, d);
+  const double n_all = s->shards ? (double)s->shards->whole_items : (double)n;
+  for (size_t t = 0; t < d; t++) mean[t] /= n_all;
   double far = 0.0, norm = 0.0; /* max ||r_i - c||^2 and max ||r_i||^2 */
   if (s->items_are_rows) {
     for (size_t i = 0; i < n; i++) {
@@ -62,6 +65,12 @@ double stabi_set_diameter_centred(const stabi_set *s, double *work, double *max_
       }
     }
     for (size_t i = 0; i < n; i++) norm = stabi_nanmax(norm, dist[i]);
+  }
+  if (s->shards) {
+    double fn[2] = {far, norm};
+    stabi_items_complete(s->shards, 1, fn, 2);
+    far = fn[0];
+    norm = fn[1];
   }
   if (max_sumsq) *max_sumsq = norm;
   /* Rounding margin: each squared distance carries a relative error below (d+2) eps. */

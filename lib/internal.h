@@ -178,6 +178,16 @@ static inline double stabi_pass_rel_err(double err, double theta, double tol) {
 
 /* ---- spectral workspace internals (spectral.c) ---- */
 
+/* stab_spectral_norm_reduced's hook, held by the workspace during that call only: fn NULL
+ * otherwise. whole_rows: rows of the whole matrix (the Lanczos run-to-the-end rule is about
+ * it, not about one shard); status: the first failure of fn. */
+typedef struct {
+  stab_spectral_reduce_fn fn;
+  void *ctx;
+  size_t whole_rows;
+  stab_status status;
+} stabi_pass_reduce;
+
 /* Grows the workspace to hold rows x cols matrices (never shrinks). */
 stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, size_t cols);
 const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace *ws);
@@ -190,6 +200,21 @@ size_t stabi_spectral_bytes(const stab_spectral_workspace *ws);
 /* ---- sets of vectors stored as the rows or the columns of a matrix (norms.c, diameter.c) ----
  * An embedding table or an LM head is a set of vectors r_i = a_i - b_i (b NULL: a_i) of
  * `coords` numbers each: the rows of a matrix with row stride ld, or its columns. */
+/* A set that is one shard of a larger one (a table split by vocabulary): its sums and maxima
+ * are completed over the shards (stab_table_metrics_reduced); whole_items: the whole set's
+ * items; status: the first failure of ops, after which every completed value is NaN. */
+typedef struct {
+  stab_shard_reduce ops;
+  size_t whole_items;
+  stab_status status;
+} stabi_items_reduce;
+
+static inline void stabi_items_complete(stabi_items_reduce *r, int max, double *x, size_t n) {
+  if (r->status == STAB_OK) r->status = max ? r->ops.max(r->ops.ctx, x, n) : r->ops.sum(r->ops.ctx, x, n);
+  if (r->status != STAB_OK)
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
 typedef struct {
   const void *a, *b;
   stab_dtype at, bt;      /* how a and b are stored */
@@ -197,6 +222,7 @@ typedef struct {
   int items_are_rows;
   float *ra, *rb;         /* a stored row of a and of b as f32 (items or coords floats, whichever
                              a row holds), for 16-bit sets; unused for F32 */
+  stabi_items_reduce *shards; /* NULL, or the set is this shard of a larger one */
 } stabi_set;
 
 /* Stored row t of the set (item t when items are rows; coordinate t of every item when they
@@ -289,6 +315,7 @@ typedef struct {
   stab_tight_method tight;
   float *rowbuf;          /* 2 * stabi_layer_rowbuf() floats: rows of 16-bit layers as f32; NULL
                              for F32 layers (the monitor's), which are read in place */
+  stabi_items_reduce *shards; /* a table split by vocabulary (stab_table_metrics_reduced), else NULL */
 } stabi_ctx;
 
 /* Floats of ctx->rowbuf a layer of this shape needs per operand (A, B). */

@@ -183,6 +183,7 @@ static stabi_set table_set(const stabi_ctx *ctx, const stabi_shape *sh, const fl
   s.items_are_rows = sh->items_are_rows;
   s.items = sh->items_are_rows ? sh->rows : sh->cols;
   s.coords = sh->items_are_rows ? sh->cols : sh->rows;
+  s.shards = ctx->shards;
   return s;
 }
 
@@ -282,7 +283,7 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
                          const stabi_delta *dl, stab_metrics *m) {
   const int head = l->kind == STAB_KIND_LM_HEAD;
   stabi_set s = table_set(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32);
-  const double d = (double)s.coords, logv = log((double)s.items);
+  const double d = (double)s.coords, logv = log((double)(s.shards ? s.shards->whole_items : s.items));
   double r;
   const double dm = diameter(ctx, &s, &r);
   m->tight_method = ctx->tight;
@@ -309,7 +310,14 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
     dr = stabi_set_max_rms(&u, ctx->work);
   }
   m->update = head ? 2.0 * d * dr : dr;
-  m->rel_update = rel_update(ctx, sh, l, dl);
+  if (ctx->shards) { /* the whole table's sums of squares, as rel_update takes them */
+    double q[2] = {sumsq(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t),
+                   sumsq(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32)};
+    stabi_items_complete(ctx->shards, 0, q, 2);
+    m->rel_update = sqrt(q[0]) / sqrt(q[1]);
+  } else {
+    m->rel_update = rel_update(ctx, sh, l, dl);
+  }
   if (!isfinite(dr)) {
     m->flags |= STAB_FLAG_NONFINITE_UPDATE;
     m->update = m->update_tight = m->rel_update = NAN;
@@ -436,7 +444,7 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
     dl.wt = layer->dtype;
     dl.sub_t = before->dtype;
   }
-  stabi_ctx ctx = {NULL, NULL, p.tight, NULL};
+  stabi_ctx ctx = {NULL, NULL, p.tight, NULL, NULL};
   size_t wr = layer->kind == STAB_KIND_ATTENTION ? sh.block_rows : sh.rows;
   size_t wc = layer->kind == STAB_KIND_ATTENTION ? sh.block_cols : sh.cols;
   if (layer->kind == STAB_KIND_LINEAR || layer->kind == STAB_KIND_ATTENTION)
@@ -456,5 +464,73 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
   free(ctx.rowbuf);
   free(ctx.work);
   stab_spectral_workspace_free(ctx.ws);
+  return st;
+}
+
+/* What stab_table_metrics_reduced checks before its first reduce. */
+static stab_status check_table_shard(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                     const stab_metrics_params *p, stabi_shape *sh) {
+  static const char who[] = "stab_table_metrics_reduced";
+  if (!shard) return stabi_fail(STAB_EINVAL, "%s: shard is NULL", who);
+  if (shard->kind != STAB_KIND_EMBEDDING && shard->kind != STAB_KIND_LM_HEAD)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' is a %s, not a table", who, layer_name(shard),
+                      stab_kind_name(shard->kind));
+  if (p->tight != STAB_TIGHT_CENTRED && p->tight != STAB_TIGHT_NONE)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s': the tight method must be centred or none (all pairs "
+                      "across shards are not computed)", who, layer_name(shard));
+  stab_status st = stabi_layer_shape(shard, who, sh);
+  if (st != STAB_OK) return st;
+  if (whole_vocab < shard->vocab)
+    return stabi_fail(STAB_EDIM, "%s: layer '%s': whole_vocab %zu is less than the shard's %zu", who,
+                      layer_name(shard), whole_vocab, shard->vocab);
+  return before ? check_before(shard, before) : STAB_OK;
+}
+
+stab_status stab_table_check_shard(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                   const stab_metrics_params *params) {
+  const stab_metrics_params p = params ? *params : stab_metrics_default_params();
+  stabi_shape sh;
+  return check_table_shard(shard, whole_vocab, before, &p, &sh);
+}
+
+/* A table split by vocabulary: stab_layer_metrics' table path on this shard, every sum and
+ * maximum completed over the shards by the caller's reduce (stabi_set.shards). */
+stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                       const stab_metrics_params *params, const stab_shard_reduce *reduce,
+                                       stab_metrics *out) {
+  static const char who[] = "stab_table_metrics_reduced";
+  if (!out) return stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
+  stabi_layer_measure_clear(out);
+  if (!reduce || !reduce->sum || !reduce->max)
+    return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !reduce ? "reduce" : "a reduce function");
+  stab_metrics_params p = params ? *params : stab_metrics_default_params();
+  stabi_shape sh;
+  stab_status st = check_table_shard(shard, whole_vocab, before, &p, &sh);
+  if (st != STAB_OK) return st;
+  stabi_delta dl = {0};
+  if (before) {
+    dl.w = shard->weight;
+    dl.w_sub = before->weight;
+    dl.wt = shard->dtype;
+    dl.sub_t = before->dtype;
+  }
+  stabi_items_reduce r = {*reduce, whole_vocab, STAB_OK};
+  stabi_ctx ctx = {NULL, NULL, p.tight, NULL, &r};
+  const size_t work_len = stabi_layer_work(&sh, p.tight);
+  ctx.work = work_len <= (size_t)-1 / sizeof(double) ? malloc(work_len * sizeof(double)) : NULL;
+  const int native = shard->dtype == STAB_DTYPE_F32 && (!before || before->dtype == STAB_DTYPE_F32);
+  if (!native) ctx.rowbuf = malloc(2 * stabi_layer_rowbuf(&sh) * sizeof(float));
+  if (!ctx.work || (!native && !ctx.rowbuf)) {
+    free(ctx.work);
+    free(ctx.rowbuf);
+    return stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+  }
+  st = stabi_layer_measure(&ctx, shard, &sh, before ? &dl : NULL, NULL, out, NULL);
+  free(ctx.rowbuf);
+  free(ctx.work);
+  if (st == STAB_OK && r.status != STAB_OK) {
+    stabi_layer_measure_clear(out);
+    st = r.status;
+  }
   return st;
 }

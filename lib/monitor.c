@@ -317,15 +317,17 @@ static const stabi_delta *layer_delta(const stab_monitor *m, const entry *e, sta
 typedef struct {
   stab_monitor *m;
   int with_update;
+  const unsigned char *which; /* the layers to measure, NULL for all */
 } step_job;
 
 static void measure_task(void *arg, size_t k, int s) {
   const step_job *job = arg;
   stab_monitor *m = job->m;
   const size_t i = m->order[k];
+  if (job->which && !job->which[i]) return;
   entry *e = &m->layers[i];
   slot *t = &m->slots[s];
-  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL};
+  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL, NULL};
   stabi_delta d;
   const stabi_delta *dl = job->with_update ? layer_delta(m, e, &d) : NULL;
   stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
@@ -337,6 +339,12 @@ static void measure_task(void *arg, size_t k, int s) {
 }
 
 stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
+  return stab_monitor_measure_some(m, with_update, NULL);
+}
+
+/* stab_monitor_measure restricted to the layers of which (all when NULL): a process measuring
+ * its share of a model that several hold whole (stabmeter_mpi.h). */
+stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const unsigned char *which) {
   static const char who[] = "stab_monitor_measure";
   if (!m) return stabi_fail(STAB_EINVAL, "%s: monitor is NULL", who);
   if (with_update) {
@@ -353,8 +361,9 @@ stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
   stab_status first = STAB_OK;
   if (m->ready <= 1) {
     /* one thread: the layers in order, each pass free to use the pool's threads */
-    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL}; /* F32 only: no row buffers */
+    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL, NULL}; /* F32 only: no row buffers */
     for (size_t i = 0; i < m->count; i++) {
+      if (which && !which[i]) continue;
       entry *e = &m->layers[i];
       stabi_delta d;
       const stabi_delta *dl = with_update ? layer_delta(m, e, &d) : NULL;
@@ -363,7 +372,7 @@ stab_status stab_monitor_measure(stab_monitor *m, int with_update) {
     }
   } else {
     for (int s = 0; s < m->ready; s++) m->slots[s].failed_at = SIZE_MAX;
-    step_job job = {m, with_update};
+    step_job job = {m, with_update, which};
     stabi_pool_run(m->count, m->ready, measure_task, &job);
     /* the failure of the earliest layer, as the serial order would return it */
     const slot *f = NULL;

@@ -141,5 +141,6 @@ double stabi_set_max_rms(const stabi_set *s, double *work) {
     }
     for (size_t i = 0; i < s->items; i++) m = stabi_nanmax(m, work[i]);
   }
+  if (s->shards) stabi_items_complete(s->shards, 1, &m, 1);
   return sqrt(m / (double)s->coords);
 }

@@ -62,6 +62,7 @@ struct stab_spectral_workspace {
   stabi_tiles tiles;             /* f32 tiles of 16-bit rows, one pair per thread */
   float *whole;                  /* a small 16-bit matrix (and B) as f32: 2 * WHOLE_FLOATS, made
                                     when first needed (stab_layer_metrics' path only) */
+  stabi_pass_reduce reduce;      /* stab_spectral_norm_reduced's hook; all zero otherwise */
 };
 
 /* 16-bit matrices up to this many elements (4 MiB as f32) are converted once per estimate
@@ -491,11 +492,13 @@ static double normalise_or_replace(const double *q, size_t n, const double *also
   return 0.0;
 }
 
+static double block_product(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
+                            size_t cols, const double *x, double *y, size_t bs, int f64);
+
 /* Narrow matrices: the whole Gram matrix G = A^T A from cols/2 two-vector passes over unit
  * vectors, then its largest eigenvalue: exact, whatever the spectrum. */
 static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
                               size_t cols, double *v, stab_sigma_result *out) {
-  const stab_spectral_params *p = &ws->params;
   double *g = ws->basis; /* cols x cols, row-major: the basis holds SMALL_COLS vectors or more */
   int k = 0;
   for (size_t j = 0; j < cols; j += 2) {
@@ -503,7 +506,7 @@ static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, s
     memset(ws->x, 0, 2 * cols * sizeof(double));
     ws->x[j] = 1.0;
     if (nv == 2) ws->x[cols + j + 1] = 1.0;
-    double q = stabi_gram_apply(a, rows, cols, ws->x, ws->y, ws->partial, &ws->tiles, p->threads, nv, 1);
+    double q = block_product(ws, a, rows, cols, ws->x, ws->y, (size_t)nv, 1);
     k++;
     if (!isfinite(q)) {
       out->nonfinite = 1;
@@ -631,11 +634,21 @@ static double ritz_residual(const double R[BLOCK][BLOCK], const double *s, size_
   return sqrt(rr);
 }
 
+/* The caller's sum over shards of a pass's products y (n doubles) and quadratic form q. A
+ * failed sum gives NaN, which every estimate takes for a non-finite matrix and stops on at
+ * once; the status is kept for stab_spectral_norm_reduced to return. */
+static double reduce_shards(stabi_pass_reduce *r, double *y, size_t n, double q) {
+  if (r->status != STAB_OK) return NAN;
+  r->status = r->fn(r->ctx, y, n, &q);
+  return r->status == STAB_OK ? q : NAN;
+}
+
 /* G times the bs vectors at x, into y (bs x cols each), in one pass over A (f64 arithmetic
  * when f64, else the kernels' f32 runs). Returns x_0^T G x_0. */
 static double block_product(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
                             size_t cols, const double *x, double *y, size_t bs, int f64) {
-  return stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, ws->params.threads, (int)bs, f64);
+  double q = stabi_gram_apply(a, rows, cols, x, y, ws->partial, &ws->tiles, ws->params.threads, (int)bs, f64);
+  return ws->reduce.fn ? reduce_shards(&ws->reduce, y, bs * cols, q) : q;
 }
 
 static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, size_t cols,
@@ -651,8 +664,13 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
   const int warm = start_vector(Q, v, cols, p->seed);
   /* A cold start on a matrix with few rows: exact, from the Gram matrix of the rows side. A
    * warm start, from last step's top vector, stops at tol in 1-3 passes, cheaper than forming
-   * it (a 64 x 256 head block: dsbevx alone takes 0.25 ms). */
-  if (!warm && rows < cols && rows <= FEW_ROWS && rows <= M) return few_rows(ws, a, rows, cols, v, out);
+   * it (a 64 x 256 head block: dsbevx alone takes 0.25 ms). A shard (stab_spectral_norm_reduced)
+   * holds some of the rows only: the whole matrix runs Lanczos, to the end of its Krylov space
+   * from a cold start when it has at most SMALL_COLS rows. */
+  if (!warm && !ws->reduce.fn && rows < cols && rows <= FEW_ROWS && rows <= M)
+    return few_rows(ws, a, rows, cols, v, out);
+  const size_t g_rows = ws->reduce.fn ? ws->reduce.whole_rows : rows; /* rows of the whole matrix */
+  const int to_the_end = ws->reduce.fn && !warm && g_rows + 2 * BLOCK <= M && g_rows <= SMALL_COLS;
   /* The block: BLOCK vectors from a cold start, where only the block keeps a near-equal
    * second value from passing for the top one; 2 from a warm start, whose first vector is
    * last step's top vector: a pass of two vectors costs 0.6 of one of four (4096^2), and the
@@ -672,7 +690,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
   size_t ritz_n = 0;
   int k = 0;
   while (k < p->max_passes) {
-    double q0 = block_product(ws, a, rows, cols, Q + m * cols, Z, bs, p->tol < STAB_SPECTRAL_F32_TOL_MIN);
+    double q0 = block_product(ws, a, rows, cols, Q + m * cols, Z, bs,
+                              to_the_end || p->tol < STAB_SPECTRAL_F32_TOL_MIN);
     k++;
     int finite = isfinite(q0);
     for (size_t c = 0; c < bs; c++) finite = finite && isfinite(Z[c * cols]);
@@ -721,7 +740,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
      * coefficients of its vector): its norm is ||R s_last||. */
     double r = ritz_residual(R, ritz + n - bs, bs);
     err = sigma_rel(r, theta);
-    if (err <= p->tol || r <= tiny || n >= cols) break;
+    if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
     if (n + bs > M) {
       /* Explicit restart from the bs leading Ritz vectors (orthonormal), the top one first. */
       for (size_t i = 0; i < found; i++)
@@ -845,5 +864,40 @@ stab_status stab_sigma(const float *a, size_t rows, size_t cols, size_t ld,
   st = stab_spectral_workspace_create(rows, cols, params, &ws);
   if (st == STAB_OK) st = stab_spectral_norm(ws, a, NULL, rows, cols, ld, v, out);
   stab_spectral_workspace_free(ws);
+  return st;
+}
+
+/* The same Lanczos as stab_spectral_norm on G = sum_k A_k^T A_k, this process holding A = A_k:
+ * every pass's local products are summed over the shards by the caller's reduce. The hook
+ * lives in the workspace for the call's length only, so the single-process path is the one
+ * above with one test of a NULL pointer per pass. */
+stab_status stab_spectral_norm_reduced(stab_spectral_workspace *ws, const float *a, size_t rows,
+                                       size_t cols, size_t ld, size_t whole_rows,
+                                       stab_spectral_reduce_fn reduce, void *ctx, double *v,
+                                       stab_sigma_result *out) {
+  static const char who[] = "stab_spectral_norm_reduced";
+  if (!ws || !a || !reduce || !out)
+    return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who,
+                      !ws ? "ws" : !a ? "a" : !reduce ? "reduce" : "out");
+  memset(out, 0, sizeof *out);
+  out->sigma = NAN;
+  out->rel_err = NAN;
+  if (ws->params.method != STAB_SPECTRAL_LANCZOS)
+    return stabi_fail(STAB_EINVAL, "%s: the workspace's method must be Lanczos", who);
+  stab_status st = stabi_check_matrix(who, "a", a, rows, cols, &ld);
+  if (st != STAB_OK) return st;
+  if (whole_rows < rows)
+    return stabi_fail(STAB_EDIM, "%s: whole_rows %zu is less than the shard's %zu rows", who,
+                      whole_rows, rows);
+  const stabi_src src = {a, NULL, STAB_DTYPE_F32, STAB_DTYPE_F32, ld};
+  ws->reduce = (stabi_pass_reduce){reduce, ctx, whole_rows, STAB_OK};
+  st = stabi_spectral_norm_src(ws, &src, rows, cols, v, out);
+  const stab_status rs = ws->reduce.status;
+  ws->reduce = (stabi_pass_reduce){0};
+  if (st == STAB_OK && rs != STAB_OK) {
+    out->sigma = out->rel_err = NAN;
+    out->nonfinite = 0;
+    return rs;
+  }
   return st;
 }

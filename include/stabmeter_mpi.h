@@ -1,0 +1,104 @@
+/* stabmeter_mpi.h — stabmeter's MPI layer: spectral norms of weight matrices sharded across the
+ * ranks of an MPI communicator (tensor parallelism: each rank holds some rows or some columns
+ * of a linear layer), the same Lanczos as one process holding the whole matrix.
+ * Link with pkg-config stabmeter_mpi (libstabmeter_mpi and MPI); libstabmeter never needs MPI.
+ * Built by ./configure --with-mpi. docs/mpi.md has the design and its costs. */
+#ifndef STABMETER_MPI_H
+#define STABMETER_MPI_H
+
+#include <mpi.h>
+
+#include "stabmeter.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which side of the whole rows x cols matrix (d_out x d_in, row-major) is split among ranks. */
+typedef enum {
+  STAB_MPI_SPLIT_ROWS = 0, /* each rank holds rows [begin, end): a row-major (end - begin) x cols
+                              block (Megatron's column-parallel linear, W stored d_out x d_in) */
+  STAB_MPI_SPLIT_COLS = 1  /* each rank holds columns [begin, end): a row-major rows x (end - begin)
+                              block (Megatron's row-parallel linear) */
+} stab_mpi_split;
+
+/* One rank's shard of a whole matrix. Every rank gives the same split, rows and cols; the
+ * ranks' [begin, end) cover [0, rows) (or [0, cols)) exactly once between them, in any order
+ * and of any sizes, each non-empty. */
+typedef struct {
+  stab_mpi_split split;
+  size_t rows, cols;  /* the whole matrix */
+  size_t begin, end;  /* this rank's rows (split by rows) or columns (split by columns) */
+} stab_mpi_shard;
+
+/* A registered sharded matrix: its layout on every rank, the warm-start vector (replicated:
+ * the whole matrix's top singular vector on the split side's other side) and every buffer its
+ * estimates need. Opaque. */
+typedef struct stab_mpi_sharded stab_mpi_sharded;
+
+/* Registers this rank's shard. Collective over comm: every rank calls it, and every rank gets
+ * the same status: when any rank's shard or params is wrong (a NULL, an empty or out-of-range
+ * [begin, end), a whole shape or split or params differing from rank 0's, shards overlapping
+ * or leaving a gap), all return it, with a message naming the first bad rank and what is wrong,
+ * and *out NULL; nobody is left waiting. comm is duplicated (MPI_Comm_dup: its own tag space
+ * and MPI_ERRORS_RETURN, so that an MPI failure comes back as STAB_EIO, not an abort); the
+ * caller's comm is not otherwise touched. params as stab_spectral_workspace_create's (NULL: the
+ * defaults), method Lanczos, the same on every rank except threads. Allocates: the workspace
+ * for the shard, P x (4 n + 1) doubles for the sum (n = cols split by rows, rows split by
+ * columns), and split by columns a transposed f32 copy of the shard.
+ * Errors: STAB_EINVAL, STAB_EDIM, STAB_ERANGE (shards not covering), STAB_ENOMEM, STAB_EIO. */
+stab_status stab_mpi_sharded_create(MPI_Comm comm, const stab_mpi_shard *shard,
+                                    const stab_spectral_params *params, stab_mpi_sharded **out);
+
+/* sigma of the whole matrix from every rank's shard w (as stab_mpi_shard says, row stride ld
+ * elements, 0 meaning the shard's row length; f32). Collective: every rank calls it, each
+ * with its own shard, and every rank gets the same status and the same result, bit for bit,
+ * from run to run and for any params.threads. The first call starts cold, later ones warm
+ * from the last estimate's vector (as a monitor does from step to step). A NaN or Inf in any
+ * rank's shard: STAB_OK with out->nonfinite = 1 and sigma NaN on every rank. A bad w or ld on
+ * any rank: STAB_EINVAL or STAB_EDIM on every rank, the message naming the rank. Per pass,
+ * one MPI_Allgather of 4 n + 1 doubles at most (both or all vectors of the block in one call).
+ * Not thread-safe on one handle. */
+stab_status stab_mpi_sharded_sigma(stab_mpi_sharded *s, const float *w, size_t ld,
+                                   stab_sigma_result *out);
+
+/* Frees the handle and its communicator: collective as MPI_Comm_free is (every rank frees its
+ * handle, before MPI_Finalize). NULL is a no-op. */
+void stab_mpi_sharded_free(stab_mpi_sharded *s);
+
+/* Replicated weights (data parallelism, ZeRO-1/2: every rank holds the same weights): measures
+ * the monitor's layers, divided among the ranks by their cost (elements x the passes they
+ * expect, from the shapes alone: a layer stays on its rank from step to step, and so keeps its
+ * warm start), each rank measuring its share (stab_monitor_measure_some), then gathers every
+ * layer's metrics and head bounds to every rank (stab_monitor_set_metrics). Collective: every
+ * rank calls it with its own monitor, the same layers registered in the same order (their
+ * count and shapes are checked: STAB_EINVAL on every rank otherwise), the same with_update,
+ * and after its own stab_monitor_snapshot in SNAPSHOT mode. On return every rank's
+ * stab_monitor_metrics are the same bits as one process's stab_monitor_measure on the same
+ * weights. A failing layer fails every rank with its status and message ("rank R: ..."), the
+ * other layers' metrics gathered all the same. Allocates per call (the assignment and the
+ * gathered metrics: some 120 bytes a layer per rank). Runs on comm itself (a handful of
+ * collectives a call, no duplicate kept): an MPI failure follows comm's error handler, and is
+ * STAB_EIO where that returns. Per rank, time falls about as 1/P while the largest layer is well
+ * under 1/P of the total. */
+stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_update);
+
+/* An embedding or LM-head table split by vocabulary (rows of tokens or classes [vocab_begin,
+ * vocab_begin + shard->vocab) of whole_vocab, on every rank a table layer of its own tokens, the
+ * same width, kind, layout, dtype and params): the whole table's metrics, as stab_layer_metrics
+ * gives them for the whole table (max row RMS, the centred diameter bound, log V, rel_update),
+ * on every rank, the same bits. before: this rank's shard before the step, or NULL. Each call
+ * completes its sums (the mean item: width doubles; sums of squares) and maxima over the ranks
+ * by gathering them and combining in rank order (a NaN anywhere wins), at most five small
+ * collectives besides the checks. Collective over comm: every rank gets the same status; any
+ * rank's bad shard or arguments fail every rank, with a message naming it; shards must cover the
+ * vocabulary exactly once. The tight method must be CENTRED or NONE. Allocates P x width doubles
+ * per call. */
+stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_t vocab_begin, size_t whole_vocab,
+                                   const stab_layer *before, const stab_metrics_params *params, stab_metrics *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STABMETER_MPI_H */

@@ -1,0 +1,28 @@
+/* mpi_check.h — what tests/mpi_sharded's files share: the check counter each rank keeps (rank 0
+ * prints the total in Check's format) and the rank of this process. */
+#ifndef MPI_CHECK_H
+#define MPI_CHECK_H
+
+#include <stdio.h>
+
+#include "stabmeter_mpi.h"
+
+extern int rank, ranks, checks, failures;
+
+#define CHECK(cond, ...)                                                  \
+  do {                                                                    \
+    checks++;                                                             \
+    if (!(cond)) {                                                        \
+      failures++;                                                         \
+      fprintf(stderr, "rank %d: %s:%d: FAIL ", rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                       \
+      fputc('\n', stderr);                                                \
+    }                                                                     \
+  } while (0)
+
+/* mpi_replicated.c: the monitor over replicated weights against one process's monitor. */
+void replicated_cases(void);
+/* mpi_tables.c: tables split by vocabulary against stab_layer_metrics on the whole table. */
+void table_cases(void);
+
+#endif
