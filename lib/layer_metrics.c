@@ -422,6 +422,34 @@ static stab_status check_before(const stab_layer *l, const stab_layer *before) {
   return STAB_OK;
 }
 
+/* The update W - before of a layer (its bias too), read in each one's dtype. */
+static stabi_delta delta_of(const stab_layer *l, const stab_layer *before) {
+  stabi_delta dl = {0};
+  dl.w = l->weight;
+  dl.w_sub = before->weight;
+  dl.b = l->bias;
+  dl.b_sub = before->bias;
+  dl.wt = l->dtype;
+  dl.sub_t = before->dtype;
+  return dl;
+}
+
+/* The scratch a measurement needs in ctx: the work vector, and for 16-bit operands a row of
+ * each as f32 (the passes have their own tiles). On failure nothing is left allocated. */
+static stab_status alloc_scratch(stabi_ctx *ctx, const stabi_shape *sh, const stab_layer *l,
+                                 const stab_layer *before, stab_tight_method tight, const char *who) {
+  const size_t work_len = stabi_layer_work(sh, tight);
+  ctx->work = work_len <= (size_t)-1 / sizeof(double) ? malloc(work_len * sizeof(double)) : NULL;
+  const int native = l->dtype == STAB_DTYPE_F32 && (!before || before->dtype == STAB_DTYPE_F32);
+  if (!native) ctx->rowbuf = malloc(2 * stabi_layer_rowbuf(sh) * sizeof(float));
+  if (ctx->work && (native || ctx->rowbuf)) return STAB_OK;
+  free(ctx->work);
+  free(ctx->rowbuf);
+  ctx->work = NULL;
+  ctx->rowbuf = NULL;
+  return stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+}
+
 stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before,
                                const stab_metrics_params *params, stab_metrics *out,
                                double *heads_out) {
@@ -434,31 +462,17 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
   stab_status st = stabi_layer_shape(layer, "stab_layer_metrics", &sh);
   if (st == STAB_OK) st = stabi_spectral_check(&p.spectral, "stab_layer_metrics");
   if (st != STAB_OK) return st;
-  stabi_delta dl = {0};
-  if (before) {
-    if ((st = check_before(layer, before)) != STAB_OK) return st;
-    dl.w = layer->weight;
-    dl.w_sub = before->weight;
-    dl.b = layer->bias;
-    dl.b_sub = before->bias;
-    dl.wt = layer->dtype;
-    dl.sub_t = before->dtype;
-  }
+  if (before && (st = check_before(layer, before)) != STAB_OK) return st;
+  const stabi_delta dl = before ? delta_of(layer, before) : (stabi_delta){0};
   stabi_ctx ctx = {NULL, NULL, p.tight, NULL, NULL};
   size_t wr = layer->kind == STAB_KIND_ATTENTION ? sh.block_rows : sh.rows;
   size_t wc = layer->kind == STAB_KIND_ATTENTION ? sh.block_cols : sh.cols;
   if (layer->kind == STAB_KIND_LINEAR || layer->kind == STAB_KIND_ATTENTION)
     st = stab_spectral_workspace_create(wr, wc, &p.spectral, &ctx.ws);
   if (st != STAB_OK) return st;
-  const size_t work_len = stabi_layer_work(&sh, p.tight);
-  ctx.work = work_len <= (size_t)-1 / sizeof(double) ? malloc(work_len * sizeof(double)) : NULL;
-  /* 16-bit operands: a row of each as f32 (the passes have their own tiles) */
-  const int native = layer->dtype == STAB_DTYPE_F32 && (!before || before->dtype == STAB_DTYPE_F32);
-  if (!native) ctx.rowbuf = malloc(2 * stabi_layer_rowbuf(&sh) * sizeof(float));
-  if (!ctx.work || (!native && !ctx.rowbuf)) {
-    free(ctx.work);
+  if ((st = alloc_scratch(&ctx, &sh, layer, before, p.tight, "stab_layer_metrics")) != STAB_OK) {
     stab_spectral_workspace_free(ctx.ws);
-    return stabi_fail(STAB_ENOMEM, "stab_layer_metrics: out of memory");
+    return st;
   }
   st = stabi_layer_measure(&ctx, layer, &sh, before ? &dl : NULL, NULL, out, heads_out);
   free(ctx.rowbuf);
@@ -507,24 +521,10 @@ stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_voc
   stabi_shape sh;
   stab_status st = check_table_shard(shard, whole_vocab, before, &p, &sh);
   if (st != STAB_OK) return st;
-  stabi_delta dl = {0};
-  if (before) {
-    dl.w = shard->weight;
-    dl.w_sub = before->weight;
-    dl.wt = shard->dtype;
-    dl.sub_t = before->dtype;
-  }
+  const stabi_delta dl = before ? delta_of(shard, before) : (stabi_delta){0};
   stabi_items_reduce r = {*reduce, whole_vocab, STAB_OK};
   stabi_ctx ctx = {NULL, NULL, p.tight, NULL, &r};
-  const size_t work_len = stabi_layer_work(&sh, p.tight);
-  ctx.work = work_len <= (size_t)-1 / sizeof(double) ? malloc(work_len * sizeof(double)) : NULL;
-  const int native = shard->dtype == STAB_DTYPE_F32 && (!before || before->dtype == STAB_DTYPE_F32);
-  if (!native) ctx.rowbuf = malloc(2 * stabi_layer_rowbuf(&sh) * sizeof(float));
-  if (!ctx.work || (!native && !ctx.rowbuf)) {
-    free(ctx.work);
-    free(ctx.rowbuf);
-    return stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
-  }
+  if ((st = alloc_scratch(&ctx, &sh, shard, before, p.tight, who)) != STAB_OK) return st;
   st = stabi_layer_measure(&ctx, shard, &sh, before ? &dl : NULL, NULL, out, NULL);
   free(ctx.rowbuf);
   free(ctx.work);
