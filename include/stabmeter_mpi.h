@@ -57,7 +57,8 @@ stab_status stab_mpi_sharded_create(MPI_Comm comm, const stab_mpi_shard *shard,
  * from the last estimate's vector (as a monitor does from step to step). A NaN or Inf in any
  * rank's shard: STAB_OK with out->nonfinite = 1 and sigma NaN on every rank. A bad w or ld on
  * any rank: STAB_EINVAL or STAB_EDIM on every rank, the message naming the rank. Per pass,
- * one MPI_Allgather of 4 n + 1 doubles at most (both or all vectors of the block in one call).
+ * one MPI_Allreduce of 3 doubles (the scales) and one of 4 n + 1 int64 at most (both or all
+ * vectors of the block in one call), summed exactly in fixed point: docs/mpi.md.
  * Not thread-safe on one handle. */
 stab_status stab_mpi_sharded_sigma(stab_mpi_sharded *s, const float *w, size_t ld,
                                    stab_sigma_result *out);
@@ -88,12 +89,12 @@ stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_up
  * same width, kind, layout, dtype and params): the whole table's metrics, as stab_layer_metrics
  * gives them for the whole table (max row RMS, the centred diameter bound, log V, rel_update),
  * on every rank, the same bits. before: this rank's shard before the step, or NULL. Each call
- * completes its sums (the mean item: width doubles; sums of squares) and maxima over the ranks
- * by gathering them and combining in rank order (a NaN anywhere wins), at most five small
- * collectives besides the checks. Collective over comm: every rank gets the same status; any
+ * completes its sums (the mean item: width doubles; sums of squares), exactly in fixed point,
+ * and maxima (a NaN anywhere wins) over the ranks, at most a dozen small collectives besides
+ * the checks. Collective over comm: every rank gets the same status; any
  * rank's bad shard or arguments fail every rank, with a message naming it; shards must cover the
- * vocabulary exactly once. The tight method must be CENTRED or NONE. Allocates P x width doubles
- * per call. */
+ * vocabulary exactly once. The tight method must be CENTRED or NONE. Allocates some 3 x width
+ * values and P x 48 bytes per call. */
 stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_t vocab_begin, size_t whole_vocab,
                                    const stab_layer *before, const stab_metrics_params *params, stab_metrics *out);
 

@@ -1,17 +1,32 @@
-/* mpi_collective.c — the MPI layer's two collectives: every rank agreeing on one status (so a
- * failure on one rank never leaves the others waiting in a later collective), and the sum over
- * ranks of a Lanczos pass's products in a fixed order.
+/* mpi_collective.c — the MPI layer's collectives: every rank agreeing on one status (so a
+ * failure on one rank never leaves the others waiting in a later collective), and sums and
+ * maxima over ranks that give every rank the same bits, on every run.
  *
- * Why not MPI_Allreduce: MPI does not promise that every rank gets the same bits, nor the same
- * bits from run to run (the reduction tree may depend on the message size, the topology and
- * the algorithm the library picks). Lanczos takes decisions from these sums (stop, restart);
- * ranks that part ways by one rounding would call different collectives and hang. So every
- * rank gathers every rank's products (MPI_Allgather moves bytes, it does not add) and adds them
- * itself in rank order 0, 1, ..., P-1: the same bits everywhere, always. The cost: each rank
- * receives (P - 1) x (n + 1) doubles and adds P vectors, where a bandwidth-optimal all-reduce
- * moves about 2 (n + 1); and P x (n + 1) doubles of memory. docs/mpi.md weighs it. */
+ * Why not MPI_Allreduce on doubles: MPI does not promise that every rank gets the same bits,
+ * nor the same bits from run to run (the reduction tree may depend on the message size, the
+ * topology and the algorithm the library picks), because floating-point addition is not
+ * associative. Lanczos takes decisions from these sums (stop, restart); ranks that part ways
+ * by one rounding would call different collectives and hang.
+ *
+ * So the sums are made in integers, where addition is associative: every rank rounds its
+ * values to one grid of fixed-point numbers (int64, a power-of-two step agreed on first by an
+ * MPI_MAX of the magnitudes, which is exact), and MPI_Allreduce adds the integers exactly, in
+ * whatever order and tree it likes. The only roundings are each term's, to the grid, and the
+ * sum's conversion back to double: both the same on every rank and in every run, and neither
+ * depends on P beyond the grid's step. The grid keeps 62 - ceil(log2 P) bits below the
+ * largest magnitude, so that P terms cannot overflow: a term's rounding is at most 2^-(62 -
+ * ceil(log2 P)) of the largest value (2^-61 at P = 2, 2^-52 at P = 1024), finer than f64's
+ * own rounding of a sum in rank order. Cost per sum: one MPI_Allreduce (MAX) of a few doubles
+ * for the scales, one (SUM) of n int64 - as much as an all-reduce of the doubles would move,
+ * with MPI's own bandwidth-optimal algorithms at any P. A value that is not finite on any rank
+ * takes a third, rare exchange: which elements saw NaN or which infinities (MPI_BOR), so that
+ * the result is what IEEE addition would give (NaN, or the infinity). Maxima: each double
+ * mapped to an int64 of the same order (NaN above everything), one MPI_MAX: exact.
+ * docs/mpi.md weighs the cost. */
 #include "mpi_internal.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,42 +58,124 @@ stab_status stabi_mpi_sum_init(stabi_mpi_sum *s, MPI_Comm comm, size_t max_n) {
   if (MPI_Comm_size(comm, &s->ranks) != MPI_SUCCESS || s->ranks < 1)
     return stabi_fail(STAB_EIO, "stab_mpi: MPI_Comm_size failed");
   s->max_n = max_n;
-  size_t per = max_n + 1;
-  if (per > (size_t)INT32_MAX || per > SIZE_MAX / sizeof(double) / (size_t)s->ranks)
-    return stabi_fail(STAB_EDIM, "stab_mpi: %zu doubles per rank is too many for one MPI call", per);
-  s->send = malloc(per * sizeof *s->send);
-  s->all = malloc(per * (size_t)s->ranks * sizeof *s->all);
-  if (!s->send || !s->all) {
+  const size_t per = max_n + 2; /* a pass's vectors, its quadratic form, and a flag */
+  if (per > (size_t)INT32_MAX)
+    return stabi_fail(STAB_EDIM, "stab_mpi: %zu values per rank is too many for one MPI call", per);
+  s->fixed = malloc(per * sizeof *s->fixed);
+  s->scale = malloc(per * sizeof *s->scale);
+  s->kinds = malloc(per * sizeof *s->kinds);
+  if (!s->fixed || !s->scale || !s->kinds) {
     stabi_mpi_sum_free(s);
-    return stabi_fail(STAB_ENOMEM, "stab_mpi: cannot allocate %d x %zu doubles for the sum over ranks",
-                      s->ranks, per);
+    return stabi_fail(STAB_ENOMEM, "stab_mpi: cannot allocate %zu values for the sums over ranks", per);
   }
+  /* P terms of magnitude up to 2^bits sum to at most 2^62: no int64 overflow */
+  int log2p = 0;
+  while (log2p < 62 && ((int64_t)1 << log2p) < s->ranks) log2p++;
+  s->bits = 62 - log2p;
   return STAB_OK;
 }
 
 void stabi_mpi_sum_free(stabi_mpi_sum *s) {
-  free(s->send);
-  free(s->all);
-  s->send = s->all = NULL;
+  free(s->fixed);
+  free(s->scale);
+  free(s->kinds);
+  s->fixed = NULL;
+  s->scale = NULL;
+  s->kinds = NULL;
+}
+
+/* What a value that is not finite brings to a sum, as bits to OR over ranks. */
+enum { SAW_POS_INF = 1, SAW_NEG_INF = 2, SAW_NAN = 4 };
+
+static int kind_of(double x) { return isnan(x) ? SAW_NAN : isinf(x) ? (x > 0 ? SAW_POS_INF : SAW_NEG_INF) : 0; }
+
+/* The exponent e with every finite |value| of a group below 2^e (frexp's), from its maximum. */
+static int group_exponent(double max_abs) {
+  int e = 0;
+  (void)frexp(max_abs, &e);
+  return e;
+}
+
+/* x[0..nx) share one grid (the entries of a vector), each of c[0..nc) has its own (scalars of
+ * unrelated size); both are replaced by their sums over the ranks. */
+static stab_status fixed_sum(stabi_mpi_sum *s, double *x, size_t nx, double *c, size_t nc) {
+  const size_t n = nx + nc;
+  if (n > s->max_n + 1)
+    return stabi_fail(STAB_EDIM, "stab_mpi: a sum of %zu values exceeds the %zu reserved", n, s->max_n + 1);
+  /* the scales' exchange: the vector's max |x|, each scalar's |c|, and whether anything is not finite */
+  double *m = s->scale;
+  int odd = 0;
+  double mx = 0.0;
+  for (size_t i = 0; i < nx; i++) {
+    if (!isfinite(x[i])) odd = 1;
+    else if (fabs(x[i]) > mx) mx = fabs(x[i]);
+  }
+  m[0] = mx;
+  for (size_t k = 0; k < nc; k++) {
+    if (!isfinite(c[k])) odd = 1;
+    m[1 + k] = isfinite(c[k]) ? fabs(c[k]) : 0.0;
+  }
+  m[1 + nc] = odd;
+  if (MPI_Allreduce(MPI_IN_PLACE, m, (int)(nc + 2), MPI_DOUBLE, MPI_MAX, s->comm) != MPI_SUCCESS)
+    return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu scales failed", nc + 2);
+  const int ex = group_exponent(m[0]);
+  for (size_t i = 0; i < nx; i++) s->fixed[i] = isfinite(x[i]) ? llrint(ldexp(x[i], s->bits - ex)) : 0;
+  for (size_t k = 0; k < nc; k++)
+    s->fixed[nx + k] = isfinite(c[k]) ? llrint(ldexp(c[k], s->bits - group_exponent(m[1 + k]))) : 0;
+  if (MPI_Allreduce(MPI_IN_PLACE, s->fixed, (int)n, MPI_INT64_T, MPI_SUM, s->comm) != MPI_SUCCESS)
+    return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu values failed", n);
+  /* odd is the same on every rank (a max), so every rank takes this exchange or none does */
+  const int any_odd = m[1 + nc] != 0.0;
+  if (any_odd) {
+    for (size_t i = 0; i < nx; i++) s->kinds[i] = kind_of(x[i]);
+    for (size_t k = 0; k < nc; k++) s->kinds[nx + k] = kind_of(c[k]);
+    if (MPI_Allreduce(MPI_IN_PLACE, s->kinds, (int)n, MPI_INT, MPI_BOR, s->comm) != MPI_SUCCESS)
+      return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu NaN and infinity flags failed", n);
+  }
+  for (size_t i = 0; i < n; i++) {
+    const int e = i < nx ? ex : group_exponent(m[1 + (i - nx)]);
+    double v = ldexp((double)s->fixed[i], e - s->bits);
+    if (any_odd && s->kinds[i]) {
+      const int k = s->kinds[i];
+      v = (k & SAW_NAN) || (k & SAW_POS_INF && k & SAW_NEG_INF) ? NAN : k & SAW_POS_INF ? INFINITY : -INFINITY;
+    }
+    if (i < nx) x[i] = v;
+    else c[i - nx] = v;
+  }
+  return STAB_OK;
 }
 
 stab_status stabi_mpi_sum_reduce(void *ctx, double *y, size_t n, double *quad) {
   stabi_mpi_sum *s = ctx;
   if (n > s->max_n)
     return stabi_fail(STAB_EDIM, "stab_mpi: a pass of %zu doubles exceeds the %zu reserved", n, s->max_n);
-  const size_t per = n + 1;
-  memcpy(s->send, y, n * sizeof *y);
-  s->send[n] = *quad;
-  if (MPI_Allgather(s->send, (int)per, MPI_DOUBLE, s->all, (int)per, MPI_DOUBLE, s->comm) != MPI_SUCCESS)
-    return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allgather of a pass's %zu doubles failed", per);
-  /* rank order, from rank 0's values up: one fixed sequence of additions on every rank */
-  memcpy(y, s->all, n * sizeof *y);
-  double q = s->all[n];
-  for (int r = 1; r < s->ranks; r++) {
-    const double *o = s->all + (size_t)r * per;
-    for (size_t i = 0; i < n; i++) y[i] += o[i];
-    q += o[n];
-  }
-  *quad = q;
+  return fixed_sum(s, y, n, quad, 1);
+}
+
+stab_status stabi_mpi_sum_each(stabi_mpi_sum *s, double *x, size_t n) { return fixed_sum(s, NULL, 0, x, n); }
+
+/* A double's bits as an int64 that orders as the double does (-0 as +0), NaN above all. */
+static int64_t ordered(double x) {
+  if (isnan(x)) return INT64_MAX;
+  int64_t b;
+  memcpy(&b, &x, sizeof b);
+  return b >= 0 ? b : INT64_MIN - b;
+}
+
+static double unordered(int64_t k) {
+  if (k == INT64_MAX) return NAN;
+  const int64_t b = k >= 0 ? k : INT64_MIN - k;
+  double x;
+  memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+stab_status stabi_mpi_max(stabi_mpi_sum *s, double *x, size_t n) {
+  if (n > s->max_n + 1)
+    return stabi_fail(STAB_EDIM, "stab_mpi: a maximum of %zu values exceeds the %zu reserved", n, s->max_n + 1);
+  for (size_t i = 0; i < n; i++) s->fixed[i] = ordered(x[i]);
+  if (MPI_Allreduce(MPI_IN_PLACE, s->fixed, (int)n, MPI_INT64_T, MPI_MAX, s->comm) != MPI_SUCCESS)
+    return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of %zu maxima failed", n);
+  for (size_t i = 0; i < n; i++) x[i] = unordered(s->fixed[i]);
   return STAB_OK;
 }

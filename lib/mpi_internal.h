@@ -5,6 +5,8 @@
 
 #include "stabmeter_mpi.h"
 
+#include <stdint.h>
+
 /* libstabmeter's own failure recorder (status.c), exported for this layer alone: the message
  * lands where stab_last_error() reads it. */
 stab_status stabi_fail(stab_status status, const char *fmt, ...)
@@ -16,18 +18,26 @@ stab_status stabi_fail(stab_status status, const char *fmt, ...)
  * STAB_EIO. */
 stab_status stabi_mpi_agree(MPI_Comm comm, stab_status mine, const char *who);
 
-/* The buffers of the fixed-order sum over comm's ranks of up to max_n doubles. */
+/* Sums and maxima over comm's ranks that every rank gets with the same bits
+ * (mpi_collective.c says how): the buffers for up to max_n + 1 values. */
 typedef struct {
   MPI_Comm comm;
   int ranks;
+  int bits;       /* the fixed-point grid's bits below a group's largest magnitude */
   size_t max_n;
-  double *send; /* max_n + 1: a pass's vectors and its quadratic form */
-  double *all;  /* ranks x (max_n + 1): every rank's, in rank order */
+  int64_t *fixed; /* max_n + 2: the values on the grid, then summed */
+  double *scale;  /* max_n + 2: the groups' largest magnitudes, and a flag */
+  int *kinds;     /* max_n + 2: NaN or infinities seen, when some value is not finite */
 } stabi_mpi_sum;
 
 stab_status stabi_mpi_sum_init(stabi_mpi_sum *s, MPI_Comm comm, size_t max_n);
 void stabi_mpi_sum_free(stabi_mpi_sum *s);
-/* A stab_spectral_reduce_fn: ctx a stabi_mpi_sum. */
+/* A stab_spectral_reduce_fn: ctx a stabi_mpi_sum; y (n <= max_n, one grid) and *quad summed. */
 stab_status stabi_mpi_sum_reduce(void *ctx, double *y, size_t n, double *quad);
+/* x[0..n) (n <= max_n + 1) replaced by its sums over the ranks, each value on a grid of its own
+ * (values of unrelated sizes). */
+stab_status stabi_mpi_sum_each(stabi_mpi_sum *s, double *x, size_t n);
+/* x[0..n) (n <= max_n + 1) replaced by its maxima over the ranks; a NaN on any rank wins. */
+stab_status stabi_mpi_max(stabi_mpi_sum *s, double *x, size_t n);
 
 #endif

@@ -1,8 +1,9 @@
 /* mpi_table.c — an embedding or LM-head table split by vocabulary among MPI ranks: the
  * library's table metrics on each rank's rows (stab_table_metrics_reduced), its sums (the mean
  * item, sums of squares) and maxima (row norms, distances to the mean) completed over the ranks.
- * Sums in rank order after a gather, as the spectral passes' (mpi_collective.c says why); maxima
- * the same way, so that a NaN on any rank wins on every rank (MPI_MAX says nothing of NaN). */
+ * Sums and maxima through mpi_collective.c's, which give every rank the same bits (a NaN on any
+ * rank wins a maximum: MPI_MAX on doubles says nothing of NaN); each sum's values on grids of
+ * their own, as they are of unrelated sizes (the mean item's entries, sums of squares). */
 #include "mpi_internal.h"
 
 #include <math.h>
@@ -10,44 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-  MPI_Comm comm;
-  int ranks;
-  double *all; /* ranks x max_n */
-  size_t max_n;
-} gathered;
+static stab_status sum_over_ranks(void *ctx, double *x, size_t n) { return stabi_mpi_sum_each(ctx, x, n); }
 
-static stab_status gather(gathered *g, const double *x, size_t n) {
-  if (n > g->max_n) return stabi_fail(STAB_EDIM, "stab_mpi_table_metrics: %zu values exceed the %zu reserved", n, g->max_n);
-  if (MPI_Allgather(x, (int)n, MPI_DOUBLE, g->all, (int)n, MPI_DOUBLE, g->comm) != MPI_SUCCESS)
-    return stabi_fail(STAB_EIO, "stab_mpi_table_metrics: MPI_Allgather of %zu values failed", n);
-  return STAB_OK;
-}
-
-static stab_status sum_in_rank_order(void *ctx, double *x, size_t n) {
-  gathered *g = ctx;
-  stab_status st = gather(g, x, n);
-  if (st != STAB_OK) return st;
-  memcpy(x, g->all, n * sizeof *x);
-  for (int r = 1; r < g->ranks; r++)
-    for (size_t i = 0; i < n; i++) x[i] += g->all[(size_t)r * n + i];
-  return STAB_OK;
-}
-
-static stab_status max_nan_wins(void *ctx, double *x, size_t n) {
-  gathered *g = ctx;
-  stab_status st = gather(g, x, n);
-  if (st != STAB_OK) return st;
-  for (size_t i = 0; i < n; i++) {
-    double m = g->all[i];
-    for (int r = 1; r < g->ranks; r++) {
-      double v = g->all[(size_t)r * n + i];
-      m = isnan(m) || isnan(v) ? NAN : (v > m ? v : m);
-    }
-    x[i] = m;
-  }
-  return STAB_OK;
-}
+static stab_status max_over_ranks(void *ctx, double *x, size_t n) { return stabi_mpi_max(ctx, x, n); }
 
 /* What every rank must agree on about its shard, exchanged as bytes. */
 typedef struct {
@@ -86,7 +52,9 @@ static stab_status check_tables(table_layout *all, int ranks) {
 stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_t vocab_begin, size_t whole_vocab,
                                    const stab_layer *before, const stab_metrics_params *params, stab_metrics *out) {
   static const char who[] = "stab_mpi_table_metrics";
-  gathered g = {comm, 0, NULL, 0};
+  stabi_mpi_sum g;
+  memset(&g, 0, sizeof g);
+  int ranks = 0;
   table_layout *all = NULL;
   stab_metrics_params p = params ? *params : stab_metrics_default_params();
   stab_status st = STAB_OK;
@@ -97,13 +65,12 @@ stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_
   else if (shard->vocab == 0 || vocab_begin >= whole_vocab || shard->vocab > whole_vocab - vocab_begin)
     st = stabi_fail(STAB_ERANGE, "%s: tokens [%zu, %zu + %zu) are empty or outside [0, %zu)", who, vocab_begin,
                     vocab_begin, shard->vocab, whole_vocab);
-  if (MPI_Comm_size(comm, &g.ranks) != MPI_SUCCESS)
+  if (MPI_Comm_size(comm, &ranks) != MPI_SUCCESS)
     return stabi_fail(STAB_EIO, "%s: MPI_Comm_size failed", who);
   if (st == STAB_OK) {
-    g.max_n = shard->width > 2 ? shard->width : 2;
-    g.all = malloc(g.max_n * (size_t)g.ranks * sizeof *g.all);
-    all = malloc((size_t)g.ranks * sizeof *all);
-    if (!g.all || !all) st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+    st = stabi_mpi_sum_init(&g, comm, shard->width > 2 ? shard->width : 2);
+    all = malloc((size_t)ranks * sizeof *all);
+    if (st == STAB_OK && !all) st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
   }
   st = stabi_mpi_agree(comm, st, who);
   if (st == STAB_OK) {
@@ -112,12 +79,12 @@ stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_
     if (MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, comm) != MPI_SUCCESS)
       st = stabi_fail(STAB_EIO, "%s: MPI_Allgather of the shards' layout failed", who);
     st = stabi_mpi_agree(comm, st, who);
-    if (st == STAB_OK) st = check_tables(all, g.ranks); /* the same verdict on every rank */
+    if (st == STAB_OK) st = check_tables(all, ranks); /* the same verdict on every rank */
   }
   /* the library's own checks of the shard, agreed on before its first collective */
   if (st == STAB_OK) st = stabi_mpi_agree(comm, stab_table_check_shard(shard, whole_vocab, before, &p), who);
   if (st == STAB_OK) {
-    stab_shard_reduce ops = {sum_in_rank_order, max_nan_wins, &g};
+    stab_shard_reduce ops = {sum_over_ranks, max_over_ranks, &g};
     st = stab_table_metrics_reduced(shard, whole_vocab, before, &p, &ops, out);
     st = stabi_mpi_agree(comm, st, who);
   }
@@ -125,7 +92,7 @@ stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_
     out->forward = out->dependency = out->update = out->spread = NAN;
     out->forward_tight = out->dependency_tight = out->update_tight = out->rel_update = NAN;
   }
-  free(g.all);
+  stabi_mpi_sum_free(&g);
   free(all);
   return st;
 }

@@ -24,5 +24,7 @@ extern int rank, ranks, checks, failures;
 void replicated_cases(void);
 /* mpi_tables.c: tables split by vocabulary against stab_layer_metrics on the whole table. */
 void table_cases(void);
+/* mpi_sums.c: the collectives' sums and maxima against references in long double. */
+void sum_cases(void);
 
 #endif
