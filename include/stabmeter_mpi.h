@@ -44,7 +44,7 @@ typedef struct stab_mpi_sharded stab_mpi_sharded;
  * and MPI_ERRORS_RETURN, so that an MPI failure comes back as STAB_EIO, not an abort); the
  * caller's comm is not otherwise touched. params as stab_spectral_workspace_create's (NULL: the
  * defaults), method Lanczos, the same on every rank except threads. Allocates: the workspace
- * for the shard, P x (4 n + 1) doubles for the sum (n = cols split by rows, rows split by
+ * for the shard, 20 (4 n + 2) bytes for the sum (n = cols split by rows, rows split by
  * columns), and split by columns a transposed f32 copy of the shard.
  * Errors: STAB_EINVAL, STAB_EDIM, STAB_ERANGE (shards not covering), STAB_ENOMEM, STAB_EIO. */
 stab_status stab_mpi_sharded_create(MPI_Comm comm, const stab_mpi_shard *shard,

@@ -1,0 +1,294 @@
+/* mpi_scaling.c — what measuring a model costs per step on P MPI ranks, measured on this
+ * machine, and a model of P up to 1024 on a real interconnect. Run under mpirun by
+ * bench/mpi_scaling.sh, once per P.
+ *
+ * Measured, on a GPT-2-shaped model (llm.c's layers: the token table, 4 linears and 2 gains a
+ * block, the final gain; width C, MLP 4C):
+ *   - data parallel: every rank holds the whole model; stab_mpi_monitor_measure per training
+ *     step (snapshot, a small weight change, the metrics and the updates), the slowest rank's
+ *     time;
+ *   - tensor parallel: each of a block's 4 linears split Megatron's way (c_attn and c_fc by
+ *     output rows, attn.c_proj and mlp.c_proj by input columns), stab_mpi_sharded_sigma warm
+ *     per step after a small change of the shard, and the per-pass exchange alone (the same two
+ *     MPI_Allreduce calls the library makes: 3 doubles MAX, then the block's vectors as int64
+ *     SUM), so that a pass splits into local work and communication.
+ * Modelled: the tensor-parallel pass at P ranks, local work shrinking as 1/P from this run's
+ * figure and the exchange as an all-reduce on a network of latency alpha and bandwidth beta
+ * (2 ceil(log2 P) alpha per call, 2 (P - 1)/P bytes/beta: recursive doubling's latency and a
+ * ring's bandwidth), and where the exchange starts to cost more than the local pass. */
+#include <getopt.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "stabmeter.h"
+#include "stabmeter_mpi.h"
+
+static int rank, ranks;
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: mpirun -np P mpi_scaling [--width C] [--blocks L] [--vocab V] [--steps N]\n"
+             "         [--threads T] [--alpha US] [--beta GBPS]\n"
+             "  C 768, L 12, V 50257 (GPT-2 124M), N 6 measured steps after a cold one, T 1 thread\n"
+             "  per rank; the model's network: alpha microseconds a message (default 1.0), beta GB/s\n"
+             "  a link (default 12.5: InfiniBand EDR, 100 Gb/s)\n");
+}
+
+/* Element i of a seeded matrix, the same on every rank whatever its shard. */
+static float element(uint64_t seed, uint64_t i) {
+  uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ULL ^ seed * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 31)) * 0x94d049bb133111ebULL;
+  z ^= z >> 29;
+  return (float)(0.02 * 3.4641 * ((double)(z >> 11) * 0x1.0p-53 - 0.5)); /* std 0.02 */
+}
+
+/* a training step's change: 1e-3 of each weight's size, seeded by the step */
+static void change(float *w, size_t n, uint64_t first, int step) {
+  for (size_t i = 0; i < n; i++) w[i] += 0.001f * element(1000003u + (uint64_t)step, first + i);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[n / 2];
+}
+
+/* the slowest rank's seconds */
+static double slowest(double t) {
+  double m = 0;
+  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+static void fail(const char *what) {
+  if (rank == 0) fprintf(stderr, "mpi_scaling: %s: %s\n", what, stab_last_error());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+typedef struct {
+  size_t width, blocks, vocab;
+  int steps, threads;
+  double alpha, beta;
+} options;
+
+/* Data parallel: the whole model on every rank, its layers divided among the ranks. */
+static void replicated(const options *o) {
+  const size_t C = o->width, L = o->blocks;
+  const size_t n_layers = 1 + 6 * L + 1;
+  float **w = calloc(n_layers, sizeof *w);
+  size_t *len = calloc(n_layers, sizeof *len);
+  char (*names)[48] = calloc(n_layers, sizeof *names);
+  stab_monitor_params mp = stab_monitor_default_params();
+  mp.metrics.spectral.threads = o->threads;
+  stab_monitor *m = NULL;
+  if (!w || !len || !names || stab_monitor_create(&mp, &m) != STAB_OK) fail("monitor");
+  static const char *const lin_name[4] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  const size_t lin[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* d_in, d_out */
+  size_t n = 0;
+  for (size_t b = 0; b <= L + 1; b++) {
+    const size_t parts = b == 0 || b == L + 1 ? 1 : 6;
+    for (size_t k = 0; k < parts; k++, n++) {
+      stab_layer l;
+      memset(&l, 0, sizeof l);
+      l.name = names[n];
+      if (b == 0) {
+        snprintf(names[n], sizeof names[n], "wte");
+        l.kind = STAB_KIND_EMBEDDING, l.vocab = o->vocab, l.width = C, len[n] = o->vocab * C;
+      } else if (b == L + 1) {
+        snprintf(names[n], sizeof names[n], "ln_f");
+        l.kind = STAB_KIND_GAIN, l.d_in = l.d_out = C, len[n] = C;
+      } else if (k < 4) {
+        snprintf(names[n], sizeof names[n], "h.%zu.%s", b - 1, lin_name[k]);
+        l.kind = STAB_KIND_LINEAR, l.d_in = lin[k][0], l.d_out = lin[k][1], len[n] = lin[k][0] * lin[k][1];
+      } else {
+        snprintf(names[n], sizeof names[n], "h.%zu.ln_%zu", b - 1, k - 3);
+        l.kind = STAB_KIND_GAIN, l.d_in = l.d_out = C, len[n] = C;
+      }
+      w[n] = malloc(len[n] * sizeof **w);
+      if (!w[n]) fail("out of memory");
+      for (size_t i = 0; i < len[n]; i++) w[n][i] = element(n + 1, i) + (l.kind == STAB_KIND_GAIN ? 1.0f : 0.0f);
+      l.weight = w[n];
+      if (stab_monitor_add_layer(m, &l, NULL) != STAB_OK) fail("a layer");
+    }
+  }
+  double weights = 0;
+  for (size_t i = 0; i < n; i++) weights += (double)len[i];
+  double *t = malloc((size_t)o->steps * sizeof *t);
+  if (!t) fail("out of memory");
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = monotonic_seconds();
+  if (stab_mpi_monitor_measure(MPI_COMM_WORLD, m, 0) != STAB_OK) fail("cold measure");
+  const double cold = slowest(monotonic_seconds() - t0);
+  for (int s = 0; s < o->steps; s++) {
+    if (stab_monitor_snapshot(m) != STAB_OK) fail("snapshot");
+    for (size_t i = 0; i < n; i++) change(w[i], len[i], 0, s);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = monotonic_seconds();
+    if (stab_mpi_monitor_measure(MPI_COMM_WORLD, m, 1) != STAB_OK) fail("measure");
+    t[s] = slowest(monotonic_seconds() - t0);
+  }
+  if (rank == 0)
+    printf("data parallel, P=%d, %d thread(s) a rank: %zu layers (%.1f M weights): cold %.1f ms, a step "
+           "(weights and updates) %.1f ms (median of %d)\n",
+           ranks, o->threads, n, weights / 1e6, cold * 1e3, median(t, o->steps) * 1e3,
+           o->steps);
+  stab_monitor_free(m);
+  for (size_t i = 0; i < n; i++) free(w[i]);
+  free(w);
+  free(len);
+  free(names);
+  free(t);
+}
+
+/* The per-pass exchange alone: the library's two calls for a block of nv vectors of n. */
+static double exchange_seconds(size_t n, int nv) {
+  const size_t k = (size_t)nv * n + 1;
+  int64_t *q = calloc(k, sizeof *q);
+  double s[3] = {1, 2, 0};
+  enum { REPS = 64 };
+  double t[REPS];
+  if (!q) fail("out of memory");
+  for (int r = 0; r < REPS; r++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = monotonic_seconds();
+    MPI_Allreduce(MPI_IN_PLACE, s, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, q, (int)k, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    t[r] = slowest(monotonic_seconds() - t0);
+  }
+  free(q);
+  return median(t, REPS);
+}
+
+static int ceil_log2(int p) {
+  int k = 0;
+  while ((1 << k) < p) k++;
+  return k;
+}
+
+/* Tensor parallel: one block's linears, each split among the ranks. */
+static void sharded(const options *o) {
+  const size_t C = o->width;
+  static const char *const name[4] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  const size_t shape[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}}; /* rows (d_out), cols (d_in) */
+  const stab_mpi_split split[4] = {STAB_MPI_SPLIT_ROWS, STAB_MPI_SPLIT_COLS, STAB_MPI_SPLIT_ROWS, STAB_MPI_SPLIT_COLS};
+  if (rank == 0)
+    printf("tensor parallel, P=%d: a block's linears split Megatron's way, warm estimates after a step\n"
+           "  %-12s %11s %6s %9s %9s %9s %9s\n",
+           ranks, "layer", "shape", "split", "a step", "passes", "exchange", "local");
+  for (int k = 0; k < 4; k++) {
+    const size_t R = shape[k][0], K = shape[k][1], whole = split[k] == STAB_MPI_SPLIT_ROWS ? R : K;
+    stab_mpi_shard sh = {split[k], R, K, whole * (size_t)rank / (size_t)ranks,
+                         whole * (size_t)(rank + 1) / (size_t)ranks};
+    const size_t sr = split[k] == STAB_MPI_SPLIT_ROWS ? sh.end - sh.begin : R;
+    const size_t sc = split[k] == STAB_MPI_SPLIT_ROWS ? K : sh.end - sh.begin;
+    float *w = malloc(sr * sc * sizeof *w);
+    if (!w) fail("out of memory");
+    for (size_t i = 0; i < sr; i++)
+      for (size_t j = 0; j < sc; j++) {
+        const size_t gi = split[k] == STAB_MPI_SPLIT_ROWS ? sh.begin + i : i;
+        const size_t gj = split[k] == STAB_MPI_SPLIT_ROWS ? j : sh.begin + j;
+        w[i * sc + j] = element(100 + (uint64_t)k, gi * K + gj);
+      }
+    stab_spectral_params sp = stab_spectral_default_params();
+    sp.threads = o->threads;
+    stab_mpi_sharded *s = NULL;
+    if (stab_mpi_sharded_create(MPI_COMM_WORLD, &sh, &sp, &s) != STAB_OK) fail("sharded create");
+    stab_sigma_result r;
+    if (stab_mpi_sharded_sigma(s, w, sc, &r) != STAB_OK) fail("cold sigma");
+    double *t = malloc((size_t)o->steps * sizeof *t);
+    if (!t) fail("out of memory");
+    int passes = 0;
+    for (int st = 0; st < o->steps; st++) {
+      for (size_t i = 0; i < sr; i++) change(w + i * sc, sc, i * sc, st);
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = monotonic_seconds();
+      if (stab_mpi_sharded_sigma(s, w, sc, &r) != STAB_OK) fail("warm sigma");
+      t[st] = slowest(monotonic_seconds() - t0);
+      passes += r.passes;
+    }
+    const double step = median(t, o->steps), per_pass = step * o->steps / passes;
+    /* the vectors of a pass live on the side that is not split: d_in split by rows, d_out by columns */
+    const size_t n = split[k] == STAB_MPI_SPLIT_ROWS ? K : R;
+    const double ex = exchange_seconds(n, 2);
+    if (rank == 0) {
+      char sh_s[32];
+      snprintf(sh_s, sizeof sh_s, "%zux%zu", R, K);
+      printf("  %-12s %11s %6s %7.2f ms %9.1f %6.1f us %6.2f ms\n", name[k], sh_s,
+             split[k] == STAB_MPI_SPLIT_ROWS ? "rows" : "cols", step * 1e3, (double)passes / o->steps, ex * 1e6,
+             (per_pass - ex) * 1e3);
+      /* the model: local work as 1/P of this run's whole matrix, the exchange on the network */
+      if (k == 2) {
+        const double local_whole = (per_pass - ex) * ranks, bytes = 8.0 * (2.0 * (double)n + 1);
+        printf("  model of %s's warm pass on P ranks, network alpha %.2f us, beta %.1f GB/s "
+               "(local work from this run, as 1/P):\n    %6s %11s %11s %7s\n",
+               name[k], o->alpha, o->beta, "P", "local", "exchange", "ratio");
+        int crossed = 0;
+        for (int p = 1; p <= 1024; p *= 2) {
+          const double loc = local_whole / p;
+          const double net = p == 1 ? 0.0 : 2 * (2 * ceil_log2(p) * o->alpha * 1e-6) + 2.0 * (p - 1) / p * bytes / (o->beta * 1e9);
+          printf("    %6d %8.1f us %8.1f us %7.2f%s\n", p, loc * 1e6, net * 1e6, net / loc,
+                 !crossed && net > loc ? "  <- the exchange costs more than the local pass from here" : "");
+          if (net > loc) crossed = 1;
+        }
+      }
+    }
+    stab_mpi_sharded_free(s);
+    free(w);
+    free(t);
+  }
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  static const struct option opts[] = {{"width", required_argument, 0, 'c'}, {"blocks", required_argument, 0, 'l'},
+                                       {"vocab", required_argument, 0, 'v'}, {"steps", required_argument, 0, 's'},
+                                       {"threads", required_argument, 0, 't'}, {"alpha", required_argument, 0, 'a'},
+                                       {"beta", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  options o = {768, 12, 50257, 6, 1, 1.0, 12.5};
+  int c, bad = 0;
+  char *end;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    long v = 0;
+    double d = 0;
+    if (c == 'a' || c == 'b') d = strtod(optarg, &end);
+    else if (c != 'h' && c != '?') v = strtol(optarg, &end, 10);
+    if (c != 'h' && c != '?' && (*end || (c == 'a' || c == 'b' ? !(d > 0) : v < (c == 'l' ? 0 : 1)))) bad = 1;
+    switch (c) {
+    case 'c': o.width = (size_t)v; break;
+    case 'l': o.blocks = (size_t)v; break;
+    case 'v': o.vocab = (size_t)v; break;
+    case 's': o.steps = (int)v; break;
+    case 't': o.threads = (int)v; break;
+    case 'a': o.alpha = d; break;
+    case 'b': o.beta = d; break;
+    case 'h':
+      if (rank == 0) usage(stdout);
+      MPI_Finalize();
+      return 0;
+    default: bad = 1;
+    }
+  }
+  if (bad || optind != argc) {
+    if (rank == 0) usage(stderr);
+    MPI_Finalize();
+    return 2;
+  }
+  double load = NAN;
+  (void)getloadavg(&load, 1);
+  if (rank == 0) printf("mpi_scaling (stabmeter %s): P=%d, load average %.2f\n", stab_version(), ranks, load);
+  replicated(&o);
+  sharded(&o);
+  MPI_Finalize();
+  return 0;
+}
