@@ -46,9 +46,18 @@ static float element(uint64_t seed, uint64_t i) {
   return (float)(0.02 * 3.4641 * ((double)(z >> 11) * 0x1.0p-53 - 0.5)); /* std 0.02 */
 }
 
-/* a training step's change: 1e-3 of each weight's size, seeded by the step */
-static void change(float *w, size_t n, uint64_t first, int step) {
-  for (size_t i = 0; i < n; i++) w[i] += 0.001f * element(1000003u + (uint64_t)step, first + i);
+/* A training step's change to element (i, j) of a rows x cols matrix (i*cols + j = first + k),
+ * about 1e-3 of the weights' size: a rank-one direction kept from step to step, whose norm is
+ * some 5 times the rest, plus noise that is new each step. Updates have such a leading
+ * direction (momentum keeps it); independent noise alone would be a gapless matrix each step,
+ * where no warm start helps, and would time the update estimates cold. */
+static void change(float *w, size_t n, uint64_t first, size_t cols, int step) {
+  const double big = 3.0 / sqrt((double)(cols > n / cols ? cols : n / cols + 1));
+  for (size_t k = 0; k < n; k++) {
+    const uint64_t g = first + k, i = g / cols, j = g % cols;
+    const double u = element(7, i) / 0.02, v = element(11, j) / 0.02; /* std 1 */
+    w[k] += 0.001f * (float)(0.02 * big * u * v + 0.3 * element(1000003u + (uint64_t)step, g));
+  }
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -84,12 +93,12 @@ static void replicated(const options *o) {
   const size_t C = o->width, L = o->blocks;
   const size_t n_layers = 1 + 6 * L + 1;
   float **w = calloc(n_layers, sizeof *w);
-  size_t *len = calloc(n_layers, sizeof *len);
+  size_t *len = calloc(n_layers, sizeof *len), *cols = calloc(n_layers, sizeof *cols);
   char (*names)[48] = calloc(n_layers, sizeof *names);
   stab_monitor_params mp = stab_monitor_default_params();
   mp.metrics.spectral.threads = o->threads;
   stab_monitor *m = NULL;
-  if (!w || !len || !names || stab_monitor_create(&mp, &m) != STAB_OK) fail("monitor");
+  if (!w || !len || !cols || !names || stab_monitor_create(&mp, &m) != STAB_OK) fail("monitor");
   static const char *const lin_name[4] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
   const size_t lin[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* d_in, d_out */
   size_t n = 0;
@@ -112,6 +121,7 @@ static void replicated(const options *o) {
         snprintf(names[n], sizeof names[n], "h.%zu.ln_%zu", b - 1, k - 3);
         l.kind = STAB_KIND_GAIN, l.d_in = l.d_out = C, len[n] = C;
       }
+      cols[n] = l.kind == STAB_KIND_LINEAR ? l.d_in : l.kind == STAB_KIND_EMBEDDING ? C : len[n];
       w[n] = malloc(len[n] * sizeof **w);
       if (!w[n]) fail("out of memory");
       for (size_t i = 0; i < len[n]; i++) w[n][i] = element(n + 1, i) + (l.kind == STAB_KIND_GAIN ? 1.0f : 0.0f);
@@ -129,7 +139,7 @@ static void replicated(const options *o) {
   const double cold = slowest(monotonic_seconds() - t0);
   for (int s = 0; s < o->steps; s++) {
     if (stab_monitor_snapshot(m) != STAB_OK) fail("snapshot");
-    for (size_t i = 0; i < n; i++) change(w[i], len[i], 0, s);
+    for (size_t i = 0; i < n; i++) change(w[i], len[i], 0, cols[i], s);
     MPI_Barrier(MPI_COMM_WORLD);
     t0 = monotonic_seconds();
     if (stab_mpi_monitor_measure(MPI_COMM_WORLD, m, 1) != STAB_OK) fail("measure");
@@ -144,6 +154,7 @@ static void replicated(const options *o) {
   for (size_t i = 0; i < n; i++) free(w[i]);
   free(w);
   free(len);
+  free(cols);
   free(names);
   free(t);
 }
@@ -207,7 +218,10 @@ static void sharded(const options *o) {
     if (!t) fail("out of memory");
     int passes = 0;
     for (int st = 0; st < o->steps; st++) {
-      for (size_t i = 0; i < sr; i++) change(w + i * sc, sc, i * sc, st);
+      for (size_t i = 0; i < sr; i++) {
+        const size_t gi = split[k] == STAB_MPI_SPLIT_ROWS ? sh.begin + i : i, gj = split[k] == STAB_MPI_SPLIT_ROWS ? 0 : sh.begin;
+        change(w + i * sc, sc, gi * K + gj, K, st);
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = monotonic_seconds();
       if (stab_mpi_sharded_sigma(s, w, sc, &r) != STAB_OK) fail("warm sigma");
