@@ -431,6 +431,23 @@ stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_voc
 stab_status stab_table_check_shard(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
                                    const stab_metrics_params *params);
 
+/* stab_layer_metrics of a gain or a bias split among shards, this caller holding shard: a
+ * vector layer of shard->d_out of the whole vector's whole_length entries (the same kind and
+ * dtype on every shard). Every metric of the whole vector (a gain's max |g| and max |dg|, a
+ * bias's RMS and the RMS of its update, rel_update) from the shards' maxima and sums of
+ * squares, through reduce, in the same calls on every shard (a gain: one max and one sum; a
+ * bias: one sum). before: this shard's entries before the step, or NULL, alike on every shard.
+ * Errors as stab_table_metrics_reduced's: all before the first reduce call (a caller whose
+ * shards could disagree checks them together first: stab_vector_check_shard); a failure of
+ * reduce, its status (metrics NaN). Sums of squares make a bias's RMS equal one process's to
+ * rounding (1e-15 relative), not bit for bit. */
+stab_status stab_vector_metrics_reduced(const stab_layer *shard, size_t whole_length, const stab_layer *before,
+                                        const stab_metrics_params *params, const stab_shard_reduce *reduce,
+                                        stab_metrics *out);
+/* The checks stab_vector_metrics_reduced makes before its first reduce call, alone. */
+stab_status stab_vector_check_shard(const stab_layer *shard, size_t whole_length, const stab_layer *before,
+                                    const stab_metrics_params *params);
+
 /* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
  * n = 0, stride 0 or a span ((n - 1) * stride + 1 floats) past what memory can address, with
  * the reason in stab_last_error(). */

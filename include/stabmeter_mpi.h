@@ -98,6 +98,16 @@ stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_up
 stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_t vocab_begin, size_t whole_vocab,
                                    const stab_layer *before, const stab_metrics_params *params, stab_metrics *out);
 
+/* A gain or a bias split by entries (entries [begin, begin + shard->d_out) of whole_length, on
+ * every rank a vector layer of its own entries, the same kind and dtype; before given on every
+ * rank or on none): the whole vector's metrics as stab_layer_metrics gives them (a gain's
+ * max |g| and max |dg|, a bias's RMS and its update's, rel_update), on every rank, the same bits.
+ * Collective as stab_mpi_table_metrics, with the same checks and errors; a few small
+ * collectives a call. Replicated gains and biases (every rank holding the whole vector) need
+ * none of this: stab_mpi_monitor_measure, or stab_layer_metrics on any rank. */
+stab_status stab_mpi_vector_metrics(MPI_Comm comm, const stab_layer *shard, size_t begin, size_t whole_length,
+                                    const stab_layer *before, const stab_metrics_params *params, stab_metrics *out);
+
 #ifdef __cplusplus
 }
 #endif

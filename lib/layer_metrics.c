@@ -324,11 +324,39 @@ static void table(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *
   }
 }
 
+/* A gain or a bias split among shards (stab_vector_metrics_reduced): the same metrics from
+ * the shards' maxima (a gain's max |g| and max |dg|) and sums of squares (a bias's RMS, and
+ * rel_update's norms), in the same two reduce calls on every shard whatever its values. */
+static void vector_shard(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                         const stabi_delta *dl, stab_metrics *m) {
+  const size_t n = l->d_out;
+  const double whole = (double)ctx->shards->whole_items;
+  float *ra = rowbuf_a(ctx), *rb = rowbuf_b(ctx, sh);
+  double big[2] = {NAN, NAN}, sq[2] = {sumsq(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32), 0.0};
+  if (l->kind == STAB_KIND_GAIN) {
+    big[0] = stab_max_abs_diff(stabi_row_f32(l->weight, l->dtype, 0, 0, n, ra), NULL, n);
+    if (dl)
+      big[1] = stab_max_abs_diff(stabi_row_f32(dl->w, dl->wt, 0, 0, n, ra),
+                                 dl->w_sub ? stabi_row_f32(dl->w_sub, dl->sub_t, 0, 0, n, rb) : NULL, n);
+    stabi_items_complete(ctx->shards, 1, big, dl ? 2 : 1);
+  }
+  if (dl) sq[1] = sumsq(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t);
+  stabi_items_complete(ctx->shards, 0, sq, dl ? 2 : 1);
+  m->forward = l->kind == STAB_KIND_GAIN ? big[0] : sqrt(sq[0] / whole);
+  if (l->kind == STAB_KIND_GAIN) m->dependency = m->forward;
+  if (dl) {
+    m->update = l->kind == STAB_KIND_GAIN ? big[1] : sqrt(sq[1] / whole);
+    m->rel_update = sqrt(sq[1]) / sqrt(sq[0]);
+  }
+}
+
 static void vector(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
                    const stabi_delta *dl, stab_metrics *m) {
   const size_t n = l->d_out;
   float *ra = rowbuf_a(ctx), *rb = rowbuf_b(ctx, sh);
-  if (l->kind == STAB_KIND_GAIN) {
+  if (ctx->shards) {
+    vector_shard(ctx, l, sh, dl, m);
+  } else if (l->kind == STAB_KIND_GAIN) {
     m->forward = m->dependency = stab_max_abs_diff(stabi_row_f32(l->weight, l->dtype, 0, 0, n, ra), NULL, n);
     if (dl)
       m->update = stab_max_abs_diff(stabi_row_f32(dl->w, dl->wt, 0, 0, n, ra),
@@ -342,7 +370,7 @@ static void vector(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape 
     m->forward = m->dependency = NAN;
   }
   if (!dl) return;
-  m->rel_update = rel_update(ctx, sh, l, dl);
+  if (!ctx->shards) m->rel_update = rel_update(ctx, sh, l, dl);
   if (!isfinite(m->update)) {
     m->flags |= STAB_FLAG_NONFINITE_UPDATE;
     m->update = m->rel_update = NAN;
@@ -481,22 +509,26 @@ stab_status stab_layer_metrics(const stab_layer *layer, const stab_layer *before
   return st;
 }
 
-/* What stab_table_metrics_reduced checks before its first reduce. */
-static stab_status check_table_shard(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
-                                     const stab_metrics_params *p, stabi_shape *sh) {
-  static const char who[] = "stab_table_metrics_reduced";
+/* What stab_table_metrics_reduced and stab_vector_metrics_reduced check before their first
+ * reduce: the shard's kind (table is 1 for tables, 0 for gains and biases), its shape, that it
+ * is no larger than the whole, and before. */
+static stab_status check_shard(const char *who, int table, const stab_layer *shard, size_t whole,
+                               const stab_layer *before, const stab_metrics_params *p, stabi_shape *sh) {
   if (!shard) return stabi_fail(STAB_EINVAL, "%s: shard is NULL", who);
-  if (shard->kind != STAB_KIND_EMBEDDING && shard->kind != STAB_KIND_LM_HEAD)
-    return stabi_fail(STAB_EINVAL, "%s: layer '%s' is a %s, not a table", who, layer_name(shard),
-                      stab_kind_name(shard->kind));
-  if (p->tight != STAB_TIGHT_CENTRED && p->tight != STAB_TIGHT_NONE)
+  const int is_table = shard->kind == STAB_KIND_EMBEDDING || shard->kind == STAB_KIND_LM_HEAD;
+  const int is_vector = shard->kind == STAB_KIND_GAIN || shard->kind == STAB_KIND_BIAS;
+  if (table ? !is_table : !is_vector)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%s' is a %s, not a %s", who, layer_name(shard),
+                      stab_kind_name(shard->kind), table ? "table" : "gain or bias");
+  if (table && p->tight != STAB_TIGHT_CENTRED && p->tight != STAB_TIGHT_NONE)
     return stabi_fail(STAB_EINVAL, "%s: layer '%s': the tight method must be centred or none (all pairs "
                       "across shards are not computed)", who, layer_name(shard));
   stab_status st = stabi_layer_shape(shard, who, sh);
   if (st != STAB_OK) return st;
-  if (whole_vocab < shard->vocab)
-    return stabi_fail(STAB_EDIM, "%s: layer '%s': whole_vocab %zu is less than the shard's %zu", who,
-                      layer_name(shard), whole_vocab, shard->vocab);
+  const size_t mine = table ? shard->vocab : shard->d_out;
+  if (whole < mine)
+    return stabi_fail(STAB_EDIM, "%s: layer '%s': the whole %s %zu is less than the shard's %zu", who,
+                      layer_name(shard), table ? "vocabulary" : "length", whole, mine);
   return before ? check_before(shard, before) : STAB_OK;
 }
 
@@ -504,25 +536,32 @@ stab_status stab_table_check_shard(const stab_layer *shard, size_t whole_vocab, 
                                    const stab_metrics_params *params) {
   const stab_metrics_params p = params ? *params : stab_metrics_default_params();
   stabi_shape sh;
-  return check_table_shard(shard, whole_vocab, before, &p, &sh);
+  return check_shard("stab_table_metrics_reduced", 1, shard, whole_vocab, before, &p, &sh);
 }
 
-/* A table split by vocabulary: stab_layer_metrics' table path on this shard, every sum and
- * maximum completed over the shards by the caller's reduce (stabi_set.shards). */
-stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
-                                       const stab_metrics_params *params, const stab_shard_reduce *reduce,
-                                       stab_metrics *out) {
-  static const char who[] = "stab_table_metrics_reduced";
+stab_status stab_vector_check_shard(const stab_layer *shard, size_t whole_length, const stab_layer *before,
+                                    const stab_metrics_params *params) {
+  const stab_metrics_params p = params ? *params : stab_metrics_default_params();
+  stabi_shape sh;
+  return check_shard("stab_vector_metrics_reduced", 0, shard, whole_length, before, &p, &sh);
+}
+
+/* A layer split along its items (a table's tokens or classes, a vector's entries):
+ * stab_layer_metrics' path on this shard, every sum and maximum completed over the shards by
+ * the caller's reduce (stabi_ctx.shards). */
+static stab_status metrics_reduced(const char *who, int table, const stab_layer *shard, size_t whole,
+                                   const stab_layer *before, const stab_metrics_params *params,
+                                   const stab_shard_reduce *reduce, stab_metrics *out) {
   if (!out) return stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
   stabi_layer_measure_clear(out);
   if (!reduce || !reduce->sum || !reduce->max)
     return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !reduce ? "reduce" : "a reduce function");
   stab_metrics_params p = params ? *params : stab_metrics_default_params();
   stabi_shape sh;
-  stab_status st = check_table_shard(shard, whole_vocab, before, &p, &sh);
+  stab_status st = check_shard(who, table, shard, whole, before, &p, &sh);
   if (st != STAB_OK) return st;
   const stabi_delta dl = before ? delta_of(shard, before) : (stabi_delta){0};
-  stabi_items_reduce r = {*reduce, whole_vocab, STAB_OK};
+  stabi_items_reduce r = {*reduce, whole, STAB_OK};
   stabi_ctx ctx = {NULL, NULL, p.tight, NULL, &r};
   if ((st = alloc_scratch(&ctx, &sh, shard, before, p.tight, who)) != STAB_OK) return st;
   st = stabi_layer_measure(&ctx, shard, &sh, before ? &dl : NULL, NULL, out, NULL);
@@ -533,4 +572,16 @@ stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_voc
     st = r.status;
   }
   return st;
+}
+
+stab_status stab_table_metrics_reduced(const stab_layer *shard, size_t whole_vocab, const stab_layer *before,
+                                       const stab_metrics_params *params, const stab_shard_reduce *reduce,
+                                       stab_metrics *out) {
+  return metrics_reduced("stab_table_metrics_reduced", 1, shard, whole_vocab, before, params, reduce, out);
+}
+
+stab_status stab_vector_metrics_reduced(const stab_layer *shard, size_t whole_length, const stab_layer *before,
+                                        const stab_metrics_params *params, const stab_shard_reduce *reduce,
+                                        stab_metrics *out) {
+  return metrics_reduced("stab_vector_metrics_reduced", 0, shard, whole_length, before, params, reduce, out);
 }

@@ -24,6 +24,8 @@ extern int rank, ranks, checks, failures;
 void replicated_cases(void);
 /* mpi_tables.c: tables split by vocabulary against stab_layer_metrics on the whole table. */
 void table_cases(void);
+/* mpi_tables.c: gains and biases split by entries against stab_layer_metrics on the whole. */
+void vector_cases(void);
 /* mpi_sums.c: the collectives' sums and maxima against references in long double. */
 void sum_cases(void);
 

@@ -268,6 +268,7 @@ int main(int argc, char **argv) {
   registration_cases();
   replicated_cases();
   table_cases();
+  vector_cases();
   sum_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

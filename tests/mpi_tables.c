@@ -1,6 +1,7 @@
-/* mpi_tables.c — stab_mpi_table_metrics: embedding and LM-head tables split by vocabulary, each
- * rank holding some tokens, against stab_layer_metrics on the whole table (every rank builds it
- * from the same seed): every metric to 1e-12 relative, the same bits on every rank. */
+/* mpi_tables.c — stab_mpi_table_metrics and stab_mpi_vector_metrics: embedding and LM-head
+ * tables split by vocabulary, gains and biases by entries, each rank holding a part, against
+ * stab_layer_metrics on the whole layer (every rank builds it from the same seed): every metric
+ * to 1e-12 relative, the same bits on every rank. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -102,5 +103,65 @@ void table_cases(void) {
   if (rank == 0) mine.weight = NULL;
   st = stab_mpi_table_metrics(MPI_COMM_WORLD, &mine, b, 64, NULL, NULL, &out);
   CHECK(st != STAB_OK && strstr(stab_last_error(), "rank 0: "), "NULL weight on rank 0: %d '%s'", (int)st,
+        stab_last_error());
+}
+
+/* A whole gain or bias and its state before a step; this rank's part points into both.
+ * nan_at: an entry made NaN (in the weights, or with in_update in the update), or -1. */
+static void vector_case(const char *name, stab_kind kind, size_t n, const int *weight, long nan_at, int in_update,
+                        int with_before) {
+  float *w = malloc(n * sizeof *w), *w0 = malloc(n * sizeof *w0);
+  fill(w0, n, n + 3, 1.0f);
+  fill(w, n, n + 4, 0.01f);
+  for (size_t i = 0; i < n; i++) w[i] += w0[i];
+  if (nan_at >= 0) (in_update ? w0 : w)[nan_at] = NAN;
+  stab_layer whole = {.name = name, .kind = kind, .d_in = n, .d_out = n, .weight = w};
+  stab_layer whole0 = whole;
+  whole0.weight = w0;
+  stab_metrics want, got;
+  CHECK(stab_layer_metrics(&whole, with_before ? &whole0 : NULL, NULL, &want, NULL) == STAB_OK, "%s: single", name);
+  size_t b = 0, c = 0;
+  tokens(n, weight, &b, &c);
+  stab_layer mine = whole, mine0 = whole0;
+  mine.d_in = mine.d_out = mine0.d_in = mine0.d_out = c;
+  mine.weight = w + b;
+  mine0.weight = w0 + b;
+  stab_status st = stab_mpi_vector_metrics(MPI_COMM_WORLD, &mine, b, n, with_before ? &mine0 : NULL, NULL, &got);
+  CHECK(st == STAB_OK, "%s: %s", name, stab_last_error());
+  CHECK(same_on_every_rank_bits(&got), "%s: the ranks' metrics differ", name);
+  const double g[] = {got.forward, got.dependency, got.update, got.rel_update};
+  const double e[] = {want.forward, want.dependency, want.update, want.rel_update};
+  for (int k = 0; k < 4; k++)
+    CHECK(close_or_same(g[k], e[k]), "%s: metric %d: sharded %.17g, single-process %.17g", name, k, g[k], e[k]);
+  CHECK(got.flags == want.flags, "%s: flags %d vs %d", name, got.flags, want.flags);
+  if (nan_at >= 0) CHECK(got.flags != 0, "%s: no NaN flag", name);
+  free(w);
+  free(w0);
+}
+
+void vector_cases(void) {
+  static const int even[3] = {1, 1, 1}, uneven[3] = {1, 3, 2}, one_entry[3] = {0, 1, 1};
+  vector_case("ln_1 gain, uneven", STAB_KIND_GAIN, 203, uneven, -1, 0, 1);
+  vector_case("c_fc bias, even", STAB_KIND_BIAS, 150, even, -1, 0, 1);
+  vector_case("bias, no update", STAB_KIND_BIAS, 77, uneven, -1, 0, 0);
+  vector_case("gain, no update", STAB_KIND_GAIN, 77, even, -1, 0, 0);
+  vector_case("gain, a shard of one entry", STAB_KIND_GAIN, 40, one_entry, -1, 0, 1);
+  vector_case("bias, NaN in the last rank's weights", STAB_KIND_BIAS, 60, even, 59, 0, 1);
+  vector_case("gain, NaN in rank 0's update", STAB_KIND_GAIN, 60, even, 0, 1, 1);
+  /* before on rank 0 only: every rank refuses (their reduce calls would differ) */
+  float w[32] = {0}, w0[32] = {0};
+  size_t b = 0, c = 0;
+  tokens(32, even, &b, &c);
+  stab_layer mine = {.name = "half", .kind = STAB_KIND_BIAS, .d_in = c, .d_out = c, .weight = w + b};
+  stab_layer mine0 = mine;
+  mine0.weight = w0 + b;
+  stab_metrics out;
+  stab_status st = stab_mpi_vector_metrics(MPI_COMM_WORLD, &mine, b, 32, rank == 0 ? &mine0 : NULL, NULL, &out);
+  CHECK(ranks == 1 || (st == STAB_EINVAL && strstr(stab_last_error(), "some ranks")), "before on rank 0: %d '%s'",
+        (int)st, stab_last_error());
+  /* a table handed to the vector function, on the last rank: every rank refuses */
+  if (rank == ranks - 1) mine.kind = STAB_KIND_EMBEDDING, mine.vocab = c, mine.width = 1;
+  st = stab_mpi_vector_metrics(MPI_COMM_WORLD, &mine, b, 32, NULL, NULL, &out);
+  CHECK(st == STAB_EINVAL && strstr(stab_last_error(), "not a gain or bias"), "a table: %d '%s'", (int)st,
         stab_last_error());
 }
