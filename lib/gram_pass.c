@@ -48,11 +48,12 @@ typedef double (*chunk32_fn)(const float *a, const float *b, size_t r0, size_t r
  *     in f32 (by FMA in the SIMD builds) over at most RUN_TERMS of its columns, i.e. runs of
  *     RUN_TERMS x lanes columns starting at column 0; at each run's end the lanes are widened
  *     and summed into the row's f64 dot. Columns past the last whole vector are summed in f64.
- *   - the accumulation of d_iv r_i into y: each lane sums the 8 rows of a block (d rounded to
- *     f32, the products in f32), and that sum is added into the chunk's f64 accumulator: runs
- *     of 8 terms, aligned to the blocks, which start at the chunk's first row (fixed by the
- *     shape; a tile holds whole blocks), so the thread count never moves a run. Single rows
- *     past the last block, and columns past the last whole vector, are accumulated in f64.
+ *   - the accumulation of d_iv r_i into y: each lane sums the rows of a run (d rounded to f32,
+ *     the products in f32), and that sum is added into the chunk's f64 accumulator: runs of
+ *     STABI_RUN_ROWS = 32 rows in the AVX-512 build, of 8 (a block) in the others, aligned to
+ *     the chunk's first row (fixed by the shape; a tile holds whole runs), so the thread count
+ *     never moves a run. Single rows past the last block, and columns past the last whole
+ *     vector, are accumulated in f64.
  * Both are inside the 256 terms a run may hold (docs/metrics.md): for a row of n columns,
  * |d - d~| <= (RUN_TERMS + 2) u32 sum_j |r_ij x_j| + O(n u64) with u32 = 2^-24 (the bound
  * tests/check_gram_pass holds them to). Measured, sigma moved by at most 2.5e-8 relative
@@ -677,29 +678,54 @@ AVX512 void add16(double *acc, __m512 t, double up) {
   _mm512_storeu_pd(acc + 8, _mm512_fmadd_pd(hi, u, _mm512_loadu_pd(acc + 8)));
 }
 
-/* Blocks of 8 rows. The dots of a block are swept over the columns RS rows at a time, so that
- * the nv x RS sums stay in the 32 zmm registers (four vectors: two sweeps of 4 rows, which
- * read x twice from cache and W once). */
+/* e[v][r] = d[v][r] / up[v] as f32 for the R rows of a run, up[v] = pow2_above(max_r |d[v][r]|). */
+static inline void run_scale(double d[4][STABI_RUN_ROWS], int nv, int R, float e[4][STABI_RUN_ROWS], double up[4]) {
+  for (int v = 0; v < nv; v++) {
+    double m = 0.0;
+    for (int r = 0; r < R; r++) {
+      double a = fabs(d[v][r]);
+      m = a > m ? a : m;
+    }
+    const int x = pow2_exponent(m);
+    const double down = pow2(-x);
+    up[v] = pow2(x);
+    for (int r = 0; r < R; r++) e[v][r] = (float)(d[v][r] * down);
+  }
+}
+
+/* Runs of up to STABI_RUN_ROWS rows (whole 8-row blocks). First the dots of all the run's rows,
+ * swept over the columns RS rows at a time so that the nv x RS sums stay in the 32 zmm
+ * registers (four vectors: 4 rows a sweep, x read from cache once a sweep, W once from
+ * memory). Then the accumulation, by tiles of T x 16 columns: each tile's nv x T sums stay in
+ * registers over all the run's rows (now in L2), and are added into the f64 accumulator once
+ * a tile. Before, every 8-row block's sums went through the f64 accumulator (widen, load, FMA,
+ * store for each vector and 16 columns): as many operations as the block's products, and the
+ * accumulator (nv x cols doubles, 128 KiB for four vectors of 4096) streamed through L2 every 8
+ * rows. While a run accumulates from L2, the next run's rows are prefetched into L2, so that
+ * memory keeps streaming while the arithmetic runs (without, the two took turns). The run,
+ * fixed by the chunk's first row, is a run of the accumulation's f32 sums (STABI_RUN_ROWS
+ * terms, within the 256 of docs/metrics.md). */
 AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, size_t r1,
                                   size_t cols, size_t ld, const float *x32, const double *xup,
                                   const double *x, double *acc, const int nv, double quad, const int BF) {
-  enum { R = 8, L = 16 };
+  enum { R = 8, L = 16, S = STABI_RUN_ROWS };
   const int RS = nv == 4 ? 4 : 8;
+  const int T = nv == 1 ? 8 : 4; /* nv x T independent sums: enough to hide the FMA latency */
   const size_t c16 = cols & ~(size_t)(L - 1), run = (size_t)RUN_TERMS * L;
   size_t i = r0;
-  for (; i + R <= r1; i += R) {
-    const float *A[R], *B[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      A[r] = row_at(a, i + (size_t)r, ld, BF);
-      B[r] = b ? b + (i + (size_t)r) * ld : NULL;
-    }
-    double d[4][R];
+  while (i + R <= r1) {
+    const int SR = (int)((r1 - i) / R < (size_t)(S / R) ? (r1 - i) / R * R : (size_t)S);
+    double d[4][S];
 #pragma GCC unroll 4
     for (int v = 0; v < nv; v++)
+      for (int r = 0; r < SR; r++) d[v][r] = 0.0;
+    for (int q = 0; q < SR; q += RS) {
+      const float *A[8], *B[8];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; r++) d[v][r] = 0.0;
-    for (int q = 0; q < R; q += RS)
+      for (int r = 0; r < RS; r++) {
+        A[r] = row_at(a, i + (size_t)(q + r), ld, BF);
+        B[r] = b ? b + (i + (size_t)(q + r)) * ld : NULL;
+      }
       for (size_t j0 = 0; j0 < c16; j0 += run) {
         const size_t j1 = c16 - j0 < run ? c16 : j0 + run;
         __m512 s[4][8];
@@ -713,7 +739,7 @@ AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, siz
           for (int v = 0; v < nv; v++) xv[v] = _mm512_loadu_ps(x32 + (size_t)v * cols + j);
 #pragma GCC unroll 8
           for (int r = 0; r < RS; r++) {
-            __m512 w = load16_t(A[q + r], B[q + r], j, BF);
+            __m512 w = load16_t(A[r], B[r], j, BF);
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) s[v][r] = _mm512_fmadd_ps(w, xv[v], s[v][r]);
           }
@@ -723,35 +749,65 @@ AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, siz
 #pragma GCC unroll 8
           for (int r = 0; r < RS; r++) d[v][q + r] += sum16(s[v][r]) * xup[v];
       }
-    float e[4][R];
-#pragma GCC unroll 4
-    for (int v = 0; v < nv; v++)
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++)
-        for (size_t t = c16; t < cols; t++) d[v][r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
-    double up[4];
-    block_scale(d, nv, R, e, up);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
-    for (size_t j = 0; j < c16; j += L) {
-      __m512 w[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++) w[r] = load16_t(A[r], B[r], j, BF);
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; v++) {
-        __m512 t0 = _mm512_mul_ps(_mm512_set1_ps(e[v][0]), w[0]);
-        __m512 t1 = _mm512_mul_ps(_mm512_set1_ps(e[v][1]), w[1]);
-#pragma GCC unroll 8
-        for (int r = 2; r < R; r += 2) {
-          t0 = _mm512_fmadd_ps(_mm512_set1_ps(e[v][r]), w[r], t0);
-          t1 = _mm512_fmadd_ps(_mm512_set1_ps(e[v][r + 1]), w[r + 1], t1);
-        }
-        add16(acc + (size_t)v * cols + j, _mm512_add_ps(t0, t1), up[v]);
-      }
+      for (int r = 0; r < RS; r++)
+        for (size_t t = c16; t < cols; t++)
+          for (int v = 0; v < nv; v++) d[v][q + r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
     }
-    for (size_t j = c16; j < cols; j++)
+    float e[4][S];
+    double up[4];
+    run_scale(d, nv, SR, e, up);
+    for (int r = 0; r < SR; r++) quad += d[0][r] * d[0][r];
+    size_t j = 0;
+    for (; j + (size_t)(T * L) <= c16; j += (size_t)(T * L)) {
+      __m512 s[4][8];
+#pragma GCC unroll 4
       for (int v = 0; v < nv; v++)
-        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem_t(A[r], B[r], j, BF);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[v][t] = _mm512_setzero_ps();
+      for (int r = 0; r < SR; r++) {
+        const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+        if (i + (size_t)(SR + r) < r1) { /* the next run's row, this tile's columns, on its way to L2 */
+          const char *pa = (const char *)(const void *)row_at(a, i + (size_t)(SR + r), ld, BF) + (BF ? 2 : 4) * j;
+          for (int k = 0; k < T * L * (BF ? 2 : 4); k += 64) _mm_prefetch(pa + k, _MM_HINT_T1);
+          if (b) {
+            const char *pb = (const char *)(const void *)(b + (i + (size_t)(SR + r)) * ld + j);
+            for (int k = 0; k < T * L * 4; k += 64) _mm_prefetch(pb + k, _MM_HINT_T1);
+          }
+        }
+        __m512 w[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) w[t] = load16_t(ar, br, j + (size_t)(t * L), BF);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+          const __m512 ev = _mm512_set1_ps(e[v][r]);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; t++) s[v][t] = _mm512_fmadd_ps(ev, w[t], s[v][t]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) add16(acc + (size_t)v * cols + j + (size_t)(t * L), s[v][t], up[v]);
+    }
+    for (; j < c16; j += L) {
+      __m512 s[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) s[v] = _mm512_setzero_ps();
+      for (int r = 0; r < SR; r++) {
+        const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+        const __m512 w = load16_t(ar, br, j, BF);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) s[v] = _mm512_fmadd_ps(_mm512_set1_ps(e[v][r]), w, s[v]);
+      }
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) add16(acc + (size_t)v * cols + j, s[v], up[v]);
+    }
+    for (int r = 0; r < SR; r++) {
+      const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+      for (size_t t = c16; t < cols; t++)
+        for (int v = 0; v < nv; v++) acc[(size_t)v * cols + t] += d[v][r] * elem_t(ar, br, t, BF);
+    }
+    i += (size_t)SR;
   }
   /* single rows: the dots in f32 runs, the accumulation in f64 (one row is no run) */
   for (; i < r1; i++) {

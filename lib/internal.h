@@ -109,13 +109,22 @@ typedef struct {
   int slots;
 } stabi_tiles;
 
-/* Rows of cols elements a tile holds: a multiple of 8 (the row blocks of the pass kernels, so
- * that a tile boundary is never inside a block: bit-identical results) of about
- * STABI_TILE_FLOATS floats, at least 8. */
+/* The AVX-512 pass kernel's runs of rows (gram_pass.c: the accumulation's f32 sums span up to
+ * this many rows, from a chunk's or a tile's first row); a multiple of 8, the row blocks of
+ * every pass kernel. */
+#define STABI_RUN_ROWS 32
+/* Rows of cols elements a tile holds: a multiple of STABI_RUN_ROWS (so that a tile boundary is
+ * never inside a block or a run: the sums are those of one call over the f32 rows, bit for
+ * bit) of about STABI_TILE_FLOATS floats, at least STABI_RUN_ROWS. */
 #define STABI_TILE_FLOATS ((size_t)32768)
 static inline size_t stabi_tile_rows(size_t cols) {
-  size_t r = STABI_TILE_FLOATS / cols / 8 * 8;
-  return r < 8 ? 8 : r;
+  size_t r = STABI_TILE_FLOATS / cols / STABI_RUN_ROWS * STABI_RUN_ROWS;
+  return r < STABI_RUN_ROWS ? STABI_RUN_ROWS : r;
+}
+/* Floats of one tile of rows of cols elements (stabi_tiles.floats), 0 past what memory holds. */
+static inline size_t stabi_tile_floats(size_t cols) {
+  const size_t f = stabi_mul(stabi_tile_rows(cols), cols);
+  return f && f < STABI_TILE_FLOATS ? STABI_TILE_FLOATS : f;
 }
 
 /* ---- the threads that share a pass or a monitor step (pass_pool.c) ---- */

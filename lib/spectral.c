@@ -128,7 +128,8 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
    * mode converts its rows through the first */
   int slots = stabi_pool_threads(ws->params.threads);
   if ((size_t)slots > nchunks) slots = (int)nchunks;
-  n.tiles.floats = c > STABI_TILE_FLOATS / 8 ? 8 * c : STABI_TILE_FLOATS;
+  n.tiles.floats = stabi_tile_floats(c);
+  if (!n.tiles.floats) failed = 1;
   n.tiles.slots = slots;
   if (stabi_mul_fits(n.tiles.floats, 2 * (size_t)slots) &&
       !(n.tiles.buf = malloc(n.tiles.floats * 2 * (size_t)slots * sizeof(float))))
