@@ -846,14 +846,11 @@ setup_end:
       }
       if (writer) check_alarms(mon, o.alarm, step + 1, tty, alarmed);
       if (means && step + 1 > o.steps - o.steps / 4) kind_means_add(means, mon);
-      double act[512]; /* per block: act_rms, act_cos1 (depth <= 256) */
-      for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act[l], &act[256 + l]);
-      if (world) { /* the ranks' means over their rows, as means over the batch */
-        memmove(act + o.depth, act + 256, o.depth * sizeof *act);
-        if (train_world_mean(world, act, 2 * o.depth, B)) goto out;
-        memmove(act + 256, act + o.depth, o.depth * sizeof *act);
-      }
-      const double *act_rms = act, *act_cos1 = act + 256;
+      double act[512]; /* act_rms of each block, then act_cos1 of each (depth <= 256) */
+      const double *act_rms = act, *act_cos1 = act + o.depth;
+      for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act[l], &act[o.depth + l]);
+      /* the ranks' means over their rows, as means over the batch */
+      if (world && train_world_mean(world, act, 2 * o.depth, B)) goto out;
       if (trace) {
         /* /step counts the steps done; the loss is that of the batch before this update. */
         const double scalars[2] = {loss, lr};
