@@ -92,6 +92,8 @@ for np in 2 3; do
   compare "-np $np" "$tmp/p1.csv" "$run.csv"
   h5dump -a /run_config "$run/trace.h5" 2>/dev/null | grep -q "\"ranks\": $np, \"data_parallel\": $np, \"tensor_parallel\": 1" ||
     fail "-np $np: run_config has not the layout: $(h5dump -a /run_config "$run/trace.h5" 2>&1 | grep -o '"ranks.*')"
+  # rank 0 alone writes --out: the files of one process, nothing else
+  [ "$(ls "$run")" = "$(ls "$tmp/p1")" ] || fail "-np $np: --out holds $(ls "$run" | tr '\n' ' '), one process $(ls "$tmp/p1" | tr '\n' ' ')"
   # rank 0 speaks for all: one progress line per step, not one per rank
   [ "$(grep -c '^step 6/6 ' "$run.err")" = 1 ] || fail "-np $np: $(grep -c '^step 6/6 ' "$run.err") last progress lines, want 1"
 done
