@@ -17,6 +17,7 @@ struct train_world {
   MPI_Comm comm;   /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
   int rank, size;
   FILE *captured;  /* ranks > 0: their stderr, until the next agreement */
+  int stderr_fd;   /* ranks > 0: the stderr they were started with, or -1 */
   int *ints;       /* (size) */
   int *counts, *displs; /* (size) each: the slices of a flat buffer, one per rank */
   int *rcounts, *rdispls; /* (size) each: every rank's copy of this rank's slice */
@@ -36,7 +37,8 @@ int train_world_launched(void) {
 static int silence(train_world *w) {
   int fd;
   if (!freopen("/dev/null", "w", stdout) || !(w->captured = tmpfile()) ||
-      (fd = fileno(w->captured)) < 0 || dup2(fd, STDERR_FILENO) < 0) {
+      (fd = fileno(w->captured)) < 0 || (w->stderr_fd = dup(STDERR_FILENO)) < 0 ||
+      dup2(fd, STDERR_FILENO) < 0) {
     cli_error("rank %d: cannot redirect its output: %s", w->rank, strerror(errno));
     return 1;
   }
@@ -52,6 +54,7 @@ int train_world_start(int *argc, char ***argv, train_world **out) {
   }
   train_world *w = calloc(1, sizeof *w);
   int rc = 1;
+  if (w) w->stderr_fd = -1;
   if (!w || MPI_Comm_dup(MPI_COMM_WORLD, &w->comm) != MPI_SUCCESS) {
     cli_error("%s", w ? "MPI_Comm_dup of MPI_COMM_WORLD failed" : "out of memory");
     free(w);
@@ -80,6 +83,8 @@ void train_world_finish(train_world *w) {
   if (!w) return;
   fflush(stdout);
   MPI_Comm_free(&w->comm);
+  /* what comes after (a sanitizer's report at exit) is not the trainer's: let it be seen */
+  if (w->stderr_fd >= 0 && dup2(w->stderr_fd, STDERR_FILENO) >= 0) close(w->stderr_fd);
   if (w->captured) fclose(w->captured);
   free(w->ints), free(w->counts), free(w->displs), free(w->rcounts), free(w->rdispls), free(w->sums), free(w->all);
   free(w);
