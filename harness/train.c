@@ -793,7 +793,8 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     cli_error("data parallel: %zu ranks, each %zu or %zu of the %zu sequences of every batch", ranks,
               B / ranks + 1, B / ranks, B);
   else if (world)
-    cli_error("data parallel: %zu ranks, each %zu of the %zu sequences of every batch", ranks, B / ranks, B);
+    cli_error("data parallel: %zu rank%s, each %zu of the %zu sequences of every batch", ranks,
+              ranks == 1 ? "" : "s", B / ranks, B);
   rc = 0;
 setup_end:
   if ((rc = together(world, rc))) goto out;
@@ -944,8 +945,8 @@ setup_end:
       cli_error("rank %d's weights differ from rank 0's after step %zu", differing, o.steps);
       goto out;
     }
-    printf("data parallel: %zu ranks, the same weights on every rank (FNV-1a %016llx)\n", ranks,
-           (unsigned long long)hash);
+    printf("data parallel: %zu rank%s, the same weights on every rank (FNV-1a %016llx)\n", ranks,
+           ranks == 1 ? "" : "s", (unsigned long long)hash);
   }
   if (trace) {
     int64_t rows = stab_trace_steps(trace);
@@ -1046,8 +1047,10 @@ static int run(int argc, char **argv, train_world **world) {
     if (!mine) data_free(&data);
     return rc;
   }
+  /* one rank under mpirun without --data-parallel: the one-process run, MPI unused */
+  train_world *dp = o.data_parallel ? *world : NULL;
   if (!o.n_sweep) {
-    rc = train_run(&o, &data, NULL, *world);
+    rc = train_run(&o, &data, NULL, dp);
   } else {
     kind_means means[16];
     char dir[4096];
@@ -1065,7 +1068,7 @@ static int run(int argc, char **argv, train_world **world) {
               o.n_sweep, dir);
       printf("== width %zu: %s\n", one.width, dir);
       fflush(stdout);
-      rc = train_run(&one, &data, &means[w], *world);
+      rc = train_run(&one, &data, &means[w], dp);
     }
     if (!rc) print_sweep(&o, means);
   }
