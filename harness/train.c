@@ -8,6 +8,7 @@
 #include "model.h"
 #include "optim.h"
 #include "stabmeter.h"
+#include "train_world.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -34,6 +35,7 @@ typedef struct {
   const char *out, *data;
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
   size_t sweep[16], n_sweep; /* --sweep-widths: train once per width, each into out/width-W */
+  int data_parallel; /* --data-parallel: under mpirun, each rank a slice of every batch */
 } options;
 
 /* ---- options --------------------------------------------------------------------- */
@@ -96,6 +98,14 @@ static void usage(void) {
          "                             each into DIR/width-W/, and print each layer kind's metrics\n"
          "                             against width with the fitted log-log slope (muP's\n"
          "                             coordinate check); needs --out DIR\n"
+         "\n"
+         "Parallel (a build configured --with-mpi):\n"
+         "      --data-parallel        under mpirun -np P: every rank holds the whole model and\n"
+         "                             trains on its share of each batch (B/P sequences, the\n"
+         "                             first B%%P ranks one more); the gradients are summed in\n"
+         "                             rank order, so every rank has the same weights after\n"
+         "                             every step; the monitor's layers are divided among the\n"
+         "                             ranks; rank 0 alone prints and writes --out\n"
          "  -h, --help                 print this help and exit\n"
          "  -V, --version              print the version and exit\n"
          "\n"
@@ -127,7 +137,7 @@ static int parse_widths(const char *s, options *o) {
 
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
-         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP };
+         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -144,6 +154,7 @@ static int parse(int argc, char **argv, options *o) {
       {"flush-every", required_argument, 0, O_FLUSH},
       {"trace-errors", required_argument, 0, O_TRACE_ERRORS},
       {"sweep-widths", required_argument, 0, O_SWEEP},
+      {"data-parallel", no_argument, 0, O_DATA_PARALLEL},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -192,6 +203,10 @@ static int parse(int argc, char **argv, options *o) {
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
     case O_PRINT: o->print_metrics = 1; break;
+    case O_DATA_PARALLEL:
+      if (TRAIN_WITH_MPI) o->data_parallel = 1;
+      else rc = cli_usage_error("--data-parallel: built without MPI: ./configure --with-mpi");
+      break;
     case 'h': usage(); return -1;
     case 'V': cli_version(); return -1;
     default: return cli_getopt_error(c, argv);
@@ -334,19 +349,22 @@ static long layer_block(const char *name) {
   return -1;
 }
 
-/* The run's settings as the trace's run_config attribute (JSON). */
-static void run_config(char *buf, size_t n, const options *o, const model *m) {
+/* The run's settings as the trace's run_config attribute (JSON), with the parallel layout: ranks
+ * in all, how many hold a replica (data parallel) and how many share each layer (tensor
+ * parallel): 1, 1, 1 for one process. */
+static void run_config(char *buf, size_t n, const options *o, const model *m, int ranks) {
   snprintf(buf, n,
            "{\"program\": \"stabmeter train\", \"model\": {\"vocab\": %zu, \"width\": %zu, "
            "\"depth\": %zu, \"heads\": %zu, \"context\": %zu, \"biases\": %s, \"tied\": %s, "
            "\"parameters\": %zu}, \"optimizer\": \"%s\", \"lr\": %g, \"warmup\": %zu, "
            "\"min_lr_frac\": %g, \"batch\": %zu, \"steps\": %zu, \"seed\": %llu, "
-           "\"metrics_every\": %zu, \"data\": \"%s\"}",
+           "\"metrics_every\": %zu, \"data\": \"%s\", \"ranks\": %d, \"data_parallel\": %d, "
+           "\"tensor_parallel\": 1}",
            m->c.vocab, o->width, o->depth, o->heads, o->context, o->biases ? "true" : "false",
            o->untied ? "false" : "true", m->n_params,
            o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", o->lr, o->warmup, o->min_lr_frac,
            o->batch, o->steps, (unsigned long long)o->seed, o->metrics_every,
-           o->data ? "file" : "built-in");
+           o->data ? "file" : "built-in", ranks, ranks);
 }
 
 /* ---- checkpoint ------------------------------------------------------------------ */
@@ -563,16 +581,24 @@ static void fmt_time(char *buf, size_t n, double s) {
   snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
 
-/* Mean loss over `batches` fixed batches of [lo, hi). */
-static double eval_loss(model *m, const data_set *d, size_t lo, size_t hi, size_t B, size_t T,
-                        int32_t *tok, int32_t *tgt, size_t batches) {
+/* Every rank's failure becomes every rank's: under --data-parallel the ranks agree on the
+ * first failing rank's exit code, so that nobody waits in a collective that a failed rank will
+ * never call. Called at the same points on every rank. One process: rc itself. */
+static int together(train_world *w, int rc) { return w ? train_world_agree(w, rc) : rc; }
+
+/* Mean loss over `batches` fixed batches of [lo, hi); this rank runs rows [b0, b0 + nb) of
+ * each (all of them in one process), and the ranks' means are combined (collective). */
+static double eval_loss(model *m, train_world *w, const data_set *d, size_t lo, size_t hi,
+                        size_t B, size_t b0, size_t nb, size_t T, int32_t *tok, int32_t *tgt,
+                        size_t batches) {
   data_rng r = {12345};
   double s = 0;
   for (size_t i = 0; i < batches; i++) {
     data_batch(d, &r, lo, hi, B, T, tok, tgt);
-    s += model_forward(m, tok, tgt, B, T);
+    s += model_forward(m, tok + b0 * T, tgt + b0 * T, nb, T);
   }
-  return s / (double)batches;
+  s /= (double)batches;
+  return w && train_world_mean(w, &s, 1, B) ? NAN : s;
 }
 
 /* Per layer kind and metric (forward, dependency, update): the sum of the logs and the count
@@ -602,17 +628,25 @@ static double kind_mean(const kind_means *k, int kind, int metric) {
 
 /* One training run with the options o; the sweep gives each run its width and directory.
  * means, when not NULL, receives the last quarter's per-kind metrics. Returns the exit status. */
-static int train_run(const options *opts, const data_set *data, kind_means *means) {
+static int train_run(const options *opts, const data_set *data, kind_means *means, train_world *world) {
   const options o = *opts;
-  int rc;
+  int rc = 0;
   /* The last tenth is held out for the final evaluation. */
   size_t split = data->n - data->n / 10, B = o.batch, T = o.context;
+  /* --data-parallel: this rank's rows [b0, b0 + nb) of every batch; rank 0 alone writes */
+  size_t b0 = 0, nb = B, ranks = world ? (size_t)train_world_size(world) : 1;
+  int writer = !world || train_world_rank(world) == 0;
+  if (world) train_world_split(world, B, &b0, &nb);
   if (data->n / 10 < T + 1 || split < T + 1) {
     cli_error("%s is too short for context %zu (needs %zu tokens)", data->what, T,
             10 * (T + 1));
-    return 2;
+    rc = 2;
+  } else if (B < ranks) {
+    rc = cli_usage_error("--batch %zu is smaller than the %zu ranks: each needs a sequence", B, ranks);
+  } else if (o.out) {
+    rc = check_out(o.out, o.metrics_every != 0);
   }
-  if (o.out && (rc = check_out(o.out, o.metrics_every != 0))) return rc;
+  if ((rc = together(world, rc))) return rc;
   model m;
   model_config mc = {.vocab = data->vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
                      .context = T, .biases = o.biases, .untied = o.untied};
@@ -624,11 +658,15 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   long *blocks = NULL;           /* per monitor layer: its block, or -1 */
   double *extras = NULL;         /* per monitor layer: act_rms, act_cos1 */
   int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
-  if ((rc = model_create(&m, &mc)) || model_reserve(&m, B, T) || !tok || !tgt) {
+  if ((rc = model_create(&m, &mc)) || model_reserve(&m, nb, T) || !tok || !tgt) {
     cli_error("%s", rc == -1 ? "bad model shape" : "out of memory for the model");
-    free(tok), free(tgt), model_free(&m);
-    return 1;
+    rc = 1;
   }
+  if ((rc = together(world, rc))) {
+    free(tok), free(tgt), model_free(&m);
+    return rc;
+  }
+  /* Until setup_end a failure is this rank's alone: it goes there, where every rank learns it. */
   rc = 1;
   model_init_params(&m, o.seed, o.optimizer == OPTIM_ADAMW);
   size_t start = 0;
@@ -642,13 +680,13 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     if (lrc) {
       cli_error("cannot resume: %s", msg);
       rc = lrc;
-      goto out;
+      goto setup_end;
     }
   }
   optim_params op = optim_default_params(o.optimizer);
   if (optim_create(&opt, &op, m.tensors, m.n_tensors, m.n_params)) {
     cli_error("out of memory for the optimizer");
-    goto out;
+    goto setup_end;
   }
   if (o.resume) {
     /* AdamW goes on with the moments saved beside the checkpoint, as if never stopped;
@@ -668,7 +706,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       if (lrc) {
         cli_error("cannot resume: %s", msg);
         rc = lrc;
-        goto out;
+        goto setup_end;
       }
       opt.step = (long)start;
       how = " with its AdamW moments";
@@ -679,7 +717,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     stab_monitor_params mp = stab_monitor_default_params();
     if (stab_monitor_create(&mp, &mon) != STAB_OK || register_layers(mon, &m)) {
       cli_error("monitor: %s", stab_last_error());
-      goto out;
+      goto setup_end;
     }
   }
   cli_error("%s", data->what);
@@ -688,7 +726,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
           o.untied ? "untied" : "tied", o.biases ? ", biases" : "",
           o.optimizer == OPTIM_ADAMW ? "adamw (init std 0.02)" : "steepest (articles' init)",
           o.lr, o.warmup, B, T, o.steps);
-  if (mon && o.out) {
+  if (mon && o.out && writer) {
     static const char *const scalars[] = {"loss", "lr"};
     static const char *const layer_extras[] = {"act_rms", "act_cos1"};
     char config[2048];
@@ -697,15 +735,15 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     extras = malloc(2 * nl * sizeof *extras);
     if (!blocks || !extras) {
       cli_error("out of memory");
-      goto out;
+      goto setup_end;
     }
     for (size_t i = 0; i < nl; i++) blocks[i] = layer_block(stab_monitor_layer(mon, i)->name);
     if (snprintf(trace_path, sizeof trace_path, "%s/trace.h5", o.out) >= (int)sizeof trace_path ||
         mkdirs(o.out)) {
       cli_error("cannot create the directory %s: %s", o.out, strerror(errno));
-      goto out;
+      goto setup_end;
     }
-    run_config(config, sizeof config, &o, &m);
+    run_config(config, sizeof config, &o, &m, (int)ranks);
     stab_trace_params tp = stab_trace_default_params();
     tp.flush_every = (int)o.flush_every;
     tp.run_config = config;
@@ -721,7 +759,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       cli_error("trace: %s", stab_last_error());
       /* a trace another run is writing, or one of another model: the input, not a failure */
       if (ts == STAB_EBUSY || ts == STAB_EINVAL) rc = 2;
-      goto out;
+      goto setup_end;
     }
     /* Until it is closed the file is marked open for writing (SWMR), and a plain HDF5 open
      * (h5dump, ncdump, xarray) refuses it: say what reads it, and how to repair it after a kill. */
@@ -746,12 +784,22 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     cli_error("warning: steepest with a tied head: the head is the embedding (init "
                     "std 1, not the articles' 1/d), so the first logits are large; --untied "
                     "follows the articles");
-  int tty = isatty(STDERR_FILENO);
   alarmed = mon ? calloc(stab_monitor_layer_count(mon), 1) : NULL;
   if (mon && !alarmed) {
     cli_error("out of memory");
-    goto out;
+    goto setup_end;
   }
+  if (world && B % ranks)
+    cli_error("data parallel: %zu ranks, each %zu or %zu of the %zu sequences of every batch", ranks,
+              B / ranks + 1, B / ranks, B);
+  else if (world)
+    cli_error("data parallel: %zu rank%s, each %zu of the %zu sequences of every batch", ranks,
+              ranks == 1 ? "" : "s", B / ranks, B);
+  rc = 0;
+setup_end:
+  if ((rc = together(world, rc))) goto out;
+  rc = 1;
+  int tty = isatty(STDERR_FILENO);
   size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
   data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};
   int measured = 0;
@@ -761,7 +809,9 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   for (size_t step = start; step < o.steps; step++) {
     double lr = lr_at(&o, step);
     data_batch(data, &rng, 0, split, B, T, tok, tgt);
-    loss = model_forward(&m, tok, tgt, B, T);
+    loss = model_forward(&m, tok + b0 * T, tgt + b0 * T, nb, T);
+    /* the batch's loss, the same bits on every rank: all stop together when it is not finite */
+    if (world && train_world_mean(world, &loss, 1, B)) goto out;
     if (step == start) first_loss = loss;
     if (!isfinite(loss)) {
       fputs(tty ? "\n" : "", stderr);
@@ -770,15 +820,19 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     }
     model_zero_grad(&m);
     model_backward(&m);
+    if (world && train_world_sum_gradients(world, m.grads, m.n_params, B)) goto out;
     int measure = mon && (step + 1) % o.metrics_every == 0;
     double tm = monotonic_seconds();
+    int failed = 0; /* this rank's; every rank learns it before the next collective */
     if (measure && stab_monitor_snapshot(mon) != STAB_OK) {
       cli_error("snapshot: %s", stab_last_error());
-      goto out;
+      failed = 1;
     }
+    if (measure && (rc = together(world, failed))) goto out;
+    rc = 1;
     measure_time += monotonic_seconds() - tm;
     int st = optim_step(&opt, m.params, m.grads, (float)lr);
-    if (st != STAB_OK) {
+    if (st != STAB_OK) { /* every rank alike: the gradients are the same bits on every rank */
       fputs(tty ? "\n" : "", stderr);
       cli_error("optimizer step %zu: %s", step, stab_last_error());
       goto out;
@@ -786,14 +840,18 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     if (measure) {
       measured = 1;
       tm = monotonic_seconds();
-      if (stab_monitor_measure(mon, 1) != STAB_OK) {
+      /* every rank gets the same status, and every metric */
+      if ((world ? train_world_measure(world, mon, 1) : stab_monitor_measure(mon, 1)) != STAB_OK) {
         cli_error("measure: %s", stab_last_error());
         goto out;
       }
-      check_alarms(mon, o.alarm, step + 1, tty, alarmed);
+      if (writer) check_alarms(mon, o.alarm, step + 1, tty, alarmed);
       if (means && step + 1 > o.steps - o.steps / 4) kind_means_add(means, mon);
-      double act_rms[256], act_cos1[256]; /* depth <= 256 */
-      for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act_rms[l], &act_cos1[l]);
+      double act[512]; /* act_rms of each block, then act_cos1 of each (depth <= 256) */
+      const double *act_rms = act, *act_cos1 = act + o.depth;
+      for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act[l], &act[o.depth + l]);
+      /* the ranks' means over their rows, as means over the batch */
+      if (world && train_world_mean(world, act, 2 * o.depth, B)) goto out;
       if (trace) {
         /* /step counts the steps done; the loss is that of the batch before this update. */
         const double scalars[2] = {loss, lr};
@@ -814,16 +872,20 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
           cli_error("trace: %s", stab_last_error());
           cli_error("stopping; the rows written before are in %s (--trace-errors continue goes on "
                     "without the trace)", trace_path);
-          goto out;
+          failed = 1;
         }
       }
       measure_time += monotonic_seconds() - tm;
     }
-    if (o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
+    int saving = o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps;
+    if (saving && writer && !failed) {
       char name[64];
       snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
-      if (checkpoint(&m, &opt, &o, name, step + 1)) goto out;
+      failed = checkpoint(&m, &opt, &o, name, step + 1);
     }
+    /* the trace and the checkpoints are rank 0's: the others learn here how they went */
+    if (((measure && o.out) || saving) && (rc = together(world, failed))) goto out;
+    rc = 1;
     double t = monotonic_seconds(), el = t - t0;
     int last = step + 1 == o.steps;
     if ((tty && (t - last_draw > 0.1 || last)) || (!tty && ((step + 1) % every_line == 0 || last))) {
@@ -843,7 +905,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   }
   double elapsed = monotonic_seconds() - t0;
   if (tty) fputc('\n', stderr);
-  double val = eval_loss(&m, data, split, data->n, B, T, tok, tgt, 8);
+  double val = eval_loss(&m, world, data, split, data->n, B, b0, nb, T, tok, tgt, 8);
   printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",
          first_loss, loss, val, val / log(2.0));
   printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed,
@@ -872,22 +934,38 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
            stab_monitor_metrics(mon, pi)->passes, stab_monitor_layer(mon, pi)->name,
            stab_monitor_metrics(mon, ui)->update_passes, stab_monitor_layer(mon, ui)->name);
   }
-  if (trace) {
-    int64_t rows = stab_trace_steps(trace);
-    int failed = stab_trace_failed(trace);
-    stab_status ts = stab_trace_close(trace);
-    trace = NULL;
-    if (ts != STAB_OK && !failed) {
-      cli_error("trace: %s", stab_last_error());
+  int failed = 0; /* this rank's, learnt by every rank before they return */
+  if (world) {
+    /* The sums in rank order should leave every rank the same weights; checked, not assumed
+     * (a BLAS that picks other kernels on another node would break it). */
+    uint64_t hash;
+    int differing;
+    if (train_world_same_bits(world, m.params, m.n_params * sizeof *m.params, &hash, &differing)) goto out;
+    if (differing >= 0) {
+      cli_error("rank %d's weights differ from rank 0's after step %zu", differing, o.steps);
       goto out;
     }
-    printf("trace: %s, %lld measured steps%s (read it with h5py, or h5dump -d /step %s)\n",
-           trace_path, (long long)rows, failed ? " before a write failed" : "", trace_path);
+    printf("data parallel: %zu rank%s, the same weights on every rank (FNV-1a %016llx)\n", ranks,
+           ranks == 1 ? "" : "s", (unsigned long long)hash);
   }
-  if (o.out) {
-    if (checkpoint(&m, &opt, &o, "model.safetensors", o.steps)) goto out;
-    printf("checkpoint: %s/model.safetensors\n", o.out);
+  if (trace) {
+    int64_t rows = stab_trace_steps(trace);
+    int was_failed = stab_trace_failed(trace);
+    stab_status ts = stab_trace_close(trace);
+    trace = NULL;
+    if (ts != STAB_OK && !was_failed) {
+      cli_error("trace: %s", stab_last_error());
+      failed = 1;
+    } else {
+      printf("trace: %s, %lld measured steps%s (read it with h5py, or h5dump -d /step %s)\n",
+             trace_path, (long long)rows, was_failed ? " before a write failed" : "", trace_path);
+    }
   }
+  if (o.out && writer && !failed) {
+    failed = checkpoint(&m, &opt, &o, "model.safetensors", o.steps);
+    if (!failed) printf("checkpoint: %s/model.safetensors\n", o.out);
+  }
+  if ((rc = together(world, failed))) goto out;
   rc = 0;
 out:
   if (trace && stab_trace_close(trace) != STAB_OK)
@@ -931,46 +1009,80 @@ static void print_sweep(const options *o, const kind_means *means) {
     }
 }
 
-int main(int argc, char **argv) {
-  cli_init("stabmeter-train");
+/* The options, the data and the runs, with the world when there is one (every rank does all of
+ * it, with the same options: checked); *world receives the one --data-parallel starts when no
+ * launcher did. Returns the exit status. */
+static int run(int argc, char **argv, train_world **world) {
   options o;
-  int rc = parse(argc, argv, &o);
+  int rc = together(*world, parse(argc, argv, &o));
   if (rc) return rc < 0 ? CLI_OK : rc; /* -1: --help or --version done */
+  if (!*world && o.data_parallel && train_world_start(&argc, &argv, world)) return CLI_FAILED;
+  if (*world && train_world_size(*world) > 1 && !o.data_parallel) {
+    rc = cli_usage_error("started on %d ranks: --data-parallel trains one model on all of them (without it, "
+                         "run one process)", train_world_size(*world));
+  } else if (*world) {
+    /* one model on every rank: a rank given other options would train another (MPMD launches) */
+    char all[8192];
+    size_t len = 0;
+    for (int i = 1; i < argc && len < sizeof all; i++)
+      len += (size_t)snprintf(all + len, sizeof all - len, "%s", argv[i]) + 1;
+    uint64_t hash;
+    int differing;
+    if (train_world_same_bits(*world, all, len < sizeof all ? len : sizeof all, &hash, &differing)) return CLI_FAILED;
+    if (differing >= 0)
+      rc = cli_usage_error("rank %d was given other options than rank 0: every rank needs the same", differing);
+  }
+  if ((rc = together(*world, rc))) return rc;
   data_set data;
   char err[1024];
   if (o.data) {
     rc = data_load(&data, o.data, err, sizeof err);
-    if (rc) {
-      cli_error("%s", err);
-      return rc;
-    }
+    if (rc) cli_error("%s", err);
   } else if (data_builtin(&data, o.corpus_bytes, 1)) {
     cli_error("out of memory for the corpus");
-    return 1;
+    rc = 1;
   }
+  int mine = rc; /* this rank's data is there to free */
+  if ((rc = together(*world, rc))) {
+    if (!mine) data_free(&data);
+    return rc;
+  }
+  /* one rank under mpirun without --data-parallel: the one-process run, MPI unused */
+  train_world *dp = o.data_parallel ? *world : NULL;
   if (!o.n_sweep) {
-    rc = train_run(&o, &data, NULL);
+    rc = train_run(&o, &data, NULL, dp);
   } else {
     kind_means means[16];
     char dir[4096];
     memset(means, 0, sizeof means);
     for (size_t w = 0; w < o.n_sweep && !rc; w++) {
-      options run = o;
-      run.width = o.sweep[w];
-      if (snprintf(dir, sizeof dir, "%s/width-%zu", o.out, run.width) >= (int)sizeof dir) {
+      options one = o;
+      one.width = o.sweep[w];
+      if (snprintf(dir, sizeof dir, "%s/width-%zu", o.out, one.width) >= (int)sizeof dir) {
         cli_error("--out is too long");
         rc = 2;
         break;
       }
-      run.out = dir;
-      cli_error("sweep: width %zu (%zu of %zu) into %s", run.width, w + 1,
+      one.out = dir;
+      cli_error("sweep: width %zu (%zu of %zu) into %s", one.width, w + 1,
               o.n_sweep, dir);
-      printf("== width %zu: %s\n", run.width, dir);
+      printf("== width %zu: %s\n", one.width, dir);
       fflush(stdout);
-      rc = train_run(&run, &data, &means[w]);
+      rc = train_run(&one, &data, &means[w], dp);
     }
     if (!rc) print_sweep(&o, means);
   }
   data_free(&data);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  cli_init("stabmeter-train");
+  train_world *world = NULL;
+  /* Under a launcher MPI starts before the options are read, so that a bad option on one rank
+   * stops every rank (with MPI built in; run without mpirun, nothing of it happens). */
+  int rc = train_world_launched() && train_world_start(&argc, &argv, &world) ? CLI_FAILED
+           : run(argc, argv, &world);
+  train_world_finish(world);
   return rc;
 }

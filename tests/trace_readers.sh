@@ -141,6 +141,16 @@ if [ -n "$py" ]; then
   expect "resumed trace: steps" 0 '' "$py" -c 'import h5py, sys; s = list(h5py.File(sys.argv[1], "r")["step"][:]); sys.exit(0 if s == list(range(1, 11)) else "steps %s" % s)' "$dir/run/trace.h5"
 fi
 
+# 2b. written by rank 0 of a data-parallel run (configure --with-mpi): the same readers, unchanged.
+# Under the sanitizers every malloc is unwound in full, as in tests/mpi.sh, for Open MPI's leaks
+# at exit to be matched in lsan.supp (ASAN_OPTIONS is ignored by a build without them).
+if [ -n "${MPIRUN:-}" ]; then
+  expect "train --data-parallel on 2 ranks" 0 '' env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" \
+    "$MPIRUN" -np 2 --oversubscribe $train $small --data-parallel --out "$dir/dp"
+  read_all "data-parallel trace" "$dir/dp/trace.h5"
+fi
+
 # 3. a trace being written (the writer stopped with SIGSTOP mid-run, its lock held and SWMR on),
 # then killed: read through SWMR with the step coordinate; after h5clear -s by everything.
 if [ -n "$py" ]; then

@@ -25,6 +25,12 @@ expect 2 "unknown option" $train --bogus
 expect 2 "width not divisible by heads" $train --width 10 --heads 4
 expect 2 "unknown optimizer" $train --optimizer sgd
 expect 2 "bad number" $train --steps 12x
+# --data-parallel needs the MPI build (tests/mpi_train.sh runs it there)
+if [ -z "${MPIRUN:-}" ]; then
+  expect 2 "--data-parallel without MPI" $train --data-parallel --steps 1
+  grep -q "^stabmeter-train: --data-parallel: built without MPI: ./configure --with-mpi$" "$tmp/err" ||
+    fail "--data-parallel without MPI: the message: $(cat "$tmp/err")"
+fi
 expect 2 "missing data file" $train --data "$tmp/none.txt"
 grep -q "none.txt" "$tmp/err" || fail "missing file not named: $(cat "$tmp/err")"
 printf 'not a token file' >"$tmp/bad.bin"

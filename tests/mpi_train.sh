@@ -1,0 +1,133 @@
+#!/bin/sh
+# stabmeter-train --data-parallel under mpirun (configure --with-mpi) against the same run in one
+# process: the loss and every metric of the trace on 2 ranks (AdamW) and on 3 (steepest, untied,
+# biases; the batch of 8 split 3, 3, 2: the uneven split's weights), the same weights on every
+# rank, rank 0 alone writing --out and printing progress, run_config's layout,
+# stabmeter-export reading the trace, and failures (a bad option on one rank, an --out rank 0
+# cannot create, several ranks without --data-parallel) ending every rank without a hang: each
+# mpirun is bounded by timeout. Skipped (77) without MPI.
+set -u
+if [ -z "${MPIRUN:-}" ] || [ ! -x harness/train ]; then
+  echo "not configured --with-mpi: skipped"
+  exit 77
+fi
+train=./harness/train
+export=./harness/export
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# when a rank exits non-zero mpirun ends the others, waiting a second for each to go; ours
+# have gone already (they finalise and exit together), so the wait is skipped
+export OMPI_MCA_odls_base_sigkill_timeout=0
+# one BLAS thread: each rank's sgemm sums in one fixed order (the ranks share 2 cores anyway)
+export OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d /tmp/check_mpi_train.XXXXXX) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+export TMPDIR="$tmp"
+if [ "${STAB_SANITIZED:-0}" = 1 ]; then # as tests/mpi.sh: Open MPI's leaks matched in lsan.supp
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+fi
+limit=${STAB_MPI_TIMEOUT:-300} # a run takes about a second plain; a hang ends in minutes
+# mpirun_ NP OUT ERR ARGS...: the trainer on NP ranks; its exit status in $got
+mpirun_() {
+  np=$1 out=$2 err=$3; shift 3
+  timeout -k 10 "$limit" "$MPIRUN" -np "$np" --oversubscribe "$@" >"$out" 2>"$err"
+  got=$?
+  [ $got -lt 124 ] || fail "mpirun -np $np $*: timed out (exit $got): a rank waited forever?"
+}
+
+small="--width 32 --depth 1 --heads 2 --context 16 --batch 8 --corpus-bytes 65536 --steps 6"
+# on 2 ranks AdamW with a tied head; on 3 steepest (Muon by Newton-Schulz: sgemm on every rank)
+# with an untied head and biases
+opts2="$small"
+opts3="$small --optimizer steepest --untied --biases"
+for np in 2 3; do
+  eval "opts=\$opts$np"
+  one="$tmp/one$np"
+  $train $opts --out "$one" >"$one.out" 2>"$one.err" || { fail "one process ($opts): exit $?"; cat "$one.err"; }
+  $export "$one/trace.h5" >"$one.csv" || fail "export of the one-process trace: exit $?"
+done
+
+# The tolerances. Every rank's gradient is its rows' sum; their sum in rank order differs from
+# one process's sgemm over all rows in the order of the additions only, about 1e-7 of the
+# weights after these 6 steps (measured: at most 1.5e-7 relative in any weight metric, 5.7e-8
+# in the loss, 9e-7 in an update's; the same with steepest). 1e-5 relative is that with a margin of 60, and far below what a lost or misweighted
+# rank does (1e-3 and more). Update metrics are differences of f32 weights, W' - W, whose
+# rounding (6e-8 of W) is 6e-8 / rel_update of the update: they get 1e-6 / rel_update more.
+# sigma's estimates may differ by their reported errors besides.
+compare() { # compare NAME ONE.csv MANY.csv: MANY read twice, its errors first
+  awk -F, -v name="$1" '
+    FNR == 1 { pass++; next }
+    pass == 1 { v[$1 "," $2 "," $4] = $5; if ($4 == "rel_update") ru[$1 "," $2] = $5; n1++; next }
+    pass == 2 { err[$1 "," $2 "," $4] = $5; next }
+    { n2++; k = $1 "," $2 "," $4; a = v[k]; b = $5; m = $4 }
+    m == "wall_time" || m == "passes" || m == "update_passes" || m ~ /_rel_err$/ { next }
+    !(k in v) { print name ": " k " is not in the one-process trace"; bad++; next }
+    a == "nan" || b == "nan" || m == "flags" {
+      if (a != b) { print name ": " k " is " b ", one process " a; bad++ }
+      next
+    }
+    {
+      tol = 1e-5
+      if (m ~ /update/ && ru[$1 "," $2] > 0) tol += 1e-6 / ru[$1 "," $2]
+      if (m == "sigma" || m == "sigma_update") {
+        e = m "_rel_err"; tol += v[$1 "," $2 "," e] + err[$1 "," $2 "," e]
+      }
+      d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a
+      if (d > tol * s + 1e-30) { printf "%s: %s is %s, one process %s (relative %.3g > %.3g)\n", name, k, b, a, d / s, tol; bad++ }
+    }
+    END {
+      if (n2 != n1) { print name ": " n2 " values, one process " n1; bad++ }
+      exit bad > 0
+    }' "$2" "$3" "$3" || fail "$1: the trace differs from the one-process trace (above)"
+}
+loss_of() { sed -n 's/^loss: initial \([0-9.]*\), final \([0-9.]*\).*held-out \([0-9.]*\) .*/\1 \2 \3/p' "$1"; }
+# same_losses A B: initial, final and held-out, printed to 4 decimals, within one unit of the
+# last (the values differ by some 1e-7: their printed digits may still round apart)
+same_losses() {
+  echo "$(loss_of "$1") $(loss_of "$2")" |
+    awk 'NF != 6 { exit 1 } { for (i = 1; i <= 3; i++) { d = $i - $(i + 3); if (d > 1.5e-4 || d < -1.5e-4) exit 1 } }'
+}
+for np in 2 3; do
+  eval "opts=\$opts$np"
+  run="$tmp/p$np" one="$tmp/one$np"
+  mpirun_ $np "$run.out" "$run.err" $train $opts --data-parallel --out "$run"
+  [ $got -eq 0 ] || { fail "-np $np: exit $got"; cat "$run.err"; continue; }
+  same_losses "$run.out" "$one.out" ||
+    fail "-np $np: losses (initial, final, held-out) $(loss_of "$run.out"), one process $(loss_of "$one.out")"
+  grep -q "^data parallel: $np ranks, the same weights on every rank" "$run.out" ||
+    fail "-np $np: the weights are not the same on every rank: $(cat "$run.out" "$run.err" | grep -i 'data parallel\|weights')"
+  $export "$run/trace.h5" >"$run.csv" || fail "-np $np: stabmeter-export cannot read the trace (exit $?)"
+  compare "-np $np" "$one.csv" "$run.csv"
+  h5dump -a /run_config "$run/trace.h5" 2>/dev/null | grep -q "\"ranks\": $np, \"data_parallel\": $np, \"tensor_parallel\": 1" ||
+    fail "-np $np: run_config has not the layout: $(h5dump -a /run_config "$run/trace.h5" 2>&1 | grep -o '"ranks.*')"
+  # rank 0 alone writes --out: the files of one process, nothing else
+  [ "$(ls "$run")" = "$(ls "$one")" ] || fail "-np $np: --out holds $(ls "$run" | tr '\n' ' '), one process $(ls "$one" | tr '\n' ' ')"
+  # rank 0 speaks for all: one progress line per step, not one per rank
+  [ "$(grep -c '^step 6/6 ' "$run.err")" = 1 ] || fail "-np $np: $(grep -c '^step 6/6 ' "$run.err") last progress lines, want 1"
+done
+h5dump -a /run_config "$tmp/one2/trace.h5" 2>/dev/null | grep -q '"ranks": 1, "data_parallel": 1, "tensor_parallel": 1' ||
+  fail "one process: run_config has not the layout 1, 1, 1"
+
+# A bad option on rank 1 only (an MPMD launch): every rank stops with 2, rank 0 saying why.
+mpirun_ 1 "$tmp/bad.out" "$tmp/bad.err" $train $small --data-parallel : -np 1 $train $small --data-parallel --bogus
+[ $got -eq 2 ] || fail "a bad option on rank 1: exit $got, want 2"
+grep -q "^\[rank 1\] stabmeter-train: unknown option '--bogus'" "$tmp/bad.err" ||
+  fail "a bad option on rank 1: rank 0 does not say it: $(cat "$tmp/bad.err")"
+# Another option on rank 1 only: it would train another model.
+mpirun_ 1 "$tmp/other.out" "$tmp/other.err" $train $small --data-parallel : -np 1 $train $small --data-parallel --seed 2
+[ $got -eq 2 ] || fail "other options on rank 1: exit $got, want 2"
+grep -q "rank 1 was given other options than rank 0" "$tmp/other.err" || fail "other options on rank 1: $(cat "$tmp/other.err")"
+# An --out that rank 0 alone finds it cannot create (a name too long: the check before the
+# run lets it through, mkdir fails): every rank stops with 1, nobody waits for rank 0.
+long=$(printf '%0300d' 0)
+mpirun_ 2 "$tmp/long.out" "$tmp/long.err" $train $small --data-parallel --out "$tmp/$long/run"
+[ $got -eq 1 ] || fail "an --out that cannot be created: exit $got, want 1"
+grep -q "cannot create the directory .*$long/run: File name too long" "$tmp/long.err" ||
+  fail "an --out that cannot be created: the message: $(cat "$tmp/long.err")"
+# Several ranks without --data-parallel would each train the same model into the same files.
+mpirun_ 2 "$tmp/nodp.out" "$tmp/nodp.err" $train $small
+[ $got -eq 2 ] || fail "-np 2 without --data-parallel: exit $got, want 2"
+grep -q "started on 2 ranks: --data-parallel" "$tmp/nodp.err" || fail "-np 2 without --data-parallel: $(cat "$tmp/nodp.err")"
+exit $status
