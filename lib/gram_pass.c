@@ -719,15 +719,18 @@ AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, siz
 #pragma GCC unroll 4
     for (int v = 0; v < nv; v++)
       for (int r = 0; r < SR; r++) d[v][r] = 0.0;
-    for (int q = 0; q < SR; q += RS) {
-      const float *A[8], *B[8];
+    /* column runs outermost: a run of x (nv x 1024 floats, 16 KiB for four vectors) stays in
+     * L1 over all the rows' sweeps, where a whole x (64 KiB for four vectors of 4096) would
+     * be read from L2 at every sweep; each row's runs are still added in column order */
+    for (size_t j0 = 0; j0 < c16; j0 += run) {
+      const size_t j1 = c16 - j0 < run ? c16 : j0 + run;
+      for (int q = 0; q < SR; q += RS) {
+        const float *A[8], *B[8];
 #pragma GCC unroll 8
-      for (int r = 0; r < RS; r++) {
-        A[r] = row_at(a, i + (size_t)(q + r), ld, BF);
-        B[r] = b ? b + (i + (size_t)(q + r)) * ld : NULL;
-      }
-      for (size_t j0 = 0; j0 < c16; j0 += run) {
-        const size_t j1 = c16 - j0 < run ? c16 : j0 + run;
+        for (int r = 0; r < RS; r++) {
+          A[r] = row_at(a, i + (size_t)(q + r), ld, BF);
+          B[r] = b ? b + (i + (size_t)(q + r)) * ld : NULL;
+        }
         __m512 s[4][8];
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
@@ -749,9 +752,11 @@ AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, siz
 #pragma GCC unroll 8
           for (int r = 0; r < RS; r++) d[v][q + r] += sum16(s[v][r]) * xup[v];
       }
-      for (int r = 0; r < RS; r++)
-        for (size_t t = c16; t < cols; t++)
-          for (int v = 0; v < nv; v++) d[v][q + r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
+    }
+    for (int r = 0; r < SR; r++) {
+      const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+      for (size_t t = c16; t < cols; t++)
+        for (int v = 0; v < nv; v++) d[v][r] += elem_t(ar, br, t, BF) * x[(size_t)v * cols + t];
     }
     float e[4][S];
     double up[4];
