@@ -50,7 +50,7 @@ typedef double (*chunk32_fn)(const float *a, const float *b, size_t r0, size_t r
  *     and summed into the row's f64 dot. Columns past the last whole vector are summed in f64.
  *   - the accumulation of d_iv r_i into y: each lane sums the rows of a run (d rounded to f32,
  *     the products in f32), and that sum is added into the chunk's f64 accumulator: runs of
- *     STABI_RUN_ROWS = 32 rows in the AVX-512 build, of 8 (a block) in the others, aligned to
+ *     STABI_RUN_ROWS = 32 rows in the SIMD builds, of 8 (a block) in the portable one, aligned to
  *     the chunk's first row (fixed by the shape; a tile holds whole runs), so the thread count
  *     never moves a run. Single rows past the last block, and columns past the last whole
  *     vector, are accumulated in f64.
@@ -87,6 +87,21 @@ static inline double pow2_above(double m) { return pow2(pow2_exponent(m)); }
 /* e[v][r] = d[v][r] / up[v] as f32, with up[v] = pow2_above(max_r |d[v][r]|): what the
  * accumulation of a block of R rows multiplies the rows by. */
 static inline void block_scale(double d[4][8], int nv, int R, float e[4][8], double up[4]) {
+  for (int v = 0; v < nv; v++) {
+    double m = 0.0;
+    for (int r = 0; r < R; r++) {
+      double a = fabs(d[v][r]);
+      m = a > m ? a : m;
+    }
+    const int x = pow2_exponent(m);
+    const double down = pow2(-x);
+    up[v] = pow2(x);
+    for (int r = 0; r < R; r++) e[v][r] = (float)(d[v][r] * down);
+  }
+}
+
+/* e[v][r] = d[v][r] / up[v] as f32 for the R rows of a run, up[v] = pow2_above(max_r |d[v][r]|). */
+static inline void run_scale(double d[4][STABI_RUN_ROWS], int nv, int R, float e[4][STABI_RUN_ROWS], double up[4]) {
   for (int v = 0; v < nv; v++) {
     double m = 0.0;
     for (int r = 0; r < R; r++) {
@@ -397,30 +412,35 @@ AVX2 void add8(double *acc, __m256 t, double up) {
   _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(hi, u, _mm256_loadu_pd(acc + 4)));
 }
 
-/* Blocks of 8 rows, the dots swept RS rows at a time so that the nv x RS sums (8 of them) and
- * the nv vectors of x fit in the 16 ymm registers. */
-AVX2 double chunk32_avx2_body(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
-                              size_t ld, const float *x32, const double *xup, const double *x,
-                              double *acc, const int nv, double quad, const int BF) {
-  enum { R = 8, L = 8 };
+/* The AVX-512 build's shape (see there) in 16 ymm registers: runs of STABI_RUN_ROWS rows, the
+ * dots swept RS = 8 / nv rows at a time (8 sums), the accumulation by tiles whose 8 sums stay in
+ * registers over the run's rows, the next run prefetched into L2 meanwhile. */
+AVX2 double chunk32_avx2_body(const float *a, const float *b, size_t r0, size_t r1,
+                                  size_t cols, size_t ld, const float *x32, const double *xup,
+                                  const double *x, double *acc, const int nv, double quad, const int BF) {
+  enum { R = 8, L = 8, S = STABI_RUN_ROWS };
   const int RS = R / nv;
+  const int T = nv == 4 ? 2 : nv == 2 ? 4 : 8; /* nv x T sums, 8 of them: the FMA latency hidden */
   const size_t c8 = cols & ~(size_t)(L - 1), run = (size_t)RUN_TERMS * L;
   size_t i = r0;
-  for (; i + R <= r1; i += R) {
-    const float *A[R], *B[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      A[r] = row_at(a, i + (size_t)r, ld, BF);
-      B[r] = b ? b + (i + (size_t)r) * ld : NULL;
-    }
-    double d[4][R];
+  while (i + R <= r1) {
+    const int SR = (int)((r1 - i) / R < (size_t)(S / R) ? (r1 - i) / R * R : (size_t)S);
+    double d[4][S];
 #pragma GCC unroll 4
     for (int v = 0; v < nv; v++)
+      for (int r = 0; r < SR; r++) d[v][r] = 0.0;
+    /* column runs outermost: a run of x (nv x 1024 floats, 16 KiB for four vectors) stays in
+     * L1 over all the rows' sweeps, where a whole x (64 KiB for four vectors of 4096) would
+     * be read from L2 at every sweep; each row's runs are still added in column order */
+    for (size_t j0 = 0; j0 < c8; j0 += run) {
+      const size_t j1 = c8 - j0 < run ? c8 : j0 + run;
+      for (int q = 0; q < SR; q += RS) {
+        const float *A[8], *B[8];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; r++) d[v][r] = 0.0;
-    for (int q = 0; q < R; q += RS)
-      for (size_t j0 = 0; j0 < c8; j0 += run) {
-        const size_t j1 = c8 - j0 < run ? c8 : j0 + run;
+        for (int r = 0; r < RS; r++) {
+          A[r] = row_at(a, i + (size_t)(q + r), ld, BF);
+          B[r] = b ? b + (i + (size_t)(q + r)) * ld : NULL;
+        }
         __m256 s[4][8];
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
@@ -432,7 +452,7 @@ AVX2 double chunk32_avx2_body(const float *a, const float *b, size_t r0, size_t 
           for (int v = 0; v < nv; v++) xv[v] = _mm256_loadu_ps(x32 + (size_t)v * cols + j);
 #pragma GCC unroll 8
           for (int r = 0; r < RS; r++) {
-            __m256 w = load8f_t(A[q + r], B[q + r], j, BF);
+            __m256 w = load8f_t(A[r], B[r], j, BF);
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) s[v][r] = _mm256_fmadd_ps(w, xv[v], s[v][r]);
           }
@@ -442,35 +462,73 @@ AVX2 double chunk32_avx2_body(const float *a, const float *b, size_t r0, size_t 
 #pragma GCC unroll 8
           for (int r = 0; r < RS; r++) d[v][q + r] += sum8(s[v][r]) * xup[v];
       }
-    float e[4][R];
-#pragma GCC unroll 4
-    for (int v = 0; v < nv; v++)
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++)
-        for (size_t t = c8; t < cols; t++) d[v][r] += elem_t(A[r], B[r], t, BF) * x[(size_t)v * cols + t];
-    double up[4];
-    block_scale(d, nv, R, e, up);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) quad += d[0][r] * d[0][r];
-    for (size_t j = 0; j < c8; j += L) {
-      __m256 w[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++) w[r] = load8f_t(A[r], B[r], j, BF);
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; v++) {
-        __m256 t0 = _mm256_mul_ps(_mm256_set1_ps(e[v][0]), w[0]);
-        __m256 t1 = _mm256_mul_ps(_mm256_set1_ps(e[v][1]), w[1]);
-#pragma GCC unroll 8
-        for (int r = 2; r < R; r += 2) {
-          t0 = _mm256_fmadd_ps(_mm256_set1_ps(e[v][r]), w[r], t0);
-          t1 = _mm256_fmadd_ps(_mm256_set1_ps(e[v][r + 1]), w[r + 1], t1);
-        }
-        add8(acc + (size_t)v * cols + j, _mm256_add_ps(t0, t1), up[v]);
-      }
     }
-    for (size_t j = c8; j < cols; j++)
+    for (int r = 0; r < SR; r++) {
+      const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+      for (size_t t = c8; t < cols; t++)
+        for (int v = 0; v < nv; v++) d[v][r] += elem_t(ar, br, t, BF) * x[(size_t)v * cols + t];
+    }
+    float e[4][S];
+    double up[4];
+    run_scale(d, nv, SR, e, up);
+    for (int r = 0; r < SR; r++) quad += d[0][r] * d[0][r];
+    size_t j = 0;
+    for (; j + (size_t)(T * L) <= c8; j += (size_t)(T * L)) {
+      __m256 s[4][8];
+#pragma GCC unroll 4
       for (int v = 0; v < nv; v++)
-        for (int r = 0; r < R; r++) acc[(size_t)v * cols + j] += d[v][r] * elem_t(A[r], B[r], j, BF);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[v][t] = _mm256_setzero_ps();
+      for (int r = 0; r < SR; r++) {
+        const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+        if (i + (size_t)(SR + r) < r1) { /* the next run's row, this tile's columns, on its way to L2 */
+          const char *pa = (const char *)(const void *)row_at(a, i + (size_t)(SR + r), ld, BF) + (BF ? 2 : 4) * j;
+          for (int k = 0; k < T * L * (BF ? 2 : 4); k += 64) _mm_prefetch(pa + k, _MM_HINT_T1);
+          if (b) {
+            const char *pb = (const char *)(const void *)(b + (i + (size_t)(SR + r)) * ld + j);
+            for (int k = 0; k < T * L * 4; k += 64) _mm_prefetch(pb + k, _MM_HINT_T1);
+          }
+        }
+        if (nv == 1) { /* 8 sums and 8 loaded rows would not fit in 16 ymm: each row used at once */
+          const __m256 ev = _mm256_set1_ps(e[0][r]);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; t++) s[0][t] = _mm256_fmadd_ps(ev, load8f_t(ar, br, j + (size_t)(t * L), BF), s[0][t]);
+          continue;
+        }
+        __m256 w[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) w[t] = load8f_t(ar, br, j + (size_t)(t * L), BF);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+          const __m256 ev = _mm256_set1_ps(e[v][r]);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; t++) s[v][t] = _mm256_fmadd_ps(ev, w[t], s[v][t]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) add8(acc + (size_t)v * cols + j + (size_t)(t * L), s[v][t], up[v]);
+    }
+    for (; j < c8; j += L) {
+      __m256 s[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) s[v] = _mm256_setzero_ps();
+      for (int r = 0; r < SR; r++) {
+        const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+        const __m256 w = load8f_t(ar, br, j, BF);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) s[v] = _mm256_fmadd_ps(_mm256_set1_ps(e[v][r]), w, s[v]);
+      }
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) add8(acc + (size_t)v * cols + j, s[v], up[v]);
+    }
+    for (int r = 0; r < SR; r++) {
+      const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+      for (size_t t = c8; t < cols; t++)
+        for (int v = 0; v < nv; v++) acc[(size_t)v * cols + t] += d[v][r] * elem_t(ar, br, t, BF);
+    }
+    i += (size_t)SR;
   }
   /* single rows: the dots in f32 runs, the accumulation in f64 (one row is no run) */
   for (; i < r1; i++) {
@@ -676,21 +734,6 @@ AVX512 void add16(double *acc, __m512 t, double up) {
   __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)));
   _mm512_storeu_pd(acc, _mm512_fmadd_pd(lo, u, _mm512_loadu_pd(acc)));
   _mm512_storeu_pd(acc + 8, _mm512_fmadd_pd(hi, u, _mm512_loadu_pd(acc + 8)));
-}
-
-/* e[v][r] = d[v][r] / up[v] as f32 for the R rows of a run, up[v] = pow2_above(max_r |d[v][r]|). */
-static inline void run_scale(double d[4][STABI_RUN_ROWS], int nv, int R, float e[4][STABI_RUN_ROWS], double up[4]) {
-  for (int v = 0; v < nv; v++) {
-    double m = 0.0;
-    for (int r = 0; r < R; r++) {
-      double a = fabs(d[v][r]);
-      m = a > m ? a : m;
-    }
-    const int x = pow2_exponent(m);
-    const double down = pow2(-x);
-    up[v] = pow2(x);
-    for (int r = 0; r < R; r++) e[v][r] = (float)(d[v][r] * down);
-  }
 }
 
 /* Runs of up to STABI_RUN_ROWS rows (whole 8-row blocks). First the dots of all the run's rows,

@@ -109,7 +109,7 @@ typedef struct {
   int slots;
 } stabi_tiles;
 
-/* The AVX-512 pass kernel's runs of rows (gram_pass.c: the accumulation's f32 sums span up to
+/* The SIMD pass kernels' runs of rows (gram_pass.c: the accumulation's f32 sums span up to
  * this many rows, from a chunk's or a tile's first row); a multiple of 8, the row blocks of
  * every pass kernel. */
 #define STABI_RUN_ROWS 32
