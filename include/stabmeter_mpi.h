@@ -1,6 +1,7 @@
 /* stabmeter_mpi.h — stabmeter's MPI layer: spectral norms of weight matrices sharded across the
  * ranks of an MPI communicator (tensor parallelism: each rank holds some rows or some columns
- * of a linear layer), the same Lanczos as one process holding the whole matrix.
+ * of a linear layer), the same Lanczos as one process holding the whole matrix, and a split
+ * linear layer's every metric (stab_mpi_linear_*); replicated weights, split tables and vectors.
  * Link with pkg-config stabmeter_mpi (libstabmeter_mpi and MPI); libstabmeter never needs MPI.
  * Built by ./configure --with-mpi. docs/mpi.md has the design and its costs. */
 #ifndef STABMETER_MPI_H
