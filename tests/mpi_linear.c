@@ -58,7 +58,7 @@ static int near(double got, double want, double rel) {
   return got == want || fabs(got - want) <= rel * fabs(want);
 }
 
-enum { NO_NAN = 0, NAN_IN_WEIGHTS = 1, NAN_IN_UPDATE = 2 };
+enum { NO_NAN = 0, NAN_IN_WEIGHTS = 1, NAN_IN_UPDATE = 2, NAN_IN_BIAS = 3 };
 
 typedef struct {
   const char *name;
@@ -67,7 +67,8 @@ typedef struct {
   const int *weight;  /* the ranks' shares */
   int bias, bf16;     /* a bias; weights BF16, without a bias (before stays F32) */
   double tol;         /* the spectral tolerance */
-  int nan;            /* NO_NAN, or NaN put in the last rank's part at step 2 */
+  int nan;            /* NO_NAN, or NaN put in the last rank's part at step 2 (NAN_IN_BIAS:
+                         split by rows) */
   int grid;           /* F32 weights on the grid of 2^-20 below 4: W - before exact in f32 */
 } linear_spec;
 
@@ -114,6 +115,7 @@ static void linear_case(const linear_spec *c) {
   size_t last_begin = 0, last_end = 0; /* the last rank's part, where the NaN goes (on every rank's whole copy) */
   share_of(ranks - 1, by_rows ? c->d_out : c->d_in, c->weight, &last_begin, &last_end);
   if (c->nan == NAN_IN_WEIGHTS) w[2 * n + (by_rows ? last_begin * c->d_in : last_begin)] = NAN;
+  if (c->nan == NAN_IN_BIAS) b[2 * c->d_out + last_begin] = NAN; /* split by rows: the last rank's entry */
   /* step 2's before: W_1 with a NaN in the last rank's part (W_1 itself, step 1's weights, stays finite) */
   float *w1_nan = malloc(n * sizeof *w1_nan);
   memcpy(w1_nan, w + n, n * sizeof *w1_nan);
@@ -180,9 +182,15 @@ static void linear_case(const linear_spec *c) {
     if (!(got.flags & STAB_FLAG_NONFINITE_WEIGHT))
       CHECK(got.sigma_rel_err <= c->tol, "%s step %zu: rel_err %.3g", c->name, t, got.sigma_rel_err);
     if (c->nan != NO_NAN && t == 2)
-      CHECK(got.flags & (c->nan == NAN_IN_WEIGHTS ? STAB_FLAG_NONFINITE_WEIGHT : STAB_FLAG_NONFINITE_UPDATE),
+      CHECK(got.flags & (c->nan == NAN_IN_UPDATE ? STAB_FLAG_NONFINITE_UPDATE : STAB_FLAG_NONFINITE_WEIGHT),
             "%s step 2: no NaN flag (flags %d)", c->name, got.flags);
-    if (t == 1) {
+    if (t == 1) { /* run to run: a fresh handle on the same parts, the same bits */
+      stab_mpi_linear *again = NULL;
+      stab_metrics m2;
+      CHECK(stab_mpi_linear_create(MPI_COMM_WORLD, &sh, c->bias, &p, &again) == STAB_OK &&
+                stab_mpi_linear_measure(again, &mine, &mine0, &m2) == STAB_OK && !memcmp(&m2, &got, sizeof got),
+            "%s: a second handle's step 1 differs", c->name);
+      stab_mpi_linear_free(again);
       cold_passes = got.passes;
       cold_update_passes = got.update_passes;
     } else if (t == steps && c->nan == NO_NAN) {
@@ -270,6 +278,7 @@ void linear_cases(void) {
       {"columns, BF16 against F32 before", STAB_MPI_SPLIT_COLS, 64, 80, even, 0, 1, def, NO_NAN, 0},
       {"rows, NaN in the last rank's weights", STAB_MPI_SPLIT_ROWS, 48, 40, even, 1, 0, f64, NAN_IN_WEIGHTS, 1},
       {"columns, NaN in the last rank's update", STAB_MPI_SPLIT_COLS, 40, 48, uneven, 1, 0, f64, NAN_IN_UPDATE, 1},
+      {"rows, NaN in the last rank's bias", STAB_MPI_SPLIT_ROWS, 40, 48, uneven, 1, 0, def, NAN_IN_BIAS, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) linear_case(&cases[i]);
   failure_cases();
