@@ -448,6 +448,34 @@ stab_status stab_vector_metrics_reduced(const stab_layer *shard, size_t whole_le
 stab_status stab_vector_check_shard(const stab_layer *shard, size_t whole_length, const stab_layer *before,
                                     const stab_metrics_params *params);
 
+/* A linear layer's metrics from its whole-layer quantities, measured however the caller likes
+ * (split among ranks, on another device): the one place where stab_layer_metrics turns them
+ * into a stab_metrics, so that a layer measured in parts gets its formulas exactly. */
+typedef struct {
+  size_t d_in, d_out;         /* the whole layer's inputs and outputs (W is d_out x d_in) */
+  stab_sigma_result weight;   /* sigma(W) as stab_spectral_norm gives it */
+  double bias_rms;            /* ||b||_RMS over the d_out entries; 0 without a bias. The RMS, not
+                                 the sum of squares, since forward adds it as it is: a caller
+                                 with sums of squares s gives sqrt(s / d_out) */
+  int with_update;            /* 1: the fields below are read; 0: no update (NaN metrics) */
+  stab_sigma_result update;   /* sigma(dW), dW = W - W before the step */
+  double bias_update_rms;     /* ||db||_RMS; 0 without a bias */
+  double weight_sumsq;        /* ||W||_F^2, the weights alone */
+  double update_sumsq;        /* ||dW||_F^2, the weights alone */
+} stab_linear_parts;
+
+/* Fills *out as stab_layer_metrics does for a linear layer: sigma, sigma_rel_err and passes
+ * from parts->weight; dependency = sqrt(d_in / d_out) sigma; forward = dependency + bias_rms;
+ * with an update, sigma_update, its rel_err and update_passes from parts->update, update =
+ * sqrt(d_in / d_out) sigma_update + bias_update_rms, rel_update = ||dW, db||_F / ||W, b||_F
+ * (the bias's squares as rms^2 d_out); STAB_FLAG_NOT_CONVERGED when an estimate did not
+ * converge; NaN with STAB_FLAG_NONFINITE_WEIGHT when the weights' estimate is nonfinite or
+ * bias_rms is not finite, and with STAB_FLAG_NONFINITE_UPDATE when the update's estimate is
+ * nonfinite or bias_update_rms or update_sumsq is not finite. Fields that do not apply are NaN, counts
+ * 0. Pure arithmetic: no allocation, thread-safe. Errors: parts or out NULL STAB_EINVAL,
+ * d_in or d_out 0 STAB_EDIM (out cleared to NaN). */
+stab_status stab_linear_metrics_assemble(const stab_linear_parts *parts, stab_metrics *out);
+
 /* Helpers that stand on their own: f64 accumulation, NaN propagates; NaN for a NULL pointer,
  * n = 0, stride 0 or a span ((n - 1) * stride + 1 floats) past what memory can address, with
  * the reason in stab_last_error(). */

@@ -1,6 +1,7 @@
 /* stabmeter_mpi.h — stabmeter's MPI layer: spectral norms of weight matrices sharded across the
  * ranks of an MPI communicator (tensor parallelism: each rank holds some rows or some columns
- * of a linear layer), the same Lanczos as one process holding the whole matrix.
+ * of a linear layer), the same Lanczos as one process holding the whole matrix, and a split
+ * linear layer's every metric (stab_mpi_linear_*); replicated weights, split tables and vectors.
  * Link with pkg-config stabmeter_mpi (libstabmeter_mpi and MPI); libstabmeter never needs MPI.
  * Built by ./configure --with-mpi. docs/mpi.md has the design and its costs. */
 #ifndef STABMETER_MPI_H
@@ -107,6 +108,57 @@ stab_status stab_mpi_table_metrics(MPI_Comm comm, const stab_layer *shard, size_
  * none of this: stab_mpi_monitor_measure, or stab_layer_metrics on any rank. */
 stab_status stab_mpi_vector_metrics(MPI_Comm comm, const stab_layer *shard, size_t begin, size_t whole_length,
                                     const stab_layer *before, const stab_metrics_params *params, stab_metrics *out);
+
+/* A linear layer split among ranks (tensor parallelism), measured whole: its weights W, the
+ * whole d_out x d_in matrix out-major, split by rows (column-parallel: each rank holds rows
+ * [begin, end) and the matching bias entries) or by columns (row-parallel: each rank holds
+ * columns [begin, end); the bias, added after the all-reduce, is replicated whole on every
+ * rank). The handle keeps two sharded estimates (W's and the update's, each warm from its own
+ * last vector), the shard-sized f32 buffer the update is formed in, and a sum. Opaque. */
+typedef struct stab_mpi_linear stab_mpi_linear;
+
+/* Registers this rank's shard of a linear layer. Collective over comm, as
+ * stab_mpi_sharded_create (which it calls twice, and whose checks and errors it has):
+ * shard->rows = d_out, shard->cols = d_in of the whole layer; has_bias 1 when the layer has a
+ * bias (the same on every rank, else STAB_EINVAL on every rank); params as stab_layer_metrics'
+ * (NULL: the defaults; the spectral method Lanczos; tight is not used). comm is duplicated.
+ * Allocates: two stab_mpi_sharded, a shard of f32 (the update, and 16-bit weights converted)
+ * and two rows of f32. Errors: STAB_EINVAL, STAB_EDIM, STAB_ERANGE, STAB_ENOMEM, STAB_EIO, the
+ * same on every rank with *out NULL. */
+stab_status stab_mpi_linear_create(MPI_Comm comm, const stab_mpi_shard *shard, int has_bias,
+                                   const stab_metrics_params *params, stab_mpi_linear **out);
+
+/* The whole layer's metrics, as stab_layer_metrics gives them for the whole layer (sigma, its
+ * rel_err and passes, dependency, forward, sigma_update, update, rel_update, the flags: through
+ * stab_linear_metrics_assemble), on every rank, the same bits. Collective: every rank calls it.
+ *  shard_layer  this rank's part, a STAB_KIND_LINEAR layer out-major (layout NATURAL or
+ *               OUT_MAJOR), dtype F32, F16 or BF16, row stride ld (0: contiguous): split by
+ *               rows d_out = end - begin and d_in = the whole d_in, bias its d_out entries;
+ *               split by columns d_in = end - begin and d_out = the whole d_out, bias the whole
+ *               (replicated) vector, read on the rank holding column 0 only, so that it counts
+ *               once (the other ranks' copies must still be given, and are not read)
+ *  before       this rank's part before the step (weight and bias, read with shard_layer's
+ *               shape and ld, dtype F32, F16 or BF16 of its own), or NULL: on every rank or on
+ *               none
+ * sigma(W) and sigma(dW) are the sharded Lanczos (stab_mpi_sharded_sigma: every pass one
+ * collective), the first call cold and later ones warm, W's and dW's apart; 16-bit weights
+ * are converted into the handle's buffer first, and dW = W - before is formed there in f32,
+ * as one process's f32 passes (tol >= STAB_SPECTRAL_F32_TOL_MIN) form it; its f64 passes
+ * subtract in f64, so at f64 tolerances sigma_update differs from one process's by the f32
+ * rounding of the differences, at most 2^-24 ||dW||_F (none when they are exact in f32, as
+ * for weights on a common grid). The sums of squares of W, dW, b and db (in f64 from the
+ * stored values, as one process takes them) are summed over the ranks exactly in fixed point,
+ * in one collective. Results equal one process's to rounding (1e-12 relative at f64
+ * tolerances, sigma_update as above), not bit for bit. A NaN or Inf in any rank's weights or update: STAB_OK, the
+ * flag and NaN on every rank. Any rank's bad argument (NULL, a shape or kind or dtype the
+ * handle does not take, before on some ranks only, a bias where the handle has none or none
+ * where it has one): the same status on every rank, the message naming the rank, metrics NaN;
+ * nobody waits. Allocates nothing. Not thread-safe on one handle. */
+stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_layer, const stab_layer *before,
+                                    stab_metrics *out);
+
+/* Frees the handle and its communicators: collective as MPI_Comm_free is. NULL is a no-op. */
+void stab_mpi_linear_free(stab_mpi_linear *h);
 
 #ifdef __cplusplus
 }

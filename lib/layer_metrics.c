@@ -232,44 +232,68 @@ static double sumsq(const stabi_ctx *ctx, const stabi_shape *sh, const float *a,
   return stabi_sumsq(&src, sh->rows, sh->cols, rowbuf_a(ctx), rowbuf_b(ctx, sh));
 }
 
-static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
-                          const stabi_delta *dl, double *warm, stab_metrics *m) {
-  const double k = sqrt((double)l->d_in / (double)l->d_out);
-  stab_sigma_result r;
-  const stabi_src w = {l->weight, NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
-  stab_status st = stabi_spectral_norm_src(ctx->ws, &w, sh->rows, sh->cols, warm, &r);
-  if (st != STAB_OK) return st;
-  const double brms = l->bias ? rms_diff(ctx, sh, l->bias, l->dtype, NULL, STAB_DTYPE_F32, l->d_out) : 0.0;
-  m->sigma = r.sigma;
-  m->sigma_rel_err = r.rel_err;
-  m->passes = r.passes;
-  m->dependency = k * r.sigma;
-  m->forward = k * r.sigma + brms;
-  if (!r.converged && !r.nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
-  if (r.nonfinite || !isfinite(brms)) {
+stab_status stab_linear_metrics_assemble(const stab_linear_parts *parts, stab_metrics *out) {
+  if (!out) return stabi_fail(STAB_EINVAL, "stab_linear_metrics_assemble: out is NULL");
+  stabi_layer_measure_clear(out);
+  if (!parts) return stabi_fail(STAB_EINVAL, "stab_linear_metrics_assemble: parts is NULL");
+  if (parts->d_in == 0 || parts->d_out == 0)
+    return stabi_fail(STAB_EDIM, "stab_linear_metrics_assemble: d_in %zu and d_out %zu; both must be > 0",
+                      parts->d_in, parts->d_out);
+  stab_metrics *m = out;
+  const double k = sqrt((double)parts->d_in / (double)parts->d_out);
+  const stab_sigma_result *r = &parts->weight;
+  const double brms = parts->bias_rms;
+  m->sigma = r->sigma;
+  m->sigma_rel_err = r->rel_err;
+  m->passes = r->passes;
+  m->dependency = k * r->sigma;
+  m->forward = k * r->sigma + brms;
+  if (!r->converged && !r->nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
+  if (r->nonfinite || !isfinite(brms)) {
     m->flags |= STAB_FLAG_NONFINITE_WEIGHT;
     m->forward = m->dependency = m->sigma = NAN;
   }
-  if (!dl) return STAB_OK;
-  const stabi_src dw = {dl->w, dl->w_sub, dl->wt, dl->sub_t, sh->ld};
-  st = stabi_spectral_norm_src(ctx->ws, &dw, sh->rows, sh->cols, warm ? warm + sh->cols : NULL, &r);
-  if (st != STAB_OK) return st;
-  const double dbrms = dl->b ? rms_diff(ctx, sh, dl->b, dl->wt, dl->b_sub, dl->sub_t, l->d_out) : 0.0;
-  m->sigma_update = r.sigma;
-  m->sigma_update_rel_err = r.rel_err;
-  m->update_passes = r.passes;
-  m->update = k * r.sigma + dbrms;
-  if (!r.converged && !r.nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
-  double dw2 = sumsq(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t);
-  double w2 = sumsq(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32);
-  if (dl->b) dw2 += dbrms * dbrms * (double)l->d_out;
-  if (l->bias) w2 += brms * brms * (double)l->d_out;
+  if (!parts->with_update) return STAB_OK;
+  r = &parts->update;
+  const double dbrms = parts->bias_update_rms;
+  m->sigma_update = r->sigma;
+  m->sigma_update_rel_err = r->rel_err;
+  m->update_passes = r->passes;
+  m->update = k * r->sigma + dbrms;
+  if (!r->converged && !r->nonfinite) m->flags |= STAB_FLAG_NOT_CONVERGED;
+  /* without a bias both RMS are 0 and the sums stay as they are, bit for bit */
+  const double dw2 = parts->update_sumsq + dbrms * dbrms * (double)parts->d_out;
+  const double w2 = parts->weight_sumsq + brms * brms * (double)parts->d_out;
   m->rel_update = sqrt(dw2) / sqrt(w2);
-  if (r.nonfinite || !isfinite(dbrms) || !isfinite(dw2)) {
+  if (r->nonfinite || !isfinite(dbrms) || !isfinite(dw2)) {
     m->flags |= STAB_FLAG_NONFINITE_UPDATE;
     m->update = m->sigma_update = m->rel_update = NAN;
   }
   return STAB_OK;
+}
+
+/* A whole linear layer in this process: its parts measured here, the metrics from them. A
+ * failure of the update's estimate leaves the weights' metrics filled. */
+static stab_status linear(const stabi_ctx *ctx, const stab_layer *l, const stabi_shape *sh,
+                          const stabi_delta *dl, double *warm, stab_metrics *m) {
+  stab_linear_parts parts = {.d_in = l->d_in, .d_out = l->d_out};
+  const stabi_src w = {l->weight, NULL, l->dtype, STAB_DTYPE_F32, sh->ld};
+  stab_status st = stabi_spectral_norm_src(ctx->ws, &w, sh->rows, sh->cols, warm, &parts.weight);
+  if (st != STAB_OK) return st;
+  parts.bias_rms = l->bias ? rms_diff(ctx, sh, l->bias, l->dtype, NULL, STAB_DTYPE_F32, l->d_out) : 0.0;
+  if (dl) {
+    const stabi_src dw = {dl->w, dl->w_sub, dl->wt, dl->sub_t, sh->ld};
+    st = stabi_spectral_norm_src(ctx->ws, &dw, sh->rows, sh->cols, warm ? warm + sh->cols : NULL, &parts.update);
+    if (st != STAB_OK) {
+      stab_linear_metrics_assemble(&parts, m);
+      return st;
+    }
+    parts.with_update = 1;
+    parts.bias_update_rms = dl->b ? rms_diff(ctx, sh, dl->b, dl->wt, dl->b_sub, dl->sub_t, l->d_out) : 0.0;
+    parts.update_sumsq = sumsq(ctx, sh, dl->w, dl->wt, dl->w_sub, dl->sub_t);
+    parts.weight_sumsq = sumsq(ctx, sh, l->weight, l->dtype, NULL, STAB_DTYPE_F32);
+  }
+  return stab_linear_metrics_assemble(&parts, m);
 }
 
 /* rel_update of a whole stored matrix (tables, vectors). */

@@ -26,6 +26,8 @@ void replicated_cases(void);
 void table_cases(void);
 /* mpi_tables.c: gains and biases split by entries against stab_layer_metrics on the whole. */
 void vector_cases(void);
+/* mpi_linear.c: linear layers split by rows or columns against stab_layer_metrics on the whole. */
+void linear_cases(void);
 /* mpi_sums.c: the collectives' sums and maxima against references in long double. */
 void sum_cases(void);
 

@@ -1,7 +1,8 @@
 /* mpi_sharded.c — libstabmeter_mpi under mpirun (tests/mpi.sh runs it on 2 and 3 ranks): the
  * sharded spectral norms here, the replicated monitor in mpi_replicated.c, tables split by
- * vocabulary in mpi_tables.c. Every case against the single-process library on the whole matrix, which
- * every rank builds from the same seed, and against LAPACK (dgesvd, the exact method). Prints
+ * vocabulary in mpi_tables.c, linear layers split by rows or columns in mpi_linear.c. Every
+ * case against the single-process library on the whole matrix, which every rank builds from
+ * the same seed, and against LAPACK (dgesvd, the exact method). Prints
  * a summary in Check's format ("Checks: N, Failures: F, Errors: 0") on rank 0, the line the
  * quickstart counts; exits 1 when any rank saw a failure. */
 #include <math.h>
@@ -269,6 +270,7 @@ int main(int argc, char **argv) {
   replicated_cases();
   table_cases();
   vector_cases();
+  linear_cases();
   sum_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

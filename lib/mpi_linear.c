@@ -1,0 +1,249 @@
+/* mpi_linear.c — a linear layer split by rows or columns among MPI ranks (tensor parallelism),
+ * measured whole: sigma(W) and sigma(dW) by the sharded Lanczos (mpi_sharded.c), the sums of
+ * squares of W, dW, b and db completed over the ranks in fixed point (mpi_collective.c), and the
+ * library's own formulas on the whole layer's parts (stab_linear_metrics_assemble), so that
+ * every rank gets what one process holding the whole layer gets, the same bits on each. */
+#include "mpi_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct stab_mpi_linear {
+  MPI_Comm comm;              /* a duplicate of the caller's, errors returned */
+  stab_mpi_shard shard;
+  int has_bias;
+  size_t srows, scols;        /* the shard as stored, out-major */
+  size_t bias_len;            /* the entries of the bias this rank is given */
+  stab_mpi_sharded *w, *dw;   /* W's estimate and the update's, each with its own warm start */
+  stabi_mpi_sum sum;
+  float *buf;                 /* srows x scols: the update, or 16-bit weights as f32 */
+  float *row_a, *row_b;       /* a stored row or the bias, as f32 (16-bit dtypes) */
+  size_t row_len;
+};
+
+static const char *side(stab_mpi_split split) { return split == STAB_MPI_SPLIT_ROWS ? "rows" : "columns"; }
+
+static void clear_metrics(stab_metrics *m) {
+  memset(m, 0, sizeof *m);
+  m->forward = m->dependency = m->update = NAN;
+  m->forward_tight = m->dependency_tight = m->update_tight = m->spread = NAN;
+  m->sigma = m->sigma_rel_err = m->sigma_update = m->sigma_update_rel_err = m->rel_update = NAN;
+  m->tight_method = STAB_TIGHT_NONE;
+}
+
+static int readable(stab_dtype t) { return t == STAB_DTYPE_F32 || t == STAB_DTYPE_F16 || t == STAB_DTYPE_BF16; }
+
+/* Row i (n elements, stride ld) of a stored F32, F16 or BF16 matrix as f32: the stored row
+ * itself for F32, else converted into buf (exactly, as the library's readers convert). */
+static const float *row_f32(const void *p, stab_dtype t, size_t ld, size_t i, size_t n, float *buf) {
+  if (t == STAB_DTYPE_F32) return (const float *)p + i * ld;
+  const uint16_t *q = (const uint16_t *)p + i * ld;
+  for (size_t j = 0; j < n; j++) buf[j] = t == STAB_DTYPE_F16 ? stab_f16_to_f32(q[j]) : stab_bf16_to_f32(q[j]);
+  return buf;
+}
+
+/* sum_i (a_i - b_i)^2 in f64 over rows x cols stored values (b NULL: sum_i a_i^2), each read
+ * as f32 then widened, as the single-process sums take them. */
+static double sumsq(const stab_mpi_linear *h, const void *a, stab_dtype at, const void *b, stab_dtype bt, size_t ld,
+                    size_t rows, size_t cols) {
+  double s = 0.0;
+  for (size_t i = 0; i < rows; i++) {
+    const float *x = row_f32(a, at, ld, i, cols, h->row_a);
+    const float *y = b ? row_f32(b, bt, ld, i, cols, h->row_b) : NULL;
+    for (size_t j = 0; j < cols; j++) {
+      const double v = y ? (double)x[j] - (double)y[j] : (double)x[j];
+      s += v * v;
+    }
+  }
+  return s;
+}
+
+/* The shard on its own, before anything is allocated from its sizes. */
+static stab_status check_shard(const stab_mpi_shard *sh) {
+  static const char who[] = "stab_mpi_linear_create";
+  if (!sh) return stabi_fail(STAB_EINVAL, "%s: shard is NULL", who);
+  if (sh->split != STAB_MPI_SPLIT_ROWS && sh->split != STAB_MPI_SPLIT_COLS)
+    return stabi_fail(STAB_EINVAL, "%s: unknown split %d", who, (int)sh->split);
+  if (sh->rows == 0 || sh->cols == 0)
+    return stabi_fail(STAB_EDIM, "%s: the whole layer is %zu x %zu (d_out x d_in)", who, sh->rows, sh->cols);
+  const size_t extent = sh->split == STAB_MPI_SPLIT_ROWS ? sh->rows : sh->cols;
+  if (sh->begin >= sh->end || sh->end > extent)
+    return stabi_fail(STAB_ERANGE, "%s: %s [%zu, %zu) is empty or outside [0, %zu)", who, side(sh->split),
+                      sh->begin, sh->end, extent);
+  const size_t n = sh->end - sh->begin, other = sh->split == STAB_MPI_SPLIT_ROWS ? sh->cols : sh->rows;
+  if (other > SIZE_MAX / sizeof(float) / n)
+    return stabi_fail(STAB_EDIM, "%s: a shard of %zu x %zu is larger than memory can address", who, n, other);
+  return STAB_OK;
+}
+
+/* The handle's local buffers, for a shard already checked. */
+static stab_status alloc_local(stab_mpi_linear *h) {
+  const stab_mpi_shard *sh = &h->shard;
+  const int by_rows = sh->split == STAB_MPI_SPLIT_ROWS;
+  h->srows = by_rows ? sh->end - sh->begin : sh->rows;
+  h->scols = by_rows ? sh->cols : sh->end - sh->begin;
+  /* split by rows a rank holds its rows' bias entries; by columns the whole (replicated) bias */
+  h->bias_len = by_rows ? h->srows : sh->rows;
+  h->row_len = h->scols > h->bias_len ? h->scols : h->bias_len;
+  h->buf = malloc(h->srows * h->scols * sizeof *h->buf);
+  h->row_a = malloc(2 * h->row_len * sizeof *h->row_a);
+  if (!h->buf || !h->row_a)
+    return stabi_fail(STAB_ENOMEM, "stab_mpi_linear_create: out of memory for a %zu x %zu shard", h->srows,
+                      h->scols);
+  h->row_b = h->row_a + h->row_len;
+  return STAB_OK;
+}
+
+stab_status stab_mpi_linear_create(MPI_Comm comm, const stab_mpi_shard *shard, int has_bias,
+                                   const stab_metrics_params *params, stab_mpi_linear **out) {
+  static const char who[] = "stab_mpi_linear_create";
+  if (out) *out = NULL;
+  MPI_Comm dup = MPI_COMM_NULL;
+  /* collective on the caller's comm: every rank gets here, whatever its arguments */
+  if (MPI_Comm_dup(comm, &dup) != MPI_SUCCESS) return stabi_fail(STAB_EIO, "%s: MPI_Comm_dup failed", who);
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  const stab_metrics_params p = params ? *params : stab_metrics_default_params();
+  stab_status st = out ? check_shard(shard) : stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
+  stab_mpi_linear *h = NULL;
+  if (st == STAB_OK && !(h = calloc(1, sizeof *h))) st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+  if (st == STAB_OK) {
+    h->comm = dup;
+    h->shard = *shard;
+    h->has_bias = has_bias != 0;
+    st = alloc_local(h);
+  }
+  st = stabi_mpi_agree(dup, st, who);
+  if (st == STAB_OK) { /* a bias on some ranks only would make their sums count differently */
+    int with[2] = {has_bias != 0, -(has_bias != 0)};
+    if (MPI_Allreduce(MPI_IN_PLACE, with, 2, MPI_INT, MPI_MAX, dup) != MPI_SUCCESS)
+      st = stabi_fail(STAB_EIO, "%s: MPI_Allreduce of the ranks' has_bias failed", who);
+    else if (with[0] != -with[1])
+      st = stabi_fail(STAB_EINVAL, "%s: has_bias is 1 on some ranks and 0 on others", who);
+    st = stabi_mpi_agree(dup, st, who);
+  }
+  /* each create is collective and agrees on its own status */
+  if (st == STAB_OK) st = stab_mpi_sharded_create(dup, shard, &p.spectral, &h->w);
+  if (st == STAB_OK) st = stab_mpi_sharded_create(dup, shard, &p.spectral, &h->dw);
+  if (st == STAB_OK) st = stabi_mpi_agree(dup, stabi_mpi_sum_init(&h->sum, dup, 4), who);
+  if (st != STAB_OK) {
+    if (h) h->comm = MPI_COMM_NULL; /* freed below, once */
+    stab_mpi_linear_free(h);
+    MPI_Comm_free(&dup);
+    return st;
+  }
+  *out = h;
+  return STAB_OK;
+}
+
+/* What one rank can check of its arguments alone. */
+static stab_status check_layer(const stab_mpi_linear *h, const stab_layer *l, const stab_layer *before,
+                               const stab_metrics *out, size_t *ld) {
+  static const char who[] = "stab_mpi_linear_measure";
+  if (!out) return stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
+  if (!l) return stabi_fail(STAB_EINVAL, "%s: shard_layer is NULL", who);
+  const char *name = l->name ? l->name : "(unnamed)";
+  if (l->kind != STAB_KIND_LINEAR)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%.60s' is not a linear layer (kind %d)", who, name, (int)l->kind);
+  if (l->layout != STAB_LAYOUT_NATURAL && l->layout != STAB_LAYOUT_OUT_MAJOR)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%.60s': only out-major shards (layout NATURAL or OUT_MAJOR) are "
+                      "taken, layout is %d", who, name, (int)l->layout);
+  if (l->d_out != h->srows || l->d_in != h->scols)
+    return stabi_fail(STAB_EDIM, "%s: layer '%.60s' has d_out %zu and d_in %zu; this rank's shard (%s [%zu, %zu) "
+                      "of %zu x %zu) is %zu x %zu", who, name, l->d_out, l->d_in, side(h->shard.split),
+                      h->shard.begin, h->shard.end, h->shard.rows, h->shard.cols, h->srows, h->scols);
+  if (!l->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%.60s' has no weight (NULL)", who, name);
+  if (!readable(l->dtype))
+    return stabi_fail(STAB_EINVAL, "%s: layer '%.60s' has dtype %d, not F32, F16 or BF16", who, name, (int)l->dtype);
+  *ld = l->ld ? l->ld : h->scols;
+  if (*ld < h->scols)
+    return stabi_fail(STAB_EDIM, "%s: layer '%.60s': ld %zu is less than the shard's row length %zu", who, name,
+                      *ld, h->scols);
+  if (h->srows > 1 && *ld > (SIZE_MAX / sizeof(float) - h->scols) / (h->srows - 1))
+    return stabi_fail(STAB_EDIM, "%s: layer '%.60s': %zu rows of stride %zu span more than memory", who, name,
+                      h->srows, *ld);
+  if (!l->bias != !h->has_bias)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%.60s' %s a bias, and the handle was created %s", who, name,
+                      l->bias ? "has" : "has no", h->has_bias ? "with one" : "without");
+  if (!before) return STAB_OK;
+  if (!before->weight) return stabi_fail(STAB_EINVAL, "%s: layer '%.60s': before->weight is NULL", who, name);
+  if (!readable(before->dtype))
+    return stabi_fail(STAB_EINVAL, "%s: layer '%.60s': before has dtype %d, not F32, F16 or BF16", who, name,
+                      (int)before->dtype);
+  if (l->bias && !before->bias)
+    return stabi_fail(STAB_EINVAL, "%s: layer '%.60s' has a bias but before has none", who, name);
+  return STAB_OK;
+}
+
+/* dW = W - before into the handle's buffer, in f32 as the single-process passes form it. */
+static void form_update(stab_mpi_linear *h, const stab_layer *l, const stab_layer *before, size_t ld) {
+  for (size_t i = 0; i < h->srows; i++) {
+    const float *a = row_f32(l->weight, l->dtype, ld, i, h->scols, h->row_a);
+    const float *b = row_f32(before->weight, before->dtype, ld, i, h->scols, h->row_b);
+    float *d = h->buf + i * h->scols;
+    for (size_t j = 0; j < h->scols; j++) d[j] = a[j] - b[j];
+  }
+}
+
+stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_layer, const stab_layer *before,
+                                    stab_metrics *out) {
+  static const char who[] = "stab_mpi_linear_measure";
+  if (out) clear_metrics(out);
+  if (!h) return stabi_fail(STAB_EINVAL, "%s: h is NULL", who); /* no communicator to tell */
+  const stab_layer *l = shard_layer;
+  size_t ld = 0;
+  stab_status st = stabi_mpi_agree(h->comm, check_layer(h, l, before, out, &ld), who);
+  if (st == STAB_OK) { /* before on some ranks only would make the ranks' collectives differ */
+    int with[2] = {before != NULL, -(before != NULL)};
+    if (MPI_Allreduce(MPI_IN_PLACE, with, 2, MPI_INT, MPI_MAX, h->comm) != MPI_SUCCESS)
+      st = stabi_fail(STAB_EIO, "%s: MPI_Allreduce of the ranks' before failed", who);
+    else if (with[0] != -with[1])
+      st = stabi_fail(STAB_EINVAL, "%s: before is given on some ranks and NULL on others", who);
+    st = stabi_mpi_agree(h->comm, st, who);
+  }
+  if (st != STAB_OK) return st;
+  stab_linear_parts parts = {.d_in = h->shard.cols, .d_out = h->shard.rows, .with_update = before != NULL};
+  /* the sharded estimate reads f32: 16-bit weights are converted first, exactly */
+  const float *w = (const float *)l->weight;
+  size_t wld = ld;
+  if (l->dtype != STAB_DTYPE_F32) {
+    for (size_t i = 0; i < h->srows; i++)
+      memcpy(h->buf + i * h->scols, row_f32(l->weight, l->dtype, ld, i, h->scols, h->row_a),
+             h->scols * sizeof *h->buf);
+    w = h->buf;
+    wld = h->scols;
+  }
+  st = stab_mpi_sharded_sigma(h->w, w, wld, &parts.weight);
+  /* the bias counts once: split by columns every rank holds it whole, and the rank holding
+   * column 0 alone adds it to the sums */
+  const int my_bias = h->has_bias && (h->shard.split == STAB_MPI_SPLIT_ROWS || h->shard.begin == 0);
+  double q[4] = {0.0, 0.0, 0.0, 0.0}; /* ||W||^2, ||dW||^2, ||b||^2, ||db||^2 of this rank's part */
+  if (st == STAB_OK && my_bias) q[2] = sumsq(h, l->bias, l->dtype, NULL, STAB_DTYPE_F32, 0, 1, h->bias_len);
+  if (st == STAB_OK && before) {
+    form_update(h, l, before, ld);
+    st = stab_mpi_sharded_sigma(h->dw, h->buf, h->scols, &parts.update);
+    q[0] = sumsq(h, l->weight, l->dtype, NULL, STAB_DTYPE_F32, ld, h->srows, h->scols);
+    q[1] = sumsq(h, l->weight, l->dtype, before->weight, before->dtype, ld, h->srows, h->scols);
+    if (my_bias) q[3] = sumsq(h, l->bias, l->dtype, before->bias, before->dtype, 0, 1, h->bias_len);
+  }
+  if (st == STAB_OK) st = stabi_mpi_agree(h->comm, stabi_mpi_sum_each(&h->sum, q, 4), who);
+  if (st != STAB_OK) return st;
+  const double n = (double)h->shard.rows;
+  parts.weight_sumsq = q[0];
+  parts.update_sumsq = q[1];
+  parts.bias_rms = h->has_bias ? sqrt(q[2] / n) : 0.0;
+  parts.bias_update_rms = h->has_bias && before ? sqrt(q[3] / n) : 0.0;
+  return stab_linear_metrics_assemble(&parts, out);
+}
+
+void stab_mpi_linear_free(stab_mpi_linear *h) {
+  if (!h) return;
+  stab_mpi_sharded_free(h->dw);
+  stab_mpi_sharded_free(h->w);
+  stabi_mpi_sum_free(&h->sum);
+  free(h->buf);
+  free(h->row_a);
+  if (h->comm != MPI_COMM_NULL) MPI_Comm_free(&h->comm);
+  free(h);
+}
