@@ -4,7 +4,8 @@
 # mpirun, the reference), and every rank's exit status the single process's: GPT-2 and Llama
 # safetensors, a Hugging Face directory of 3 shards, GGUF, llm.c (a tied head, a fused qkv), a
 # GGUF file against the safetensors it was converted from; text and --json, with and without
-# --prev; a NaN weight (flagged, exit 0) and a truncated shard (exit 2, no report). Then
+# --prev; a NaN weight (flagged, exit 0), a truncated shard (exit 2, no report), a trace rank 0
+# cannot write (exit 1 everywhere), one rank alone unable to open its file. Then
 # STAB_PROBE_SHOW_READS: the ranks read disjoint byte ranges whose union is the single
 # process's, with every page of the other ranks' tensors made unreadable, so that a rank
 # reading beyond its own would die. Every mpirun is bounded by timeout: a rank left waiting
@@ -121,6 +122,25 @@ if [ "$(grep -c 'is not a valid safetensors file' "$dir/cut.3.err")" = 1 ]; then
   fail "the truncated shard on 3 ranks: its message $(grep -c 'is not a valid safetensors file' "$dir/cut.3.err") times, want once"
   sed 's/^/    /' "$dir/cut.3.err" | head -n 10
 fi
+
+# a trace that cannot be written: rank 0 alone finds out, after the others are done, and its
+# status is theirs
+single trace --hdf5 "$dir/no/such/dir/t.h5" --step 3 "$dir/g.safetensors"
+ranks 2 trace --hdf5 "$dir/no/such/dir/t.h5" --step 3 "$dir/g.safetensors"
+# one rank alone cannot open the checkpoint (a path missing on one node of a cluster): every
+# rank stops with that rank's status, rank 0 saying why, and nobody waits
+single missing "$dir/none.safetensors"
+timeout -k 10 "$limit" "$MPIRUN" -np 3 --oversubscribe sh -c \
+  'r=$OMPI_COMM_WORLD_RANK; if [ "$r" = 1 ]; then c=$0/none.safetensors; else c=$0/g.safetensors; fi
+   "$1" "$c" >"$0/missing.3.out.$r"; echo $? >"$0/missing.3.rc.$r"' "$dir" "$probe" </dev/null 2>"$dir/missing.3.err"
+rc=$?
+if [ $rc -ne 0 ]; then fail "one rank missing its checkpoint: mpirun exited $rc"; fi
+for r in 0 1 2; do
+  if [ "$(cat "$dir/missing.3.rc.$r" 2>/dev/null)" = "$(cat "$dir/missing.rc")" ]; then pass; else
+    fail "one rank missing its checkpoint: rank $r exited $(cat "$dir/missing.3.rc.$r" 2>/dev/null), want $(cat "$dir/missing.rc")"; fi
+done
+if [ ! -s "$dir/missing.3.out.0" ] && grep -q 'none.safetensors: cannot open' "$dir/missing.3.err"; then pass; else
+  fail "one rank missing its checkpoint: a report, or rank 0 did not say why"; sed 's/^/    /' "$dir/missing.3.err" | head; fi
 
 # ---- which bytes each rank reads ------------------------------------------------------------
 export STAB_PROBE_SHOW_READS=1
