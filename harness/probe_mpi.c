@@ -156,8 +156,8 @@ static unsigned char *pack(const probe_ranks *job, const probe_result *res, size
   if (!buf) return NULL;
   outcome oc = {failed, tripped ? (int32_t)tl : -1, (int32_t)text_len, (int32_t)k};
   memcpy(p, &oc, sizeof oc), p += sizeof oc;
-  memcpy(p, tripped, tl), p += tl;
-  memcpy(p, text, text_len), p += text_len;
+  if (tl) memcpy(p, tripped, tl), p += tl;
+  if (text_len) memcpy(p, text, text_len), p += text_len;
   for (size_t i = 0; i < n; i++) {
     if (owner[i] != job->rank) continue;
     record r = {i, *res[i].measured, (int32_t)res[i].heads, *res[i].m};
