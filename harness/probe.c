@@ -1048,6 +1048,14 @@ static void usage(void) {
          "unless config.json says tie_word_embeddings false.\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
+         "Across ranks (built with configure --with-mpi): mpirun -np P stabmeter-probe CHECKPOINT\n"
+         "[OPTION]... splits the checkpoint's tensors among the P ranks (by bytes times expected\n"
+         "work, from the headers alone; a query/key pair, a tied head, a fused qkv and a layer's\n"
+         "experts stay on one rank), each rank reading only its own tensors' bytes; rank 0 prints\n"
+         "the report, the same bytes as one process prints, and every rank exits with its status.\n"
+         "Progress and warnings come from rank 0 only. Run without mpirun, the probe is one process.\n"
+         "STAB_PROBE_SHOW_READS=1 in the environment prints on stderr the byte ranges each rank reads\n"
+         "and, on more than one rank, makes the other ranks' pages unreadable to prove it.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
          "checkpoint, a --filter or --prev that matches nothing).\n");
 }
