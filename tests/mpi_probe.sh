@@ -29,6 +29,8 @@ checks=0
 # mpirun as root needs both; Open MPI's own files go to the scratch directory
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# one machine: shared memory alone (looking for UCX and network transports doubled each launch)
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
 export TMPDIR="$dir"
 if [ "${STAB_SANITIZED:-0}" = 1 ]; then # Open MPI's leaks at exit matched by library (tests/lsan.supp)
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
