@@ -1,15 +1,15 @@
 #!/bin/sh
 # mpi_probe.sh — stabmeter-probe under mpirun: its standard output on 2 and 3 ranks
-# (oversubscribed: CI has 2 cores) byte for byte the single process's (run without
-# mpirun, the reference), and every rank's exit status the single process's: GPT-2 and Llama
-# safetensors, a Hugging Face directory of 3 shards, GGUF, llm.c (a tied head, a fused qkv), a
-# GGUF file against the safetensors it was converted from; text and --json, with and without
-# --prev; a NaN weight (flagged, exit 0), a truncated shard (exit 2, no report), a trace rank 0
-# cannot write (exit 1 everywhere), one rank alone unable to open its file. Then
-# STAB_PROBE_SHOW_READS: the ranks read disjoint byte ranges whose union is the single
-# process's, with every page of the other ranks' tensors made unreadable, so that a rank
-# reading beyond its own would die. Every mpirun is bounded by timeout: a rank left waiting
-# fails the test instead of hanging it. Skipped (77) without configure --with-mpi.
+# (oversubscribed: CI has 2 cores) byte for byte the single process's (run without mpirun, the
+# reference), and every rank's exit status the single process's: GPT-2 and Llama safetensors, a
+# Hugging Face directory of 3 shards, GGUF, llm.c (a tied head, a fused qkv), a GGUF file
+# against the safetensors it was converted from; text and --json, with and without --prev, and
+# the --hdf5 trace rank 0 writes; a NaN weight (flagged, exit 0), a truncated shard (exit 2, no
+# report), a trace rank 0 cannot write (exit 1 everywhere), one rank alone unable to open its
+# file. Then STAB_PROBE_SHOW_READS: the ranks read disjoint byte ranges whose union is the single
+# process's, with every page of the other ranks' tensors made unreadable, so that a rank reading
+# beyond its own would die. Every mpirun is bounded by timeout: a rank left waiting fails the
+# test instead of hanging it. Skipped (77) without configure --with-mpi.
 set -u
 if [ -z "${MPIRUN:-}" ]; then
   echo "not configured --with-mpi: skipped"
@@ -99,8 +99,15 @@ truncate -s -1000 "$dir/cut/model-00002-of-00003.safetensors" || exit 1
 single gpt2-prev --json "$dir/g.safetensors" --prev "$dir/g.prev.safetensors"
 ranks 2 gpt2-prev --json "$dir/g.safetensors" --prev "$dir/g.prev.safetensors"
 ranks 3 gpt2-prev --json "$dir/g.safetensors" --prev "$dir/g.prev.safetensors"
-single llama --per-head "$dir/l.safetensors"
-ranks 3 llama --per-head "$dir/l.safetensors"
+# with a trace, which rank 0 writes: the same trace as one process's, value for value
+single llama --per-head --hdf5 "$dir/llama.1.h5" --step 5 "$dir/l.safetensors"
+ranks 3 llama --per-head --hdf5 "$dir/llama.3.h5" --step 5 "$dir/l.safetensors"
+"$top/harness/export" "$dir/llama.1.h5" >"$dir/llama.1.csv" 2>&1
+"$top/harness/export" "$dir/llama.3.h5" >"$dir/llama.3.csv" 2>&1
+if [ -s "$dir/llama.1.csv" ] && cmp -s "$dir/llama.1.csv" "$dir/llama.3.csv"; then pass; else
+  fail "the trace written on 3 ranks differs from one process's (stabmeter-export of each)"
+  diff "$dir/llama.1.csv" "$dir/llama.3.csv" | head -n 6
+fi
 single llmc "$dir/c.bin" --prev "$dir/c.prev.bin"
 ranks 2 llmc "$dir/c.bin" --prev "$dir/c.prev.bin"
 single gguf --json "$dir/u.gguf" --prev "$dir/u.prev.gguf"
