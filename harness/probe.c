@@ -7,6 +7,8 @@
 #include "ckpt_guard.h"
 #include "cli.h"
 #include "clock.h"
+#include "probe_ranks.h"
+#include "probe_split.h"
 #include "stabmeter.h"
 
 #include <ctype.h>
@@ -1046,6 +1048,14 @@ static void usage(void) {
          "unless config.json says tie_word_embeddings false.\n"
          "The table ends with the largest value of each metric per kind and its layer, and the\n"
          "units: RMS ratio (1) for every kind but lm_head, whose values are in nats.\n\n"
+         "Across ranks (built with configure --with-mpi): mpirun -np P stabmeter-probe CHECKPOINT\n"
+         "[OPTION]... splits the checkpoint's tensors among the P ranks (by bytes times expected\n"
+         "work, from the headers alone; a query/key pair, a tied head, a fused qkv and a layer's\n"
+         "experts stay on one rank), each rank reading only its own tensors' bytes; rank 0 prints\n"
+         "the report, the same bytes as one process prints, and every rank exits with its status.\n"
+         "Progress and warnings come from rank 0 only. Run without mpirun, the probe is one process.\n"
+         "STAB_PROBE_SHOW_READS=1 in the environment prints on stderr the byte ranges each rank reads\n"
+         "and, on more than one rank, makes the other ranks' pages unreadable to prove it.\n\n"
          "Exit status: 0 success, 1 failure, 2 bad usage or bad input (a malformed or unreadable\n"
          "checkpoint, a --filter or --prev that matches nothing).\n");
 }
@@ -1756,19 +1766,121 @@ static int decide_step(options *o, const ckpt *f) {
   return 0;
 }
 
+/* ---- across ranks (mpirun) ----------------------------------------------------------- */
+
+/* A tensor's bytes per element, quantized types included (their blocks' bytes over their
+ * elements). */
+static double bytes_per_element(const stab_ckpt_tensor *t) {
+  return t && t->count ? (double)stab_ckpt_nbytes(t) / (double)t->count : 0;
+}
+
+/* Row r as the split across ranks sees it (probe_split.h): the mapped bytes it reads, and its
+ * cost, the bytes it reads times the sweeps expected (row_work's weights), the update's again
+ * with --prev. A layer of experts reads nothing of its own (its experts' rows do) and stays
+ * with them; a row not measured costs nothing. */
+static probe_item split_item(const row *rows, size_t i, size_t layer_of_experts) {
+  const row *r = &rows[i];
+  probe_item it = {.with = SIZE_MAX};
+  if (is_expert(r) && layer_of_experts != SIZE_MAX) it.with = layer_of_experts;
+  if (r->error || is_expert_layer(r)) return it;
+  const stab_ckpt_tensor *ts[PROBE_MAX_SPANS] = {r->t, r->bias, r->tk, r->prev_t, r->prev_bias};
+  for (size_t k = 0; k < PROBE_MAX_SPANS; k++)
+    if (ts[k] && stab_ckpt_nbytes(ts[k]))
+      it.span[it.nspan++] = (probe_span){ts[k]->data, ts[k]->data + stab_ckpt_nbytes(ts[k])};
+  it.cost = row_work(r) * bytes_per_element(r->t);
+  if (r->prev_t) it.cost += row_work(r) * bytes_per_element(r->prev_t);
+  return it;
+}
+
+/* The rows' owners among job's ranks, and their items (*items, for the fence). NULL when out
+ * of memory. */
+static int *split_rows(const row *rows, size_t n, int ranks, probe_item **items) {
+  int *owner = malloc((n ? n : 1) * sizeof *owner);
+  *items = malloc((n ? n : 1) * sizeof **items);
+  if (!owner || !*items) {
+    free(owner), free(*items), *items = NULL;
+    return NULL;
+  }
+  size_t layer = SIZE_MAX; /* the experts' rows follow their layer's */
+  for (size_t i = 0; i < n; i++) {
+    if (is_expert_layer(&rows[i])) layer = i;
+    else if (!is_expert(&rows[i])) layer = SIZE_MAX;
+    (*items)[i] = split_item(rows, i, layer);
+  }
+  if (probe_split(*items, n, ranks, owner)) {
+    free(owner), free(*items), *items = NULL;
+    return NULL;
+  }
+  return owner;
+}
+
+/* The file t's bytes are in (of checkpoint c, opened from path) and their offset there: found
+ * by address, a tensor's mapping being its file's (a view into a 3-D experts tensor too). */
+static const char *file_of(const ckpt *c, const char *path, const stab_ckpt_tensor *t, uint64_t *offset) {
+  size_t files = c->sh ? stab_sharded_shard_count(c->sh) : 1;
+  for (size_t k = 0; k < files; k++) {
+    const stab_safetensors *s = c->sh ? stab_sharded_shard(c->sh, k) : c->st;
+    const stab_ckpt_tensor *first = s ? stab_safetensors_tensor(s, 0) : ck_tensor(c, 0);
+    if (!first) continue;
+    const unsigned char *base = first->data - first->offset;
+    if (s && (t->data < base || t->data >= base + stab_safetensors_file_size(s))) continue;
+    *offset = (uint64_t)(t->data - base);
+    return c->sh ? stab_sharded_shard_path(c->sh, k) : path;
+  }
+  *offset = t->offset;
+  return path;
+}
+
+/* STAB_PROBE_SHOW_READS: on the real stderr, one line per tensor this rank reads (file, byte
+ * range, name), and with more than one rank every page of the other ranks' tensors made
+ * unreadable (probe_split_fence), so that a stray read kills the rank instead of fetching
+ * pages unseen. A rank's lines say what it reads; the fence proves it reads nothing else.
+ * 0, or 1 after a message. */
+static int show_reads(const probe_ranks *job, const options *o, const ckpt *cur, const ckpt *prev, const row *rows,
+                      size_t n, const int *owner, const probe_item *items) {
+  FILE *err = probe_ranks_stderr(job);
+  for (size_t i = 0; i < n; i++) {
+    if (owner[i] != job->rank || !items[i].nspan) continue;
+    const stab_ckpt_tensor *ts[PROBE_MAX_SPANS] = {rows[i].t, rows[i].bias, rows[i].tk, rows[i].prev_t, rows[i].prev_bias};
+    for (size_t k = 0; k < PROBE_MAX_SPANS; k++) {
+      if (!ts[k] || !stab_ckpt_nbytes(ts[k])) continue;
+      uint64_t at;
+      const char *file = k < 3 ? file_of(cur, o->checkpoint, ts[k], &at) : file_of(prev, o->reference, ts[k], &at);
+      fprintf(err, "%s: rank %d of %d reads %s bytes %llu-%llu (%s, row %s)\n", cli_name, job->rank, job->size, file,
+              (unsigned long long)at, (unsigned long long)(at + stab_ckpt_nbytes(ts[k])), ts[k]->name, rows[i].name);
+    }
+  }
+  if (job->size == 1) return 0;
+  long long fenced = probe_split_fence(items, n, owner, job->rank);
+  if (fenced < 0) {
+    cli_error("STAB_PROBE_SHOW_READS: cannot protect the other ranks' tensors: %s", strerror(errno));
+    return 1;
+  }
+  fprintf(err, "%s: rank %d of %d fenced %lld bytes of the other ranks' tensors\n", cli_name, job->rank, job->size,
+          fenced);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   cli_init("stabmeter-probe");
+  /* under mpirun: one rank of many (probe_ranks.h); every path out goes through
+   * probe_ranks_finish, so that every rank ends with rank 0's status */
+  probe_ranks job;
+  if (probe_ranks_start(&job, &argc, &argv)) return probe_ranks_finish(&job, 1);
   options o;
   int rc = parse(argc, argv, &o);
-  if (rc) return rc < 0 ? CLI_OK : rc; /* < 0: --help or --version done */
+  if (rc) return probe_ranks_finish(&job, rc < 0 ? CLI_OK : rc); /* < 0: --help or --version done */
   if (ckpt_guard_install()) {
     cli_error("cannot install the SIGBUS handler: %s", strerror(errno));
-    return 1;
+    return probe_ranks_finish(&job, 1);
   }
   ckpt f = {0}, prevc = {0}, *prev = NULL;
   stab_model *model = NULL;
   row *rows = NULL;
   size_t n = 0, *order = NULL, shown_rows = 0;
+  int *owner = NULL;
+  probe_item *items = NULL;
+  probe_result *results = NULL;
   if ((rc = open_checkpoint(o.checkpoint, &f))) goto out;
   if (o.reference) {
     prev = &prevc;
@@ -1787,6 +1899,14 @@ int main(int argc, char **argv) {
     if (rows[i].kind == STAB_KIND_EMBEDDING && rows[i].t == rows[n - 1].t) tied_src = i;
   if ((rc = filter_rows(&o, rows, &n, &tied_src))) goto out;
   if (prev && (rc = match_reference(&o, &f, prev, rows, n))) goto out;
+  /* the rows each rank measures, from the headers alone: every rank knows every owner */
+  if (!(owner = split_rows(rows, n, job.size, &items)) || !(results = malloc((n ? n : 1) * sizeof *results))) goto oom;
+  for (size_t i = 0; i < n; i++) /* where the gather puts what the other ranks measured */
+    results[i] = (probe_result){&rows[i].m, rows[i].head_bounds, rows[i].head_bounds ? rows[i].heads : 0,
+                                &rows[i].measured};
+  if (getenv("STAB_PROBE_SHOW_READS") && (rc = show_reads(&job, &o, &f, prev, rows, n, owner, items))) goto out;
+  /* every rank has read the same headers alike, or all stop here with the first one's status */
+  if ((rc = probe_ranks_agree(&job, rc))) goto out;
 
   stab_metrics_params mp = stab_metrics_default_params();
   mp.spectral.tol = o.tol;
@@ -1794,7 +1914,7 @@ int main(int argc, char **argv) {
   mp.tight = o.tight;
   double work = 0, done = 0, t0 = monotonic_seconds(), last = t0;
   for (size_t i = 0; i < n; i++)
-    if (!rows[i].error && !is_expert_layer(&rows[i])) work += row_work(&rows[i]);
+    if (!rows[i].error && !is_expert_layer(&rows[i]) && owner[i] == job.rank) work += row_work(&rows[i]);
   /* Two layers are measured at a time, one thread each, instead of one layer with both
    * threads: most layers are small, their passes short, and the serial work between passes
    * (the Lanczos vectors, LAPACK on the small band matrix) left the second core idle. Results
@@ -1821,7 +1941,7 @@ int main(int argc, char **argv) {
        * while the table is still mapped (its pages are released once, after the head): mapping
        * GPT-2's 154 MB wte a second time cost 5% of its probe. The report keeps the rows'
        * order. */
-      if (tied_src != SIZE_MAX && k == n - 1) continue;
+      if ((tied_src != SIZE_MAX && k == n - 1) || owner[k] != job.rank) continue; /* the head shares its rank */
       int stop;
 #ifdef _OPENMP
 #pragma omp atomic read
@@ -1832,7 +1952,7 @@ int main(int argc, char **argv) {
         row *r = &rows[i];
         if (r->error || is_expert_layer(r)) continue; /* a layer of experts: its experts' rows */
         double t = monotonic_seconds();
-        if (me == 0 && !o.quiet && t - t0 > 1.0 && t - last > 1.0) {
+        if (me == 0 && job.rank == 0 && !o.quiet && t - t0 > 1.0 && t - last > 1.0) {
           double d;
 #ifdef _OPENMP
 #pragma omp atomic read
@@ -1857,8 +1977,12 @@ int main(int argc, char **argv) {
     }
     row_buffers_free(&rb);
   }
-  if (ckpt_guard_tripped()) { /* the numbers read were zeros: nothing of this run stands */
-    rc = shrank(ckpt_guard_tripped());
+  /* rank 0 receives the other ranks' rows and outcomes (nothing to do for one process) */
+  const char *tripped = ckpt_guard_tripped();
+  if (probe_ranks_gather(&job, results, n, owner, &failed, &tripped)) failed = 1;
+  if (job.rank != 0) goto out; /* rank 0 reports, and its status is every rank's */
+  if (tripped) { /* the numbers read were zeros: nothing of this run stands */
+    rc = shrank(tripped);
     goto out;
   }
   if (failed) {
@@ -1882,7 +2006,7 @@ oom:
   rc = 1;
 out:
   for (size_t i = 0; rows && i < n; i++) row_free(&rows[i]);
-  free(rows), free(order);
+  free(rows), free(order), free(owner), free(items), free(results);
   stab_model_free(model);
   ckpt_guard_reset();
   ck_close(&f);
@@ -1890,5 +2014,5 @@ out:
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
   for (size_t i = 0; i < o.nlayouts; i++) free((char *)o.layouts[i].glob);
   free(o.kinds), free(o.layouts), free(o.filters);
-  return rc;
+  return probe_ranks_finish(&job, rc);
 }
