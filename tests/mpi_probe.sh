@@ -46,18 +46,21 @@ single() {
   echo $? >"$dir/$name.rc"
 }
 
-# ranks NP NAME ARGS...: mpirun -np NP, each rank's stdout and exit status in files of its own
-# (a shell around each rank keeps its status), stderr of them all in NAME.NP.err. Then rank 0's
-# stdout is the reference's byte for byte, every other rank's is empty, and every rank exits
-# as the reference did.
+# ranks NP NAME ARGS...: mpirun -np NP, each rank's stdout, stderr and exit status in files of
+# its own (a shell around each rank keeps its status), then the stderr of mpirun and of every
+# rank, in rank order, in NAME.NP.err (through mpirun's forwarding, lines of ranks writing at
+# once could be cut into each other on a busy machine). Then rank 0's stdout is the
+# reference's byte for byte, every other rank's is empty, and every rank exits as the
+# reference did.
 ranks() {
   np=$1 name=$2
   shift 2
   out=$dir/$name.$np
   timeout -k 10 "$limit" "$MPIRUN" -np "$np" --oversubscribe sh -c \
-    'r=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-x}}; "$@" >"$0.out.$r"; echo $? >"$0.rc.$r"' "$out" "$probe" "$@" \
-    </dev/null 2>"$out.err"
+    'r=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-x}}; "$@" >"$0.out.$r" 2>"$0.err.$r"; echo $? >"$0.rc.$r"' "$out" \
+    "$probe" "$@" </dev/null 2>"$out.mpirun.err"
   rc=$?
+  cat "$out.mpirun.err" "$out".err.[0-9]* >"$out.err" 2>/dev/null
   if [ $rc -ne 0 ]; then
     fail "$name on $np ranks: mpirun exited $rc$( [ $rc -ge 124 ] && echo ' (timed out: a rank waited forever?)')"
     sed 's/^/    /' "$out.err" | head -n 10
