@@ -176,14 +176,24 @@ static stab_status check_layer(const stab_mpi_linear *h, const stab_layer *l, co
   return STAB_OK;
 }
 
-/* dW = W - before into the handle's buffer, in f32 as the single-process passes form it. */
-static void form_update(stab_mpi_linear *h, const stab_layer *l, const stab_layer *before, size_t ld) {
+/* dW = W - before into the handle's buffer, in f32 as the single-process passes form it, and
+ * in the same read of W and before their sums of squares in f64 (sumsq's, the same additions in
+ * the same order): q[0] = ||W||^2, q[1] = ||W - before||^2 of this rank's part. */
+static void form_update(stab_mpi_linear *h, const stab_layer *l, const stab_layer *before, size_t ld, double q[2]) {
+  double w2 = 0.0, d2 = 0.0;
   for (size_t i = 0; i < h->srows; i++) {
     const float *a = row_f32(l->weight, l->dtype, ld, i, h->scols, h->row_a);
     const float *b = row_f32(before->weight, before->dtype, ld, i, h->scols, h->row_b);
     float *d = h->buf + i * h->scols;
-    for (size_t j = 0; j < h->scols; j++) d[j] = a[j] - b[j];
+    for (size_t j = 0; j < h->scols; j++) {
+      d[j] = a[j] - b[j];
+      const double x = (double)a[j], v = x - (double)b[j];
+      w2 += x * x;
+      d2 += v * v;
+    }
   }
+  q[0] = w2;
+  q[1] = d2;
 }
 
 stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_layer, const stab_layer *before,
@@ -221,10 +231,8 @@ stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_
   double q[4] = {0.0, 0.0, 0.0, 0.0}; /* ||W||^2, ||dW||^2, ||b||^2, ||db||^2 of this rank's part */
   if (st == STAB_OK && my_bias) q[2] = sumsq(h, l->bias, l->dtype, NULL, STAB_DTYPE_F32, 0, 1, h->bias_len);
   if (st == STAB_OK && before) {
-    form_update(h, l, before, ld);
+    form_update(h, l, before, ld, q);
     st = stab_mpi_sharded_sigma(h->dw, h->buf, h->scols, &parts.update);
-    q[0] = sumsq(h, l->weight, l->dtype, NULL, STAB_DTYPE_F32, ld, h->srows, h->scols);
-    q[1] = sumsq(h, l->weight, l->dtype, before->weight, before->dtype, ld, h->srows, h->scols);
     if (my_bias) q[3] = sumsq(h, l->bias, l->dtype, before->bias, before->dtype, 0, 1, h->bias_len);
   }
   if (st == STAB_OK) st = stabi_mpi_agree(h->comm, stabi_mpi_sum_each(&h->sum, q, 4), who);
