@@ -742,6 +742,11 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     int trc = model_tp_create(&part, &m, world);
     whole_m = malloc(m.n_params * sizeof *whole_m);
     whole_v = malloc(m.n_params * sizeof *whole_v);
+    if (trc == -1) { /* parse refused these already: a guard, not a path */
+      cli_error("--tensor-parallel %zu: --heads %zu and --width %zu must be divisible by it", ranks, o.heads, o.width);
+      rc = 2;
+      goto setup_end;
+    }
     if (trc || !whole_m || !whole_v) {
       cli_error("out of memory for the split model");
       goto setup_end;
