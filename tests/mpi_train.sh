@@ -178,6 +178,13 @@ else
   compare "--tensor-parallel 2" "$one.csv" "$run.csv"
   h5dump -a /run_config "$run/trace.h5" 2>/dev/null | grep -q '"ranks": 2, "data_parallel": 1, "tensor_parallel": 2' ||
     fail "--tensor-parallel 2: run_config has not the layout: $(h5dump -a /run_config "$run/trace.h5" 2>&1 | grep -o '"ranks.*')"
+  # every attribute of the file (the layers' names, kinds, shapes, parameter counts, which
+  # share storage) as one process writes it, but the creation time and run_config
+  attrs() { h5dump -A "$1" 2>&1 | sed -e 1d -e '/"[0-9]\{4\}-[0-9][0-9]-[0-9][0-9]T[0-9:]*Z"/d' -e '/"program": "stabmeter train"/d'; }
+  attrs "$run/trace.h5" >"$tmp/attrs_tp"
+  attrs "$one/trace.h5" >"$tmp/attrs_one"
+  cmp -s "$tmp/attrs_tp" "$tmp/attrs_one" && [ -s "$tmp/attrs_one" ] ||
+    fail "--tensor-parallel 2: the trace's attributes differ from one process's: $(diff "$tmp/attrs_one" "$tmp/attrs_tp" | head -5)"
   [ "$(ls "$run")" = "$(ls "$one")" ] || fail "--tensor-parallel 2: --out holds $(ls "$run" | tr '\n' ' '), one process $(ls "$one" | tr '\n' ' ')"
   [ "$(grep -c '^step 6/6 ' "$run.err")" = 1 ] || fail "--tensor-parallel 2: $(grep -c '^step 6/6 ' "$run.err") last progress lines, want 1"
   # the checkpoints rank 0 gathers: the whole model, as one process writes it
