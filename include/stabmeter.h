@@ -583,7 +583,10 @@ stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_m
  * recorded whole in this monitor's trace under its name, kind and whole shape. The descriptor
  * is checked as stab_monitor_add_layer checks it, except that no pointer is read, then or
  * later: weight (and an attention's weight_k) may be NULL, and a non-NULL bias only says that
- * the layer has one (the trace's parameter count and description). stab_monitor_snapshot,
+ * the layer has one (the trace's parameter count and description). Addresses given are
+ * compared, never read: a trace records layers whose ranges overlap as sharing storage (a
+ * tied head, an attention inside its fused qkv), so a caller holding the whole model's
+ * buffer somewhere can give pointers into it to get one process's trace. stab_monitor_snapshot,
  * stab_monitor_measure and stab_monitor_measure_some skip it (GIVEN mode needs no update for
  * it); its metrics are NaN until set. Allocates its name (and an attention's head bounds): no
  * warm vectors, snapshot or workspace. Errors as stab_monitor_add_layer's; on failure the
