@@ -2,8 +2,10 @@
  * sizes) in the order of the forward pass, each followed by its backward, then the model
  * that strings them together. Matrix products go to cblas_sgemm; every reduction over a
  * row (norms, softmax) accumulates in f64 so that the finite-difference check of the tests
- * sees the f32 rounding of the stored values only. */
+ * sees the f32 rounding of the stored values only. The kernels are shared with the split model
+ * of model_tp.c (model_kernels.h). */
 #include "model.h"
+#include "model_kernels.h"
 #include "synth.h"
 
 #include <cblas.h>
@@ -16,7 +18,7 @@
 
 /* ---- encoder: x = wte[token] + wpe[position] -------------------------------------- */
 
-static void encoder_forward(float *out, const int32_t *tokens, const float *wte,
+void encoder_forward(float *out, const int32_t *tokens, const float *wte,
                             const float *wpe, size_t b, size_t t, size_t D) {
   // out (b, t, D), tokens (b, t), wte (V, D), wpe (T, D)
   for (size_t i = 0; i < b * t; i++) {
@@ -25,7 +27,7 @@ static void encoder_forward(float *out, const int32_t *tokens, const float *wte,
   }
 }
 
-static void encoder_backward(float *dwte, float *dwpe, const float *dout,
+void encoder_backward(float *dwte, float *dwpe, const float *dout,
                              const int32_t *tokens, size_t b, size_t t, size_t D) {
   for (size_t i = 0; i < b * t; i++) {
     float *e = dwte + (size_t)tokens[i] * D, *p = dwpe + (i % t) * D;
@@ -35,7 +37,7 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout,
 
 /* ---- RMSNorm with a gain: y = g * x / sqrt(mean(x^2) + eps) ----------------------- */
 
-static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *g,
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *g,
                             size_t N, size_t D) {
   // out (N, D), rstd (N), inp (N, D), g (D)
   for (size_t i = 0; i < N; i++) {
@@ -49,7 +51,7 @@ static void rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
 }
 
 /* dinp += d/dx, dg += d/dg. With n = x r: dx = r (dn - n mean(dn n)), dn = g dy. */
-static void rmsnorm_backward(float *dinp, float *dg, const float *dout, const float *inp,
+void rmsnorm_backward(float *dinp, float *dg, const float *dout, const float *inp,
                              const float *g, const float *rstd, size_t N, size_t D) {
   for (size_t i = 0; i < N; i++) {
     const float *x = inp + i * D, *dy = dout + i * D;
@@ -67,7 +69,7 @@ static void rmsnorm_backward(float *dinp, float *dg, const float *dout, const fl
 /* ---- linear layer, out-major weight: out = inp W^T + b ------------------------------ */
 
 /* beta 0 overwrites out, beta 1 adds to it (a residual connection already copied there). */
-static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                            size_t N, size_t C, size_t OC, float beta) {
   // out (N, OC), inp (N, C), w (OC, C), bias (OC) or NULL
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, inp,
@@ -78,7 +80,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
 }
 
 /* dinp += dout W, dw += dout^T inp, dbias += column sums of dout. */
-static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, size_t N, size_t C, size_t OC) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0f, dout,
               (int)OC, w, (int)C, 1.0f, dinp, (int)C);
@@ -94,7 +96,7 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 
 /* ---- causal multi-head self-attention on fused qkv -------------------------------- */
 
-static void attention_forward(float *out, float *att, const float *qkv, size_t b, size_t t,
+void attention_forward(float *out, float *att, const float *qkv, size_t b, size_t t,
                               size_t D, size_t H) {
   // out (b, t, D), att (b, H, t, t) softmax weights (0 above the diagonal), qkv (b, t, 3D)
   size_t hs = D / H, C3 = 3 * D;
@@ -119,7 +121,7 @@ static void attention_forward(float *out, float *att, const float *qkv, size_t b
 }
 
 /* dqkv += d/dqkv; datt is (t, t) scratch. */
-static void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                                const float *att, size_t b, size_t t, size_t D, size_t H) {
   size_t hs = D / H, C3 = 3 * D;
   float scale = 1.0f / sqrtf((float)hs);
@@ -150,14 +152,14 @@ static void attention_backward(float *dqkv, float *datt, const float *dout, cons
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-static void gelu_forward(float *out, const float *inp, size_t n) {
+void gelu_forward(float *out, const float *inp, size_t n) {
   for (size_t i = 0; i < n; i++) {
     float x = inp[i];
     out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
   }
 }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
   for (size_t i = 0; i < n; i++) {
     float x = inp[i], u = GELU_K * (x + 0.044715f * x * x * x), th = tanhf(u);
     float sech2 = 1.0f - th * th;
@@ -169,7 +171,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
 /* ---- softmax cross-entropy ------------------------------------------------------- */
 
 /* probs (N, V) = softmax(logits); returns the mean of -log p[target] (in f64). */
-static double crossentropy_forward(float *probs, const float *logits, const int32_t *targets,
+double crossentropy_forward(float *probs, const float *logits, const int32_t *targets,
                                    size_t N, size_t V) {
   double total = 0;
   for (size_t i = 0; i < N; i++) {
@@ -185,7 +187,7 @@ static double crossentropy_forward(float *probs, const float *logits, const int3
 }
 
 /* dlogits = (probs - onehot(target)) / N. */
-static void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets,
+void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets,
                                   size_t N, size_t V) {
   float inv = 1.0f / (float)N;
   for (size_t i = 0; i < N; i++) {

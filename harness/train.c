@@ -6,8 +6,10 @@
 #include "clock.h"
 #include "data.h"
 #include "model.h"
+#include "model_tp.h"
 #include "optim.h"
 #include "stabmeter.h"
+#include "train_tp.h"
 #include "train_world.h"
 
 #include <errno.h>
@@ -36,6 +38,8 @@ typedef struct {
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
   size_t sweep[16], n_sweep; /* --sweep-widths: train once per width, each into out/width-W */
   int data_parallel; /* --data-parallel: under mpirun, each rank a slice of every batch */
+  size_t tensor_parallel; /* --tensor-parallel P: under mpirun -np P, each rank a slice of every
+                             linear layer; 0 without it */
 } options;
 
 /* ---- options --------------------------------------------------------------------- */
@@ -106,6 +110,13 @@ static void usage(void) {
          "                             rank order, so every rank has the same weights after\n"
          "                             every step; the monitor's layers are divided among the\n"
          "                             ranks; rank 0 alone prints and writes --out\n"
+         "      --tensor-parallel P    under mpirun -np P: every linear layer split among the P\n"
+         "                             ranks (attention by heads, mlp.c_fc by rows, the\n"
+         "                             projections by columns; the rest replicated), each rank\n"
+         "                             running every batch; the monitor measures each split\n"
+         "                             layer whole; rank 0 alone prints and writes --out, the\n"
+         "                             same trace and checkpoints as one process (adamw only;\n"
+         "                             P divides --heads and --width)\n"
          "  -h, --help                 print this help and exit\n"
          "  -V, --version              print the version and exit\n"
          "\n"
@@ -137,7 +148,7 @@ static int parse_widths(const char *s, options *o) {
 
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
-         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL };
+         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL, O_TENSOR_PARALLEL };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -155,6 +166,7 @@ static int parse(int argc, char **argv, options *o) {
       {"trace-errors", required_argument, 0, O_TRACE_ERRORS},
       {"sweep-widths", required_argument, 0, O_SWEEP},
       {"data-parallel", no_argument, 0, O_DATA_PARALLEL},
+      {"tensor-parallel", required_argument, 0, O_TENSOR_PARALLEL},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -207,6 +219,10 @@ static int parse(int argc, char **argv, options *o) {
       if (TRAIN_WITH_MPI) o->data_parallel = 1;
       else rc = cli_usage_error("--data-parallel: built without MPI: ./configure --with-mpi");
       break;
+    case O_TENSOR_PARALLEL:
+      if (!TRAIN_WITH_MPI) rc = cli_usage_error("--tensor-parallel: built without MPI: ./configure --with-mpi");
+      else if (!(rc = cli_whole("--tensor-parallel", optarg, 1, 8192, &v))) o->tensor_parallel = v;
+      break;
     case 'h': usage(); return -1;
     case 'V': cli_version(); return -1;
     default: return cli_getopt_error(c, argv);
@@ -217,6 +233,23 @@ static int parse(int argc, char **argv, options *o) {
   if (o->width % o->heads)
     return cli_usage_error("--width %zu is not divisible by --heads %zu", o->width, o->heads);
   if (o->checkpoint_every && !o->out) return cli_usage_error("--checkpoint-every needs --out DIR");
+  if (o->tensor_parallel) {
+    size_t P = o->tensor_parallel;
+    if (o->data_parallel)
+      return cli_usage_error("--tensor-parallel and --data-parallel: one or the other (each uses every rank)");
+    /* Muon's step is msign of the whole matrix: a rank's slice of it is not a slice of msign */
+    if (o->optimizer == OPTIM_STEEPEST)
+      return cli_usage_error("--tensor-parallel with --optimizer steepest: its step needs each linear "
+                             "layer's whole gradient (msign); use adamw");
+    if (o->heads % P)
+      return cli_usage_error("--tensor-parallel %zu does not divide --heads %zu: each rank takes whole heads", P,
+                             o->heads);
+    if (o->width % P)
+      return cli_usage_error("--tensor-parallel %zu does not divide --width %zu", P, o->width);
+    for (size_t i = 0; i < o->n_sweep; i++)
+      if (o->sweep[i] % P)
+        return cli_usage_error("--sweep-widths: width %zu is not divisible by --tensor-parallel %zu", o->sweep[i], P);
+  }
   if (o->n_sweep && (!o->out || o->resume))
     return cli_usage_error("--sweep-widths needs --out DIR (and cannot --resume)");
   for (size_t i = 0; i < o->n_sweep; i++)
@@ -241,14 +274,18 @@ static double lr_at(const options *o, size_t step) {
  * (gain), attn.c_attn (linear 3D x D, with its bias), the attention logits of its q and k
  * blocks, attn.c_proj, mlp.c_fc, mlp.c_proj (linear, with biases), ln_f (gain), lm_head (the
  * wte table when tied). Layer names are the tensor names without ".weight". */
-static int register_layers(stab_monitor *mon, model *m) {
+static int register_layers(stab_monitor *mon, model *m, int external) {
   size_t D = m->c.width;
   char nm[96];
   stab_status st = STAB_OK;
+  /* external: every layer whole, its metrics set from the ranks' measurements (train_tp.h);
+   * the pointers, into the whole model's buffer, are not read but say which layers share
+   * storage, as in one process's trace */
 #define ADD(...)                                                                           \
   do {                                                                                     \
     stab_layer l_ = {__VA_ARGS__};                                                         \
-    if ((st = stab_monitor_add_layer(mon, &l_, NULL)) != STAB_OK) goto fail;                \
+    st = external ? stab_monitor_add_external(mon, &l_, NULL) : stab_monitor_add_layer(mon, &l_, NULL); \
+    if (st != STAB_OK) goto fail;                                                          \
   } while (0)
   ADD(.name = "transformer.wte", .kind = STAB_KIND_EMBEDDING, .vocab = m->c.vocab, .width = D,
       .weight = model_wte(m, m->params));
@@ -325,9 +362,7 @@ static void check_alarms(const stab_monitor *mon, double threshold, size_t step,
 
 /* Per block: RMS of the residual stream after it and |cos(h, 1)|, averaged over positions
  * (the RMSNorm article's mean-drift signal). */
-static void block_stats(const model *m, size_t l, double *rms, double *cos1) {
-  const float *h = model_residual(m, (int)l);
-  size_t D = m->c.width, N = m->b * m->t;
+static void block_stats(const float *h, size_t N, size_t D, double *rms, double *cos1) {
   double r = 0, c = 0;
   for (size_t i = 0; i < N; i++) {
     double ss = 0, s = 0;
@@ -353,18 +388,19 @@ static long layer_block(const char *name) {
  * in all, how many hold a replica (data parallel) and how many share each layer (tensor
  * parallel): 1, 1, 1 for one process. */
 static void run_config(char *buf, size_t n, const options *o, const model *m, int ranks) {
+  int tp = o->tensor_parallel ? ranks : 1, dp = o->tensor_parallel ? 1 : ranks;
   snprintf(buf, n,
            "{\"program\": \"stabmeter train\", \"model\": {\"vocab\": %zu, \"width\": %zu, "
            "\"depth\": %zu, \"heads\": %zu, \"context\": %zu, \"biases\": %s, \"tied\": %s, "
            "\"parameters\": %zu}, \"optimizer\": \"%s\", \"lr\": %g, \"warmup\": %zu, "
            "\"min_lr_frac\": %g, \"batch\": %zu, \"steps\": %zu, \"seed\": %llu, "
            "\"metrics_every\": %zu, \"data\": \"%s\", \"ranks\": %d, \"data_parallel\": %d, "
-           "\"tensor_parallel\": 1}",
+           "\"tensor_parallel\": %d}",
            m->c.vocab, o->width, o->depth, o->heads, o->context, o->biases ? "true" : "false",
            o->untied ? "false" : "true", m->n_params,
            o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", o->lr, o->warmup, o->min_lr_frac,
            o->batch, o->steps, (unsigned long long)o->seed, o->metrics_every,
-           o->data ? "file" : "built-in", ranks, ranks);
+           o->data ? "file" : "built-in", ranks, dp, tp);
 }
 
 /* ---- checkpoint ------------------------------------------------------------------ */
@@ -475,17 +511,17 @@ static int moments_path(char *buf, size_t n, const char *checkpoint) {
 }
 
 /* DIR/name (and, with adamw, its moments beside it), creating DIR; the failure on stderr. */
-static int checkpoint(const model *m, const optim *opt, const options *o, const char *name,
+static int checkpoint(const model *m, float *exp_avg, float *exp_avg_sq, const options *o, const char *name,
                       size_t steps) {
   char path[4200], mpath[4300];
   snprintf(path, sizeof path, "%s/%s", o->out, name);
   ckpt_part weights = {"", m->params};
-  ckpt_part moments[2] = {{"exp_avg.", opt->m}, {"exp_avg_sq.", opt->v}};
+  ckpt_part moments[2] = {{"exp_avg.", exp_avg}, {"exp_avg_sq.", exp_avg_sq}};
   if (mkdirs(o->out) || save_safetensors(m, path, o, steps, &weights, 1)) {
     cli_error("cannot write %s: %s", path, strerror(errno));
     return 1;
   }
-  if (opt->m && (moments_path(mpath, sizeof mpath, path) ||
+  if (exp_avg && (moments_path(mpath, sizeof mpath, path) ||
                  save_safetensors(m, mpath, o, steps, moments, 2))) {
     cli_error("cannot write %s: %s", mpath, strerror(errno));
     return 1;
@@ -587,15 +623,16 @@ static void fmt_time(char *buf, size_t n, double s) {
 static int together(train_world *w, int rc) { return w ? train_world_agree(w, rc) : rc; }
 
 /* Mean loss over `batches` fixed batches of [lo, hi); this rank runs rows [b0, b0 + nb) of
- * each (all of them in one process), and the ranks' means are combined (collective). */
-static double eval_loss(model *m, train_world *w, const data_set *d, size_t lo, size_t hi,
+ * each (all of them in one process), and the ranks' means are combined (collective: w, under
+ * --data-parallel); with tp the split model runs every batch whole on every rank. */
+static double eval_loss(model *m, model_tp *tp, train_world *w, const data_set *d, size_t lo, size_t hi,
                         size_t B, size_t b0, size_t nb, size_t T, int32_t *tok, int32_t *tgt,
                         size_t batches) {
   data_rng r = {12345};
   double s = 0;
   for (size_t i = 0; i < batches; i++) {
     data_batch(d, &r, lo, hi, B, T, tok, tgt);
-    s += model_forward(m, tok + b0 * T, tgt + b0 * T, nb, T);
+    s += tp ? model_tp_forward(tp, tok, tgt, B, T) : model_forward(m, tok + b0 * T, tgt + b0 * T, nb, T);
   }
   s /= (double)batches;
   return w && train_world_mean(w, &s, 1, B) ? NAN : s;
@@ -626,6 +663,15 @@ static double kind_mean(const kind_means *k, int kind, int metric) {
                                 : NAN;
 }
 
+/* --tensor-parallel: the ranks' slices of the weights and of AdamW's moments put together into
+ * m->params, whole_m and whole_v (on every rank), as one process holds them. Collective.
+ * Returns 0, or 1 with the message on stderr. */
+static int gather_whole(model_tp *part, model *m, const optim *opt, float *whole_m, float *whole_v) {
+  if (model_tp_gather(part, part->local.params, m->params)) return 1;
+  if (opt->m && (model_tp_gather(part, opt->m, whole_m) || model_tp_gather(part, opt->v, whole_v))) return 1;
+  return 0;
+}
+
 /* One training run with the options o; the sweep gives each run its width and directory.
  * means, when not NULL, receives the last quarter's per-kind metrics. Returns the exit status. */
 static int train_run(const options *opts, const data_set *data, kind_means *means, train_world *world) {
@@ -633,15 +679,18 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   int rc = 0;
   /* The last tenth is held out for the final evaluation. */
   size_t split = data->n - data->n / 10, B = o.batch, T = o.context;
-  /* --data-parallel: this rank's rows [b0, b0 + nb) of every batch; rank 0 alone writes */
+  /* --data-parallel: this rank's rows [b0, b0 + nb) of every batch; rank 0 alone writes.
+   * --tensor-parallel: every rank every row, dpw NULL (the ranks' collectives are the split
+   * model's and its monitor's). */
   size_t b0 = 0, nb = B, ranks = world ? (size_t)train_world_size(world) : 1;
-  int writer = !world || train_world_rank(world) == 0;
-  if (world) train_world_split(world, B, &b0, &nb);
+  int writer = !world || train_world_rank(world) == 0, tensor = o.tensor_parallel > 0;
+  train_world *dpw = tensor ? NULL : world;
+  if (dpw) train_world_split(dpw, B, &b0, &nb);
   if (data->n / 10 < T + 1 || split < T + 1) {
     cli_error("%s is too short for context %zu (needs %zu tokens)", data->what, T,
             10 * (T + 1));
     rc = 2;
-  } else if (B < ranks) {
+  } else if (dpw && B < ranks) {
     rc = cli_usage_error("--batch %zu is smaller than the %zu ranks: each needs a sequence", B, ranks);
   } else if (o.out) {
     rc = check_out(o.out, o.metrics_every != 0);
@@ -651,6 +700,10 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   model_config mc = {.vocab = data->vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
                      .context = T, .biases = o.biases, .untied = o.untied};
   optim opt = {0};
+  model_tp part = {0};           /* --tensor-parallel: this rank's part of m */
+  model *mine = &m;              /* the parameters this rank trains: m, or tp.local */
+  train_tp *ttp = NULL;          /* --tensor-parallel: the monitor's measurements across ranks */
+  float *whole_m = NULL, *whole_v = NULL; /* --tensor-parallel: AdamW's moments in m's layout */
   stab_monitor *mon = NULL;
   unsigned char *alarmed = NULL; /* per monitor layer: reported already */
   stab_trace *trace = NULL;      /* DIR/trace.h5, with --out and a monitor */
@@ -658,7 +711,8 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   long *blocks = NULL;           /* per monitor layer: its block, or -1 */
   double *extras = NULL;         /* per monitor layer: act_rms, act_cos1 */
   int32_t *tok = malloc(B * T * sizeof *tok), *tgt = malloc(B * T * sizeof *tgt);
-  if ((rc = model_create(&m, &mc)) || model_reserve(&m, nb, T) || !tok || !tgt) {
+  /* the split model's activations are its own: m's are not needed then */
+  if ((rc = model_create(&m, &mc)) || (!tensor && model_reserve(&m, nb, T)) || !tok || !tgt) {
     cli_error("%s", rc == -1 ? "bad model shape" : "out of memory for the model");
     rc = 1;
   }
@@ -683,8 +737,24 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       goto setup_end;
     }
   }
+  if (tensor) {
+    /* the whole model initialised (or loaded) as one process does, then this rank's slices */
+    int trc = model_tp_create(&part, &m, world);
+    whole_m = malloc(m.n_params * sizeof *whole_m);
+    whole_v = malloc(m.n_params * sizeof *whole_v);
+    if (trc == -1) { /* parse refused these already: a guard, not a path */
+      cli_error("--tensor-parallel %zu: --heads %zu and --width %zu must be divisible by it", ranks, o.heads, o.width);
+      rc = 2;
+      goto setup_end;
+    }
+    if (trc || !whole_m || !whole_v) {
+      cli_error("out of memory for the split model");
+      goto setup_end;
+    }
+    mine = &part.local;
+  }
   optim_params op = optim_default_params(o.optimizer);
-  if (optim_create(&opt, &op, m.tensors, m.n_tensors, m.n_params)) {
+  if (optim_create(&opt, &op, mine->tensors, mine->n_tensors, mine->n_params)) {
     cli_error("out of memory for the optimizer");
     goto setup_end;
   }
@@ -697,9 +767,11 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     if (opt.m && (moments_path(mpath, sizeof mpath, o.resume) || stat(mpath, &sb))) {
       how = " (no AdamW moments beside it: they start again from 0)";
     } else if (opt.m) {
-      ckpt_part moments[2] = {{"exp_avg.", opt.m}, {"exp_avg_sq.", opt.v}};
+      /* split: read whole, then this rank's slices */
+      ckpt_part moments[2] = {{"exp_avg.", tensor ? whole_m : opt.m}, {"exp_avg_sq.", tensor ? whole_v : opt.v}};
       size_t mstep = 0;
       int lrc = load_safetensors(&m, mpath, moments, 2, &mstep, msg, sizeof msg);
+      if (!lrc && tensor) model_tp_scatter(&part, whole_m, opt.m), model_tp_scatter(&part, whole_v, opt.v);
       if (!lrc && mstep != start)
         snprintf(msg, sizeof msg, "%s is at step %zu, its checkpoint at %zu", mpath, mstep, start),
             lrc = 2;
@@ -715,10 +787,16 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   }
   if (o.metrics_every) {
     stab_monitor_params mp = stab_monitor_default_params();
-    if (stab_monitor_create(&mp, &mon) != STAB_OK || register_layers(mon, &m)) {
+    if (stab_monitor_create(&mp, &mon) != STAB_OK || register_layers(mon, &m, tensor)) {
       cli_error("monitor: %s", stab_last_error());
       goto setup_end;
     }
+  }
+  /* collective: every rank gets here, each with its monitor (or none: --metrics-every 0) */
+  if (tensor) {
+    stab_monitor_params mp = stab_monitor_default_params();
+    if ((rc = together(world, 0)) || (mon && (rc = train_tp_create(world, &part, &m, mon, &mp, &ttp)))) goto out;
+    rc = 1;
   }
   cli_error("%s", data->what);
   cli_error("model V=%zu D=%zu L=%zu H=%zu T=%zu, %zu parameters (%s head%s); "
@@ -779,7 +857,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   }
   if (mon)
     cli_error("monitor: %zu layers every %zu steps, %.1f MB",
-            stab_monitor_layer_count(mon), o.metrics_every, stab_monitor_memory(mon) / 1e6);
+            stab_monitor_layer_count(mon), o.metrics_every, (stab_monitor_memory(mon) + train_tp_memory(ttp)) / 1e6);
   if (o.optimizer == OPTIM_STEEPEST && !o.untied)
     cli_error("warning: steepest with a tied head: the head is the embedding (init "
                     "std 1, not the articles' 1/d), so the first logits are large; --untied "
@@ -789,7 +867,10 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     cli_error("out of memory");
     goto setup_end;
   }
-  if (world && B % ranks)
+  if (tensor)
+    cli_error("tensor parallel: %zu rank%s, each %zu of the %zu heads and %zu of the %zu MLP columns, every "
+              "sequence of every batch", ranks, ranks == 1 ? "" : "s", part.Hl, o.heads, part.Fl, 4 * o.width);
+  else if (world && B % ranks)
     cli_error("data parallel: %zu ranks, each %zu or %zu of the %zu sequences of every batch", ranks,
               B / ranks + 1, B / ranks, B);
   else if (world)
@@ -809,29 +890,29 @@ setup_end:
   for (size_t step = start; step < o.steps; step++) {
     double lr = lr_at(&o, step);
     data_batch(data, &rng, 0, split, B, T, tok, tgt);
-    loss = model_forward(&m, tok + b0 * T, tgt + b0 * T, nb, T);
+    loss = tensor ? model_tp_forward(&part, tok, tgt, B, T) : model_forward(&m, tok + b0 * T, tgt + b0 * T, nb, T);
     /* the batch's loss, the same bits on every rank: all stop together when it is not finite */
-    if (world && train_world_mean(world, &loss, 1, B)) goto out;
+    if (dpw && train_world_mean(dpw, &loss, 1, B)) goto out;
     if (step == start) first_loss = loss;
     if (!isfinite(loss)) {
       fputs(tty ? "\n" : "", stderr);
       cli_error("the loss is %g at step %zu: stopping", loss, step);
       goto out;
     }
-    model_zero_grad(&m);
-    model_backward(&m);
-    if (world && train_world_sum_gradients(world, m.grads, m.n_params, B)) goto out;
+    model_zero_grad(mine);
+    if (tensor ? model_tp_backward(&part) : (model_backward(&m), 0)) goto out;
+    if (dpw && train_world_sum_gradients(dpw, m.grads, m.n_params, B)) goto out;
     int measure = mon && (step + 1) % o.metrics_every == 0;
     double tm = monotonic_seconds();
     int failed = 0; /* this rank's; every rank learns it before the next collective */
-    if (measure && stab_monitor_snapshot(mon) != STAB_OK) {
+    if (measure && (stab_monitor_snapshot(mon) != STAB_OK || (ttp && train_tp_snapshot(ttp) != STAB_OK))) {
       cli_error("snapshot: %s", stab_last_error());
       failed = 1;
     }
     if (measure && (rc = together(world, failed))) goto out;
     rc = 1;
     measure_time += monotonic_seconds() - tm;
-    int st = optim_step(&opt, m.params, m.grads, (float)lr);
+    int st = optim_step(&opt, mine->params, mine->grads, (float)lr);
     if (st != STAB_OK) { /* every rank alike: the gradients are the same bits on every rank */
       fputs(tty ? "\n" : "", stderr);
       cli_error("optimizer step %zu: %s", step, stab_last_error());
@@ -841,7 +922,7 @@ setup_end:
       measured = 1;
       tm = monotonic_seconds();
       /* every rank gets the same status, and every metric */
-      if ((world ? train_world_measure(world, mon, 1) : stab_monitor_measure(mon, 1)) != STAB_OK) {
+      if ((ttp ? train_tp_measure(ttp, mon, 1) : world ? train_world_measure(world, mon, 1) : stab_monitor_measure(mon, 1)) != STAB_OK) {
         cli_error("measure: %s", stab_last_error());
         goto out;
       }
@@ -849,9 +930,11 @@ setup_end:
       if (means && step + 1 > o.steps - o.steps / 4) kind_means_add(means, mon);
       double act[512]; /* act_rms of each block, then act_cos1 of each (depth <= 256) */
       const double *act_rms = act, *act_cos1 = act + o.depth;
-      for (size_t l = 0; l < o.depth; l++) block_stats(&m, l, &act[l], &act[o.depth + l]);
+      for (size_t l = 0; l < o.depth; l++)
+        block_stats(tensor ? model_tp_residual(&part, (int)l) : model_residual(&m, (int)l), (tensor ? B : nb) * T,
+                    o.width, &act[l], &act[o.depth + l]);
       /* the ranks' means over their rows, as means over the batch */
-      if (world && train_world_mean(world, act, 2 * o.depth, B)) goto out;
+      if (dpw && train_world_mean(dpw, act, 2 * o.depth, B)) goto out;
       if (trace) {
         /* /step counts the steps done; the loss is that of the batch before this update. */
         const double scalars[2] = {loss, lr};
@@ -878,10 +961,12 @@ setup_end:
       measure_time += monotonic_seconds() - tm;
     }
     int saving = o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps;
+    /* split: every rank's slices gathered into the whole model (collective) */
+    if (saving && tensor && gather_whole(&part, &m, &opt, whole_m, whole_v)) goto out;
     if (saving && writer && !failed) {
       char name[64];
       snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
-      failed = checkpoint(&m, &opt, &o, name, step + 1);
+      failed = checkpoint(&m, tensor ? whole_m : opt.m, tensor ? whole_v : opt.v, &o, name, step + 1);
     }
     /* the trace and the checkpoints are rank 0's: the others learn here how they went */
     if (((measure && o.out) || saving) && (rc = together(world, failed))) goto out;
@@ -905,7 +990,7 @@ setup_end:
   }
   double elapsed = monotonic_seconds() - t0;
   if (tty) fputc('\n', stderr);
-  double val = eval_loss(&m, world, data, split, data->n, B, b0, nb, T, tok, tgt, 8);
+  double val = eval_loss(&m, tensor ? &part : NULL, dpw, data, split, data->n, B, b0, nb, T, tok, tgt, 8);
   printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",
          first_loss, loss, val, val / log(2.0));
   printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed,
@@ -935,7 +1020,27 @@ setup_end:
            stab_monitor_metrics(mon, ui)->update_passes, stab_monitor_layer(mon, ui)->name);
   }
   int failed = 0; /* this rank's, learnt by every rank before they return */
-  if (world) {
+  if (tensor) {
+    /* The replicated tensors' gradients come from the same bits on every rank (the sums in rank
+     * order), so their weights should be the same bits; checked, not assumed. */
+    float *rep = malloc((model_tp_replicated(&part, part.local.params, NULL) + 1) * sizeof *rep);
+    size_t n = rep ? model_tp_replicated(&part, part.local.params, rep) : 0;
+    uint64_t hash;
+    int differing;
+    if (!rep) cli_error("out of memory");
+    if (train_world_same_bits(world, rep, n * sizeof *rep, &hash, &differing) || !rep) {
+      free(rep);
+      goto out;
+    }
+    free(rep);
+    if (differing >= 0) {
+      cli_error("rank %d's replicated weights differ from rank 0's after step %zu", differing, o.steps);
+      goto out;
+    }
+    printf("tensor parallel: %zu rank%s, the replicated weights the same on every rank (FNV-1a %016llx)\n", ranks,
+           ranks == 1 ? "" : "s", (unsigned long long)hash);
+    if (o.out && gather_whole(&part, &m, &opt, whole_m, whole_v)) goto out;
+  } else if (world) {
     /* The sums in rank order should leave every rank the same weights; checked, not assumed
      * (a BLAS that picks other kernels on another node would break it). */
     uint64_t hash;
@@ -962,7 +1067,7 @@ setup_end:
     }
   }
   if (o.out && writer && !failed) {
-    failed = checkpoint(&m, &opt, &o, "model.safetensors", o.steps);
+    failed = checkpoint(&m, tensor ? whole_m : opt.m, tensor ? whole_v : opt.v, &o, "model.safetensors", o.steps);
     if (!failed) printf("checkpoint: %s/model.safetensors\n", o.out);
   }
   if ((rc = together(world, failed))) goto out;
@@ -973,8 +1078,11 @@ out:
   free(blocks);
   free(extras);
   free(alarmed);
+  train_tp_free(ttp); /* collective: every rank reaches out, with its handle or none */
   stab_monitor_free(mon);
   optim_free(&opt);
+  model_tp_free(&part);
+  free(whole_m), free(whole_v);
   model_free(&m);
   free(tok), free(tgt);
   return rc;
@@ -1016,10 +1124,14 @@ static int run(int argc, char **argv, train_world **world) {
   options o;
   int rc = together(*world, parse(argc, argv, &o));
   if (rc) return rc < 0 ? CLI_OK : rc; /* -1: --help or --version done */
-  if (!*world && o.data_parallel && train_world_start(&argc, &argv, world)) return CLI_FAILED;
-  if (*world && train_world_size(*world) > 1 && !o.data_parallel) {
-    rc = cli_usage_error("started on %d ranks: --data-parallel trains one model on all of them (without it, "
-                         "run one process)", train_world_size(*world));
+  int parallel = o.data_parallel || o.tensor_parallel;
+  if (!*world && parallel && train_world_start(&argc, &argv, world)) return CLI_FAILED;
+  if (*world && train_world_size(*world) > 1 && !parallel) {
+    rc = cli_usage_error("started on %d ranks: --data-parallel or --tensor-parallel trains one model on all of "
+                         "them (without either, run one process)", train_world_size(*world));
+  } else if (*world && o.tensor_parallel && (size_t)train_world_size(*world) != o.tensor_parallel) {
+    rc = cli_usage_error("--tensor-parallel %zu needs %zu ranks (mpirun -np %zu): started on %d", o.tensor_parallel,
+                         o.tensor_parallel, o.tensor_parallel, train_world_size(*world));
   } else if (*world) {
     /* one model on every rank: a rank given other options would train another (MPMD launches) */
     char all[8192];
@@ -1047,8 +1159,9 @@ static int run(int argc, char **argv, train_world **world) {
     if (!mine) data_free(&data);
     return rc;
   }
-  /* one rank under mpirun without --data-parallel: the one-process run, MPI unused */
-  train_world *dp = o.data_parallel ? *world : NULL;
+  /* one rank under mpirun without --data-parallel or --tensor-parallel: the one-process run,
+   * MPI unused */
+  train_world *dp = parallel ? *world : NULL;
   if (!o.n_sweep) {
     rc = train_run(&o, &data, NULL, dp);
   } else {

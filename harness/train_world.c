@@ -163,7 +163,10 @@ static void slices(train_world *w, size_t n) {
   }
 }
 
-int train_world_sum_gradients(train_world *w, float *g, size_t n, size_t B) {
+/* g on every rank becomes the sum over ranks r of weight_r g_r in f64 in rank order (weight_r
+ * the share of a batch of B, or 1 when B is 0): reduce-scatter then all-gather on one flat
+ * buffer, each rank summing its 1/P of the elements. */
+static int sum_in_rank_order(train_world *w, float *g, size_t n, size_t B) {
   size_t P = (size_t)w->size;
   if (n > INT_MAX) {
     cli_error("rank %d: %zu parameters are more than one MPI call carries (%d)", w->rank, n, INT_MAX);
@@ -189,7 +192,7 @@ int train_world_sum_gradients(train_world *w, float *g, size_t n, size_t B) {
   float *slice = g + w->displs[w->rank];
   for (size_t i = 0; i < mine; i++) {
     double s = 0;
-    for (size_t r = 0; r < P; r++) s += share(w, (int)r, B) * (double)w->sums[r * mine + i];
+    for (size_t r = 0; r < P; r++) s += (B ? share(w, (int)r, B) : 1.0) * (double)w->sums[r * mine + i];
     slice[i] = (float)s;
   }
   /* in place: my slice is already where it belongs in g */
@@ -199,6 +202,23 @@ int train_world_sum_gradients(train_world *w, float *g, size_t n, size_t B) {
   }
   return 0;
 }
+
+int train_world_sum_gradients(train_world *w, float *g, size_t n, size_t B) {
+  return sum_in_rank_order(w, g, n, B);
+}
+
+int train_world_sum(train_world *w, float *x, size_t n) { return sum_in_rank_order(w, x, n, 0); }
+
+int train_world_allgather(train_world *w, const void *mine, size_t bytes, void *all) {
+  if (bytes > INT_MAX ||
+      MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, w->comm) != MPI_SUCCESS) {
+    cli_error("rank %d: MPI_Allgather of %zu bytes failed", w->rank, bytes);
+    return 1;
+  }
+  return 0;
+}
+
+MPI_Comm train_world_comm(const train_world *w) { return w->comm; }
 
 int train_world_mean(train_world *w, double *v, size_t n, size_t B) {
   size_t P = (size_t)w->size;

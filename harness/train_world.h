@@ -55,6 +55,22 @@ void train_world_split(const train_world *w, size_t B, size_t *begin, size_t *co
  * Returns 0, or 1 with the message on stderr (MPI failed or n is too large). */
 int train_world_sum_gradients(train_world *w, float *g, size_t n, size_t B);
 
+/* Collective: x (n floats on every rank) becomes on every rank the sum of every rank's x, added
+ * in f64 in rank order (as the gradients are): the same bits on every rank, unlike
+ * MPI_Allreduce, whose order may differ between ranks. Tensor parallelism's all-reduce of the
+ * activations and of their gradients. Returns 0, or 1 with the message on stderr. */
+int train_world_sum(train_world *w, float *x, size_t n);
+
+/* Collective: every rank's `bytes` bytes at mine, in rank order, into all (size x bytes) on
+ * every rank. Returns 0, or 1 with the message on stderr. */
+int train_world_allgather(train_world *w, const void *mine, size_t bytes, void *all);
+
+/* The world's communicator, for code that calls MPI or stabmeter_mpi itself (the
+ * tensor-parallel monitor); declared where mpi.h was included first. */
+#ifdef MPI_VERSION
+MPI_Comm train_world_comm(const train_world *w);
+#endif
+
 /* Collective: v (n doubles, this rank's means over its rows of a batch of B) becomes on every
  * rank the means over the whole batch: the weighted sum in rank order, as for the gradients.
  * Returns 0 or 1 (message on stderr). */
@@ -84,6 +100,10 @@ static inline void train_world_split(const train_world *w, size_t B, size_t *beg
 static inline void train_world_finish(train_world *w) { (void)w; }
 static inline int train_world_sum_gradients(train_world *w, float *g, size_t n, size_t B) {
   return (void)w, (void)g, (void)n, (void)B, 1;
+}
+static inline int train_world_sum(train_world *w, float *x, size_t n) { return (void)w, (void)x, (void)n, 1; }
+static inline int train_world_allgather(train_world *w, const void *mine, size_t bytes, void *all) {
+  return (void)w, (void)mine, (void)bytes, (void)all, 1;
 }
 static inline int train_world_mean(train_world *w, double *v, size_t n, size_t B) {
   return (void)w, (void)v, (void)n, (void)B, 1;

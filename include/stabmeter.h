@@ -578,6 +578,21 @@ const double *stab_monitor_head_bounds(const stab_monitor *m, size_t index);
 stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_metrics *metrics,
                                      const double *head_bounds);
 
+/* Registers a layer whose metrics come from elsewhere (stab_monitor_set_metrics): a layer split
+ * across processes and measured by them together (stabmeter_mpi.h's stab_mpi_linear_measure),
+ * recorded whole in this monitor's trace under its name, kind and whole shape. The descriptor
+ * is checked as stab_monitor_add_layer checks it, except that no pointer is read, then or
+ * later: weight (and an attention's weight_k) may be NULL, and a non-NULL bias only says that
+ * the layer has one (the trace's parameter count and description). Addresses given are
+ * compared, never read: a trace records layers whose ranges overlap as sharing storage (a
+ * tied head, an attention inside its fused qkv), so a caller holding the whole model's
+ * buffer somewhere can give pointers into it to get one process's trace. stab_monitor_snapshot,
+ * stab_monitor_measure and stab_monitor_measure_some skip it (GIVEN mode needs no update for
+ * it); its metrics are NaN until set. Allocates its name (and an attention's head bounds): no
+ * warm vectors, snapshot or workspace. Errors as stab_monitor_add_layer's; on failure the
+ * monitor is as it was. */
+stab_status stab_monitor_add_external(stab_monitor *m, const stab_layer *layer, size_t *index);
+
 /* Bytes the monitor has allocated (snapshots, warm vectors, workspaces). */
 size_t stab_monitor_memory(const stab_monitor *m);
 

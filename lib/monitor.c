@@ -24,6 +24,7 @@ typedef struct {
   const float *given_w, *given_b; /* GIVEN mode */
   stab_metrics metrics;
   double *heads;      /* attention: per-head bounds */
+  int external;       /* stab_monitor_add_external: no weights here, metrics set from elsewhere */
 } entry;
 
 /* What one measuring thread borrows: layers do not share buffers. */
@@ -186,8 +187,10 @@ static void insert_in_order(stab_monitor *m, size_t i) {
   m->order[at] = i;
 }
 
-stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index) {
-  static const char who[] = "stab_monitor_add_layer";
+/* Registers a layer; external: no weights are read, so no warm vectors, snapshot or
+ * workspace are needed, only its shape, name and head bounds (stab_monitor_add_external). */
+static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *index, int external,
+                             const char *who) {
   if (!m || !layer) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !m ? "monitor" : "layer");
   if (!layer->name || !layer->name[0]) return stabi_fail(STAB_EINVAL, "%s: a layer needs a name", who);
   stab_status st = stabi_check_name(who, layer->name);
@@ -210,14 +213,16 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
    * width): what stab_monitor_layer shows, and what the trace records per layer as before. */
   e.layer.d_in = e.shape.d_in;
   e.layer.d_out = e.shape.d_out;
-  const int snapshot = m->params.update_mode == STAB_UPDATE_SNAPSHOT && layer->kind != STAB_KIND_ATTENTION;
-  const size_t warm_len = stabi_warm_len(layer, &e.shape);
+  e.external = external;
+  const int snapshot = !external && m->params.update_mode == STAB_UPDATE_SNAPSHOT &&
+                       layer->kind != STAB_KIND_ATTENTION;
+  const size_t warm_len = external ? 0 : stabi_warm_len(layer, &e.shape);
   const size_t work_len = stabi_layer_work(&e.shape, m->params.metrics.tight);
   size_t bytes = 0;
   int failed = 0;
 
   /* Grow what is shared first: on failure nothing of the monitor's state is lost. */
-  st = grow_slots(m, layer, &e.shape, work_len, who);
+  st = external ? STAB_OK : grow_slots(m, layer, &e.shape, work_len, who);
   if (st != STAB_OK) return st;
   if (m->count == m->cap) {
     size_t cap = m->cap ? 2 * m->cap : 16;
@@ -264,12 +269,35 @@ stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, siz
   return STAB_OK;
 }
 
+stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index) {
+  return add_entry(m, layer, index, 0, "stab_monitor_add_layer");
+}
+
+/* A layer held elsewhere (its shards on other processes, a checkpoint): the shape is checked as
+ * stab_monitor_add_layer checks it, with stand-ins for the pointers it does not read. */
+stab_status stab_monitor_add_external(stab_monitor *m, const stab_layer *layer, size_t *index) {
+  static const char who[] = "stab_monitor_add_external";
+  if (!m || !layer) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !m ? "monitor" : "layer");
+  stab_layer l = *layer;
+  static const float none = 0.0f; /* never read: only its address passes the checks */
+  l.weight = &none;
+  if (l.kind == STAB_KIND_ATTENTION) l.weight_k = &none;
+  size_t i;
+  stab_status st = add_entry(m, &l, &i, 1, who);
+  if (st != STAB_OK) return st;
+  m->layers[i].layer.weight = layer->weight; /* as given: stab_monitor_layer shows the caller's */
+  m->layers[i].layer.weight_k = layer->weight_k;
+  if (index) *index = i;
+  return STAB_OK;
+}
+
 stab_status stab_monitor_snapshot(stab_monitor *m) {
   if (!m) return stabi_fail(STAB_EINVAL, "stab_monitor_snapshot: monitor is NULL");
   if (m->params.update_mode != STAB_UPDATE_SNAPSHOT)
     return stabi_fail(STAB_ESTATE, "stab_monitor_snapshot: the monitor was not created in snapshot mode");
   for (size_t i = 0; i < m->count; i++) {
     entry *e = &m->layers[i];
+    if (e->external) continue;
     if (e->snap_w) memcpy(e->snap_w, e->layer.weight, e->snap_len * sizeof(float));
     if (e->snap_b) memcpy(e->snap_b, e->layer.bias, e->layer.d_out * sizeof(float));
   }
@@ -324,7 +352,7 @@ static void measure_task(void *arg, size_t k, int s) {
   const step_job *job = arg;
   stab_monitor *m = job->m;
   const size_t i = m->order[k];
-  if (job->which && !job->which[i]) return;
+  if ((job->which && !job->which[i]) || m->layers[i].external) return;
   entry *e = &m->layers[i];
   slot *t = &m->slots[s];
   stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL, NULL};
@@ -354,7 +382,7 @@ stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const un
       return stabi_fail(STAB_ESTATE, "%s: no snapshot since the last measurement; call stab_monitor_snapshot() before the optimizer step", who);
     if (m->params.update_mode == STAB_UPDATE_GIVEN)
       for (size_t i = 0; i < m->count; i++)
-        if (m->layers[i].layer.kind != STAB_KIND_ATTENTION && !m->layers[i].given_w)
+        if (m->layers[i].layer.kind != STAB_KIND_ATTENTION && !m->layers[i].external && !m->layers[i].given_w)
           return stabi_fail(STAB_ESTATE, "%s: layer '%s' has no update set (stab_monitor_set_update)", who,
                             m->layers[i].layer.name);
   }
@@ -363,7 +391,7 @@ stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const un
     /* one thread: the layers in order, each pass free to use the pool's threads */
     stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL, NULL}; /* F32 only: no row buffers */
     for (size_t i = 0; i < m->count; i++) {
-      if (which && !which[i]) continue;
+      if ((which && !which[i]) || m->layers[i].external) continue;
       entry *e = &m->layers[i];
       stabi_delta d;
       const stabi_delta *dl = with_update ? layer_delta(m, e, &d) : NULL;

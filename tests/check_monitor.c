@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "stabmeter.h"
 #include "testutil.h"
@@ -825,6 +826,86 @@ START_TEST(test_layers_in_parallel) {
 }
 END_TEST
 
+/* A layer held elsewhere (stab_monitor_add_external): skipped by snapshot and measure (its
+ * pointers are never read: here they are NULL, and a real layer beside it is measured as
+ * stab_layer_metrics measures it), NaN until set, then what was set, through measurements; the
+ * trace records it whole under its name and shape and writes the set metrics. */
+START_TEST(test_external) {
+  float w[4 * 6], w0[4 * 6], b[4] = {0.5f, -1.0f, 0.25f, 2.0f};
+  for (int i = 0; i < 24; i++) w0[i] = w[i] = (float)(i % 5) - 2.0f;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m)); /* SNAPSHOT mode */
+  stab_layer fc = {.name = "fc", .kind = STAB_KIND_LINEAR, .d_in = 6, .d_out = 4, .weight = w, .bias = b};
+  stab_layer big = {.name = "big", .kind = STAB_KIND_LINEAR, .d_in = 512, .d_out = 2048, .bias = b};
+  stab_layer at = {.name = "at", .kind = STAB_KIND_ATTENTION, .d_in = 64, .d_out = 64, .heads = 4};
+  size_t ib = 9, ia = 9;
+  size_t empty = stab_monitor_memory(m);
+  TU_ASSERT_OK(stab_monitor_add_external(m, &big, &ib));
+  /* no warm vectors, snapshot (4 MiB) or workspace for 2048 x 512: its name, the layer table */
+  ck_assert_uint_lt(stab_monitor_memory(m) - empty, 16384);
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &fc, NULL));
+  TU_ASSERT_OK(stab_monitor_add_external(m, &at, &ia));
+  ck_assert_uint_eq(ib, 0);
+  ck_assert_uint_eq(ia, 2);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), 3);
+  ck_assert(stab_monitor_layer(m, 0)->weight == NULL && stab_monitor_layer(m, 0)->d_out == 2048);
+  ck_assert(stab_monitor_layer(m, 2)->weight_k == NULL);
+  /* the checks of add_layer: a duplicate name, a bad shape */
+  TU_ASSERT_STATUS(stab_monitor_add_external(m, &fc, NULL), STAB_EEXIST);
+  stab_layer odd = at;
+  odd.name = "odd", odd.heads = 5;
+  TU_ASSERT_FAILS(stab_monitor_add_external(m, &odd, NULL), "5 heads of 64");
+  TU_ASSERT_STATUS(stab_monitor_add_external(NULL, &at, NULL), STAB_EINVAL);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), 3);
+  TU_ASSERT_OK(stab_monitor_snapshot(m));
+  for (int i = 0; i < 24; i++) w[i] += 0.01f * (float)(i % 3);
+  TU_ASSERT_OK(stab_monitor_measure(m, 1));
+  stab_layer before = fc;
+  before.weight = w0;
+  stab_metrics ref;
+  TU_ASSERT_OK(stab_layer_metrics(&fc, &before, NULL, &ref, NULL));
+  const stab_metrics *got = stab_monitor_metrics(m, 1);
+  ck_assert(fabs(got->dependency - ref.dependency) <= 1e-6 * ref.dependency);
+  ck_assert(fabs(got->update - ref.update) <= 1e-5 * ref.update);
+  ck_assert(isnan(stab_monitor_metrics(m, 0)->forward) && isnan(stab_monitor_metrics(m, 2)->forward));
+  stab_metrics x;
+  memset(&x, 0, sizeof x);
+  x.forward = 1.5, x.dependency = 2.5, x.update = 0.125, x.sigma = 3.5, x.passes = 7;
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, 0, &x, NULL));
+  const double hb[4] = {0.25, 0.75, 1.5, 0.5};
+  x.forward = 1.5, x.passes = 12;
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, 2, &x, hb));
+  TU_ASSERT_OK(stab_monitor_snapshot(m));
+  TU_ASSERT_OK(stab_monitor_measure(m, 1)); /* leaves them as set */
+  TU_ASSERT_OK(stab_monitor_measure_some(m, 0, NULL));
+  ck_assert(stab_monitor_metrics(m, 0)->sigma == 3.5 && stab_monitor_metrics(m, 0)->update == 0.125);
+  ck_assert(stab_monitor_head_bounds(m, 2)[1] == 0.75 && stab_monitor_metrics(m, 2)->passes == 12);
+  /* GIVEN mode asks no update of an external layer */
+  stab_monitor_params gp = stab_monitor_default_params();
+  gp.update_mode = STAB_UPDATE_GIVEN;
+  stab_monitor *g = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&gp, &g));
+  TU_ASSERT_OK(stab_monitor_add_external(g, &big, NULL));
+  TU_ASSERT_OK(stab_monitor_measure(g, 1));
+  stab_monitor_free(g);
+  /* the trace: every layer, the external ones with their whole shape and the metrics set */
+  char dir[64];
+  tu_tmpdir_make(dir, sizeof dir, "check_monitor");
+  const char *path = tu_path_in(dir, "external.h5");
+  stab_trace_params tp = stab_trace_default_params();
+  tp.flush_every = 1;
+  stab_trace *t = NULL;
+  TU_ASSERT_OK(stab_trace_open(path, m, &tp, &t));
+  TU_ASSERT_OK(stab_trace_append(t, 1, 0.5, NULL, NULL));
+  ck_assert_int_eq(stab_trace_steps(t), 1);
+  TU_ASSERT_OK(stab_trace_close(t));
+  struct stat sb;
+  ck_assert(stat(path, &sb) == 0 && sb.st_size > 0);
+  tu_tmpdir_remove(dir);
+  stab_monitor_free(m);
+}
+END_TEST
+
 static Suite *monitor_suite(void) {
   Suite *s = suite_create("monitor");
   TCase *tc = tcase_create("lifecycle");
@@ -834,6 +915,7 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_states_and_arguments);
   tcase_add_test(tc, test_memory);
   tcase_add_test(tc, test_set_metrics);
+  tcase_add_test(tc, test_external);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("measure");

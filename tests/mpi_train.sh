@@ -130,4 +130,90 @@ grep -q "cannot create the directory .*$long/run: File name too long" "$tmp/long
 mpirun_ 2 "$tmp/nodp.out" "$tmp/nodp.err" $train $small
 [ $got -eq 2 ] || fail "-np 2 without --data-parallel: exit $got, want 2"
 grep -q "started on 2 ranks: --data-parallel" "$tmp/nodp.err" || fail "-np 2 without --data-parallel: $(cat "$tmp/nodp.err")"
+# --tensor-parallel 2 against one process: 2 blocks of 4 heads (2 on each rank), biases (the
+# column-parallel layers' bias entries split, the row-parallel ones' replicated), an untied head,
+# and a checkpoint at step 3, which a second split run resumes from. The tolerances are those of
+# --data-parallel above: the split sums each row-parallel product in two halves and the input
+# gradients of the column-parallel ones in two, which moves the activations by their f32 rounding
+# (measured: at most 1e-5 of any metric after the updates' allowance, 2e-6 of a weight). (With
+# a tied head and 2 blocks it is up to 2.6e-5 in a trace and the same in one data-parallel run:
+# AdamW's first steps divide each gradient element by its own size, so elements that are mostly
+# rounding carry it into the weights at lr's scale.)
+tpopts="--width 32 --depth 2 --heads 4 --context 16 --batch 8 --corpus-bytes 65536 --steps 6 --biases --untied --checkpoint-every 3"
+one="$tmp/onetp" run="$tmp/tp"
+$train $tpopts --out "$one" >"$one.out" 2>"$one.err" || { fail "one process ($tpopts): exit $?"; cat "$one.err"; }
+$export "$one/trace.h5" >"$one.csv" || fail "export of the one-process trace ($tpopts): exit $?"
+# f32s_differ A B: 0 when files A and B have the same safetensors header and every float after it
+# within 1e-4 of the largest |float| of A. Measured: 4e-5 in the weights (the k biases: their
+# gradient is 0 but for rounding, and AdamW scales that rounding up to lr's size), 8e-6 in the
+# moments; a slice in the wrong place moves floats by the weights' size, 2e-2 of the largest.
+f32s_differ() {
+  na=$(od -An -tu8 -N8 "$1" | tr -d ' ') nb=$(od -An -tu8 -N8 "$2" | tr -d ' ')
+  [ -n "$na" ] && [ "$na" = "$nb" ] || { echo "header lengths $na and $nb"; return 1; }
+  head -c $((8 + na)) "$1" >"$tmp/ha"
+  head -c $((8 + nb)) "$2" >"$tmp/hb"
+  cmp -s "$tmp/ha" "$tmp/hb" || { echo "the headers differ"; return 1; }
+  od -An -v -tf4 -w4 -j $((8 + na)) "$1" >"$tmp/fa"
+  od -An -v -tf4 -w4 -j $((8 + nb)) "$2" >"$tmp/fb"
+  paste "$tmp/fa" "$tmp/fb" | awk '
+    { a[NR] = $1; b[NR] = $2; s = $1 < 0 ? -$1 : $1; if (s > mx) mx = s }
+    END {
+      for (i = 1; i <= NR; i++) {
+        d = a[i] - b[i]; if (d < 0) d = -d
+        if (d > 1e-4 * mx) { if (bad++ < 3) printf "float %d: %s, one process %s\n", i - 1, b[i], a[i] }
+      }
+      if (!NR) print "no data"
+      exit !NR || bad > 0
+    }'
+}
+mpirun_ 2 "$run.out" "$run.err" $train $tpopts --tensor-parallel 2 --out "$run"
+if [ $got -ne 0 ]; then
+  fail "--tensor-parallel 2: exit $got"; cat "$run.err"
+else
+  same_losses "$run.out" "$one.out" ||
+    fail "--tensor-parallel 2: losses (initial, final, held-out) $(loss_of "$run.out"), one process $(loss_of "$one.out")"
+  grep -q "^tensor parallel: 2 ranks, the replicated weights the same on every rank" "$run.out" ||
+    fail "--tensor-parallel 2: the replicated weights are not the same on every rank: $(grep -i 'parallel\|weights' "$run.out" "$run.err")"
+  $export "$run/trace.h5" >"$run.csv" || fail "--tensor-parallel 2: stabmeter-export cannot read the trace (exit $?)"
+  compare "--tensor-parallel 2" "$one.csv" "$run.csv"
+  h5dump -a /run_config "$run/trace.h5" 2>/dev/null | grep -q '"ranks": 2, "data_parallel": 1, "tensor_parallel": 2' ||
+    fail "--tensor-parallel 2: run_config has not the layout: $(h5dump -a /run_config "$run/trace.h5" 2>&1 | grep -o '"ranks.*')"
+  # every attribute of the file (the layers' names, kinds, shapes, parameter counts, which
+  # share storage) as one process writes it, but the creation time and run_config
+  attrs() { h5dump -A "$1" 2>&1 | sed -e 1d -e '/"[0-9]\{4\}-[0-9][0-9]-[0-9][0-9]T[0-9:]*Z"/d' -e '/"program": "stabmeter train"/d'; }
+  attrs "$run/trace.h5" >"$tmp/attrs_tp"
+  attrs "$one/trace.h5" >"$tmp/attrs_one"
+  cmp -s "$tmp/attrs_tp" "$tmp/attrs_one" && [ -s "$tmp/attrs_one" ] ||
+    fail "--tensor-parallel 2: the trace's attributes differ from one process's: $(diff "$tmp/attrs_one" "$tmp/attrs_tp" | head -5)"
+  [ "$(ls "$run")" = "$(ls "$one")" ] || fail "--tensor-parallel 2: --out holds $(ls "$run" | tr '\n' ' '), one process $(ls "$one" | tr '\n' ' ')"
+  [ "$(grep -c '^step 6/6 ' "$run.err")" = 1 ] || fail "--tensor-parallel 2: $(grep -c '^step 6/6 ' "$run.err") last progress lines, want 1"
+  # the checkpoints rank 0 gathers: the whole model, as one process writes it
+  for f in step-000003.safetensors step-000003.adamw model.safetensors model.adamw; do
+    why=$(f32s_differ "$one/$f" "$run/$f") || fail "--tensor-parallel 2: $f differs from one process's: $why"
+  done
+  # a split run resumed from its step-3 checkpoint ends where the whole run does
+  res="$tmp/tpres"
+  mpirun_ 2 "$res.out" "$res.err" $train $tpopts --tensor-parallel 2 --metrics-every 0 --resume "$run/step-000003.safetensors" --out "$res"
+  [ $got -eq 0 ] || { fail "--tensor-parallel 2 --resume: exit $got"; cat "$res.err"; }
+  grep -q "resuming from .*step-000003.safetensors at step 3 with its AdamW moments" "$res.err" ||
+    fail "--tensor-parallel 2 --resume: $(grep resum "$res.err")"
+  for f in model.safetensors model.adamw; do
+    why=$(f32s_differ "$one/$f" "$res/$f") || fail "--tensor-parallel 2 --resume: $f differs from one process's: $why"
+  done
+fi
+# refusals, on every rank with 2 and without a hang: heads not divisible, another world size,
+# with --data-parallel; steepest (Muon needs the whole gradient) in one process, before MPI
+mpirun_ 2 "$tmp/tph.out" "$tmp/tph.err" $train $small --heads 1 --tensor-parallel 2
+[ $got -eq 2 ] || fail "--tensor-parallel 2 --heads 1: exit $got, want 2"
+grep -q "tensor-parallel 2 does not divide --heads 1" "$tmp/tph.err" || fail "--tensor-parallel 2 --heads 1: $(cat "$tmp/tph.err")"
+mpirun_ 2 "$tmp/tp3.out" "$tmp/tp3.err" $train $small --width 48 --heads 6 --tensor-parallel 3
+[ $got -eq 2 ] || fail "--tensor-parallel 3 on 2 ranks: exit $got, want 2"
+grep -q "tensor-parallel 3 needs 3 ranks (mpirun -np 3): started on 2" "$tmp/tp3.err" || fail "--tensor-parallel 3 on 2 ranks: $(cat "$tmp/tp3.err")"
+mpirun_ 2 "$tmp/tpdp.out" "$tmp/tpdp.err" $train $small --tensor-parallel 2 --data-parallel
+[ $got -eq 2 ] || fail "--tensor-parallel with --data-parallel: exit $got, want 2"
+grep -q "tensor-parallel and --data-parallel: one or the other" "$tmp/tpdp.err" || fail "--tensor-parallel with --data-parallel: $(cat "$tmp/tpdp.err")"
+$train $small --tensor-parallel 2 --optimizer steepest >"$tmp/tps.out" 2>"$tmp/tps.err"
+got=$?
+[ $got -eq 2 ] || fail "--tensor-parallel with steepest: exit $got, want 2"
+grep -q "tensor-parallel with --optimizer steepest" "$tmp/tps.err" || fail "--tensor-parallel with steepest: $(cat "$tmp/tps.err")"
 exit $status

@@ -30,6 +30,9 @@ if [ -z "${MPIRUN:-}" ]; then
   expect 2 "--data-parallel without MPI" $train --data-parallel --steps 1
   grep -q "^stabmeter-train: --data-parallel: built without MPI: ./configure --with-mpi$" "$tmp/err" ||
     fail "--data-parallel without MPI: the message: $(cat "$tmp/err")"
+  expect 2 "--tensor-parallel without MPI" $train --tensor-parallel 2 --steps 1
+  grep -q "^stabmeter-train: --tensor-parallel: built without MPI: ./configure --with-mpi$" "$tmp/err" ||
+    fail "--tensor-parallel without MPI: the message: $(cat "$tmp/err")"
 fi
 expect 2 "missing data file" $train --data "$tmp/none.txt"
 grep -q "none.txt" "$tmp/err" || fail "missing file not named: $(cat "$tmp/err")"

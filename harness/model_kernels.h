@@ -1,0 +1,47 @@
+/* model_kernels.h — the transformer's kernels of model.c (output first, then inputs, then sizes),
+ * shared by the whole model (model.c) and the model split across tensor-parallel ranks
+ * (model_tp.c), so that both compute each piece with the same code. Shapes as in model.h's
+ * letters; N = b t rows. Backward kernels accumulate (+=) into their outputs.
+ * Harness code. */
+#ifndef STAB_HARNESS_MODEL_KERNELS_H
+#define STAB_HARNESS_MODEL_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out (b, t, D) = wte[token] + wpe[position]; tokens (b, t), wte (V, D), wpe (T, D). */
+void encoder_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, size_t b,
+                     size_t t, size_t D);
+void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, size_t b,
+                      size_t t, size_t D);
+
+/* out (N, D) = g * x / sqrt(mean(x^2) + eps), rstd (N) the row scales; g (D). */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *g, size_t N, size_t D);
+void rmsnorm_backward(float *dinp, float *dg, const float *dout, const float *inp, const float *g,
+                      const float *rstd, size_t N, size_t D);
+
+/* out (N, OC) = beta out + inp W^T + bias; inp (N, C), w (OC, C) out-major, bias (OC) or NULL. */
+void matmul_forward(float *out, const float *inp, const float *w, const float *bias, size_t N, size_t C,
+                    size_t OC, float beta);
+/* dinp (N, C) += dout W, dw (OC, C) += dout^T inp, dbias (OC) += column sums of dout (NULL: none). */
+void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                     const float *w, size_t N, size_t C, size_t OC);
+
+/* Causal attention of H heads of size D / H on qkv (b, t, 3D): q, k, v each D wide, head h at
+ * columns h D / H of each; out (b, t, D), att (b, H, t, t) the softmax weights. A rank of a
+ * tensor-parallel run passes its own heads and width (H / P, D / P). */
+void attention_forward(float *out, float *att, const float *qkv, size_t b, size_t t, size_t D, size_t H);
+/* dqkv += d/dqkv; datt is (t, t) scratch. */
+void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                        size_t b, size_t t, size_t D, size_t H);
+
+/* GELU, tanh approximation, elementwise over n values. */
+void gelu_forward(float *out, const float *inp, size_t n);
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* probs (N, V) = softmax(logits); returns the mean of -log p[target] (in f64), 0 without targets. */
+double crossentropy_forward(float *probs, const float *logits, const int32_t *targets, size_t N, size_t V);
+/* dlogits (N, V) = (probs - onehot(target)) / N. */
+void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, size_t V);
+
+#endif /* STAB_HARNESS_MODEL_KERNELS_H */
