@@ -241,7 +241,9 @@ static void registration_cases(void) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  /* FUNNELED: stab_mpi_linear_measure_batch's workers never call MPI, the main thread does */
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   if (ranks < 2 || ranks > 3) {
@@ -272,6 +274,7 @@ int main(int argc, char **argv) {
   vector_cases();
   linear_cases();
   sum_cases();
+  batch_cases();
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
