@@ -202,7 +202,6 @@ static void batch_steps(void) {
   }
   stab_mpi_linear *hb[N], *hs[N];
   for (size_t i = 0; i < N; i++) hb[i] = r[i].batch, hs[i] = r[i].single;
-  long batched_total = 0, single_total = 0;
   for (size_t t = 1; t <= STEPS; t++) {
     stab_layer mine[N], mine0[N];
     const stab_layer *lp[N], *bp[N];
@@ -244,13 +243,12 @@ static void batch_steps(void) {
     const long most = bound(r, got, N, t == NAN_STEP || t == NAN_STEP + 1 ? 2 : 0);
     CHECK(batched <= most, "step %zu: %ld collectives, documented at most %ld", t, batched, most);
     CHECK(batched < single, "step %zu: batched %ld collectives, one by one %ld", t, batched, single);
-    if (rank == 0 && getenv("STAB_BATCH_SHOW"))
-      fprintf(stderr, "step %zu: collectives batched %ld (bound %ld), one by one %ld\n", t, batched, most, single);
-    batched_total += batched;
-    single_total += single;
+    if (rank == 0 && getenv("STAB_BATCH_SHOW")) {
+      fprintf(stderr, "step %zu: collectives batched %ld (bound %ld), one by one %ld; passes", t, batched, most, single);
+      for (size_t i = 0; i < N; i++) fprintf(stderr, " %d/%d", got[i].passes, got[i].update_passes);
+      fputc('\n', stderr);
+    }
   }
-  (void)batched_total;
-  (void)single_total;
   for (size_t i = 0; i < N; i++) free_layer(&r[i]);
 }
 
