@@ -172,8 +172,10 @@ stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_
  * exchange (a pass, or the sums of squares) that carries a NaN or an infinity; one more (a
  * broadcast of the message) when a rank fails.
  * n single calls make sum_i (10 + 2 (passes of W_i + of dW_i)) with updates, 8 + 2 passes
- * without. The estimates run in worker threads, one per layer (two with an update), that
- * never call MPI: the calling thread does every exchange, so MPI_THREAD_FUNNELED is enough;
+ * without. The estimates run in worker threads, one per layer (two with an update), taking
+ * turns in layer order (one computes at a time, its passes as fast as a single call's, with
+ * params.threads), that never call MPI: the calling thread does every exchange, so
+ * MPI_THREAD_FUNNELED is enough;
  * when MPI was initialised with less (MPI_Init gives MPI_THREAD_SINGLE with Open MPI: use
  * MPI_Init_thread) or a rank cannot start its threads, every rank runs the estimates one
  * after another in the calling thread, the same bits, 3 + 2 (sum of the passes) collectives.

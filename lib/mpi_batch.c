@@ -8,6 +8,9 @@
  * it would be a second engine to keep equal to the first. A worker running the engine itself,
  * whose reduce callback posts its vector and sleeps until the calling thread has summed every
  * posted vector, runs the very code stab_mpi_linear_measure runs, so the bits cannot part.
+ * The workers take turns, one computing at a time, in layer order: a pass's local work runs
+ * as it does in the single calls (with params.threads of the pass pool, not many estimates
+ * fighting for two cores and their caches), only the exchanges are shared.
  * Only the calling thread calls MPI (MPI_THREAD_FUNNELED is enough); under
  * MPI_THREAD_SINGLE, or when a rank cannot start its threads, every rank runs the estimates
  * one after another in the calling thread instead: the same bits, more collectives. */
@@ -22,7 +25,9 @@
 
 static const char who[] = "stab_mpi_linear_measure_batch";
 
-enum { RUNNING, POSTED, DONE };
+/* A task waits its turn (READY), computes (RUNNING) until it posts a pass (POSTED) or ends
+ * (DONE); QUIT: told to end without running. */
+enum { READY, RUNNING, POSTED, DONE, QUIT };
 
 typedef struct batch batch;
 
@@ -44,15 +49,17 @@ typedef struct {
   /* the worker's outcome; its message copied from its own thread's stab_last_error() */
   stab_status status;
   char message[240];
+  pthread_cond_t turn;       /* this worker: its state moved */
   pthread_t thread;
   int started;
 } task;
 
 struct batch {
   pthread_mutex_t lock;
-  pthread_cond_t posted;     /* the calling thread: a task posted a pass or ended */
-  pthread_cond_t resumed;    /* the workers: their passes are summed, or the gate moved */
-  int gate;                  /* 0 closed, 1 run, -1 quit without running */
+  pthread_cond_t posted;     /* the calling thread: a round's last turn has ended */
+  int round_over;
+  task *tasks;
+  size_t ntasks;
   stab_mpi_linear *const *h;
   const stab_layer *const *l;
   const stab_layer *const *before;
@@ -78,7 +85,21 @@ static void run_task(task *t, stab_spectral_reduce_fn fn, void *ctx) {
   }
 }
 
-/* A worker's reduce: post the pass, sleep until the calling thread has summed it. */
+/* A worker's turn has ended (it posted a pass, or ended): the next task waiting in this round
+ * takes it, straight from this worker (one thread switch a turn); after the last, the
+ * calling thread. Under the lock. */
+static void pass_turn(batch *b, task *t) {
+  for (task *u = t + 1; u < b->tasks + b->ntasks; u++)
+    if (u->state == READY) {
+      u->state = RUNNING;
+      pthread_cond_signal(&u->turn);
+      return;
+    }
+  b->round_over = 1;
+  pthread_cond_signal(&b->posted);
+}
+
+/* A worker's reduce: post the pass, sleep until it is summed and the worker's turn comes. */
 static stab_status post_and_wait(void *ctx, double *y, size_t n, double *quad) {
   task *t = ctx;
   batch *b = t->b;
@@ -87,8 +108,8 @@ static stab_status post_and_wait(void *ctx, double *y, size_t n, double *quad) {
   t->n = n;
   t->quad = quad;
   t->state = POSTED;
-  pthread_cond_signal(&b->posted);
-  while (t->state == POSTED) pthread_cond_wait(&b->resumed, &b->lock);
+  pass_turn(b, t);
+  while (t->state != RUNNING) pthread_cond_wait(&t->turn, &b->lock);
   const stab_status st = t->reduce_status;
   pthread_mutex_unlock(&b->lock);
   if (st != STAB_OK) stabi_fail(st, "%s: layer %zu: the sum of a pass over the ranks failed", who, t->layer);
@@ -99,44 +120,49 @@ static void *worker(void *arg) {
   task *t = arg;
   batch *b = t->b;
   pthread_mutex_lock(&b->lock);
-  while (b->gate == 0) pthread_cond_wait(&b->resumed, &b->lock);
-  const int go = b->gate > 0;
+  while (t->state == READY) pthread_cond_wait(&t->turn, &b->lock);
+  const int go = t->state == RUNNING;
   pthread_mutex_unlock(&b->lock);
   if (go) run_task(t, post_and_wait, t);
   pthread_mutex_lock(&b->lock);
+  const int had_turn = t->state == RUNNING;
   t->state = DONE;
-  pthread_cond_signal(&b->posted);
+  if (had_turn) pass_turn(b, t);
   pthread_mutex_unlock(&b->lock);
   return NULL;
 }
 
-/* Opens the gate (run 1, or -1: quit) and joins every worker started: none is left behind. */
-static void release_and_join(batch *b, task *t, size_t nt, int run) {
+/* Tells every worker started, all waiting for their first turn, to quit, and joins them:
+ * none is left behind. */
+static void quit_and_join(batch *b, task *t, size_t nt) {
   pthread_mutex_lock(&b->lock);
-  b->gate = run ? 1 : -1;
-  pthread_cond_broadcast(&b->resumed);
+  for (size_t k = 0; k < nt; k++) {
+    t[k].state = QUIT;
+    pthread_cond_signal(&t[k].turn);
+  }
   pthread_mutex_unlock(&b->lock);
   for (size_t k = 0; k < nt; k++)
     if (t[k].started) pthread_join(t[k].thread, NULL);
 }
 
-/* The calling thread's loop: wait until every task still running has posted a pass or ended,
- * sum every posted pass in one exchange, resume them; until all have ended. Each exchange's
- * tasks are the same on every rank, in task order, since every rank's engines take the same
- * decisions from the same sums. A failed exchange is its tasks' reduce's status, which their
- * engines stop on and return. */
+/* The calling thread's loop: a round gives each task not yet ended its turn, in task order,
+ * each posting a pass or ending; then every posted pass is summed in one exchange.
+ * Until all have ended. Each exchange's tasks are the same on every rank, in task order, since
+ * every rank's engines take the same decisions from the same sums. A failed exchange is its
+ * tasks' reduce's status, which their engines stop on and return. */
 static void coordinate(batch *b, task *t, size_t nt, stabi_mpi_sum *sum, stabi_mpi_segment *seg, task **posted) {
   for (;;) {
-    size_t np = 0;
+    size_t np = 0, j = 0;
     pthread_mutex_lock(&b->lock);
-    for (;;) {
-      int running = 0;
-      for (size_t k = 0; k < nt && !running; k++) running = t[k].state == RUNNING;
-      if (!running) break;
-      pthread_cond_wait(&b->posted, &b->lock);
+    while (j < nt && t[j].state == DONE) j++;
+    if (j < nt) { /* the round: the first task's turn, then each hands it on (pass_turn) */
+      b->round_over = 0;
+      t[j].state = RUNNING;
+      pthread_cond_signal(&t[j].turn);
+      while (!b->round_over) pthread_cond_wait(&b->posted, &b->lock);
     }
-    for (size_t k = 0; k < nt; k++)
-      if (t[k].state == POSTED) posted[np++] = &t[k];
+    for (j = 0; j < nt; j++)
+      if (t[j].state == POSTED) posted[np++] = &t[j];
     pthread_mutex_unlock(&b->lock);
     if (np == 0) return;
     for (size_t k = 0; k < np; k++) seg[k] = (stabi_mpi_segment){posted[k]->y, posted[k]->n, posted[k]->quad, 1};
@@ -144,9 +170,8 @@ static void coordinate(batch *b, task *t, size_t nt, stabi_mpi_sum *sum, stabi_m
     pthread_mutex_lock(&b->lock);
     for (size_t k = 0; k < np; k++) {
       posted[k]->reduce_status = rs;
-      posted[k]->state = RUNNING;
+      posted[k]->state = READY; /* summed: its next turn comes in the next round */
     }
-    pthread_cond_broadcast(&b->resumed);
     pthread_mutex_unlock(&b->lock);
   }
 }
@@ -261,11 +286,11 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
   task **posted = calloc(2 * n, sizeof *posted);
   stabi_mpi_segment *seg = calloc(2 * n, sizeof *seg);
   stabi_mpi_sum sum = {0};
-  batch b = {.gate = 0, .h = h, .l = shard_layers, .before = befores, .ld = ld, .q = q};
+  batch b = {.h = h, .l = shard_layers, .before = befores, .ld = ld, .q = q};
   pthread_mutex_init(&b.lock, NULL);
   pthread_cond_init(&b.posted, NULL);
-  pthread_cond_init(&b.resumed, NULL);
   size_t nt = 0;
+  b.tasks = t;
   stab_status st = ld && q && parts && t && posted && seg ? STAB_OK : stabi_fail(STAB_ENOMEM, "%s: out of memory "
                                                                                  "for %zu layers", who, n);
   if (st == STAB_OK) st = check_local(h, n, shard_layers, befores, out, comm, ld);
@@ -283,9 +308,11 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
         room += 4 * h[i]->dw->n + 1;
       }
     }
+    b.ntasks = nt;
     st = stabi_mpi_sum_init(&sum, comm, room);
   }
   /* the workers, before the exchange that tells whether every rank has them */
+  for (size_t k = 0; k < nt; k++) pthread_cond_init(&t[k].turn, NULL); /* state READY: 0 */
   int provided = MPI_THREAD_SINGLE, threads_ok = nt > 1;
   if (MPI_Query_thread(&provided) != MPI_SUCCESS || provided < MPI_THREAD_FUNNELED) threads_ok = 0;
   for (size_t k = 0; st == STAB_OK && threads_ok && k < nt; k++) {
@@ -311,7 +338,7 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
   else
     st = check_alike(comm, h, n, befores, mx);
   const int run_threads = st == STAB_OK && mx[7] == 0;
-  if (!run_threads) release_and_join(&b, t, nt, 0);
+  if (!run_threads) quit_and_join(&b, t, nt);
 
   if (st == STAB_OK) { /* this rank's part, the shards' reads of the step in the calling thread */
     for (size_t k = 0; k < nt; k++) {
@@ -330,10 +357,6 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
       }
     }
     if (run_threads) {
-      pthread_mutex_lock(&b.lock);
-      b.gate = 1;
-      pthread_cond_broadcast(&b.resumed);
-      pthread_mutex_unlock(&b.lock);
       coordinate(&b, t, nt, &sum, seg, posted);
       for (size_t k = 0; k < nt; k++) pthread_join(t[k].thread, NULL);
     } else {
@@ -358,7 +381,7 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
       for (size_t i = 0; i < n; i++) stabi_mpi_linear_clear(&out[i]);
   }
   stabi_mpi_sum_free(&sum);
-  pthread_cond_destroy(&b.resumed);
+  for (size_t k = 0; k < nt; k++) pthread_cond_destroy(&t[k].turn);
   pthread_cond_destroy(&b.posted);
   pthread_mutex_destroy(&b.lock);
   free(seg);
