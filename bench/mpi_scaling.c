@@ -39,9 +39,15 @@ static int rank, ranks;
  * this process reaches, libstabmeter_mpi's included; PMPI_* is MPI itself. */
 static int counting;
 static long collectives;
+static double reduced_bytes; /* what the counted all-reduces carried, per rank */
 
 int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
   collectives += counting;
+  if (counting) {
+    int size = 0;
+    PMPI_Type_size(type, &size);
+    reduced_bytes += (double)count * size;
+  }
   return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
 }
 
@@ -340,6 +346,7 @@ static void batched(const options *o) {
   for (size_t i = 0; i < n; i++)
     if (stab_mpi_linear_measure(hs[i], lp[i], NULL, &ms[i]) != STAB_OK) fail("cold single");
   long cb = 0, cs = 0;
+  double bytes = 0;
   int same = 1, passes = 0, most = 0;
   for (int s = 0; s < o->steps; s++) {
     for (size_t i = 0; i < n; i++) { /* a step: before = the weights, then their change */
@@ -359,12 +366,14 @@ static void batched(const options *o) {
     cs += collectives;
     MPI_Barrier(MPI_COMM_WORLD);
     collectives = 0;
+    reduced_bytes = 0;
     counting = 1;
     t0 = monotonic_seconds();
     if (stab_mpi_linear_measure_batch(hb, n, lp, bp, mb) != STAB_OK) fail("batch");
     tb[s] = slowest(monotonic_seconds() - t0);
     counting = 0;
     cb += collectives;
+    if (s == 0) bytes = reduced_bytes; /* the batch's: the same vectors as the single calls' */
     for (size_t i = 0; i < n; i++) {
       same = same && !memcmp(&mb[i], &ms[i], sizeof mb[i]);
       passes += mb[i].passes + mb[i].update_passes;
@@ -383,6 +392,26 @@ static void batched(const options *o) {
            provided >= MPI_THREAD_FUNNELED ? "" : " (MPI_THREAD_SINGLE: the estimates in turn)",
            median(ts, o->steps) * 1e3, (double)cs / o->steps, median(tb, o->steps) * 1e3, (double)cb / o->steps,
            same ? "yes" : "NO");
+  /* the model: a step's local work as 1/P of this run's batched step times P, each collective
+   * an all-reduce of latency 2 ceil(log2 P) alpha, the bytes (the same either way) over the
+   * ring's bandwidth */
+  if (rank == 0) {
+    const double local_whole = median(tb, o->steps) * ranks, per_b = (double)cb / o->steps, per_s = (double)cs / o->steps;
+    printf("  model of this step on P ranks, network alpha %.2f us, beta %.1f GB/s (local work from the batched "
+           "step, as 1/P; %.0f kB all-reduced a step):\n    %6s %10s %12s %12s %8s %8s\n",
+           o->alpha, o->beta, bytes / 1e3, "P", "local", "one by one", "batched", "ratio 1", "ratio b");
+    int crossed_s = 0, crossed_b = 0;
+    for (int p = 1; p <= 1024; p *= 2) {
+      const double loc = local_whole / p, lat = p == 1 ? 0.0 : 2 * ceil_log2(p) * o->alpha * 1e-6;
+      const double bw = p == 1 ? 0.0 : 2.0 * (p - 1) / p * bytes / (o->beta * 1e9);
+      const double ns = per_s * lat + bw, nb = per_b * lat + bw;
+      printf("    %6d %7.2f ms %9.2f ms %9.2f ms %8.2f %8.2f%s%s\n", p, loc * 1e3, ns * 1e3, nb * 1e3, ns / loc,
+             nb / loc, !crossed_s && ns > loc ? "  <- one by one: the exchanges cost more than the local work" : "",
+             !crossed_b && nb > loc ? "  <- batched: the exchanges cost more than the local work" : "");
+      if (ns > loc) crossed_s = 1;
+      if (nb > loc) crossed_b = 1;
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     stab_mpi_linear_free(hb[i]);
     stab_mpi_linear_free(hs[i]);
