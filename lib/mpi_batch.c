@@ -78,8 +78,8 @@ static void run_task(task *t, stab_spectral_reduce_fn fn, void *ctx) {
       stabi_mpi_sharded_source(t->s[1], h->buf, h->scols, &t->a[1], &t->lda[1]);
     }
     t->status = stabi_mpi_sharded_run(t->s[e], t->a[e], t->lda[e], fn, ctx, t->out[e]);
-    if (t->status != STAB_OK) {
-      snprintf(t->message, sizeof t->message, "%s", stab_last_error());
+    if (t->status != STAB_OK) { /* unless an exchange's failure is already the message */
+      if (!t->message[0]) snprintf(t->message, sizeof t->message, "%s: layer %zu: %.190s", who, i, stab_last_error());
       return;
     }
   }
@@ -112,7 +112,6 @@ static stab_status post_and_wait(void *ctx, double *y, size_t n, double *quad) {
   while (t->state != RUNNING) pthread_cond_wait(&t->turn, &b->lock);
   const stab_status st = t->reduce_status;
   pthread_mutex_unlock(&b->lock);
-  if (st != STAB_OK) stabi_fail(st, "%s: layer %zu: the sum of a pass over the ranks failed", who, t->layer);
   return st;
 }
 
@@ -170,6 +169,9 @@ static void coordinate(batch *b, task *t, size_t nt, stabi_mpi_sum *sum, stabi_m
     pthread_mutex_lock(&b->lock);
     for (size_t k = 0; k < np; k++) {
       posted[k]->reduce_status = rs;
+      if (rs != STAB_OK && !posted[k]->message[0]) /* the worker's thread has its own last error */
+        snprintf(posted[k]->message, sizeof posted[k]->message, "%s: layer %zu: %.190s", who, posted[k]->layer,
+                 stab_last_error());
       posted[k]->state = READY; /* summed: its next turn comes in the next round */
     }
     pthread_mutex_unlock(&b->lock);
