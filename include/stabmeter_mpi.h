@@ -177,8 +177,9 @@ stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_
  * params.threads), that never call MPI: the calling thread does every exchange, so
  * MPI_THREAD_FUNNELED is enough;
  * when MPI was initialised with less (MPI_Init gives MPI_THREAD_SINGLE with Open MPI: use
- * MPI_Init_thread) or a rank cannot start its threads, every rank runs the estimates one
- * after another in the calling thread, the same bits, 3 + 2 (sum of the passes) collectives.
+ * MPI_Init_thread), on a communicator of one rank (where an exchange costs next to nothing),
+ * or when a rank cannot start its threads, every rank runs the estimates one after another in
+ * the calling thread, the same bits, 3 + 2 (sum of the passes) collectives.
  *  h             n handles, all created on communicators of the same ranks in the same order
  *                (duplicates of one: MPI_Comm_compare congruent), each given once, the same
  *                handles in the same order on every rank (else STAB_EINVAL on every rank)

@@ -12,8 +12,9 @@
  * as it does in the single calls (with params.threads of the pass pool, not many estimates
  * fighting for two cores and their caches), only the exchanges are shared.
  * Only the calling thread calls MPI (MPI_THREAD_FUNNELED is enough); under
- * MPI_THREAD_SINGLE, or when a rank cannot start its threads, every rank runs the estimates
- * one after another in the calling thread instead: the same bits, more collectives. */
+ * MPI_THREAD_SINGLE, on one rank, or when a rank cannot start its threads, every rank runs
+ * the estimates one after another in the calling thread instead: the same bits, more
+ * collectives. */
 #include "mpi_internal.h"
 
 #include <math.h>
@@ -315,7 +316,8 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
   }
   /* the workers, before the exchange that tells whether every rank has them */
   for (size_t k = 0; k < nt; k++) pthread_cond_init(&t[k].turn, NULL); /* state READY: 0 */
-  int provided = MPI_THREAD_SINGLE, threads_ok = nt > 1;
+  /* on one rank an exchange costs next to nothing: the hand-offs would cost more than they save */
+  int provided = MPI_THREAD_SINGLE, threads_ok = nt > 1 && ranks > 1;
   if (MPI_Query_thread(&provided) != MPI_SUCCESS || provided < MPI_THREAD_FUNNELED) threads_ok = 0;
   for (size_t k = 0; st == STAB_OK && threads_ok && k < nt; k++) {
     t[k].started = pthread_create(&t[k].thread, NULL, worker, &t[k]) == 0;
