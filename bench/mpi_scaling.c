@@ -12,6 +12,11 @@
  *     per step after a small change of the shard, and the per-pass exchange alone (the same two
  *     MPI_Allreduce calls the library makes: 3 doubles MAX, then the block's vectors as int64
  *     SUM), so that a pass splits into local work and communication.
+ *   - a step's split layers batched: B blocks' linears (q, k, v and mlp.c_fc split by output
+ *     rows, attn.c_proj and mlp.c_proj by input columns: 6 a block), the metrics with the
+ *     updates per step, by stab_mpi_linear_measure_batch and by stab_mpi_linear_measure on
+ *     each layer in turn (twin handles, the same bits checked), the slowest rank's time and
+ *     the collectives each way (counted through MPI's profiling interface).
  * Modelled: the tensor-parallel pass at P ranks, local work shrinking as 1/P from this run's
  * figure and the exchange as an all-reduce on a network of latency alpha and bandwidth beta
  * (2 ceil(log2 P) alpha per call, 2 (P - 1)/P bytes/beta: recursive doubling's latency and a
@@ -30,12 +35,40 @@
 
 static int rank, ranks;
 
+/* The collectives made while `counting` is set: these wrappers are what every MPI_* call of
+ * this process reaches, libstabmeter_mpi's included; PMPI_* is MPI itself. */
+static int counting;
+static long collectives;
+static double reduced_bytes; /* what the counted all-reduces carried, per rank */
+
+int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  collectives += counting;
+  if (counting) {
+    int size = 0;
+    PMPI_Type_size(type, &size);
+    reduced_bytes += (double)count * size;
+  }
+  return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
+}
+
+int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm) {
+  collectives += counting;
+  return PMPI_Bcast(buf, count, type, root, comm);
+}
+
+int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
+                  MPI_Datatype recvtype, MPI_Comm comm) {
+  collectives += counting;
+  return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: mpirun -np P mpi_scaling [--width C] [--blocks L] [--vocab V] [--steps N]\n"
-             "         [--threads T] [--alpha US] [--beta GBPS]\n"
+             "         [--threads T] [--alpha US] [--beta GBPS] [--batch-blocks B] [--batch-only]\n"
              "  C 768, L 12, V 50257 (GPT-2 124M), N 6 measured steps after a cold one, T 1 thread\n"
              "  per rank; the model's network: alpha microseconds a message (default 1.0), beta GB/s\n"
-             "  a link (default 12.5: InfiniBand EDR, 100 Gb/s)\n");
+             "  a link (default 12.5: InfiniBand EDR, 100 Gb/s); B 4 blocks of split linears measured\n"
+             "  batched and one by one (0: not), --batch-only that part alone\n");
 }
 
 /* Element i of a seeded matrix, the same on every rank whatever its shard. */
@@ -86,6 +119,8 @@ typedef struct {
   size_t width, blocks, vocab;
   int steps, threads;
   double alpha, beta;
+  size_t batch_blocks;
+  int batch_only;
 } options;
 
 /* Data parallel: the whole model on every rank, its layers divided among the ranks. */
@@ -260,24 +295,156 @@ static void sharded(const options *o) {
   }
 }
 
+/* A step's split linears: every layer's metrics with its update, batched and one by one. */
+static void batched(const options *o) {
+  const size_t C = o->width, B = o->batch_blocks, per = 6, n = B * per;
+  static const char *const name[6] = {"attn.q", "attn.k", "attn.v", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  const size_t shape[6][2] = {{C, C}, {C, C}, {C, C}, {C, C}, {4 * C, C}, {C, 4 * C}}; /* d_out, d_in */
+  const stab_mpi_split split[6] = {STAB_MPI_SPLIT_ROWS, STAB_MPI_SPLIT_ROWS, STAB_MPI_SPLIT_ROWS,
+                                   STAB_MPI_SPLIT_COLS, STAB_MPI_SPLIT_ROWS, STAB_MPI_SPLIT_COLS};
+  stab_mpi_linear **hb = calloc(n, sizeof *hb), **hs = calloc(n, sizeof *hs);
+  float **w = calloc(n, sizeof *w), **w0 = calloc(n, sizeof *w0);
+  stab_layer *l = calloc(n, sizeof *l), *l0 = calloc(n, sizeof *l0);
+  const stab_layer **lp = calloc(n, sizeof *lp), **bp = calloc(n, sizeof *bp);
+  stab_metrics *mb = calloc(n, sizeof *mb), *ms = calloc(n, sizeof *ms);
+  size_t *len = calloc(n, sizeof *len), *first = calloc(n, sizeof *first), *ld = calloc(n, sizeof *ld);
+  double *tb = calloc((size_t)o->steps, sizeof *tb), *ts = calloc((size_t)o->steps, sizeof *ts);
+  if (!hb || !hs || !w || !w0 || !l || !l0 || !lp || !bp || !mb || !ms || !len || !first || !ld || !tb || !ts)
+    fail("out of memory");
+  stab_metrics_params mp = stab_metrics_default_params();
+  mp.spectral.threads = o->threads;
+  double weights = 0;
+  for (size_t i = 0; i < n; i++) {
+    const int k = (int)(i % per);
+    const size_t R = shape[k][0], K = shape[k][1], whole = split[k] == STAB_MPI_SPLIT_ROWS ? R : K;
+    stab_mpi_shard sh = {split[k], R, K, whole * (size_t)rank / (size_t)ranks, whole * (size_t)(rank + 1) / (size_t)ranks};
+    const size_t sr = split[k] == STAB_MPI_SPLIT_ROWS ? sh.end - sh.begin : R;
+    const size_t sc = split[k] == STAB_MPI_SPLIT_ROWS ? K : sh.end - sh.begin;
+    len[i] = sr * sc;
+    ld[i] = sc;
+    w[i] = malloc(len[i] * sizeof **w);
+    w0[i] = malloc(len[i] * sizeof **w0);
+    if (!w[i] || !w0[i]) fail("out of memory");
+    for (size_t a = 0; a < sr; a++)
+      for (size_t b = 0; b < sc; b++) {
+        const size_t gi = split[k] == STAB_MPI_SPLIT_ROWS ? sh.begin + a : a;
+        const size_t gj = split[k] == STAB_MPI_SPLIT_ROWS ? b : sh.begin + b;
+        w[i][a * sc + b] = element(300 + i, gi * K + gj);
+      }
+    first[i] = split[k] == STAB_MPI_SPLIT_ROWS ? sh.begin * K : sh.begin;
+    l[i] = (stab_layer){.name = name[k], .kind = STAB_KIND_LINEAR, .d_out = sr, .d_in = sc, .weight = w[i]};
+    l0[i] = (stab_layer){.weight = w0[i]};
+    lp[i] = &l[i];
+    bp[i] = &l0[i];
+    weights += (double)R * (double)K;
+    if (stab_mpi_linear_create(MPI_COMM_WORLD, &sh, 0, &mp, &hb[i]) != STAB_OK ||
+        stab_mpi_linear_create(MPI_COMM_WORLD, &sh, 0, &mp, &hs[i]) != STAB_OK)
+      fail("linear create");
+  }
+  /* the cold step, untimed: both sets warm from then on */
+  if (stab_mpi_linear_measure_batch(hb, n, lp, NULL, mb) != STAB_OK) fail("cold batch");
+  for (size_t i = 0; i < n; i++)
+    if (stab_mpi_linear_measure(hs[i], lp[i], NULL, &ms[i]) != STAB_OK) fail("cold single");
+  long cb = 0, cs = 0;
+  double bytes = 0;
+  int same = 1, passes = 0, most = 0;
+  for (int s = 0; s < o->steps; s++) {
+    for (size_t i = 0; i < n; i++) { /* a step: before = the weights, then their change */
+      memcpy(w0[i], w[i], len[i] * sizeof **w);
+      const int k = (int)(i % per);
+      const size_t sr = l[i].d_out, sc = l[i].d_in, K = shape[k][1];
+      for (size_t a = 0; a < sr; a++) change(w[i] + a * sc, sc, first[i] + a * K, K, s);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    collectives = 0;
+    counting = 1;
+    double t0 = monotonic_seconds();
+    for (size_t i = 0; i < n; i++)
+      if (stab_mpi_linear_measure(hs[i], lp[i], bp[i], &ms[i]) != STAB_OK) fail("single");
+    ts[s] = slowest(monotonic_seconds() - t0);
+    counting = 0;
+    cs += collectives;
+    MPI_Barrier(MPI_COMM_WORLD);
+    collectives = 0;
+    reduced_bytes = 0;
+    counting = 1;
+    t0 = monotonic_seconds();
+    if (stab_mpi_linear_measure_batch(hb, n, lp, bp, mb) != STAB_OK) fail("batch");
+    tb[s] = slowest(monotonic_seconds() - t0);
+    counting = 0;
+    cb += collectives;
+    if (s == 0) bytes = reduced_bytes; /* the batch's: the same vectors as the single calls' */
+    for (size_t i = 0; i < n; i++) {
+      same = same && !memcmp(&mb[i], &ms[i], sizeof mb[i]);
+      passes += mb[i].passes + mb[i].update_passes;
+      const int r = mb[i].passes > mb[i].update_passes ? mb[i].passes : mb[i].update_passes;
+      if (r > most) most = r;
+    }
+  }
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (rank == 0)
+    printf("a step's split linears, P=%d, %d thread(s) a rank: %zu blocks x 6 = %zu linears (%.1f M weights), "
+           "weights and updates, warm (%d steps; %.1f passes a step in all, the largest %d)%s:\n"
+           "  one by one  %7.2f ms a step (median), %6.1f collectives a step\n"
+           "  batched     %7.2f ms a step (median), %6.1f collectives a step; the same bits: %s\n",
+           ranks, o->threads, B, n, weights / 1e6, o->steps, (double)passes / o->steps, most,
+           provided >= MPI_THREAD_FUNNELED ? "" : " (MPI_THREAD_SINGLE: the estimates in turn)",
+           median(ts, o->steps) * 1e3, (double)cs / o->steps, median(tb, o->steps) * 1e3, (double)cb / o->steps,
+           same ? "yes" : "NO");
+  /* the model: a step's local work as 1/P of this run's batched step times P, each collective
+   * an all-reduce of latency 2 ceil(log2 P) alpha, the bytes (the same either way) over the
+   * ring's bandwidth */
+  if (rank == 0) {
+    const double local_whole = median(tb, o->steps) * ranks, per_b = (double)cb / o->steps, per_s = (double)cs / o->steps;
+    printf("  model of this step on P ranks, network alpha %.2f us, beta %.1f GB/s (local work from the batched "
+           "step, as 1/P; %.0f kB all-reduced a step):\n    %6s %10s %12s %12s %8s %8s\n",
+           o->alpha, o->beta, bytes / 1e3, "P", "local", "one by one", "batched", "ratio 1", "ratio b");
+    int crossed_s = 0, crossed_b = 0;
+    for (int p = 1; p <= 1024; p *= 2) {
+      const double loc = local_whole / p, lat = p == 1 ? 0.0 : 2 * ceil_log2(p) * o->alpha * 1e-6;
+      const double bw = p == 1 ? 0.0 : 2.0 * (p - 1) / p * bytes / (o->beta * 1e9);
+      const double ns = per_s * lat + bw, nb = per_b * lat + bw;
+      printf("    %6d %7.2f ms %9.2f ms %9.2f ms %8.2f %8.2f%s%s\n", p, loc * 1e3, ns * 1e3, nb * 1e3, ns / loc,
+             nb / loc, !crossed_s && ns > loc ? "  <- one by one: the exchanges cost more than the local work" : "",
+             !crossed_b && nb > loc ? "  <- batched: the exchanges cost more than the local work" : "");
+      if (ns > loc) crossed_s = 1;
+      if (nb > loc) crossed_b = 1;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    stab_mpi_linear_free(hb[i]);
+    stab_mpi_linear_free(hs[i]);
+    free(w[i]);
+    free(w0[i]);
+  }
+  free(hb), free(hs), free(w), free(w0), free(l), free(l0), free(lp), free(bp);
+  free(mb), free(ms), free(len), free(first), free(ld), free(tb), free(ts);
+}
+
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  /* FUNNELED: stab_mpi_linear_measure_batch's worker threads never call MPI */
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   static const struct option opts[] = {{"width", required_argument, 0, 'c'}, {"blocks", required_argument, 0, 'l'},
                                        {"vocab", required_argument, 0, 'v'}, {"steps", required_argument, 0, 's'},
                                        {"threads", required_argument, 0, 't'}, {"alpha", required_argument, 0, 'a'},
                                        {"beta", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
-  options o = {768, 12, 50257, 6, 1, 1.0, 12.5};
+                                       {"batch-blocks", required_argument, 0, 'B'},
+                                       {"batch-only", no_argument, 0, 'O'}, {0, 0, 0, 0}};
+  options o = {768, 12, 50257, 6, 1, 1.0, 12.5, 4, 0};
   int c, bad = 0;
   char *end;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     long v = 0;
     double d = 0;
     if (c == 'a' || c == 'b') d = strtod(optarg, &end);
-    else if (c != 'h' && c != '?') v = strtol(optarg, &end, 10);
-    if (c != 'h' && c != '?' && (*end || (c == 'a' || c == 'b' ? !(d > 0) : v < (c == 'l' ? 0 : 1)))) bad = 1;
+    else if (c != 'h' && c != '?' && c != 'O') v = strtol(optarg, &end, 10);
+    if (c != 'h' && c != '?' && c != 'O' &&
+        (*end || (c == 'a' || c == 'b' ? !(d > 0) : v < (c == 'l' || c == 'B' ? 0 : 1))))
+      bad = 1;
     switch (c) {
     case 'c': o.width = (size_t)v; break;
     case 'l': o.blocks = (size_t)v; break;
@@ -286,6 +453,8 @@ int main(int argc, char **argv) {
     case 't': o.threads = (int)v; break;
     case 'a': o.alpha = d; break;
     case 'b': o.beta = d; break;
+    case 'B': o.batch_blocks = (size_t)v; break;
+    case 'O': o.batch_only = 1; break;
     case 'h':
       if (rank == 0) usage(stdout);
       MPI_Finalize();
@@ -301,8 +470,11 @@ int main(int argc, char **argv) {
   double load = NAN;
   (void)getloadavg(&load, 1);
   if (rank == 0) printf("mpi_scaling (stabmeter %s): P=%d, load average %.2f\n", stab_version(), ranks, load);
-  replicated(&o);
-  sharded(&o);
+  if (!o.batch_only) {
+    replicated(&o);
+    sharded(&o);
+  }
+  if (o.batch_blocks > 0) batched(&o);
   MPI_Finalize();
   return 0;
 }

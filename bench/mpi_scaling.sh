@@ -4,10 +4,13 @@
 # P = 2 with 1 thread a rank (this machine's two cores either way). Each run prints the
 # data-parallel step (stab_mpi_monitor_measure on a GPT-2-124M-shaped model), the
 # tensor-parallel warm estimates of a block's four linears with the per-pass exchange alone,
-# and the model of the MLP's first linear's pass on P ranks of a network (--alpha US, --beta
-# GB/s; default InfiniBand EDR). Usage: bench/mpi_scaling.sh [bench/mpi_scaling options, e.g.
-# --width 4096 --blocks 2 --alpha 1.5 --beta 25]; run from the top of a tree configured
-# --with-mpi. Prints the load average with each run.
+# the model of the MLP's first linear's pass on P ranks of a network (--alpha US, --beta
+# GB/s; default InfiniBand EDR), and a step's split linears (--batch-blocks B blocks x 6,
+# default 4) measured batched (stab_mpi_linear_measure_batch) and one by one, with the
+# collectives each way and their model on P ranks. Usage: bench/mpi_scaling.sh
+# [bench/mpi_scaling options, e.g. --width 4096 --blocks 2 --alpha 1.5 --beta 25, or
+# --batch-only]; run from the top of a tree configured --with-mpi. Prints the load average
+# with each run.
 set -eu
 [ -f lib/libstabmeter_mpi.la ] || { echo "mpi_scaling.sh: configure --with-mpi and build first" >&2; exit 2; }
 make -s bench/mpi_scaling >&2 || exit 1

@@ -157,6 +157,47 @@ stab_status stab_mpi_linear_create(MPI_Comm comm, const stab_mpi_shard *shard, i
 stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_layer, const stab_layer *before,
                                     stab_metrics *out);
 
+/* Every split linear layer of a step measured together: out[i] the same bits, on every rank,
+ * as stab_mpi_linear_measure(h[i], shard_layers[i], befores ? befores[i] : NULL, &out[i])
+ * called for i = 0, 1, ... in turn (the same warm starts, the same passes and stopping
+ * decisions), for any params.threads; but every pass of every layer's estimates still running
+ * (W's and dW's of each layer side by side, layers that have converged dropping out) is summed
+ * over the ranks in ONE exchange, each layer's values on a fixed-point grid of their own, and
+ * the calls' checks and sums of squares are merged likewise. Collectives per call, every
+ * argument good and every value finite: 3 + 2 R (an MPI_Allreduce of the checks, per pass one
+ * MAX of the grids' scales and one SUM of the values, and one of each for the sums of
+ * squares), R = the largest pass count among the estimates (with an update, W's and dW's
+ * count apart, except for 16-bit layers split by rows, whose update is formed in the buffer
+ * their weights are converted in: there R takes W's passes plus dW's); one more per
+ * exchange (a pass, or the sums of squares) that carries a NaN or an infinity; one more (a
+ * broadcast of the message) when a rank fails.
+ * n single calls make sum_i (10 + 2 (passes of W_i + of dW_i)) with updates, 8 + 2 passes
+ * without. The estimates run in worker threads, one per layer (two with an update), taking
+ * turns in layer order (one computes at a time, its passes as fast as a single call's, with
+ * params.threads), that never call MPI: the calling thread does every exchange, so
+ * MPI_THREAD_FUNNELED is enough;
+ * when MPI was initialised with less (MPI_Init gives MPI_THREAD_SINGLE with Open MPI: use
+ * MPI_Init_thread), on a communicator of one rank (where an exchange costs next to nothing),
+ * or when a rank cannot start its threads, every rank runs the estimates one after another in
+ * the calling thread, the same bits, 3 + 2 (sum of the passes) collectives.
+ *  h             n handles, all created on communicators of the same ranks in the same order
+ *                (duplicates of one: MPI_Comm_compare congruent), each given once, the same
+ *                handles in the same order on every rank (else STAB_EINVAL on every rank)
+ *  shard_layers  n layers, each as stab_mpi_linear_measure's shard_layer for its handle
+ *  befores       NULL (no update for any layer), or n entries each NULL or the layer's before,
+ *                each alike on every rank
+ *  out           n metrics
+ * A NaN or Inf in one layer's weights or update on any rank: that layer's metrics NaN with
+ * the flag on every rank, the others measured. Any rank's bad argument: the same status on
+ * every rank, the message naming the rank and the layer ("rank R: ...: layer i: ..."), every
+ * out[i] NaN, nothing measured (warm starts kept); nobody waits. An MPI failure: STAB_EIO on
+ * the ranks that see it, every out[i] NaN. n = 0: STAB_OK, no collective (h may be NULL).
+ * h NULL or every h[i] NULL: STAB_EINVAL on this rank alone (no communicator to tell).
+ * Allocates per call: the tasks and a thread each, and the exchanges' buffers, 20 (4 n + 1)
+ * bytes per estimate (n its vectors' length). Not thread-safe on one handle. */
+stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, const stab_layer *const *shard_layers,
+                                          const stab_layer *const *befores, stab_metrics *out);
+
 /* Frees the handle and its communicators: collective as MPI_Comm_free is. NULL is a no-op. */
 void stab_mpi_linear_free(stab_mpi_linear *h);
 

@@ -96,53 +96,93 @@ static int group_exponent(double max_abs) {
   return e;
 }
 
-/* x[0..nx) share one grid (the entries of a vector), each of c[0..nc) has its own (scalars of
- * unrelated size); both are replaced by their sums over the ranks. */
-static stab_status fixed_sum(stabi_mpi_sum *s, double *x, size_t nx, double *c, size_t nc) {
-  const size_t n = nx + nc;
+/* Each segment's x[0..nx) share one grid (the entries of a vector), each of its c[0..nc) has
+ * its own (scalars of unrelated size); all are replaced by their sums over the ranks. The
+ * segments travel together: one MAX of every grid's scale, one SUM of every value, so that a
+ * segment gets the same bits as when it is summed alone. flag: NULL, or a value maxed over
+ * the ranks with the scales (a caller's status, for free). */
+static stab_status segmented_sum(stabi_mpi_sum *s, const stabi_mpi_segment *seg, size_t nseg, double *flag) {
+  size_t n = 0, ns = 0;
+  for (size_t g = 0; g < nseg; g++) {
+    n += seg[g].nx + seg[g].nc;
+    ns += 1 + seg[g].nc;
+  }
   if (n > s->max_n + 1)
     return stabi_fail(STAB_EDIM, "stab_mpi: a sum of %zu values exceeds the %zu reserved", n, s->max_n + 1);
-  /* the scales' exchange: the vector's max |x|, each scalar's |c|, and whether anything is not finite */
+  if (ns + 1 + (flag != NULL) > s->max_n + 2)
+    return stabi_fail(STAB_EDIM, "stab_mpi: a sum of %zu scales exceeds the %zu reserved", ns, s->max_n);
+  /* the scales' exchange: each vector's max |x|, each scalar's |c|, and whether anything is not finite */
   double *m = s->scale;
   int odd = 0;
-  double mx = 0.0;
-  for (size_t i = 0; i < nx; i++) {
-    if (!isfinite(x[i])) odd = 1;
-    else if (fabs(x[i]) > mx) mx = fabs(x[i]);
+  for (size_t g = 0, at = 0; g < nseg; g++) {
+    double mx = 0.0;
+    for (size_t i = 0; i < seg[g].nx; i++) {
+      const double x = seg[g].x[i];
+      if (!isfinite(x)) odd = 1;
+      else if (fabs(x) > mx) mx = fabs(x);
+    }
+    m[at++] = mx;
+    for (size_t k = 0; k < seg[g].nc; k++) {
+      const double c = seg[g].c[k];
+      if (!isfinite(c)) odd = 1;
+      m[at++] = isfinite(c) ? fabs(c) : 0.0;
+    }
   }
-  m[0] = mx;
-  for (size_t k = 0; k < nc; k++) {
-    if (!isfinite(c[k])) odd = 1;
-    m[1 + k] = isfinite(c[k]) ? fabs(c[k]) : 0.0;
+  m[ns] = odd;
+  if (flag) m[ns + 1] = *flag;
+  const size_t nm = ns + 1 + (flag != NULL);
+  if (MPI_Allreduce(MPI_IN_PLACE, m, (int)nm, MPI_DOUBLE, MPI_MAX, s->comm) != MPI_SUCCESS)
+    return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu scales failed", nm);
+  if (flag) *flag = m[ns + 1];
+  for (size_t g = 0, at = 0, v = 0; g < nseg; g++) {
+    const int ex = group_exponent(m[at++]);
+    for (size_t i = 0; i < seg[g].nx; i++) {
+      const double x = seg[g].x[i];
+      s->fixed[v++] = isfinite(x) ? llrint(ldexp(x, s->bits - ex)) : 0;
+    }
+    for (size_t k = 0; k < seg[g].nc; k++, at++) {
+      const double c = seg[g].c[k];
+      s->fixed[v++] = isfinite(c) ? llrint(ldexp(c, s->bits - group_exponent(m[at]))) : 0;
+    }
   }
-  m[1 + nc] = odd;
-  if (MPI_Allreduce(MPI_IN_PLACE, m, (int)(nc + 2), MPI_DOUBLE, MPI_MAX, s->comm) != MPI_SUCCESS)
-    return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu scales failed", nc + 2);
-  const int ex = group_exponent(m[0]);
-  for (size_t i = 0; i < nx; i++) s->fixed[i] = isfinite(x[i]) ? llrint(ldexp(x[i], s->bits - ex)) : 0;
-  for (size_t k = 0; k < nc; k++)
-    s->fixed[nx + k] = isfinite(c[k]) ? llrint(ldexp(c[k], s->bits - group_exponent(m[1 + k]))) : 0;
   if (MPI_Allreduce(MPI_IN_PLACE, s->fixed, (int)n, MPI_INT64_T, MPI_SUM, s->comm) != MPI_SUCCESS)
     return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu values failed", n);
-  /* odd is the same on every rank (a max), so every rank takes this exchange or none does */
-  const int any_odd = m[1 + nc] != 0.0;
+  /* odd is the same on every rank (a max), so every rank takes this exchange or none does; a
+   * segment with nothing odd anywhere has no flag set, and keeps its sums */
+  const int any_odd = m[ns] != 0.0;
   if (any_odd) {
-    for (size_t i = 0; i < nx; i++) s->kinds[i] = kind_of(x[i]);
-    for (size_t k = 0; k < nc; k++) s->kinds[nx + k] = kind_of(c[k]);
+    for (size_t g = 0, v = 0; g < nseg; g++) {
+      for (size_t i = 0; i < seg[g].nx; i++) s->kinds[v++] = kind_of(seg[g].x[i]);
+      for (size_t k = 0; k < seg[g].nc; k++) s->kinds[v++] = kind_of(seg[g].c[k]);
+    }
     if (MPI_Allreduce(MPI_IN_PLACE, s->kinds, (int)n, MPI_INT, MPI_BOR, s->comm) != MPI_SUCCESS)
       return stabi_fail(STAB_EIO, "stab_mpi: MPI_Allreduce of a sum's %zu NaN and infinity flags failed", n);
   }
-  for (size_t i = 0; i < n; i++) {
-    const int e = i < nx ? ex : group_exponent(m[1 + (i - nx)]);
-    double v = ldexp((double)s->fixed[i], e - s->bits);
-    if (any_odd && s->kinds[i]) {
-      const int k = s->kinds[i];
-      v = (k & SAW_NAN) || (k & SAW_POS_INF && k & SAW_NEG_INF) ? NAN : k & SAW_POS_INF ? INFINITY : -INFINITY;
+  for (size_t g = 0, at = 0, v = 0; g < nseg; g++) {
+    const size_t nx = seg[g].nx, nc = seg[g].nc;
+    const int ex = group_exponent(m[at]);
+    for (size_t i = 0; i < nx + nc; i++, v++) {
+      const int e = i < nx ? ex : group_exponent(m[at + 1 + (i - nx)]);
+      double r = ldexp((double)s->fixed[v], e - s->bits);
+      if (any_odd && s->kinds[v]) {
+        const int k = s->kinds[v];
+        r = (k & SAW_NAN) || (k & SAW_POS_INF && k & SAW_NEG_INF) ? NAN : k & SAW_POS_INF ? INFINITY : -INFINITY;
+      }
+      if (i < nx) seg[g].x[i] = r;
+      else seg[g].c[i - nx] = r;
     }
-    if (i < nx) x[i] = v;
-    else c[i - nx] = v;
+    at += 1 + nc;
   }
   return STAB_OK;
+}
+
+static stab_status fixed_sum(stabi_mpi_sum *s, double *x, size_t nx, double *c, size_t nc) {
+  const stabi_mpi_segment one = {x, nx, c, nc};
+  return segmented_sum(s, &one, 1, NULL);
+}
+
+stab_status stabi_mpi_sum_segments(stabi_mpi_sum *s, const stabi_mpi_segment *seg, size_t nseg, double *flag) {
+  return segmented_sum(s, seg, nseg, flag);
 }
 
 stab_status stabi_mpi_sum_reduce(void *ctx, double *y, size_t n, double *quad) {

@@ -10,22 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct stab_mpi_linear {
-  MPI_Comm comm;              /* a duplicate of the caller's, errors returned */
-  stab_mpi_shard shard;
-  int has_bias;
-  size_t srows, scols;        /* the shard as stored, out-major */
-  size_t bias_len;            /* the entries of the bias this rank is given */
-  stab_mpi_sharded *w, *dw;   /* W's estimate and the update's, each with its own warm start */
-  stabi_mpi_sum sum;
-  float *buf;                 /* srows x scols: the update, or 16-bit weights as f32 */
-  float *row_a, *row_b;       /* a stored row or the bias, as f32 (16-bit dtypes) */
-  size_t row_len;
-};
+
+/* The largest handle id this process has taken part in creating. */
+static uint64_t handles_made;
 
 static const char *side(stab_mpi_split split) { return split == STAB_MPI_SPLIT_ROWS ? "rows" : "columns"; }
 
-static void clear_metrics(stab_metrics *m) {
+void stabi_mpi_linear_clear(stab_metrics *m) {
   memset(m, 0, sizeof *m);
   m->forward = m->dependency = m->update = NAN;
   m->forward_tight = m->dependency_tight = m->update_tight = m->spread = NAN;
@@ -116,11 +107,21 @@ stab_status stab_mpi_linear_create(MPI_Comm comm, const stab_mpi_shard *shard, i
   }
   st = stabi_mpi_agree(dup, st, who);
   if (st == STAB_OK) { /* a bias on some ranks only would make their sums count differently */
-    int with[2] = {has_bias != 0, -(has_bias != 0)};
-    if (MPI_Allreduce(MPI_IN_PLACE, with, 2, MPI_INT, MPI_MAX, dup) != MPI_SUCCESS)
+    /* in the same exchange, the handle's id: above every id any of the ranks has given out,
+     * so that it is the same on every rank of comm and no other handle of a process has it
+     * (the batch's check that every rank gives the same handles in the same order) */
+    int64_t with[3] = {has_bias != 0, -(has_bias != 0), (int64_t)__atomic_load_n(&handles_made, __ATOMIC_ACQUIRE) + 1};
+    if (MPI_Allreduce(MPI_IN_PLACE, with, 3, MPI_INT64_T, MPI_MAX, dup) != MPI_SUCCESS)
       st = stabi_fail(STAB_EIO, "%s: MPI_Allreduce of the ranks' has_bias failed", who);
     else if (with[0] != -with[1])
       st = stabi_fail(STAB_EINVAL, "%s: has_bias is 1 on some ranks and 0 on others", who);
+    else {
+      h->id = (uint64_t)with[2];
+      uint64_t seen = __atomic_load_n(&handles_made, __ATOMIC_ACQUIRE);
+      while (seen < h->id &&
+             !__atomic_compare_exchange_n(&handles_made, &seen, h->id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      }
+    }
     st = stabi_mpi_agree(dup, st, who);
   }
   /* each create is collective and agrees on its own status */
@@ -138,9 +139,8 @@ stab_status stab_mpi_linear_create(MPI_Comm comm, const stab_mpi_shard *shard, i
 }
 
 /* What one rank can check of its arguments alone. */
-static stab_status check_layer(const stab_mpi_linear *h, const stab_layer *l, const stab_layer *before,
-                               const stab_metrics *out, size_t *ld) {
-  static const char who[] = "stab_mpi_linear_measure";
+stab_status stabi_mpi_linear_check(const stab_mpi_linear *h, const stab_layer *l, const stab_layer *before,
+                                   const stab_metrics *out, size_t *ld, const char *who) {
   if (!out) return stabi_fail(STAB_EINVAL, "%s: out is NULL", who);
   if (!l) return stabi_fail(STAB_EINVAL, "%s: shard_layer is NULL", who);
   const char *name = l->name ? l->name : "(unnamed)";
@@ -179,7 +179,8 @@ static stab_status check_layer(const stab_mpi_linear *h, const stab_layer *l, co
 /* dW = W - before into the handle's buffer, in f32 as the single-process passes form it, and
  * in the same read of W and before their sums of squares in f64 (sumsq's, the same additions in
  * the same order): q[0] = ||W||^2, q[1] = ||W - before||^2 of this rank's part. */
-static void form_update(stab_mpi_linear *h, const stab_layer *l, const stab_layer *before, size_t ld, double q[2]) {
+void stabi_mpi_linear_update(stab_mpi_linear *h, const stab_layer *l, const stab_layer *before, size_t ld,
+                             double q[2]) {
   double w2 = 0.0, d2 = 0.0;
   for (size_t i = 0; i < h->srows; i++) {
     const float *a = row_f32(l->weight, l->dtype, ld, i, h->scols, h->row_a);
@@ -196,53 +197,77 @@ static void form_update(stab_mpi_linear *h, const stab_layer *l, const stab_laye
   q[1] = d2;
 }
 
-stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_layer, const stab_layer *before,
-                                    stab_metrics *out) {
-  static const char who[] = "stab_mpi_linear_measure";
-  if (out) clear_metrics(out);
-  if (!h) return stabi_fail(STAB_EINVAL, "%s: h is NULL", who); /* no communicator to tell */
-  const stab_layer *l = shard_layer;
-  size_t ld = 0;
-  stab_status st = stabi_mpi_agree(h->comm, check_layer(h, l, before, out, &ld), who);
-  if (st == STAB_OK) { /* before on some ranks only would make the ranks' collectives differ */
-    int with[2] = {before != NULL, -(before != NULL)};
-    if (MPI_Allreduce(MPI_IN_PLACE, with, 2, MPI_INT, MPI_MAX, h->comm) != MPI_SUCCESS)
-      st = stabi_fail(STAB_EIO, "%s: MPI_Allreduce of the ranks' before failed", who);
-    else if (with[0] != -with[1])
-      st = stabi_fail(STAB_EINVAL, "%s: before is given on some ranks and NULL on others", who);
-    st = stabi_mpi_agree(h->comm, st, who);
-  }
-  if (st != STAB_OK) return st;
-  stab_linear_parts parts = {.d_in = h->shard.cols, .d_out = h->shard.rows, .with_update = before != NULL};
+void stabi_mpi_linear_weights(stab_mpi_linear *h, const stab_layer *l, size_t ld, const float **w, size_t *wld) {
   /* the sharded estimate reads f32: 16-bit weights are converted first, exactly */
-  const float *w = (const float *)l->weight;
-  size_t wld = ld;
+  *w = (const float *)l->weight;
+  *wld = ld;
   if (l->dtype != STAB_DTYPE_F32) {
     for (size_t i = 0; i < h->srows; i++)
       memcpy(h->buf + i * h->scols, row_f32(l->weight, l->dtype, ld, i, h->scols, h->row_a),
              h->scols * sizeof *h->buf);
-    w = h->buf;
-    wld = h->scols;
+    *w = h->buf;
+    *wld = h->scols;
   }
-  st = stab_mpi_sharded_sigma(h->w, w, wld, &parts.weight);
+}
+
+void stabi_mpi_linear_bias_sums(stab_mpi_linear *h, const stab_layer *l, const stab_layer *before, double q[4]) {
   /* the bias counts once: split by columns every rank holds it whole, and the rank holding
    * column 0 alone adds it to the sums */
   const int my_bias = h->has_bias && (h->shard.split == STAB_MPI_SPLIT_ROWS || h->shard.begin == 0);
+  if (!my_bias) return;
+  q[2] = sumsq(h, l->bias, l->dtype, NULL, STAB_DTYPE_F32, 0, 1, h->bias_len);
+  if (before) q[3] = sumsq(h, l->bias, l->dtype, before->bias, before->dtype, 0, 1, h->bias_len);
+}
+
+stab_status stabi_mpi_linear_finish(const stab_mpi_linear *h, stab_linear_parts *parts, const double q[4],
+                                    int with_update, stab_metrics *out) {
+  const double n = (double)h->shard.rows;
+  parts->d_in = h->shard.cols;
+  parts->d_out = h->shard.rows;
+  parts->with_update = with_update;
+  parts->weight_sumsq = q[0];
+  parts->update_sumsq = q[1];
+  parts->bias_rms = h->has_bias ? sqrt(q[2] / n) : 0.0;
+  parts->bias_update_rms = h->has_bias && with_update ? sqrt(q[3] / n) : 0.0;
+  return stab_linear_metrics_assemble(parts, out);
+}
+
+/* Is before given on every rank or on none? before on some ranks only would make the ranks'
+ * collectives differ. */
+static stab_status before_alike(MPI_Comm comm, const stab_layer *before, const char *who) {
+  int with[2] = {before != NULL, -(before != NULL)};
+  stab_status st = STAB_OK;
+  if (MPI_Allreduce(MPI_IN_PLACE, with, 2, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
+    st = stabi_fail(STAB_EIO, "%s: MPI_Allreduce of the ranks' before failed", who);
+  else if (with[0] != -with[1])
+    st = stabi_fail(STAB_EINVAL, "%s: before is given on some ranks and NULL on others", who);
+  return stabi_mpi_agree(comm, st, who);
+}
+
+stab_status stab_mpi_linear_measure(stab_mpi_linear *h, const stab_layer *shard_layer, const stab_layer *before,
+                                    stab_metrics *out) {
+  static const char who[] = "stab_mpi_linear_measure";
+  if (out) stabi_mpi_linear_clear(out);
+  if (!h) return stabi_fail(STAB_EINVAL, "%s: h is NULL", who); /* no communicator to tell */
+  const stab_layer *l = shard_layer;
+  size_t ld = 0;
+  stab_status st = stabi_mpi_agree(h->comm, stabi_mpi_linear_check(h, l, before, out, &ld, who), who);
+  if (st == STAB_OK) st = before_alike(h->comm, before, who);
+  if (st != STAB_OK) return st;
+  stab_linear_parts parts = {0};
+  const float *w = NULL;
+  size_t wld = 0;
+  stabi_mpi_linear_weights(h, l, ld, &w, &wld);
+  st = stab_mpi_sharded_sigma(h->w, w, wld, &parts.weight);
   double q[4] = {0.0, 0.0, 0.0, 0.0}; /* ||W||^2, ||dW||^2, ||b||^2, ||db||^2 of this rank's part */
-  if (st == STAB_OK && my_bias) q[2] = sumsq(h, l->bias, l->dtype, NULL, STAB_DTYPE_F32, 0, 1, h->bias_len);
+  if (st == STAB_OK) stabi_mpi_linear_bias_sums(h, l, before, q);
   if (st == STAB_OK && before) {
-    form_update(h, l, before, ld, q);
+    stabi_mpi_linear_update(h, l, before, ld, q);
     st = stab_mpi_sharded_sigma(h->dw, h->buf, h->scols, &parts.update);
-    if (my_bias) q[3] = sumsq(h, l->bias, l->dtype, before->bias, before->dtype, 0, 1, h->bias_len);
   }
   if (st == STAB_OK) st = stabi_mpi_agree(h->comm, stabi_mpi_sum_each(&h->sum, q, 4), who);
   if (st != STAB_OK) return st;
-  const double n = (double)h->shard.rows;
-  parts.weight_sumsq = q[0];
-  parts.update_sumsq = q[1];
-  parts.bias_rms = h->has_bias ? sqrt(q[2] / n) : 0.0;
-  parts.bias_update_rms = h->has_bias && before ? sqrt(q[3] / n) : 0.0;
-  return stab_linear_metrics_assemble(&parts, out);
+  return stabi_mpi_linear_finish(h, &parts, q, before != NULL, out);
 }
 
 void stab_mpi_linear_free(stab_mpi_linear *h) {

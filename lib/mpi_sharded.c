@@ -12,16 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct stab_mpi_sharded {
-  MPI_Comm comm;             /* a duplicate of the caller's, errors returned */
-  stab_mpi_shard shard;
-  size_t local_rows, n;      /* what the engine sees: local_rows x n (transposed split by columns) */
-  size_t whole_rows;         /* rows of the whole matrix the engine sees (cols split by columns) */
-  stab_spectral_workspace *ws;
-  stabi_mpi_sum sum;
-  double *v;                 /* n: warm start, replicated; zeros until the first estimate */
-  float *transposed;         /* split by columns: local_rows x n, the shard transposed */
-};
 
 /* What every rank must agree on, exchanged as bytes (every rank runs the same build). */
 typedef struct {
@@ -172,38 +162,51 @@ stab_status stab_mpi_sharded_create(MPI_Comm comm, const stab_mpi_shard *shard,
   return STAB_OK;
 }
 
-stab_status stab_mpi_sharded_sigma(stab_mpi_sharded *s, const float *w, size_t ld,
-                                   stab_sigma_result *out) {
-  static const char who[] = "stab_mpi_sharded_sigma";
-  if (!s) return stabi_fail(STAB_EINVAL, "%s: s is NULL", who); /* no communicator to tell */
-  stab_status st = STAB_OK;
-  if (out) {
-    memset(out, 0, sizeof *out);
-    out->sigma = out->rel_err = NAN;
-  }
+stab_status stabi_mpi_sharded_check(const stab_mpi_sharded *s, const float *w, size_t *ld,
+                                    const stab_sigma_result *out, const char *who) {
   const stab_mpi_shard *sh = &s->shard;
   /* the shard as stored: rows (end - begin) x cols split by rows, rows x (end - begin) by columns */
   const size_t srows = sh->split == STAB_MPI_SPLIT_ROWS ? s->local_rows : sh->rows;
   const size_t scols = sh->split == STAB_MPI_SPLIT_ROWS ? sh->cols : s->local_rows;
-  if (ld == 0) ld = scols;
-  if (!w || !out)
-    st = stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !w ? "w" : "out");
-  else if (ld < scols)
-    st = stabi_fail(STAB_EDIM, "%s: ld %zu is less than the shard's row length %zu", who, ld, scols);
-  else if (srows > 1 && ld > (SIZE_MAX / sizeof(float) - scols) / (srows - 1))
-    st = stabi_fail(STAB_EDIM, "%s: a %zu x %zu shard of stride %zu spans more than memory", who, srows,
-                    scols, ld);
-  st = stabi_mpi_agree(s->comm, st, who);
-  if (st != STAB_OK) return st;
-  const float *a = w;
-  size_t lda = ld;
-  if (sh->split == STAB_MPI_SPLIT_COLS) {
-    transpose(w, srows, scols, ld, s->transposed, s->n);
-    a = s->transposed;
-    lda = s->n;
+  if (*ld == 0) *ld = scols;
+  if (!w || !out) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !w ? "w" : "out");
+  if (*ld < scols)
+    return stabi_fail(STAB_EDIM, "%s: ld %zu is less than the shard's row length %zu", who, *ld, scols);
+  if (srows > 1 && *ld > (SIZE_MAX / sizeof(float) - scols) / (srows - 1))
+    return stabi_fail(STAB_EDIM, "%s: a %zu x %zu shard of stride %zu spans more than memory", who, srows,
+                      scols, *ld);
+  return STAB_OK;
+}
+
+void stabi_mpi_sharded_source(stab_mpi_sharded *s, const float *w, size_t ld, const float **a, size_t *lda) {
+  *a = w;
+  *lda = ld;
+  if (s->shard.split == STAB_MPI_SPLIT_COLS) {
+    transpose(w, s->shard.rows, s->local_rows, ld, s->transposed, s->n);
+    *a = s->transposed;
+    *lda = s->n;
   }
-  st = stab_spectral_norm_reduced(s->ws, a, s->local_rows, s->n, lda, s->whole_rows,
-                                  stabi_mpi_sum_reduce, &s->sum, s->v, out);
+}
+
+stab_status stabi_mpi_sharded_run(stab_mpi_sharded *s, const float *a, size_t lda, stab_spectral_reduce_fn fn,
+                                  void *ctx, stab_sigma_result *out) {
+  return stab_spectral_norm_reduced(s->ws, a, s->local_rows, s->n, lda, s->whole_rows, fn, ctx, s->v, out);
+}
+
+stab_status stab_mpi_sharded_sigma(stab_mpi_sharded *s, const float *w, size_t ld,
+                                   stab_sigma_result *out) {
+  static const char who[] = "stab_mpi_sharded_sigma";
+  if (!s) return stabi_fail(STAB_EINVAL, "%s: s is NULL", who); /* no communicator to tell */
+  if (out) {
+    memset(out, 0, sizeof *out);
+    out->sigma = out->rel_err = NAN;
+  }
+  stab_status st = stabi_mpi_agree(s->comm, stabi_mpi_sharded_check(s, w, &ld, out, who), who);
+  if (st != STAB_OK) return st;
+  const float *a = NULL;
+  size_t lda = 0;
+  stabi_mpi_sharded_source(s, w, ld, &a, &lda);
+  st = stabi_mpi_sharded_run(s, a, lda, stabi_mpi_sum_reduce, &s->sum, out);
   /* every rank took the same decisions; this guards against an MPI failure seen by some ranks */
   st = stabi_mpi_agree(s->comm, st, who);
   if (st != STAB_OK) {

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The MPI layer (configure --with-mpi): libstabmeter itself free of MPI (ldd, nm), the MPI
 # library exporting only stab_mpi_*, then tests/mpi_sharded under mpirun on 2 ranks and on 3
-# (oversubscribed: CI has 2 cores), each run bounded by timeout so that a rank left waiting
+# (oversubscribed: CI has 2 cores), and its batch cases once more under MPI_THREAD_SINGLE, each run bounded by timeout so that a rank left waiting
 # fails the test instead of hanging it. Skipped (77) without MPI.
 set -u
 if [ -z "${MPIRUN:-}" ] || [ ! -x tests/mpi_sharded ]; then
@@ -43,4 +43,13 @@ for np in 2 3; do
     status=1
   fi
 done
+# stab_mpi_linear_measure_batch under MPI_THREAD_SINGLE: its estimates in turn in the calling
+# thread, the same bits as the single calls (its cases alone)
+echo "== mpirun -np 2 tests/mpi_sharded, MPI_THREAD_SINGLE, the batch's cases"
+STAB_MPI_THREAD_SINGLE=1 timeout -k 10 "$limit" "$MPIRUN" -np 2 --oversubscribe -x STAB_MPI_THREAD_SINGLE ./tests/mpi_sharded
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "FAIL: mpirun -np 2 (MPI_THREAD_SINGLE) exited $rc$( [ $rc -ge 124 ] && echo ' (timed out: a rank waited forever?)')"
+  status=1
+fi
 exit $status

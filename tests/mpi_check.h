@@ -30,5 +30,7 @@ void vector_cases(void);
 void linear_cases(void);
 /* mpi_sums.c: the collectives' sums and maxima against references in long double. */
 void sum_cases(void);
+/* mpi_batch.c: a step's split layers measured together against the single calls. */
+void batch_cases(void);
 
 #endif
