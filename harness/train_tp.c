@@ -30,6 +30,12 @@ struct train_tp {
   float *before;          /* (local.n_params) the slices before the step */
   double *mine, *all;     /* the heads' records: this rank's, every rank's (P of them) */
   double *bounds;         /* (H) one attention layer's heads, in the whole model's order */
+  /* one step's batch of the split layers: handles and metrics (n_lin), their shards then
+   * their befores (2 n_lin), and pointers to those (2 n_lin) */
+  stab_mpi_linear **hs;
+  stab_layer *shards;
+  const stab_layer **shard_ptrs;
+  stab_metrics *lin_metrics;
   size_t record;          /* doubles per attention layer in a record */
   int snapshot_ready;
 };
@@ -113,7 +119,12 @@ int train_tp_create(train_world *w, const model_tp *tp, const model *whole, cons
   t->mine = malloc((na ? na : 1) * t->record * sizeof *t->mine);
   t->all = malloc(P * (na ? na : 1) * t->record * sizeof *t->all);
   t->bounds = malloc(P * tp->Hl * sizeof *t->bounds);
-  if (!t->mine || !t->all || !t->bounds) {
+  const size_t nl = t->n_lin ? t->n_lin : 1;
+  t->hs = malloc(nl * sizeof *t->hs);
+  t->shards = malloc(2 * nl * sizeof *t->shards);
+  t->shard_ptrs = malloc(2 * nl * sizeof *t->shard_ptrs);
+  t->lin_metrics = malloc(nl * sizeof *t->lin_metrics);
+  if (!t->mine || !t->all || !t->bounds || !t->hs || !t->shards || !t->shard_ptrs || !t->lin_metrics) {
     cli_error("out of memory for the monitor");
     goto out;
   }
@@ -197,24 +208,30 @@ stab_status train_tp_measure(train_tp *t, stab_monitor *trace, int with_update) 
     stab_monitor_set_metrics(trace, t->rep_trace[i], stab_monitor_metrics(t->rep, i),
                              stab_monitor_head_bounds(t->rep, i));
   int update = with_update && t->snapshot_ready;
-  /* one loop over the split layers, each measured whole by every rank together */
+  /* the split layers, each measured whole by every rank together, all in one batch: one
+   * exchange per pass for all of them (stab_mpi_linear_measure_batch) */
+  stab_layer *befores = t->shards + t->n_lin;
+  const stab_layer **before_ptrs = t->shard_ptrs + t->n_lin;
   for (size_t k = 0; k < t->n_lin; k++) {
     const split_linear *s = &t->lin[k];
     const stab_layer *tl = stab_monitor_layer(trace, s->trace_index);
     size_t wo = m->tensors[s->w].offset, bo = s->b == SIZE_MAX ? 0 : m->tensors[s->b].offset;
-    stab_layer shard = {.name = tl->name, .kind = STAB_KIND_LINEAR, .d_in = s->d_in, .d_out = s->d_out,
-                        .weight = m->params + wo, .bias = s->b == SIZE_MAX ? NULL : m->params + bo};
-    stab_layer before = shard;
-    before.weight = t->before + wo, before.bias = shard.bias ? t->before + bo : NULL;
-    stab_metrics x;
-    stab_status st = stab_mpi_linear_measure(s->h, &shard, update ? &before : NULL, &x);
-    if (st != STAB_OK && first == STAB_OK) {
-      cli_error("tensor parallel: %s: %s", tl->name, stab_last_error());
-      first = st;
-    }
-    stab_monitor_set_metrics(trace, s->trace_index, &x, NULL);
+    t->hs[k] = s->h;
+    t->shards[k] = (stab_layer){.name = tl->name, .kind = STAB_KIND_LINEAR, .d_in = s->d_in, .d_out = s->d_out,
+                                .weight = m->params + wo, .bias = s->b == SIZE_MAX ? NULL : m->params + bo};
+    befores[k] = t->shards[k];
+    befores[k].weight = t->before + wo, befores[k].bias = t->shards[k].bias ? t->before + bo : NULL;
+    t->shard_ptrs[k] = &t->shards[k];
+    before_ptrs[k] = &befores[k];
   }
-  stab_status st = measure_heads(t, trace);
+  stab_status st = stab_mpi_linear_measure_batch(t->hs, t->n_lin, t->shard_ptrs, update ? before_ptrs : NULL,
+                                                 t->lin_metrics);
+  if (st != STAB_OK && first == STAB_OK) {
+    cli_error("tensor parallel: the split layers: %s", stab_last_error());
+    first = st;
+  }
+  for (size_t k = 0; k < t->n_lin; k++) stab_monitor_set_metrics(trace, t->lin[k].trace_index, &t->lin_metrics[k], NULL);
+  st = measure_heads(t, trace);
   if (first == STAB_OK) first = st;
   if (with_update) t->snapshot_ready = 0;
   return first;
@@ -231,5 +248,6 @@ void train_tp_free(train_tp *t) {
   stab_monitor_free(t->rep);
   stab_monitor_free(t->heads);
   free(t->rep_trace), free(t->heads_trace), free(t->lin), free(t->before), free(t->mine), free(t->all), free(t->bounds);
+  free(t->hs), free(t->shards), free(t->shard_ptrs), free(t->lin_metrics);
   free(t);
 }

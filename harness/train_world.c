@@ -47,9 +47,13 @@ static int silence(train_world *w) {
 
 int train_world_start(int *argc, char ***argv, train_world **out) {
   *out = NULL;
-  int inited = 0;
-  if (MPI_Initialized(&inited) != MPI_SUCCESS || (!inited && MPI_Init(argc, argv) != MPI_SUCCESS)) {
-    cli_error("MPI_Init failed");
+  int inited = 0, provided = 0;
+  /* FUNNELED: the monitor's batched split layers run their estimates on worker threads while
+   * this thread alone calls MPI (stab_mpi_linear_measure_batch; under SINGLE it measures them
+   * one after another, the same bits, more collectives) */
+  if (MPI_Initialized(&inited) != MPI_SUCCESS ||
+      (!inited && MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)) {
+    cli_error("MPI_Init_thread failed");
     return 1;
   }
   train_world *w = calloc(1, sizeof *w);
