@@ -1620,7 +1620,8 @@ typedef struct {
   int measured;
   stab_metrics metrics;    /* NaN until measured */
   const double *head_bounds; /* attention: heads logit bounds, or NULL */
-  double work;             /* the row's share of the run (elements read times sweeps), 0 if none */
+  double work;             /* the row's cost in a split across processes: the bytes it reads
+                              times the sweeps expected; 0 for a row that reads nothing */
   stab_probe_read reads[STAB_PROBE_MAX_READS]; /* what measuring it reads, nreads of them */
   size_t nreads;
 } stab_probe_row;
@@ -1674,7 +1675,7 @@ stab_status stab_probe_table(stab_probe *p, const stab_probe_report_options *opt
 typedef struct {
   int64_t metadata_step;
   const char *metadata_source; /* "the checkpoint's __metadata__ step", ... or NULL */
-  const char *metadata_problem; /* a step key whose value is no whole number: why, else NULL */
+  char metadata_problem[160];  /* a step key whose value is no whole number: why, else "" */
   int64_t name_step;
   const char *name_source;     /* "the file name" or "the directory's name" */
 } stab_probe_steps;
