@@ -1630,9 +1630,12 @@ typedef struct {
 stab_status stab_probe_row_at(stab_probe *p, size_t i, stab_probe_row *out);
 
 /* Measures the rows whose which[i] is non-zero (which: stab_probe_count bytes; NULL: every
- * row), those not measured and not already measured. progress_fn (or NULL) is called before each
- * row. Errors: STAB_EINVAL; a row that cannot be read or measured, the layer's message (the
- * first when several fail); progress_fn stopping STAB_ESTATE. */
+ * row), skipping rows the rules do not measure (error set), rows measured already, and layers of
+ * experts (their experts' rows are measured; the layer's metrics are its worst expert's). Two
+ * layers at a time (params.threads); each layer's mapped pages are handed back after it.
+ * progress_fn (or NULL) is called before each row. Errors: STAB_EINVAL; a row that cannot be
+ * read or measured, the layer's message (the first when several fail); progress_fn stopping
+ * STAB_ESTATE. */
 stab_status stab_probe_measure(stab_probe *p, const unsigned char *which, stab_probe_progress_fn progress_fn,
                                void *user);
 
