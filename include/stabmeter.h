@@ -1513,7 +1513,8 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, stab_dtype dtype, 
  * safetensors it was converted from by llama.cpp's names), measure every row, and give the
  * report: the JSON stabmeter-probe --json prints, or its table, as text. Plan once
  * (stab_probe_open), measure (stab_probe_measure, all rows or a share), report. Tensors are read
- * where they are mapped, one layer at a time, their pages handed back after each. */
+ * where they are mapped, one layer at a time, their pages handed back after each. A probe is
+ * used by one thread at a time (it runs its own measuring threads); probes are independent. */
 
 typedef struct stab_probe stab_probe;
 
