@@ -182,34 +182,6 @@ static stab_status describe(stab_probe *p) {
   return STAB_OK;
 }
 
-/* ---- the step ----------------------------------------------------------------------- */
-
-/* The step in a checkpoint's file name: "step" (any case) followed by an optional '-', '_'
- * or '.' and digits, the last such in the name (step-000100.safetensors, as harness/train
- * names them); else digits after a '_' or '-' that end the name before its extension (llm.c's
- * model_00005000.bin). -1 if neither. */
-static int64_t step_from_name(const char *path) {
-  const char *base = strrchr(path, '/');
-  base = base ? base + 1 : path;
-  int64_t step = -1;
-  for (const char *p = base; *p; p++) {
-    if (strncasecmp(p, "step", 4)) continue;
-    const char *q = p + 4;
-    if (*q == '-' || *q == '_' || *q == '.') q++;
-    int64_t v = 0;
-    int digits = 0;
-    while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
-    if (digits && !(*q >= '0' && *q <= '9')) step = v;
-  }
-  if (step >= 0) return step;
-  size_t stem = strcspn(base, ".");
-  size_t k = stem;
-  while (k > 0 && base[k - 1] >= '0' && base[k - 1] <= '9') k--;
-  if (k == stem || stem - k > 18 || k == 0 || (base[k - 1] != '_' && base[k - 1] != '-')) return -1;
-  for (step = 0; k < stem; k++) step = step * 10 + (base[k] - '0');
-  return step;
-}
-
 /* ---- opening -------------------------------------------------------------------- */
 
 /* Tells the caller the mapped bytes the tensors of one file span. 0, or non-zero: stop. */
@@ -538,7 +510,33 @@ static stab_status match_reference(const stab_probe *p, const stabi_ckpt *cur, c
   return STAB_OK;
 }
 
-/* ---- the step (--hdf5) -------------------------------------------------------------- */
+/* ---- the step ------------------------------------------------------------------------ */
+
+/* The step in a checkpoint's file name: "step" (any case) followed by an optional '-', '_'
+ * or '.' and digits, the last such in the name (step-000100.safetensors, as harness/train
+ * names them); else digits after a '_' or '-' that end the name before its extension (llm.c's
+ * model_00005000.bin). -1 if neither. */
+static int64_t step_from_name(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  int64_t step = -1;
+  for (const char *p = base; *p; p++) {
+    if (strncasecmp(p, "step", 4)) continue;
+    const char *q = p + 4;
+    if (*q == '-' || *q == '_' || *q == '.') q++;
+    int64_t v = 0;
+    int digits = 0;
+    while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
+    if (digits && !(*q >= '0' && *q <= '9')) step = v;
+  }
+  if (step >= 0) return step;
+  size_t stem = strcspn(base, ".");
+  size_t k = stem;
+  while (k > 0 && base[k - 1] >= '0' && base[k - 1] <= '9') k--;
+  if (k == stem || stem - k > 18 || k == 0 || (base[k - 1] != '_' && base[k - 1] != '-')) return -1;
+  for (step = 0; k < stem; k++) step = step * 10 + (base[k] - '0');
+  return step;
+}
 
 /* The training step the checkpoint's own metadata gives, or -1: safetensors __metadata__
  * "step" or "global_step", or "steps" in a file of stabmeter-train (the steps taken, which is
