@@ -64,9 +64,10 @@ class Model:
         cfg.tie = int(tie)
         self._overrides = []
         for field, count, pairs in (("kinds", "nkinds", kinds), ("layouts", "nlayouts", layouts)):
+            pairs = list(pairs.items()) if isinstance(pairs, dict) else list(pairs or ())
             if pairs:
                 arr = (_lib.ModelOverride * len(pairs))()
-                for j, (glob, value) in enumerate(dict(pairs).items()):
+                for j, (glob, value) in enumerate(pairs):
                     g, v = glob.encode("utf-8"), value.encode("utf-8")
                     self._encoded += [g, v]
                     arr[j].glob, arr[j].value = g, v

@@ -28,6 +28,28 @@ def _config_heads(model):
     return heads, get("num_key_value_heads"), get("head_dim"), None if tie is None else bool(tie)
 
 
+def _glob_literal(name):
+    """name as an fnmatch pattern matching itself alone."""
+    return "".join("[%s]" % c if c in "*?[]" else c for c in name)
+
+
+def _module_layouts(model):
+    """Layout overrides from what each weight's module is: PyTorch's nn.Linear stores
+    [d_out][d_in] whatever its name, Hugging Face's GPT-2 Conv1D [d_in][d_out]. The names alone
+    cannot tell a square c_proj of one from the other (the rules' shape test); the module can."""
+    out = []
+    for mname, mod in model.named_modules():
+        w = getattr(mod, "weight", None)
+        if not isinstance(w, _torch.nn.Parameter) or w.dim() != 2:
+            continue
+        full = (mname + "." if mname else "") + "weight"
+        if isinstance(mod, _torch.nn.Linear):
+            out.append((_glob_literal(full), "out_major"))
+        elif type(mod).__name__ == "Conv1D":
+            out.append((_glob_literal(full), "in_major"))
+    return out
+
+
 class Monitor:
     """Per-step stability metrics of a model's layers, optionally traced to HDF5.
 
@@ -69,6 +91,9 @@ class Monitor:
         heads, kv_heads = heads or c_heads or 0, kv_heads or c_kv or 0
         head_dim = head_dim or c_hd or 0
         tie = c_tie if tie is None else tie
+        layouts = list(dict(layouts).items()) if layouts else []  # the caller's first: first match wins
+        if _named is None:
+            layouts += _module_layouts(model)
         views = []
         for name, p in named:
             if p.device.type != "cpu":
