@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+import weakref
 
 import torch as _torch
 
@@ -83,7 +84,7 @@ class Monitor:
                 raise TypeError("Monitor: expected a torch.nn.Module, got %s (Monitor.from_state_dict "
                                 "takes a state dict)" % type(model).__name__)
             named = list(model.named_parameters())
-            self._source = model
+            self._source = weakref.ref(model)  # the monitor does not keep the model alive
         else:
             named, self._source = _named, None
         c_heads, c_kv, c_hd, c_tie = _config_heads(model) if model is not None else (None,) * 4
@@ -197,9 +198,12 @@ class Monitor:
         registered (its storage moved or was replaced), or when the model has other ones."""
         self._check_open()
         if self._source is None:
-            return
+            return  # a state dict's tensors: the monitor holds them itself
+        model = self._source()
+        if model is None:
+            raise _lib.error_for(-6, "Monitor: the model was freed; the monitor reads its parameters")
         now = {}
-        for name, p in self._source.named_parameters():
+        for name, p in model.named_parameters():
             now[name] = p.data_ptr()
         for name, ptr in self._ptrs.items():
             if now.get(name) != ptr:
