@@ -126,6 +126,12 @@ class MonitorErrors(unittest.TestCase):
     def test_not_f32(self):
         with self.assertRaisesRegex(TypeError, "float32"):
             st.Monitor(GPT(width=16, depth=1, heads=2, context=8).half(), heads=2)
+        experts = torch.nn.Module()  # a 3-D expert tensor in bfloat16: no slice of it read as f32
+        experts.blk = torch.nn.Module()
+        experts.blk.ffn_up_exps = torch.nn.Parameter(torch.zeros(4, 8, 16, dtype=torch.bfloat16))
+        experts.blk.fc = torch.nn.Linear(16, 8)
+        with self.assertRaisesRegex(TypeError, "blk.ffn_up_exps is BF16"):
+            st.Monitor(experts)
         with self.assertRaisesRegex(TypeError, "torch.nn.Module"):
             st.Monitor({"a": torch.zeros(3, 3)})
 

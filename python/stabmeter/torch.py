@@ -12,7 +12,7 @@ import weakref
 import torch as _torch
 
 from . import _lib
-from ._lib import LAYOUT_NAMES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib, metrics_dict
+from ._lib import DTYPE_F32, LAYOUT_NAMES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib, metrics_dict
 from ._metrics import _spectral_params
 from ._model import Model
 
@@ -123,11 +123,13 @@ class Monitor:
                     continue
                 if e.n_expert:
                     continue  # a layer of experts: its experts are the entries after it
-                for idx in (e.tensor, e.bias, e.tensor_k):
-                    if idx is not None and views[idx][1].dtype != _torch.float32:
+                # the C views' own types: an expert's slice of a 3-D tensor is no tensor of ours
+                for t in (e.c.weight, e.c.bias, e.c.weight_k):
+                    if t and t.contents.dtype != DTYPE_F32:
                         raise TypeError("Monitor: parameter %s is %s; the monitor reads float32 parameters "
                                         "in place (measure other types with stabmeter.layer_metrics)"
-                                        % (views[idx][0], views[idx][1].dtype))
+                                        % (t.contents.name.decode("utf-8", "replace"),
+                                           t.contents.dtype_name.decode("ascii", "replace")))
                 layer = self._model.layer(e)
                 check(lib.stab_monitor_add_layer(self._m, ctypes.byref(layer), None))
                 self.layers.append((e.name, e.kind))
