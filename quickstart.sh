@@ -24,6 +24,8 @@ packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert p
 packages+=(python3-scipy)
 # the MPI layer (configure --with-mpi: libstabmeter_mpi) and its tests under mpirun (tests/mpi.sh)
 packages+=(libopenmpi-dev openmpi-bin)
+# the Python package's tests (tests/python_api.sh: stabmeter.torch) and bench/torch_overhead.py
+packages+=(python3-torch)
 
 install_missing() {
   local missing=() p
@@ -46,7 +48,10 @@ build() {
   # the MPI layer too when MPI is here (Open MPI's mpicc, or its pkg-config file)
   local mpi=()
   if command -v mpicc >/dev/null || pkg-config --exists ompi-c 2>/dev/null; then mpi=(--with-mpi); fi
-  [ -f Makefile ] || ./configure "${mpi[@]}"
+  # the Python package for Debian's python3, where another python3 (pyenv) may come first on PATH
+  local python=()
+  if [ -x /usr/bin/python3 ]; then python=(PYTHON=/usr/bin/python3); fi
+  [ -f Makefile ] || ./configure "${mpi[@]}" "${python[@]}"
   make -j"$(nproc)"
 }
 

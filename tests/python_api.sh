@@ -1,0 +1,35 @@
+#!/bin/sh
+# python_api.sh — the Python package (python/stabmeter) over the library just built: sigma
+# against LAPACK's SVD, layer_metrics and the kind rules against stabmeter-probe's report of the
+# same tensors, the torch Monitor's trace against stabmeter-train's, and bad inputs raising
+# (tests/python_*.py, run by unittest in one interpreter). Skipped (exit 77) naming the Debian
+# package when no python3 has numpy, torch and h5py, and under the sanitizers: the interpreter
+# is not instrumented, and the C it calls is tested sanitized by the other tests.
+set -u
+src=${srcdir:-.}
+build=${builddir:-.}
+if [ -n "${STAB_SANITIZED:-}" ]; then
+  echo "SKIP: the Python package runs in the plain build only (STAB_SANITIZED is set)"
+  exit 77
+fi
+py=
+for c in "${PYTHON:-python3}" /usr/bin/python3; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import numpy, torch, h5py' 2>/dev/null; then py=$c; break; fi
+done
+if [ -z "$py" ]; then
+  echo "SKIP: numpy, torch and h5py are not importable (Debian: apt-get install python3-numpy python3-torch python3-h5py)"
+  exit 77
+fi
+# the library as libtool made it: its soname, from the .la
+soname=$(sed -n "s/^dlname='\(.*\)'$/\1/p" "$build/lib/libstabmeter.la")
+lib=$(cd "$build/lib/.libs" && pwd)/$soname
+[ -f "$lib" ] || { echo "FAIL: no $lib (is the library built?)"; exit 1; }
+src_abs=$(cd "$src" && pwd)
+build_abs=$(cd "$build" && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/python_api.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+# One interpreter for every module (torch takes a second to import); no byte code in the
+# source tree; one BLAS thread, as the C tests run.
+cd "$tmp" && STABMETER_LIBRARY=$lib STAB_BUILD=$build_abs PYTHONPATH="$src_abs/python:$src_abs/tests" \
+  PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+  "$py" -m unittest python_sigma python_layer python_kinds python_errors python_probe python_monitor

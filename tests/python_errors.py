@@ -1,0 +1,152 @@
+"""Bad inputs raise, before any pointer reaches C or with the library's own message, and none
+crashes the interpreter: wrong dtypes, dimensions and orders, a column-strided view, the
+library's own refusals (stabmeter.Error subclasses), parameters moved, replaced or freed under
+a Monitor, a closed monitor, a CUDA tensor (where there is a GPU)."""
+
+import gc
+import os
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+import stabmeter
+import stabmeter.torch as st
+from python_gpt import GPT
+
+
+class ArrayErrors(unittest.TestCase):
+    def setUp(self):
+        self.a = np.random.default_rng(0).standard_normal((40, 30)).astype(np.float32)
+
+    def test_dtypes(self):
+        for bad in (self.a.astype(np.float64), self.a.astype(np.int32), self.a.astype(">f4"),
+                    torch.from_numpy(self.a).double()):
+            with self.assertRaisesRegex(TypeError, "dtype"):
+                stabmeter.sigma(bad)
+        with self.assertRaisesRegex(TypeError, "dtype"):
+            stabmeter.sigma(self.a.astype(np.float16))  # layer_metrics reads it; sigma is f32
+        with self.assertRaisesRegex(TypeError, "numpy array or a torch tensor"):
+            stabmeter.sigma([[1.0, 2.0]])
+
+    def test_dimensions(self):
+        with self.assertRaisesRegex(ValueError, "3-D"):
+            stabmeter.sigma(np.zeros((2, 3, 4), np.float32))
+        with self.assertRaisesRegex(ValueError, "1-D"):
+            stabmeter.layer_metrics("linear", np.zeros(5, np.float32))
+        with self.assertRaisesRegex(ValueError, "zero side"):
+            stabmeter.sigma(np.zeros((0, 4), np.float32))
+        with self.assertRaisesRegex(ValueError, "bias has 7 entries"):
+            stabmeter.layer_metrics("linear", self.a, bias=np.zeros(7, np.float32))
+        with self.assertRaisesRegex(ValueError, "before has shape"):
+            stabmeter.layer_metrics("linear", self.a, before=self.a[:, :10])
+        with self.assertRaisesRegex(ValueError, "weight_k"):
+            stabmeter.layer_metrics("attention", self.a, heads=2)
+
+    def test_orders(self):
+        with self.assertRaisesRegex(TypeError, "apart along a row"):
+            stabmeter.sigma(self.a.T)
+        with self.assertRaisesRegex(TypeError, "dtype"):
+            stabmeter.sigma(self.a.astype(np.float64)[:, ::2])  # non-contiguous f64
+        with self.assertRaisesRegex(TypeError, "apart along a row"):
+            stabmeter.sigma(torch.from_numpy(self.a).t())
+        with self.assertRaisesRegex(TypeError, "row stride"):
+            stabmeter.sigma(np.lib.stride_tricks.as_strided(self.a, (10, 30), (4, 4)))  # overlapping rows
+
+    def test_library_errors_carry_its_message(self):
+        with self.assertRaises(stabmeter.InvalidArgument) as c:
+            stabmeter.sigma(self.a, tol=5)
+        self.assertIsInstance(c.exception, stabmeter.Error)
+        self.assertEqual(c.exception.status, -1)
+        self.assertIn("tol", str(c.exception))
+        with self.assertRaises(stabmeter.RangeError) as c:
+            stabmeter.layer_metrics("attention", self.a, weight_k=self.a, heads=7)  # 7 heads of 40 outputs
+        self.assertIn("heads", c.exception.message)
+        with self.assertRaisesRegex(ValueError, "kind 'conv'"):
+            stabmeter.layer_metrics("conv", self.a)
+
+    def test_cuda(self):
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device here")
+        with self.assertRaisesRegex(TypeError, "CPU memory"):
+            stabmeter.sigma(torch.zeros(4, 4, device="cuda"))
+
+
+class MonitorErrors(unittest.TestCase):
+    def step(self, model, mon, opt, step):
+        x = torch.randint(0, 256, (2, 8))
+        loss = model(x, x)
+        opt.zero_grad()
+        loss.backward()
+        mon.before_step(step)
+        opt.step()
+        return mon.after_step(step, loss=loss.item())
+
+    def setUp(self):
+        torch.manual_seed(0)
+        self.model = GPT(width=16, depth=1, heads=2, context=8)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def test_moved(self):
+        mon = st.Monitor(self.model, heads=2)
+        self.step(self.model, mon, self.opt, 1)
+        self.model.double()  # every parameter's .data replaced: the old storage would be freed
+        with self.assertRaisesRegex(stabmeter.StateError, "has moved"):
+            mon.before_step(2)
+        mon.close()
+
+    def test_replaced(self):
+        mon = st.Monitor(self.model, heads=2)
+        self.model.transformer.h[0].mlp.c_fc = torch.nn.Linear(16, 64, bias=False)
+        with self.assertRaisesRegex(stabmeter.StateError, "transformer.h.0.mlp.c_fc.weight has moved"):
+            mon.after_step(1)
+        mon.close()
+
+    def test_freed_model_is_never_read_freed(self):
+        mon = st.Monitor(self.model, heads=2)
+        want = mon.measure()
+        del self.model, self.opt
+        gc.collect()
+        # the model is gone; the monitor holds the storage it reads, and says so
+        for call in (lambda: mon.before_step(1), mon.measure):
+            with self.assertRaisesRegex(stabmeter.StateError, "model was freed"):
+                call()
+        self.assertEqual(repr(mon.metrics()), repr(want))  # the last measurement stays (NaN alike)
+        mon.close()
+
+    def test_closed(self):
+        mon = st.Monitor(self.model, heads=2)
+        mon.close()
+        mon.close()  # twice is fine
+        for call in (mon.measure, mon.metrics, lambda: mon.before_step(1)):
+            with self.assertRaisesRegex(stabmeter.StateError, "closed"):
+                call()
+
+    def test_not_f32(self):
+        with self.assertRaisesRegex(TypeError, "float32"):
+            st.Monitor(GPT(width=16, depth=1, heads=2, context=8).half(), heads=2)
+        experts = torch.nn.Module()  # a 3-D expert tensor in bfloat16: no slice of it read as f32
+        experts.blk = torch.nn.Module()
+        experts.blk.ffn_up_exps = torch.nn.Parameter(torch.zeros(4, 8, 16, dtype=torch.bfloat16))
+        experts.blk.fc = torch.nn.Linear(16, 8)
+        with self.assertRaisesRegex(TypeError, "blk.ffn_up_exps is BF16"):
+            st.Monitor(experts)
+        with self.assertRaisesRegex(TypeError, "torch.nn.Module"):
+            st.Monitor({"a": torch.zeros(3, 3)})
+
+    def test_trace_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(stabmeter.Error) as c:
+                st.Monitor(self.model, heads=2, trace=d)  # a directory
+            self.assertIn(d, c.exception.message)
+            with st.Monitor(self.model, heads=2, trace=os.path.join(d, "u.h5")) as mon:
+                self.step(self.model, mon, self.opt, 2)
+                with self.assertRaisesRegex(stabmeter.RangeError, "step"):
+                    self.step(self.model, mon, self.opt, 1)  # steps must increase
+                with self.assertRaisesRegex(ValueError, "not declared"):
+                    mon.after_step(3, scalars={"accuracy": 1.0})
+
+
+if __name__ == "__main__":
+    unittest.main()
