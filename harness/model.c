@@ -18,6 +18,13 @@
 
 /* ---- encoder: x = wte[token] + wpe[position] -------------------------------------- */
 
+int tokens_in_range(const int32_t *tokens, const int32_t *targets, size_t n, size_t V) {
+  for (size_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || (size_t)tokens[i] >= V || (targets && (targets[i] < 0 || (size_t)targets[i] >= V)))
+      return 0;
+  return 1;
+}
+
 void encoder_forward(float *out, const int32_t *tokens, const float *wte,
                             const float *wpe, size_t b, size_t t, size_t D) {
   // out (b, t, D), tokens (b, t), wte (V, D), wpe (T, D)
@@ -378,9 +385,7 @@ float model_forward(model *m, const int32_t *tokens, const int32_t *targets, siz
   if (!b || !t || model_reserve(m, b, t) != 0) return NAN;
   size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, H = m->c.heads, N = b * t;
   size_t ND = m->B * m->T * D, NB = m->B * m->T; /* per-layer strides of the buffers */
-  for (size_t i = 0; i < N; i++)
-    if (tokens[i] < 0 || (size_t)tokens[i] >= V || (targets && (targets[i] < 0 || (size_t)targets[i] >= V)))
-      return NAN;
+  if (!tokens_in_range(tokens, targets, N, V)) return NAN;
   memcpy(m->tokens, tokens, N * sizeof *tokens);
   if (targets) memcpy(m->targets, targets, N * sizeof *targets);
   m->b = b, m->t = t;

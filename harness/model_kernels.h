@@ -9,6 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* 1 when every one of the n tokens (and targets, when not NULL) is in [0, V), else 0. */
+int tokens_in_range(const int32_t *tokens, const int32_t *targets, size_t n, size_t V);
+
 /* out (b, t, D) = wte[token] + wpe[position]; tokens (b, t), wte (V, D), wpe (T, D). */
 void encoder_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, size_t b,
                      size_t t, size_t D);

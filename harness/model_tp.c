@@ -198,9 +198,7 @@ float model_tp_forward(model_tp *tp, const int32_t *tokens, const int32_t *targe
   if (!b || !t || reserve(tp, b, t) != 0) return NAN;
   size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, N = b * t;
   size_t Dl = tp->Dl, Hl = tp->Hl, Fl = tp->Fl, NB = tp->B * tp->T, ND = NB * D;
-  for (size_t i = 0; i < N; i++)
-    if (tokens[i] < 0 || (size_t)tokens[i] >= V || (targets && (targets[i] < 0 || (size_t)targets[i] >= V)))
-      return NAN;
+  if (!tokens_in_range(tokens, targets, N, V)) return NAN;
   memcpy(tp->tokens, tokens, N * sizeof *tokens);
   if (targets) memcpy(tp->targets, targets, N * sizeof *targets);
   tp->b = b, tp->t = t;
