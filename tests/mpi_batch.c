@@ -32,35 +32,6 @@ int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, voi
   return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
 }
 
-static void fill(float *x, size_t n, uint64_t seed, float amp) {
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 5;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = amp * (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  }
-}
-
-static uint16_t to_bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-/* rank me's share of [0, extent) by weight[me] (each non-empty) */
-static void share_of(int me, size_t extent, const int *weight, size_t *begin, size_t *end) {
-  int total = 0;
-  for (int r = 0; r < ranks; r++) total += weight[r];
-  size_t at = 0;
-  for (int r = 0; r <= me; r++) {
-    size_t n = r == ranks - 1 ? extent - at : extent * (size_t)weight[r] / (size_t)total;
-    if (n == 0) n = 1;
-    *begin = at;
-    *end = at + n;
-    at += n;
-  }
-}
-
 static int same_on_every_rank(const void *m, size_t size) {
   unsigned char *lo = malloc(size), *hi = malloc(size);
   MPI_Allreduce(m, lo, (int)size, MPI_UNSIGNED_CHAR, MPI_MIN, MPI_COMM_WORLD);
@@ -99,21 +70,21 @@ static void make_layer(layer_run *r, const layer_spec *c, size_t k) {
   r->b = malloc((STEPS + 1) * c->d_out * sizeof *r->b);
   r->w16 = malloc((STEPS + 1) * n * sizeof *r->w16);
   float *dir = malloc(n * sizeof *dir);
-  fill(r->w, n, 17 + k, 1.0f);
+  mpi_fill(r->w, n, 17 + k, 5, 1.0f);
   for (size_t i = 0; i < c->d_out; i++) /* a top singular value well apart */
     for (size_t j = 0; j < c->d_in; j++) r->w[i * c->d_in + j] += 0.6f * (float)(sin(0.1 * (double)(i + 1)) * cos(0.07 * (double)j));
-  fill(dir, n, 40 + k, 0.002f);
+  mpi_fill(dir, n, 40 + k, 5, 0.002f);
   for (size_t i = 0; i < c->d_out; i++)
     for (size_t j = 0; j < c->d_in; j++) dir[i * c->d_in + j] += 0.003f * (float)(cos(0.13 * (double)(i + 1)) * sin(0.05 * (double)(j + 2)));
-  fill(r->b, c->d_out, 60 + k, 0.2f);
+  mpi_fill(r->b, c->d_out, 60 + k, 5, 0.2f);
   for (size_t t = 1; t <= STEPS; t++) {
     for (size_t i = 0; i < n; i++) r->w[t * n + i] = r->w[(t - 1) * n + i] + (1.0f + 0.1f * (float)t) * dir[i];
     for (size_t i = 0; i < c->d_out; i++) r->b[t * c->d_out + i] = r->b[(t - 1) * c->d_out + i] + 0.01f * (float)t;
   }
-  for (size_t i = 0; i < (STEPS + 1) * n; i++) r->w16[i] = to_bf16(r->w[i]);
+  for (size_t i = 0; i < (STEPS + 1) * n; i++) r->w16[i] = mpi_to_bf16(r->w[i]);
   free(dir);
   r->sh = (stab_mpi_shard){c->split, c->d_out, c->d_in, 0, 0};
-  share_of(rank, c->split == STAB_MPI_SPLIT_ROWS ? c->d_out : c->d_in, c->weight, &r->sh.begin, &r->sh.end);
+  mpi_share_of(rank, c->split == STAB_MPI_SPLIT_ROWS ? c->d_out : c->d_in, c->weight, &r->sh.begin, &r->sh.end);
   stab_metrics_params p = stab_metrics_default_params();
   p.spectral.tol = c->tol;
   p.spectral.threads = 1 + (int)((rank + k) % 2); /* threads differing between ranks and layers */
@@ -197,7 +168,7 @@ static void batch_steps(void) {
   {
     const layer_run *z = &r[NAN_LAYER];
     size_t lb = 0, le = 0;
-    share_of(ranks - 1, z->c->d_in, z->c->weight, &lb, &le);
+    mpi_share_of(ranks - 1, z->c->d_in, z->c->weight, &lb, &le);
     z->w[NAN_STEP * z->c->d_out * z->c->d_in + lb] = NAN; /* split by columns: row 0, its first column */
   }
   stab_mpi_linear *hb[N], *hs[N];
@@ -261,10 +232,10 @@ static void batch_failures(void) {
   static const int even[3] = {1, 1, 1};
   const size_t d_out = 24, d_in = 40;
   float w[24 * 40], bias[24];
-  fill(w, d_out * d_in, 9, 1.0f);
-  fill(bias, d_out, 10, 0.1f);
+  mpi_fill(w, d_out * d_in, 9, 5, 1.0f);
+  mpi_fill(bias, d_out, 10, 5, 0.1f);
   stab_mpi_shard sh = {STAB_MPI_SPLIT_ROWS, d_out, d_in, 0, 0};
-  share_of(rank, d_out, even, &sh.begin, &sh.end);
+  mpi_share_of(rank, d_out, even, &sh.begin, &sh.end);
   enum { N = 3 };
   stab_mpi_linear *h[N] = {NULL, NULL, NULL}, *self = NULL;
   for (int i = 0; i < N; i++)

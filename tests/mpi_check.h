@@ -3,6 +3,7 @@
 #ifndef MPI_CHECK_H
 #define MPI_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "stabmeter_mpi.h"
@@ -19,6 +20,14 @@ extern int rank, ranks, checks, failures;
       fputc('\n', stderr);                                                \
     }                                                                     \
   } while (0)
+
+/* mpi_data.c: x[0..n) uniform in [-amp, amp) from seed (salt: each file's own stream). */
+void mpi_fill(float *x, size_t n, uint64_t seed, uint64_t salt, float amp);
+/* mpi_data.c: the bfloat16 of x, rounded to nearest even (x finite). */
+uint16_t mpi_to_bf16(float x);
+/* mpi_data.c: rank me's share [*begin, *end) of [0, extent), proportional to weight[me] (ranks
+ * entries), each share non-empty. */
+void mpi_share_of(int me, size_t extent, const int *weight, size_t *begin, size_t *end);
 
 /* mpi_replicated.c: the monitor over replicated weights against one process's monitor. */
 void replicated_cases(void);

@@ -11,38 +11,8 @@
 
 #include "mpi_check.h"
 
-static void fill(float *x, size_t n, uint64_t seed, float amp) {
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 11;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = amp * (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  }
-}
-
-/* bfloat16 of x, rounded to nearest even (x finite) */
-static uint16_t to_bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-/* rank me's share of [0, extent), proportional to weight[me], each non-empty */
-static void share_of(int me, size_t extent, const int *weight, size_t *begin, size_t *end) {
-  int total = 0;
-  for (int r = 0; r < ranks; r++) total += weight[r];
-  size_t at = 0;
-  for (int r = 0; r <= me; r++) {
-    size_t n = r == ranks - 1 ? extent - at : extent * (size_t)weight[r] / (size_t)total;
-    if (n == 0) n = 1;
-    *begin = at;
-    *end = at + n;
-    at += n;
-  }
-}
-
 static void share(size_t extent, const int *weight, size_t *begin, size_t *end) {
-  share_of(rank, extent, weight, begin, end);
+  mpi_share_of(rank, extent, weight, begin, end);
 }
 
 static int same_on_every_rank(const stab_metrics *m) {
@@ -90,19 +60,19 @@ static void linear_case(const linear_spec *c) {
   float *w = malloc((steps + 1) * n * sizeof *w), *b = malloc((steps + 1) * c->d_out * sizeof *b);
   float *dir = malloc(n * sizeof *dir), *noise = malloc(n * sizeof *noise);
   uint16_t *w16 = malloc((steps + 1) * n * sizeof *w16);
-  fill(w, n, c->d_out + 7 * c->d_in, 1.0f);
+  mpi_fill(w, n, c->d_out + 7 * c->d_in, 11, 1.0f);
   for (size_t i = 0; i < c->d_out; i++)
     for (size_t j = 0; j < c->d_in; j++) w[i * c->d_in + j] += 0.5f * (float)(sin(0.1 * (double)(i + 1)) * cos(0.07 * (double)j));
   if (c->grid)
     for (size_t i = 0; i < n; i++) w[i] = on_grid(w[i]);
-  fill(b, c->d_out, c->d_out + 1, 0.2f);
+  mpi_fill(b, c->d_out, c->d_out + 1, 11, 0.2f);
   /* the update's direction: a rank-one spike over noise, its top singular values well apart
    * (on a flat spectrum, tol 1e-9 leaves errors of 1e-10, and warm starts gain nothing) */
-  fill(dir, n, 3 * c->d_in + 1, 0.002f);
+  mpi_fill(dir, n, 3 * c->d_in + 1, 11, 0.002f);
   for (size_t i = 0; i < c->d_out; i++)
     for (size_t j = 0; j < c->d_in; j++) dir[i * c->d_in + j] += 0.003f * (float)(cos(0.13 * (double)(i + 1)) * sin(0.05 * (double)(j + 2)));
   for (size_t t = 1; t <= steps; t++) {
-    fill(noise, n, 100 + t, 0.0005f);
+    mpi_fill(noise, n, 100 + t, 11, 0.0005f);
     for (size_t i = 0; i < n; i++) {
       w[t * n + i] = w[(t - 1) * n + i] + (1.0f + 0.1f * (float)t) * dir[i] + noise[i];
       if (c->grid) w[t * n + i] = on_grid(w[t * n + i]);
@@ -113,14 +83,14 @@ static void linear_case(const linear_spec *c) {
   share(c->split == STAB_MPI_SPLIT_ROWS ? c->d_out : c->d_in, c->weight, &sh.begin, &sh.end);
   const int by_rows = c->split == STAB_MPI_SPLIT_ROWS;
   size_t last_begin = 0, last_end = 0; /* the last rank's part, where the NaN goes (on every rank's whole copy) */
-  share_of(ranks - 1, by_rows ? c->d_out : c->d_in, c->weight, &last_begin, &last_end);
+  mpi_share_of(ranks - 1, by_rows ? c->d_out : c->d_in, c->weight, &last_begin, &last_end);
   if (c->nan == NAN_IN_WEIGHTS) w[2 * n + (by_rows ? last_begin * c->d_in : last_begin)] = NAN;
   if (c->nan == NAN_IN_BIAS) b[2 * c->d_out + last_begin] = NAN; /* split by rows: the last rank's entry */
   /* step 2's before: W_1 with a NaN in the last rank's part (W_1 itself, step 1's weights, stays finite) */
   float *w1_nan = malloc(n * sizeof *w1_nan);
   memcpy(w1_nan, w + n, n * sizeof *w1_nan);
   if (c->nan == NAN_IN_UPDATE) w1_nan[by_rows ? (last_end - 1) * c->d_in : last_end - 1] = NAN;
-  for (size_t i = 0; i < (steps + 1) * n; i++) w16[i] = to_bf16(w[i]);
+  for (size_t i = 0; i < (steps + 1) * n; i++) w16[i] = mpi_to_bf16(w[i]);
   stab_metrics_params p = stab_metrics_default_params();
   p.spectral.tol = c->tol;
   p.spectral.threads = 1 + rank % 2; /* threads may differ between ranks */
@@ -215,8 +185,8 @@ static void failure_cases(void) {
   static const int even[3] = {1, 1, 1};
   const size_t d_out = 24, d_in = 20;
   float w[24 * 20], bias[24];
-  fill(w, d_out * d_in, 5, 1.0f);
-  fill(bias, d_out, 6, 0.1f);
+  mpi_fill(w, d_out * d_in, 5, 11, 1.0f);
+  mpi_fill(bias, d_out, 6, 11, 0.1f);
   char last[32];
   snprintf(last, sizeof last, "rank %d: ", ranks - 1);
   stab_mpi_shard good = {STAB_MPI_SPLIT_ROWS, d_out, d_in, 0, 0};

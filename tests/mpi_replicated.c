@@ -16,18 +16,10 @@ typedef struct {
   size_t len[NLAYERS][3];
 } model;
 
-static void fill(float *x, size_t n, uint64_t seed, float amp) {
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = amp * (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  }
-}
-
 static float *part(model *md, int i, int k, size_t n) {
   md->len[i][k] = n;
   md->buf[i][k] = malloc(n * sizeof(float));
-  if (md->buf[i][k]) fill(md->buf[i][k], n, (uint64_t)(i * 3 + k + 1), 1.0f);
+  if (md->buf[i][k]) mpi_fill(md->buf[i][k], n, (uint64_t)(i * 3 + k + 1), 1, 1.0f);
   return md->buf[i][k];
 }
 
@@ -67,7 +59,7 @@ static void step(model *md, int t) {
       if (!x) continue;
       float *d = malloc(md->len[i][k] * sizeof *d);
       if (!d) continue;
-      fill(d, md->len[i][k], (uint64_t)(1000 * t + 10 * i + k), 1e-2f);
+      mpi_fill(d, md->len[i][k], (uint64_t)(1000 * t + 10 * i + k), 1, 1e-2f);
       for (size_t j = 0; j < md->len[i][k]; j++) x[j] += d[j];
       free(d);
     }
