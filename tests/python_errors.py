@@ -115,6 +115,19 @@ class MonitorErrors(unittest.TestCase):
         self.assertEqual(repr(mon.metrics()), repr(want))  # the last measurement stays (NaN alike)
         mon.close()
 
+    def test_after_step_without_before_step_warns_once(self):
+        mon = st.Monitor(self.model, heads=2)
+        with self.assertWarnsRegex(RuntimeWarning, r"after_step\(1\): no before_step"):
+            self.assertTrue(mon.after_step(1))
+        self.assertTrue(all(r["update"] != r["update"] for r in mon.metrics().values() if r["kind"] == "linear"))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once: the next step's silence is no error
+            mon.after_step(2)
+            self.step(self.model, mon, self.opt, 3)  # with before_step: updates measured
+        self.assertTrue(all(r["update"] > 0 for r in mon.metrics().values() if r["kind"] == "linear"))
+        mon.close()
+
     def test_closed(self):
         mon = st.Monitor(self.model, heads=2)
         mon.close()

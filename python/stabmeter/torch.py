@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+import warnings
 import weakref
 
 import torch as _torch
@@ -143,6 +144,7 @@ class Monitor:
             self.close()
             raise
         self._snapshot = False
+        self._warned_no_snapshot = False
         self._t0 = time.monotonic()
         self.steps = 0
 
@@ -231,6 +233,13 @@ class Monitor:
         self.check_parameters()
         if not self.measures(step):
             return False
+        if not self._snapshot and not self._warned_no_snapshot:
+            # the C monitor refuses an update without a snapshot; here the step is still
+            # measured, but a loop that never calls before_step would get NaN updates unsaid
+            self._warned_no_snapshot = True
+            warnings.warn("Monitor.after_step(%s): no before_step(%s) since the last measurement, so this "
+                          "step has no update metrics (NaN); call monitor.before_step(step) just before "
+                          "optimizer.step() (said once per Monitor)" % (step, step), RuntimeWarning, stacklevel=2)
         check(lib.stab_monitor_measure(self._m, 1 if self._snapshot else 0))
         self._snapshot = False
         self.steps += 1
