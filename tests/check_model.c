@@ -129,6 +129,38 @@ START_TEST(test_gradient_check) {
 }
 END_TEST
 
+/* The forward with s = 1/d_h is the one with s = 1/sqrt(d_h) on q rows (and q biases) scaled
+ * by 1/sqrt(d_h): s q.k is the same logit. Both models are built from the same seed. */
+START_TEST(test_attn_scale_forward) {
+  model a, b;
+  int32_t tok[B * T], tgt[B * T];
+  tiny_scaled(&a, 1, 0, 1, 5, tok, tgt);
+  tiny_scaled(&b, 1, 0, 0, 5, tok, tgt);
+  ck_assert_int_eq((int)a.n_params, (int)b.n_params);
+  ck_assert(!memcmp(a.params, b.params, a.n_params * sizeof(float)));
+  float q = 1.0f / sqrtf((float)(D / H));
+  for (size_t l = 0; l < L; l++) {
+    model_block w = model_block_at(&b, b.params, l);
+    for (size_t e = 0; e < (size_t)D * D; e++) w.qkvw[e] *= q;
+    for (size_t e = 0; e < (size_t)D; e++) w.qkvb[e] *= q;
+  }
+  float la = model_forward(&a, tok, tgt, B, T), lb = model_forward(&b, tok, tgt, B, T);
+  const float *ga = model_logits(&a), *gb = model_logits(&b);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < (size_t)B * T * V; i++)
+    num += ((double)ga[i] - gb[i]) * ((double)ga[i] - gb[i]), den += (double)gb[i] * gb[i];
+  ck_assert_msg(sqrt(num / den) < 1e-5, "logits of s = 1/d_h against scaled q: relative error %.3g",
+                sqrt(num / den));
+  ck_assert_msg(fabsf(la - lb) < 1e-5f * fabsf(lb), "loss %.9g against %.9g", la, lb);
+  /* and the scale matters here: unscaled q gives another loss */
+  model_free(&b);
+  tiny_scaled(&b, 1, 0, 0, 5, tok, tgt);
+  float lc = model_forward(&b, tok, tgt, B, T);
+  ck_assert_msg(fabsf(la - lc) > 1e-4f, "loss %.9g at both scales", la);
+  model_free(&a), model_free(&b);
+}
+END_TEST
+
 START_TEST(test_causal) {
   model m;
   int32_t tok[B * T], tgt[B * T];
@@ -187,6 +219,7 @@ static Suite *model_suite(void) {
   TCase *tc = tcase_create("gradients");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_gradient_check, 0, 8);
+  tcase_add_test(tc, test_attn_scale_forward);
   tcase_add_test(tc, test_causal);
   tcase_add_loop_test(tc, test_sgd_lowers_loss, 0, 4);
   tcase_add_test(tc, test_bad_input);
