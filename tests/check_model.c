@@ -1,7 +1,8 @@
 /* check_model.c — the trainer's transformer (harness/model.c): the gradient of every
  * parameter tensor against central finite differences of the loss, with and without biases,
- * tied and untied heads, attention scaled by 1/sqrt(d_h) and by 1/d_h; causality of the attention; plain SGD on a fixed batch lowers the
- * loss. */
+ * tied and untied heads, attention scaled by 1/sqrt(d_h) and by 1/d_h; the forward at 1/d_h
+ * against 1/sqrt(d_h) on rescaled queries; causality of the attention; plain SGD on a fixed
+ * batch lowers the loss. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
