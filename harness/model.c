@@ -103,11 +103,15 @@ void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
 
 /* ---- causal multi-head self-attention on fused qkv -------------------------------- */
 
+float model_attn_scale(const model_config *c) {
+  size_t hs = c->width / c->heads;
+  return c->attn_inverse ? 1.0f / (float)hs : 1.0f / sqrtf((float)hs);
+}
+
 void attention_forward(float *out, float *att, const float *qkv, size_t b, size_t t,
-                              size_t D, size_t H) {
+                              size_t D, size_t H, float scale) {
   // out (b, t, D), att (b, H, t, t) softmax weights (0 above the diagonal), qkv (b, t, 3D)
   size_t hs = D / H, C3 = 3 * D;
-  float scale = 1.0f / sqrtf((float)hs);
   for (size_t bi = 0; bi < b; bi++)
     for (size_t h = 0; h < H; h++) {
       const float *q = qkv + bi * t * C3 + h * hs, *k = q + D, *v = q + 2 * D;
@@ -129,9 +133,9 @@ void attention_forward(float *out, float *att, const float *qkv, size_t b, size_
 
 /* dqkv += d/dqkv; datt is (t, t) scratch. */
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                               const float *att, size_t b, size_t t, size_t D, size_t H) {
+                               const float *att, size_t b, size_t t, size_t D, size_t H,
+                               float scale) {
   size_t hs = D / H, C3 = 3 * D;
-  float scale = 1.0f / sqrtf((float)hs);
   for (size_t bi = 0; bi < b; bi++)
     for (size_t h = 0; h < H; h++) {
       const float *q = qkv + bi * t * C3 + h * hs, *k = q + D, *v = q + 2 * D;
@@ -402,7 +406,7 @@ float model_forward(model *m, const int32_t *tokens, const int32_t *targets, siz
     float *fch = a.fch + l * 4 * ND, *fchg = a.fch_gelu + l * 4 * ND, *res3 = a.res3 + l * ND;
     rmsnorm_forward(ln1, ln1r, residual, w.ln1w, N, D);
     matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, D, 3 * D, 0.0f);
-    attention_forward(atty, att, qkv, b, t, D, H);
+    attention_forward(atty, att, qkv, b, t, D, H, model_attn_scale(&m->c));
     memcpy(res2, residual, N * D * sizeof(float));
     matmul_forward(res2, atty, w.attprojw, w.attprojb, N, D, D, 1.0f);
     rmsnorm_forward(ln2, ln2r, res2, w.ln2w, N, D);
@@ -451,7 +455,7 @@ void model_backward(model *m) {
     matmul_backward(da.atty + o1, dw.attprojw, dw.attprojb, dres2, a.atty + o1, w.attprojw, N,
                     D, D);
     attention_backward(da.qkv + 3 * o1, m->scratch, da.atty + o1, a.qkv + 3 * o1, a.att + oa, b,
-                       t, D, H);
+                       t, D, H, model_attn_scale(&m->c));
     matmul_backward(da.ln1 + o1, dw.qkvw, dw.qkvb, da.qkv + 3 * o1, a.ln1 + o1, w.qkvw, N, D,
                     3 * D);
     rmsnorm_backward(dresidual, dw.ln1w, da.ln1 + o1, residual, w.ln1w, a.ln1_rstd + or, N, D);

@@ -22,7 +22,13 @@ typedef struct {
   size_t context; /* T: positions of wpe, the longest sequence */
   int biases;     /* 1: every linear layer has a bias */
   int untied;     /* 1: a separate lm_head.weight; 0: the head is wte */
+  int attn_inverse; /* 0: attention logits scaled by 1/sqrt(hs) (GPT-2); 1: by 1/hs (muP) */
 } model_config;
+
+/* The attention logits' scale s of that config: 1/sqrt(hs), or 1/hs with attn_inverse. One
+ * home for it, so that the model, its tensor-parallel split and the monitor's logit bound
+ * s hs F_q F_k all use the same number. */
+float model_attn_scale(const model_config *c);
 
 /* One parameter tensor: rows x cols floats at params + offset (gains and biases: rows 1).
  * Linear layers are out-major: rows = d_out, cols = d_in. blocks > 1 means the rows are

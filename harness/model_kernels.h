@@ -31,12 +31,14 @@ void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, co
                      const float *w, size_t N, size_t C, size_t OC);
 
 /* Causal attention of H heads of size D / H on qkv (b, t, 3D): q, k, v each D wide, head h at
- * columns h D / H of each; out (b, t, D), att (b, H, t, t) the softmax weights. A rank of a
- * tensor-parallel run passes its own heads and width (H / P, D / P). */
-void attention_forward(float *out, float *att, const float *qkv, size_t b, size_t t, size_t D, size_t H);
-/* dqkv += d/dqkv; datt is (t, t) scratch. */
+ * columns h D / H of each; logits scale * q k^T (model_attn_scale); out (b, t, D), att
+ * (b, H, t, t) the softmax weights. A rank of a tensor-parallel run passes its own heads and
+ * width (H / P, D / P). */
+void attention_forward(float *out, float *att, const float *qkv, size_t b, size_t t, size_t D, size_t H,
+                       float scale);
+/* dqkv += d/dqkv; datt is (t, t) scratch; scale as in the forward. */
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                        size_t b, size_t t, size_t D, size_t H);
+                        size_t b, size_t t, size_t D, size_t H, float scale);
 
 /* GELU, tanh approximation, elementwise over n values. */
 void gelu_forward(float *out, const float *inp, size_t n);

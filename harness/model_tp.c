@@ -215,7 +215,7 @@ float model_tp_forward(model_tp *tp, const int32_t *tokens, const int32_t *targe
     float *fch = a.fch + l * NB * Fl, *fchg = a.fch_gelu + l * NB * Fl, *res3 = a.res3 + l * ND;
     rmsnorm_forward(ln1, ln1r, residual, w.ln1w, N, D);
     matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, D, 3 * Dl, 0.0f); /* column-parallel: its heads */
-    attention_forward(atty, att, qkv, b, t, Dl, Hl);
+    attention_forward(atty, att, qkv, b, t, Dl, Hl, model_attn_scale(&m->c));
     matmul_forward(tp->partial, atty, w.attprojw, NULL, N, Dl, D, 0.0f); /* row-parallel */
     if (train_world_sum(tp->w, tp->partial, N * D)) return tp->loss = m->loss = NAN;
     add_row_parallel(res2, residual, tp->partial, w.attprojb, N, D);
@@ -265,7 +265,8 @@ int model_tp_backward(model_tp *tp) {
     rmsnorm_backward(dres2, dw.ln2w, da.ln2 + o1, a.res2 + o1, w.ln2w, a.ln2_rstd + or, N, D);
     for (size_t i = 0; i < N * D; i++) dresidual[i] += dres2[i];
     matmul_backward(da.atty + oy, dw.attprojw, dw.attprojb, dres2, a.atty + oy, w.attprojw, N, Dl, D);
-    attention_backward(da.qkv + oq, tp->scratch, da.atty + oy, a.qkv + oq, a.att + oa, b, t, Dl, Hl);
+    attention_backward(da.qkv + oq, tp->scratch, da.atty + oy, a.qkv + oq, a.att + oa, b, t, Dl, Hl,
+                       model_attn_scale(&m->c));
     matmul_backward(da.ln1 + o1, dw.qkvw, dw.qkvb, da.qkv + oq, a.ln1 + o1, w.qkvw, N, D, 3 * Dl);
     if (train_world_sum(tp->w, da.ln1 + o1, N * D)) return 1;
     rmsnorm_backward(dresidual, dw.ln1w, da.ln1 + o1, residual, w.ln1w, a.ln1_rstd + or, N, D);

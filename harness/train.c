@@ -30,6 +30,9 @@ typedef struct {
   int lr_given, warmup_given;
   uint64_t seed;
   int biases, untied;
+  int attn_inverse;  /* --attn-scale inverse: logits scaled by 1/d_h, not 1/sqrt(d_h) */
+  size_t head_dim;   /* --head-dim N: heads = width / N at every width; 0 without it */
+  int heads_given;
   int print_metrics; /* the last measurement of every layer, as a table on stdout */
   size_t flush_every; /* trace rows written and flushed every this many measurements; 0: the
                         library's default (a writer thread, at most a second behind) */
@@ -59,6 +62,14 @@ static void usage(void) {
          "      --width D              width, 1..8192 (default 128)\n"
          "      --depth L              blocks, 1..256 (default 4)\n"
          "      --heads H              attention heads, dividing D (default 4)\n"
+         "      --head-dim N           head dimension d_h instead: heads = D / N (N divides D; not\n"
+         "                             with --heads); in --sweep-widths the heads grow with the\n"
+         "                             width and d_h stays N, where fixed heads let d_h grow\n"
+         "      --attn-scale S         the attention logits' scale: sqrt (1/sqrt(d_h), GPT-2,\n"
+         "                             default) or inverse (1/d_h, muP). The logit bound is\n"
+         "                             s d_h F_q F_k: with sqrt and fixed heads s d_h grows as\n"
+         "                             sqrt(d_h) with the width; inverse, or a fixed --head-dim,\n"
+         "                             keeps s d_h the same at every width\n"
          "      --context T            sequence length, 1..4096 (default 64)\n"
          "      --biases               biases in every linear layer\n"
          "      --untied               an LM head of its own instead of the embedding\n"
@@ -148,7 +159,8 @@ static int parse_widths(const char *s, options *o) {
 
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
-         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL, O_TENSOR_PARALLEL };
+         O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL, O_TENSOR_PARALLEL,
+         O_HEAD_DIM, O_ATTN_SCALE };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -167,6 +179,8 @@ static int parse(int argc, char **argv, options *o) {
       {"sweep-widths", required_argument, 0, O_SWEEP},
       {"data-parallel", no_argument, 0, O_DATA_PARALLEL},
       {"tensor-parallel", required_argument, 0, O_TENSOR_PARALLEL},
+      {"head-dim", required_argument, 0, O_HEAD_DIM},
+      {"attn-scale", required_argument, 0, O_ATTN_SCALE},
       {"help", no_argument, 0, 'h'},            {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0}};
   *o = (options){.width = 128, .depth = 4, .heads = 4, .context = 64, .batch = 16, .steps = 300,
@@ -174,6 +188,7 @@ static int parse(int argc, char **argv, options *o) {
                  .flush_every = 0, .trace_errors = STAB_TRACE_STOP};
   static const char *const trace_errors[] = {"stop", "continue", NULL};
   static const char *const optimizers[] = {"adamw", "steepest", NULL};
+  static const char *const attn_scales[] = {"sqrt", "inverse", NULL};
   int c, which;
   unsigned long long v = 0;
   while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
@@ -181,7 +196,11 @@ static int parse(int argc, char **argv, options *o) {
     switch (c) {
     case 'w': if (!(rc = cli_whole("--width", optarg, 1, 8192, &v))) o->width = v; break;
     case 'l': if (!(rc = cli_whole("--depth", optarg, 1, 256, &v))) o->depth = v; break;
-    case 'H': if (!(rc = cli_whole("--heads", optarg, 1, 8192, &v))) o->heads = v; break;
+    case 'H': if (!(rc = cli_whole("--heads", optarg, 1, 8192, &v))) o->heads = v, o->heads_given = 1; break;
+    case O_HEAD_DIM: if (!(rc = cli_whole("--head-dim", optarg, 1, 8192, &v))) o->head_dim = v; break;
+    case O_ATTN_SCALE:
+      if (!(rc = cli_choice("--attn-scale", optarg, attn_scales, &which))) o->attn_inverse = which;
+      break;
     case 'T': if (!(rc = cli_whole("--context", optarg, 1, 4096, &v))) o->context = v; break;
     case 'B': if (!(rc = cli_whole("--batch", optarg, 1, 4096, &v))) o->batch = v; break;
     case 'n': if (!(rc = cli_whole("--steps", optarg, 1, 100000000, &v))) o->steps = v; break;
@@ -230,6 +249,18 @@ static int parse(int argc, char **argv, options *o) {
     if (rc) return rc;
   }
   if (optind < argc) return cli_usage_error("unexpected argument '%s'", argv[optind]);
+  if (o->head_dim) {
+    if (o->heads_given)
+      return cli_usage_error("--heads %zu and --head-dim %zu: one or the other (heads = width / head dim)",
+                             o->heads, o->head_dim);
+    if (o->width % o->head_dim)
+      return cli_usage_error("--head-dim %zu does not divide --width %zu", o->head_dim, o->width);
+    for (size_t i = 0; i < o->n_sweep; i++)
+      if (o->sweep[i] % o->head_dim)
+        return cli_usage_error("--sweep-widths: width %zu is not divisible by --head-dim %zu", o->sweep[i],
+                               o->head_dim);
+    o->heads = o->width / o->head_dim;
+  }
   if (o->width % o->heads)
     return cli_usage_error("--width %zu is not divisible by --heads %zu", o->width, o->heads);
   if (o->checkpoint_every && !o->out) return cli_usage_error("--checkpoint-every needs --out DIR");
@@ -249,10 +280,13 @@ static int parse(int argc, char **argv, options *o) {
     for (size_t i = 0; i < o->n_sweep; i++)
       if (o->sweep[i] % P)
         return cli_usage_error("--sweep-widths: width %zu is not divisible by --tensor-parallel %zu", o->sweep[i], P);
+      else if (o->head_dim && (o->sweep[i] / o->head_dim) % P)
+        return cli_usage_error("--sweep-widths: width %zu has %zu heads of --head-dim %zu, not divisible by "
+                               "--tensor-parallel %zu", o->sweep[i], o->sweep[i] / o->head_dim, o->head_dim, P);
   }
   if (o->n_sweep && (!o->out || o->resume))
     return cli_usage_error("--sweep-widths needs --out DIR (and cannot --resume)");
-  for (size_t i = 0; i < o->n_sweep; i++)
+  for (size_t i = 0; i < o->n_sweep && !o->head_dim; i++)
     if (o->sweep[i] % o->heads)
       return cli_usage_error("--sweep-widths: width %zu is not divisible by --heads %zu", o->sweep[i], o->heads);
   if (!o->lr_given) o->lr = o->optimizer == OPTIM_ADAMW ? 3e-3 : 0.1;
@@ -298,7 +332,8 @@ static int register_layers(stab_monitor *mon, model *m, int external) {
     ADD(.name = NAME("attn.c_attn"), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 3 * D,
         .weight = w.qkvw, .bias = w.qkvb);
     ADD(.name = NAME("attn.logits"), .kind = STAB_KIND_ATTENTION, .d_in = D, .d_out = D,
-        .heads = m->c.heads, .weight = w.qkvw, .weight_k = w.qkvw + D * D);
+        .heads = m->c.heads, .scale = model_attn_scale(&m->c), .weight = w.qkvw,
+        .weight_k = w.qkvw + D * D);
     ADD(.name = NAME("attn.c_proj"), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = D,
         .weight = w.attprojw, .bias = w.attprojb);
     ADD(.name = NAME("ln_2"), .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D, .weight = w.ln2w);
@@ -392,12 +427,12 @@ static void run_config(char *buf, size_t n, const options *o, const model *m, in
   snprintf(buf, n,
            "{\"program\": \"stabmeter train\", \"model\": {\"vocab\": %zu, \"width\": %zu, "
            "\"depth\": %zu, \"heads\": %zu, \"context\": %zu, \"biases\": %s, \"tied\": %s, "
-           "\"parameters\": %zu}, \"optimizer\": \"%s\", \"lr\": %g, \"warmup\": %zu, "
+           "\"parameters\": %zu, \"attn_scale\": \"%s\"}, \"optimizer\": \"%s\", \"lr\": %g, \"warmup\": %zu, "
            "\"min_lr_frac\": %g, \"batch\": %zu, \"steps\": %zu, \"seed\": %llu, "
            "\"metrics_every\": %zu, \"data\": \"%s\", \"ranks\": %d, \"data_parallel\": %d, "
            "\"tensor_parallel\": %d}",
            m->c.vocab, o->width, o->depth, o->heads, o->context, o->biases ? "true" : "false",
-           o->untied ? "false" : "true", m->n_params,
+           o->untied ? "false" : "true", m->n_params, m->c.attn_inverse ? "inverse" : "sqrt",
            o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", o->lr, o->warmup, o->min_lr_frac,
            o->batch, o->steps, (unsigned long long)o->seed, o->metrics_every,
            o->data ? "file" : "built-in", ranks, dp, tp);
@@ -468,9 +503,11 @@ static int save_safetensors(const model *m, const char *path, const options *o, 
   if (!h) return -1;
   len += (size_t)snprintf(h + len, cap - len,
                           "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"stabmeter-train %s\","
-                          "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\",\"heads\":\"%zu\"}",
+                          "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\",\"heads\":\"%zu\","
+                          "\"attn_scale\":\"%s\"}",
                           stab_version(), o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
-                          steps, m->c.untied ? "false" : "true", m->c.heads);
+                          steps, m->c.untied ? "false" : "true", m->c.heads,
+                          m->c.attn_inverse ? "inverse" : "sqrt");
   for (size_t p = 0; p < n_parts; p++)
     for (size_t i = 0; i < m->n_tensors; i++) {
       const model_tensor *t = &m->tensors[i];
@@ -576,6 +613,16 @@ static int load_safetensors(const model *m, const char *path, const ckpt_part *p
   if (hd && (sscanf(hd + 9, "%zu", &heads) != 1 || heads != m->c.heads)) {
     snprintf(err, errlen, "%s: __metadata__ heads is %.*s, the model has --heads %zu", path,
              (int)strcspn(hd + 9, "\""), hd + 9, m->c.heads);
+    goto out;
+  }
+  /* Nor on the attention scale; a checkpoint without the field predates it, so was trained
+   * with 1/sqrt(d_h). */
+  const char *sc = strstr(h, "\"attn_scale\":\"");
+  const char *want_sc = m->c.attn_inverse ? "inverse" : "sqrt", *has_sc = sc ? sc + 14 : "sqrt";
+  size_t sc_len = sc ? strcspn(has_sc, "\"") : 4;
+  if (sc_len != strlen(want_sc) || strncmp(has_sc, want_sc, sc_len)) {
+    snprintf(err, errlen, "%s: __metadata__ attn_scale is %.*s, the model has --attn-scale %s", path,
+             (int)sc_len, has_sc, want_sc);
     goto out;
   }
   for (size_t p = 0; p < n_parts; p++)
@@ -698,7 +745,8 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   if ((rc = together(world, rc))) return rc;
   model m;
   model_config mc = {.vocab = data->vocab, .width = o.width, .depth = o.depth, .heads = o.heads,
-                     .context = T, .biases = o.biases, .untied = o.untied};
+                     .context = T, .biases = o.biases, .untied = o.untied,
+                     .attn_inverse = o.attn_inverse};
   optim opt = {0};
   model_tp part = {0};           /* --tensor-parallel: this rank's part of m */
   model *mine = &m;              /* the parameters this rank trains: m, or tp.local */
@@ -1171,6 +1219,7 @@ static int run(int argc, char **argv, train_world **world) {
     for (size_t w = 0; w < o.n_sweep && !rc; w++) {
       options one = o;
       one.width = o.sweep[w];
+      if (o.head_dim) one.heads = one.width / o.head_dim; /* a fixed head dimension */
       if (snprintf(dir, sizeof dir, "%s/width-%zu", o.out, one.width) >= (int)sizeof dir) {
         cli_error("--out is too long");
         rc = 2;

@@ -1,7 +1,8 @@
 /* check_model.c — the trainer's transformer (harness/model.c): the gradient of every
  * parameter tensor against central finite differences of the loss, with and without biases,
- * tied and untied heads; causality of the attention; plain SGD on a fixed batch lowers the
- * loss. */
+ * tied and untied heads, attention scaled by 1/sqrt(d_h) and by 1/d_h; the forward at 1/d_h
+ * against 1/sqrt(d_h) on rescaled queries; causality of the attention; plain SGD on a fixed
+ * batch lowers the loss. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,10 @@
 
 enum { V = 64, D = 16, L = 2, H = 2, T = 8, B = 2 };
 
-static void tiny(model *m, int biases, int untied, uint64_t seed, int32_t *tok, int32_t *tgt) {
+static void tiny_scaled(model *m, int biases, int untied, int attn_inverse, uint64_t seed, int32_t *tok,
+                        int32_t *tgt) {
   model_config c = {.vocab = V, .width = D, .depth = L, .heads = H, .context = T,
-                    .biases = biases, .untied = untied};
+                    .biases = biases, .untied = untied, .attn_inverse = attn_inverse};
   ck_assert_int_eq(model_create(m, &c), 0);
   model_init_params(m, seed, 0);
   tu_rng r;
@@ -39,12 +41,18 @@ static void tiny(model *m, int biases, int untied, uint64_t seed, int32_t *tok, 
   }
 }
 
-/* Loop index: bit 0 biases, bit 1 untied. */
+static void tiny(model *m, int biases, int untied, uint64_t seed, int32_t *tok, int32_t *tgt) {
+  tiny_scaled(m, biases, untied, 0, seed, tok, tgt);
+}
+
+/* Loop index: bit 0 biases, bit 1 untied, bit 2 attention scale 1/d_h (muP) instead of
+ * 1/sqrt(d_h); the seeds of 0..3 are those of before the scale was an option. */
 START_TEST(test_gradient_check) {
-  int biases = _i & 1, untied = (_i >> 1) & 1;
+  int biases = _i & 1, untied = (_i >> 1) & 1, inverse = (_i >> 2) & 1;
   model m;
   int32_t tok[B * T], tgt[B * T];
-  tiny(&m, biases, untied, 100 + (uint64_t)_i, tok, tgt);
+  tiny_scaled(&m, biases, untied, inverse, 100 + (uint64_t)_i, tok, tgt);
+  ck_assert_float_eq_tol(model_attn_scale(&m.c), inverse ? 1.0f / (D / H) : 1.0f / sqrtf(D / H), 1e-7f);
   ck_assert_int_eq((int)m.n_tensors, 2 + L * (biases ? 10 : 6) + 1 + untied);
   float loss = model_forward(&m, tok, tgt, B, T);
   ck_assert(isfinite(loss));
@@ -80,8 +88,8 @@ START_TEST(test_gradient_check) {
     double rel = sqrt(num / den);
     worst = fmax(worst, rel);
     ck_assert_msg(gmax > 1e-6, "%s: gradient is zero at every sampled coordinate", t->name);
-    ck_assert_msg(rel < 1e-2, "%s (biases %d untied %d): |grad - fd| / |fd| = %.3g over %zu coords",
-                  t->name, biases, untied, rel, samples);
+    ck_assert_msg(rel < 1e-2, "%s (biases %d untied %d inverse %d): |grad - fd| / |fd| = %.3g over %zu coords",
+                  t->name, biases, untied, inverse, rel, samples);
     /* Directional derivative along u = grad + noise of the same size, scaled to RMS 1, with
      * the step h set so that the loss moves by about 3e-3 (at most 5% of the weights' RMS):
      * the f32 rounding of the loss (~1e-6) is then small next to the change, as it is not
@@ -110,15 +118,47 @@ START_TEST(test_gradient_check) {
       memcpy(w, w0s, t->size * sizeof(float));
       double dd = (lp - lm) / (2 * h), drel = fabs(dd - dot) / fabs(dd);
       worst_dir = fmax(worst_dir, drel);
-      ck_assert_msg(drel < tol, "%s (biases %d untied %d): directional derivative %.6g, "
-                    "<grad, u> %.6g (rel %.3g > %.3g)", t->name, biases, untied, dd, dot, drel, tol);
+      ck_assert_msg(drel < tol, "%s (biases %d untied %d inverse %d): directional derivative %.6g, "
+                    "<grad, u> %.6g (rel %.3g > %.3g)", t->name, biases, untied, inverse, dd, dot, drel, tol);
     }
   }
-  printf("gradient check (biases %d, untied %d): %zu tensors, worst relative error %.2e "
-         "(24 coordinates each), %.2e (3 random directions each)\n",
-         biases, untied, m.n_tensors, worst, worst_dir);
+  printf("gradient check (biases %d, untied %d, attention scale %s): %zu tensors, worst relative "
+         "error %.2e (24 coordinates each), %.2e (3 random directions each)\n",
+         biases, untied, inverse ? "1/d_h" : "1/sqrt(d_h)", m.n_tensors, worst, worst_dir);
   free(grad), free(u), free(w0s);
   model_free(&m);
+}
+END_TEST
+
+/* The forward with s = 1/d_h is the one with s = 1/sqrt(d_h) on q rows (and q biases) scaled
+ * by 1/sqrt(d_h): s q.k is the same logit. Both models are built from the same seed. */
+START_TEST(test_attn_scale_forward) {
+  model a, b;
+  int32_t tok[B * T], tgt[B * T];
+  tiny_scaled(&a, 1, 0, 1, 5, tok, tgt);
+  tiny_scaled(&b, 1, 0, 0, 5, tok, tgt);
+  ck_assert_int_eq((int)a.n_params, (int)b.n_params);
+  ck_assert(!memcmp(a.params, b.params, a.n_params * sizeof(float)));
+  float q = 1.0f / sqrtf((float)(D / H));
+  for (size_t l = 0; l < L; l++) {
+    model_block w = model_block_at(&b, b.params, l);
+    for (size_t e = 0; e < (size_t)D * D; e++) w.qkvw[e] *= q;
+    for (size_t e = 0; e < (size_t)D; e++) w.qkvb[e] *= q;
+  }
+  float la = model_forward(&a, tok, tgt, B, T), lb = model_forward(&b, tok, tgt, B, T);
+  const float *ga = model_logits(&a), *gb = model_logits(&b);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < (size_t)B * T * V; i++)
+    num += ((double)ga[i] - gb[i]) * ((double)ga[i] - gb[i]), den += (double)gb[i] * gb[i];
+  ck_assert_msg(sqrt(num / den) < 1e-5, "logits of s = 1/d_h against scaled q: relative error %.3g",
+                sqrt(num / den));
+  ck_assert_msg(fabsf(la - lb) < 1e-5f * fabsf(lb), "loss %.9g against %.9g", la, lb);
+  /* and the scale matters here: unscaled q gives another loss */
+  model_free(&b);
+  tiny_scaled(&b, 1, 0, 0, 5, tok, tgt);
+  float lc = model_forward(&b, tok, tgt, B, T);
+  ck_assert_msg(fabsf(la - lc) > 1e-4f, "loss %.9g at both scales", la);
+  model_free(&a), model_free(&b);
 }
 END_TEST
 
@@ -179,7 +219,8 @@ static Suite *model_suite(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("gradients");
   tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, test_gradient_check, 0, 4);
+  tcase_add_loop_test(tc, test_gradient_check, 0, 8);
+  tcase_add_test(tc, test_attn_scale_forward);
   tcase_add_test(tc, test_causal);
   tcase_add_loop_test(tc, test_sgd_lowers_loss, 0, 4);
   tcase_add_test(tc, test_bad_input);

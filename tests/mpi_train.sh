@@ -201,6 +201,18 @@ else
     why=$(f32s_differ "$one/$f" "$res/$f") || fail "--tensor-parallel 2 --resume: $f differs from one process's: $why"
   done
 fi
+# the split model with the attention scale 1/d_h: the same losses and weights as one process
+sc="$tmp/onesc" tsc="$tmp/tpsc" scopts="$tpopts --steps 3 --checkpoint-every 0 --metrics-every 0 --attn-scale inverse"
+$train $scopts --out "$sc" >"$sc.out" 2>"$sc.err" || { fail "one process ($scopts): exit $?"; cat "$sc.err"; }
+mpirun_ 2 "$tsc.out" "$tsc.err" $train $scopts --tensor-parallel 2 --out "$tsc"
+if [ $got -ne 0 ]; then
+  fail "--tensor-parallel 2 --attn-scale inverse: exit $got"; cat "$tsc.err"
+else
+  same_losses "$tsc.out" "$sc.out" ||
+    fail "--tensor-parallel 2 --attn-scale inverse: losses $(loss_of "$tsc.out"), one process $(loss_of "$sc.out")"
+  why=$(f32s_differ "$sc/model.safetensors" "$tsc/model.safetensors") ||
+    fail "--tensor-parallel 2 --attn-scale inverse: model.safetensors differs from one process's: $why"
+fi
 # refusals, on every rank with 2 and without a hang: heads not divisible, another world size,
 # with --data-parallel; steepest (Muon needs the whole gradient) in one process, before MPI
 mpirun_ 2 "$tmp/tph.out" "$tmp/tph.err" $train $small --heads 1 --tensor-parallel 2

@@ -149,6 +149,58 @@ expect 2 "resume another width" $train $small --width 64 --steps 9 --untied \
 grep -q "model.safetensors: tensor transformer.wte.weight is missing or not F32 of shape \[256,64\]" \
   "$tmp/err" || fail "width mismatch message: $(cat "$tmp/err")"
 expect 2 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
+# The attention scale. At a learning rate of 1e-30 the weights of step 1 are the init, the
+# same for both scales (same seed): the logit bound s d_h F_q F_k of 1/d_h is then that of
+# 1/sqrt(d_h) times 1/sqrt(d_h) = 1/4 (d_h = 32 / 2), and the loss differs (the model uses it).
+exact() { h5dump -A 0 -m %.17g -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
+for sc in sqrt inverse; do
+  expect 0 "--attn-scale $sc" $train $small --steps 1 --lr 1e-30 --optimizer steepest --attn-scale $sc \
+    --out "$tmp/scale-$sc"
+  h5dump -a /run_config "$tmp/scale-$sc/trace.h5" | grep -q "\"attn_scale\": \\\\\?\"$sc" ||
+    fail "--attn-scale $sc: run_config does not say it: $(h5dump -a /run_config "$tmp/scale-$sc/trace.h5")"
+done
+for d in attn.logits/forward attn.logits/head0_bound attn.logits/head1_bound; do
+  a=$(exact "$tmp/scale-sqrt/trace.h5" /layers/transformer.h.0.$d)
+  b=$(exact "$tmp/scale-inverse/trace.h5" /layers/transformer.h.0.$d)
+  awk -v a="$a" -v b="$b" 'BEGIN { exit !(a > 0 && (b / a - 0.25 < 1e-6 && 0.25 - b / a < 1e-6) ) }' ||
+    fail "--attn-scale inverse: $d at step 1 is $b, not 1/4 of sqrt's $a"
+done
+[ "$(exact "$tmp/scale-sqrt/trace.h5" /scalars/loss)" != "$(exact "$tmp/scale-inverse/trace.h5" /scalars/loss)" ] ||
+  fail "--attn-scale inverse: the same loss as sqrt at step 1: the model ignores the scale"
+expect 2 "resume a 1/sqrt(d_h) checkpoint with --attn-scale inverse" $train $small --steps 2 --optimizer steepest \
+  --attn-scale inverse --resume "$tmp/scale-sqrt/model.safetensors"
+grep -q "model.safetensors: __metadata__ attn_scale is sqrt, the model has --attn-scale inverse" "$tmp/err" ||
+  fail "attention scale mismatch message: $(cat "$tmp/err")"
+expect 2 "resume a 1/d_h checkpoint with the default scale" $train $small --steps 2 --optimizer steepest \
+  --resume "$tmp/scale-inverse/model.safetensors"
+grep -q "model.safetensors: __metadata__ attn_scale is inverse, the model has --attn-scale sqrt" "$tmp/err" ||
+  fail "attention scale mismatch message: $(cat "$tmp/err")"
+expect 0 "resume a 1/d_h checkpoint with --attn-scale inverse" $train $small --steps 2 --optimizer steepest \
+  --attn-scale inverse --resume "$tmp/scale-inverse/model.safetensors"
+expect 2 "unknown --attn-scale" $train $small --attn-scale cube
+# --head-dim: heads = width / head dim, refused when it does not divide or with --heads.
+nohead="--width 32 --depth 1 --context 16 --batch 8 --corpus-bytes 65536"
+expect 2 "--head-dim not dividing the width" $train $nohead --head-dim 12
+grep -q "^stabmeter-train: --head-dim 12 does not divide --width 32$" "$tmp/err" ||
+  fail "--head-dim 12: the message: $(cat "$tmp/err")"
+expect 2 "--head-dim with --heads" $train $small --head-dim 8
+grep -q "^stabmeter-train: --heads 2 and --head-dim 8: one or the other" "$tmp/err" ||
+  fail "--head-dim with --heads: the message: $(cat "$tmp/err")"
+expect 2 "--head-dim not dividing a swept width" $train $nohead --head-dim 8 --sweep-widths 16,36 --out "$tmp/hsw"
+grep -q "^stabmeter-train: --sweep-widths: width 36 is not divisible by --head-dim 8$" "$tmp/err" ||
+  fail "--head-dim in a sweep: the message: $(cat "$tmp/err")"
+expect 0 "--head-dim 8" $train $nohead --head-dim 8 --steps 1 --metrics-every 1 --out "$tmp/hd"
+[ -n "$(rows "$tmp/hd/trace.h5" /layers/transformer.h.0.attn.logits/head3_bound)" ] &&
+  [ -z "$(rows "$tmp/hd/trace.h5" /layers/transformer.h.0.attn.logits/head4_bound)" ] ||
+  fail "--head-dim 8 at width 32: not 4 heads in the trace"
+# in a sweep the heads grow with the width: 2 at width 16, 4 at 32
+expect 0 "--head-dim 8 sweep" $train $nohead --head-dim 8 --steps 2 --sweep-widths 16,32 --out "$tmp/hsw"
+for wh in 16:1 32:3; do
+  w=${wh%:*} h=${wh#*:}
+  tr=$tmp/hsw/width-$w/trace.h5 l=/layers/transformer.h.0.attn.logits
+  [ -n "$(rows "$tr" "$l/head${h}_bound")" ] && [ -z "$(rows "$tr" "$l/head$((h + 1))_bound")" ] ||
+    fail "--head-dim 8 sweep: width $w does not have $((h + 1)) heads"
+done
 unset OPENBLAS_NUM_THREADS
 # The width sweep: one run per width into DIR/width-W, then per kind the last quarter's
 # geometric mean against width and its log-log slope (recomputed below from the traces).
