@@ -34,20 +34,8 @@ else:
     SWEEP = re.split(r"[\s,:]+", st.setting("STAB_SWEEP", "runs/sweep-steepest runs/sweep-adamw").strip())
 
 points = {}  # (optimizer, kind, metric) -> {width: value}
-runs = {}  # (optimizer, width) -> trace path
-configs = []
-for path in st.sweep_traces(SWEEP):
-    tr = st.read_trace(path, metrics=st.METRICS)
-    model = tr.config.get("model")
-    opt, width = tr.config.get("optimizer"), model.get("width") if isinstance(model, dict) else None
-    if opt is None or width is None:
-        raise st.InputError("trace %s: run_config has no optimizer or model.width" % path)
-    if (opt, width) in runs:
-        raise st.InputError("two traces for %s at width %s: %s and %s" % (opt, width, runs[opt, width], path))
-    if len(tr) == 0:
-        raise st.InputError("trace %s has no measured steps" % path)
-    runs[opt, width] = path
-    configs.append(tr.config)
+runs = st.read_sweep(SWEEP, metrics=st.METRICS)  # (optimizer, width) -> trace
+for (opt, width), tr in runs.items():
     for kind in tr.kinds():
         for metric in st.METRICS:
             vals = [st.tail_median(l.get(metric, len(tr)), TAIL) for l in tr.of_kind(kind)]
@@ -55,20 +43,15 @@ for path in st.sweep_traces(SWEEP):
             if vals:
                 points.setdefault((opt, kind, metric), {})[width] = max(vals)
 
-order = {"steepest": 0, "adamw": 1}
-optimizers = sorted({o for o, _ in runs}, key=lambda o: (order.get(o, 2), o))
+optimizers = st.optimizer_order(o for o, _ in runs)
 widths = sorted({w for _, w in runs})
 kinds = [k for k in st.KINDS if any(key[1] == k for key in points)]
 for opt in optimizers:
     print("%s: widths %s" % (opt, ", ".join(str(w) for o, w in sorted(runs) if o == opt)))
 
 # What the runs share (besides width and optimizer) names them in the title.
-first = configs[0]
-shared = {k: v for k, v in first.items()
-          if k not in ("optimizer", "model") and all(c.get(k) == v for c in configs)}
-shared["model"] = {k: v for k, v in first["model"].items()
-                   if k != "width" and all(c["model"].get(k) == v for c in configs)}
-title = "%s; widths %s" % (st.run_title(shared), ", ".join(map(str, widths)))
+title = st.shared_title([tr.config for _, tr in sorted(runs.items())],
+                        extra="; widths %s" % ", ".join(map(str, widths)))
 print(title)
 
 # %% [markdown]

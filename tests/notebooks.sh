@@ -102,11 +102,28 @@ for name, pngs in figures.items():
 f = h5py.File(tmp + "/run/trace.h5", "r", swmr=True)
 n = f["step"].shape[0]
 check("%d measured steps" % n in printed["trace"], "trace: row count %d not printed" % n)
+# The worst layer of each kind, by value and by ratio to init (the first finite positive row's).
+by_value, by_ratio = printed["trace"].split("by ratio to init")
+def first_ratio(v):
+    ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+    return v[ok[0]:] / v[ok[0]]
+ranked = 0
 for metric in ("forward", "dependency", "update"):
-    best = max(((np.nanmax(g[metric][:]), name) for name, g in f["layers"].items()
-                if np.isfinite(g[metric][:]).any()))
-    m = re.search(r"^%s\s+1\s+(\S+)" % metric, printed["trace"], re.M)
-    check(m and m.group(1) == best[1], "trace: worst %s layer %s, expected %s" % (metric, m and m.group(1), best[1]))
+    for kind in sorted({g.attrs["kind"] for g in f["layers"].values()}):
+        groups = [(name, g[metric][:]) for name, g in f["layers"].items()
+                  if g.attrs["kind"] == kind and np.isfinite(g[metric][:]).any()]
+        if not groups:
+            check(not re.search(r"^%s\s+%s\s" % (metric, kind), printed["trace"], re.M),
+                  "trace: a worst %s %s layer, but none has it" % (kind, metric))
+            continue
+        for text, of in ((by_value, lambda v: v), (by_ratio, first_ratio)):
+            best = max((np.nanmax(of(v)), name) for name, v in groups)
+            tied = {name for name, v in groups if np.nanmax(of(v)) >= best[0] * (1 - 1e-12)}
+            m = re.search(r"^%s\s+%s\s+1\s+(\S+)\s+(\S+)" % (metric, kind), text, re.M)
+            check(m and m.group(1) in tied and abs(float(m.group(2)) - best[0]) <= 1e-3 * best[0],
+                  "trace: worst %s %s layer %s, expected %s %.4g" % (kind, metric, m and m.groups(), best[1], best[0]))
+            ranked += 1
+check(ranked >= 20, "trace: only %d kinds and metrics ranked" % ranked)
 check("NaN steps: none" in printed["trace"] and "flags: none" in printed["trace"], "trace: NaN/flags in a clean run")
 
 # width sweep: both optimizers at the three widths, a slope for every kind and metric measured.
@@ -244,14 +261,18 @@ proj = [n for n in names if n.endswith("attn.c_proj")][0]
 for name, what, row in ((fc, "non-finite weight", 9), (proj, "sigma not converged", 15)):
     if "flag: %s: %s at 1 step(s), first %d" % (name, what, steps[row]) not in text:
         bad.append("flag %s of %s at step %d not reported" % (what, name, steps[row]))
-# Alarms: each layer's first step above the threshold, LM head aside, computed here.
+# Alarms: each layer's first step where a metric is above the threshold times its first finite
+# positive value (the ratio to init; this trace has no ratio datasets), computed here.
 want = set()
 for name in names:
     g = f["layers"][name]
-    if g.attrs["kind"] == "lm_head":
-        continue
-    rows = [np.flatnonzero(np.nan_to_num(g[m][:], nan=-np.inf) > alarm) for m in ("forward", "dependency")]
-    rows = [r[0] for r in rows if len(r)]
+    rows = []
+    for m in ("forward", "dependency", "update"):
+        v = g[m][:]
+        ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+        over = np.flatnonzero(np.nan_to_num(v[ok[0]:] / v[ok[0]], nan=-np.inf) > alarm) if len(ok) else []
+        if len(over):
+            rows.append(ok[0] + over[0])
     if rows:
         want.add((name, int(steps[min(rows)])))
 got = set((m.group(1), int(m.group(2))) for m in re.finditer(r"^alarm: (\S+) .* first at step (\d+)$", text, re.M))
@@ -264,6 +285,55 @@ if not re.search(r"figure: \S+/trace\.png \(1400 x \d+ px\)", text):
 if bad:
     sys.exit("FAIL: trace.py on the trace with NaN steps:\n  " + "\n  ".join(bad) + "\n" + text)
 print("trace.py: NaN steps, flags and %d alarm crossings as put in" % len(want))
+PY
+
+# A trace that has its own ratio datasets (a writer with ratios to init): they are what the
+# notebook ranks, not ratios it computes. Here they are made 7 times the computed ones.
+"$py" - "$tmp" <<'PY' || status=1
+import shutil, sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+shutil.copy(tmp + "/run/trace.h5", tmp + "/ratio.h5")
+with h5py.File(tmp + "/ratio.h5", "r+") as f:
+    for g in f["layers"].values():
+        for m in ("forward", "dependency", "update"):
+            v = g[m][:]
+            r = np.full(len(v), np.nan)
+            ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+            if len(ok):
+                r[ok[0]:] = 7 * v[ok[0]:] / v[ok[0]]
+            g[m + "_ratio"] = r
+PY
+STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/trace.py" "$tmp/ratio.h5" >"$tmp/ratio.txt" 2>&1 ||
+  { fail "trace.py on a trace with ratio datasets"; cat "$tmp/ratio.txt"; }
+"$py" - "$tmp" <<'PY' || status=1
+import re, sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+text = open(tmp + "/ratio.txt").read()
+f = h5py.File(tmp + "/ratio.h5", "r")
+bad = []
+if "ratio to init: the trace's forward_ratio, dependency_ratio, update_ratio" not in text:
+    bad.append("does not say it read the trace's ratio datasets")
+ratios = text.split("by ratio to init")[1]
+n = 0
+for kind in ("linear", "attention", "gain", "lm_head"):
+    for m in ("forward", "update"):
+        groups = [(np.nanmax(g[m + "_ratio"][:]), name) for name, g in f["layers"].items()
+                  if g.attrs["kind"] == kind and np.isfinite(g[m + "_ratio"][:]).any()]
+        if not groups:
+            continue
+        best = max(groups)
+        tied = {name for value, name in groups if value >= best[0] * (1 - 1e-12)}
+        got = re.search(r"^%s\s+%s\s+1\s+(\S+)\s+(\S+)" % (m, kind), ratios, re.M)
+        n += 1
+        if not got or got.group(1) not in tied or abs(float(got.group(2)) - best[0]) > 1e-3 * best[0]:
+            bad.append("worst %s %s by ratio: %s, the dataset's %s %.4g" % (kind, m, got and got.groups(), best[1], best[0]))
+if n < 6:
+    bad.append("only %d kinds and metrics checked" % n)
+if bad:
+    sys.exit("FAIL: trace.py with ratio datasets:\n  " + "\n  ".join(bad) + "\n" + text)
+print("trace.py: the trace's own ratio datasets ranked (%d kinds and metrics)" % n)
 PY
 
 echo "notebooks.sh: $(($(date +%s) - t0)) s"
