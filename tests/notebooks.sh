@@ -1,10 +1,13 @@
 #!/bin/sh
 # notebooks.sh — the notebooks of notebooks-export/ executed headless the way `make notebooks`
 # runs them (notebooks-export/run.sh) on a short training run with two checkpoints, a
-# two-optimizer width sweep and a trace still being written; their .ipynb, HTML and PNG outputs
-# checked; then, as plain scripts, on traces made here whose answers are known: a sweep whose
-# metrics are c * width^p (every printed slope must be p) and a trace with NaN steps, flags and
-# alarm crossings put in at known steps. Skipped (exit 77) when no python3 has the packages.
+# two-optimizer width sweep, a learning-rate x width sweep with one diverged run and a trace
+# still being written; their .ipynb, HTML and PNG outputs checked, and their printed values
+# against the files (worst layers per kind, coordinate-check slopes, best rates, early
+# metrics); then, as plain scripts, on traces made here whose answers are known: a sweep whose
+# metrics are c * width^p (every printed slope must be p), a sweep with steps missing at one
+# width, a trace with NaN steps, flags and alarm crossings put in at known steps, and one with
+# its own ratio datasets. Skipped (exit 77) when no python3 has the packages.
 set -u
 src=${srcdir:-.}
 run="$src/notebooks-export/run.sh"
@@ -37,10 +40,35 @@ for opt in steepest adamw; do
   done
 done
 
+# A learning-rate x width sweep laid out as train --sweep-lrs writes it (DIR/lr-X/width-W/ and
+# DIR/lr-sweep.csv with the losses the runs printed). Rate 9.9 on this deep, narrow model
+# diverges at width 32 (measured: the loss is NaN at step 18) and ends at a held-out loss near
+# 100 at width 16; 0.3 is the best rate at both widths.
+lrsmall="--optimizer steepest --depth 6 --heads 2 --warmup 0 --steps 20 --context 8 --batch 2 --corpus-bytes 20000"
+mkdir -p "$tmp/lrs"
+echo "optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss" >"$tmp/lrs/lr-sweep.csv"
+for lr in 0.03 0.3 9.9; do
+  for w in 16 32; do
+    ./harness/train $lrsmall --width $w --lr $lr --out "$tmp/lrs/lr-$lr/width-$w" >"$tmp/train.log" 2>"$tmp/train.err"
+    losses=$(sed -n 's/^loss: initial [^,]*, final \([^ ]*\) (train batch), held-out \([^ ]*\) .*/\1,\2/p' "$tmp/train.log")
+    at=$(sed -n 's/.*the loss is .* at step \([0-9]*\): stopping/\1/p' "$tmp/train.err")
+    if [ -n "$losses" ]; then
+      echo "steepest,$w,$lr,ok,20,$losses" >>"$tmp/lrs/lr-sweep.csv"
+    elif [ -n "$at" ]; then
+      echo "steepest,$w,$lr,diverged,$at,nan,nan" >>"$tmp/lrs/lr-sweep.csv"
+    else
+      fail "training lr $lr at width $w: $(tail -n 3 "$tmp/train.err")"
+    fi
+  done
+done
+grep -q "^steepest,32,9.9,diverged," "$tmp/lrs/lr-sweep.csv" ||
+  fail "the lr sweep fixture: lr 9.9 at width 32 did not diverge: $(cat "$tmp/lrs/lr-sweep.csv")"
+
 # ---- headless, as make notebooks runs them -------------------------------------------------
-STAB_TRACE="$tmp/run/trace.h5" STAB_SWEEP="$tmp/sweep-steepest $tmp/sweep-adamw" \
+STAB_TRACE="$tmp/run/trace.h5" STAB_SWEEP="$tmp/sweep-steepest $tmp/sweep-adamw" STAB_LR_SWEEP="$tmp/lrs" \
 STAB_CHECKPOINTS="$tmp/run" STAB_PROBE="$PWD/harness/probe" \
-  sh "$run" --out "$tmp/out" trace width_sweep checkpoints || fail "run.sh trace width_sweep checkpoints"
+  sh "$run" --out "$tmp/out" trace width_sweep coord_check lr_transfer checkpoints ||
+  fail "run.sh trace width_sweep coord_check lr_transfer checkpoints"
 # live: a writer appends a step every 50 ms for as long as the notebook follows the file, which
 # it does for STAB_LIVE_LIMIT seconds from when its kernel is up: it must see the trace grow.
 ./tests/trace_writer --steps 100000 --delay-ms 50 "$tmp/live.h5" &
@@ -75,6 +103,8 @@ def stdout_of(name):
     return "".join(text)
 
 figures = {"trace": ["trace"], "width_sweep": ["width_sweep"],
+           "coord_check": ["coord_check_steepest", "coord_check_adamw"],
+           "lr_transfer": ["lr_transfer", "lr_transfer_metrics"],
            "checkpoints": ["checkpoints", "checkpoints_layers"], "live": ["live"]}
 printed = {}
 for name, pngs in figures.items():
@@ -134,6 +164,69 @@ for opt in ("steepest", "adamw"):
         check(re.search(r"^slope %s\s+%s\s+%s\s+[+-]\d\.\d{4}" % (opt, kind, metric), printed["width_sweep"], re.M),
               "width_sweep: no %s %s %s slope" % (opt, kind, metric))
 
+# coord_check: every kind and metric at steps 1-4 and the last, the kind's geometric mean over
+# its layers and the log-log slope, computed here from the traces.
+text = printed["coord_check"]
+lines = 0
+for opt in ("steepest", "adamw"):
+    traces = {w: h5py.File("%s/sweep-%s/width-%d/trace.h5" % (tmp, opt, w), "r") for w in (16, 32, 64)}
+    kinds = sorted({g.attrs["kind"] for g in traces[16]["layers"].values()})
+    for kind in kinds:
+        for metric in ("forward", "dependency", "update"):
+            for label in ("1", "2", "3", "4", "last"):
+                pts = {}
+                for w, t in traces.items():
+                    row = len(t["step"]) - 1 if label == "last" else list(t["step"][:]).index(int(label))
+                    v = np.array([g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind])
+                    v = v[np.isfinite(v) & (v > 0)]
+                    if len(v):
+                        pts[w] = float(np.exp(np.log(v).mean()))
+                m = re.search(r"^coord %s\s+%s\s+%s\s+%s\s+slope ([+-]\d\.\d{4})  \((.*)\)$" % (opt, kind, metric, label),
+                              text, re.M)
+                if not pts:
+                    check(m is None, "coord_check: a %s %s line for %s, which has none" % (kind, metric, opt))
+                    continue
+                ws = sorted(pts)
+                slope = np.polyfit(np.log(ws), np.log([pts[w] for w in ws]), 1)[0]
+                got = dict((int(a), float(b)) for a, b in re.findall(r"(\d+): (\S+?)(?:,|$)", m.group(2))) if m else {}
+                check(m and abs(float(m.group(1)) - slope) < 1e-4 and sorted(got) == ws and
+                      all(abs(got[w] - pts[w]) <= 1e-3 * pts[w] for w in ws),
+                      "coord_check: %s %s %s step %s: %s, computed slope %+.4f at %s" % (
+                          opt, kind, metric, label, m and m.group(0), slope, pts))
+                lines += 1
+check(lines >= 2 * 4 * 5, "coord_check: only %d lines checked" % lines)
+
+# lr_transfer: the best rate per width (lowest finite held-out loss in the CSV), the transfer
+# ratio, the diverged run compared at the largest width, early metrics at step 2 (10% of 20).
+import csv
+text = printed["lr_transfer"]
+rows = list(csv.DictReader(open(tmp + "/lrs/lr-sweep.csv")))
+best = {}
+for r in rows:
+    if r["status"] == "ok" and (r["width"] not in best or float(r["heldout_loss"]) < float(best[r["width"]]["heldout_loss"])):
+        best[r["width"]] = r
+for w, r in best.items():
+    check(re.search(r"^best steepest width %s lr %s held-out %.4f$" % (w, re.escape(r["lr"]), float(r["heldout_loss"])),
+                    text, re.M), "lr_transfer: best at width %s not lr %s" % (w, r["lr"]))
+ratio = float(best["32"]["lr"]) / float(best["16"]["lr"])
+check(re.search(r"^transfer steepest: best lr at width 32 / at width 16 = %g " % ratio, text, re.M),
+      "lr_transfer: transfer ratio not %g" % ratio)
+check("steepest width 32: best lr %s against diverged lr 9.9" % best["32"]["lr"] in text,
+      "lr_transfer: the best run not compared with the diverged one")
+early = 0
+for r in rows:
+    t = h5py.File("%s/lrs/lr-%s/width-%s/trace.h5" % (tmp, r["lr"], r["width"]), "r")
+    row = list(t["step"][:]).index(2)
+    want = []
+    for kind, metric in (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward")):
+        want.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
+    m = re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s+\S+\s+2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$" % (
+        r["width"], re.escape(r["lr"]), r["status"], r["steps_done"]), text, re.M)
+    check(m and all(abs(float(g) - v) <= 1e-3 * v for g, v in zip(m.groups(), want)),
+          "lr_transfer: early metrics of lr %s width %s: %s, from the trace %s" % (r["lr"], r["width"], m and m.groups(), want))
+    early += 1
+check(early == 6, "lr_transfer: %d runs in the CSV, not 6" % early)
+
 # checkpoints: two, in step order; update only at the second (probe --prev the first).
 text = printed["checkpoints"]
 check(re.search(r"^step 12 .*step-000012\.safetensors", text, re.M) and
@@ -159,7 +252,7 @@ check(m and seen and int(m.group(1)) >= seen[-1] and int(m.group(3)) - int(m.gro
 
 if bad:
     sys.exit("FAIL:\n  " + "\n  ".join(bad))
-print("4 notebooks executed headless: outputs, figures and printed values as expected")
+print("6 notebooks executed headless: outputs, figures and printed values as expected")
 PY
 
 # ---- plain scripts on traces with known answers ------------------------------------------
@@ -229,6 +322,48 @@ if bad:
     sys.exit("FAIL: width_sweep.py slopes:\n  " + "\n  ".join(bad) + "\n" + text)
 print("width_sweep.py: %d fitted slopes equal the exponents the sweep was made with" % len(expect))
 PY
+
+# coord_check on a sweep one of whose widths was measured every other step: steps 1 and 3 are
+# left out (and said to be), 2 and 4 and the last drawn. STAB_COORD_STAT=max: the worst layer.
+mkdir -p "$tmp/gap"
+ln -s "$tmp/sweep-steepest/width-32" "$tmp/sweep-steepest/width-64" "$tmp/gap/"
+./harness/train $small --width 16 --steps 12 --optimizer steepest --metrics-every 2 --out "$tmp/gap/width-16" \
+  >"$tmp/train.log" 2>&1 || fail "training the every-other-step run: $(tail -n 3 "$tmp/train.log")"
+STAB_OUT="$tmp/plain" STAB_COORD_STAT=max "$py" "$src/notebooks-export/coord_check.py" "$tmp/gap" >"$tmp/gap.txt" 2>&1 ||
+  { fail "coord_check.py on the sweep with a gap"; cat "$tmp/gap.txt"; }
+"$py" - "$tmp" <<'PY' || status=1
+import re, sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+text = open(tmp + "/gap.txt").read()
+bad = []
+for s in (1, 3):
+    if "steepest: step %d left out: not measured in %s/gap/width-16/trace.h5\n" % (s, tmp) not in text:
+        bad.append("step %d not said to be left out" % s)
+    if re.search(r"^coord steepest\s+\S+\s+\S+\s+%d\s" % s, text, re.M):
+        bad.append("a step %d line, which width 16 lacks" % s)
+# the worst linear layer's forward at step 4, against the traces
+pts = {}
+for w in (16, 32, 64):
+    t = h5py.File("%s/gap/width-%d/trace.h5" % (tmp, w), "r")
+    row = list(t["step"][:]).index(4)
+    pts[w] = max(g["forward"][row] for g in t["layers"].values() if g.attrs["kind"] == "linear")
+slope = np.polyfit(np.log(list(pts)), np.log(list(pts.values())), 1)[0]
+m = re.search(r"^coord steepest\s+linear\s+forward\s+4\s+slope ([+-]\d\.\d{4})", text, re.M)
+if not m or abs(float(m.group(1)) - slope) > 1e-4:
+    bad.append("linear forward step 4 worst-layer slope %s, computed %+.4f" % (m and m.group(1), slope))
+if not re.search(r"^coord steepest\s+linear\s+forward\s+last\s", text, re.M):
+    bad.append("no last-step line")
+if bad:
+    sys.exit("FAIL: coord_check.py with a gap:\n  " + "\n  ".join(bad) + "\n" + text)
+print("coord_check.py: steps a width lacks left out and named; the worst layer's slope as computed")
+PY
+
+# lr_transfer on a directory without lr-sweep.csv: one line naming it, exit 2.
+"$py" "$src/notebooks-export/lr_transfer.py" "$tmp/gap" >"$tmp/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "^lr_transfer.py: lr sweep $tmp/gap: no lr-sweep.csv in it" "$tmp/bad.txt" ||
+  fail "lr_transfer.py on a directory without a CSV: exit $rc, $(cat "$tmp/bad.txt")"
 
 # live as a plain script on a finished trace: it stops once the trace has been idle, with every row.
 STAB_OUT="$tmp/plain" STAB_LIVE_IDLE=1 STAB_LIVE_EVERY=0.2 "$py" "$src/notebooks-export/live.py" "$tmp/run/trace.h5" \
