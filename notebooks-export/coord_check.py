@@ -22,7 +22,6 @@
 import re
 import sys
 
-import matplotlib.ticker
 import numpy as np
 
 import stabtrace as st
@@ -135,14 +134,7 @@ for opt in optimizers:
                         color="black" if last else step_colors[STEPS.index(int(label.split()[1]))],
                         lw=2.0 if last else 1.3, ls="--" if last else "-",
                         label="%s: slope %+.2f" % (label, round(slopes[opt, kind, metric, label], 2) + 0.0))
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(widths))
-            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-            ax.set_xlim(widths[0] / 1.25, widths[-1] * 1.25)
-            st.log_axis(ax)
-            ax.grid(alpha=0.3, which="both")
-            ax.set_xlabel("width (model dimension d)", fontsize=9)
+            st.width_axes(ax, widths)
             ax.set_ylabel("%s\n%s (%s)" % (kind, metric, st.unit(kind, metric)), fontsize=9)
             st.legend_below(fig, grid[2 * r + 1, c], *ax.get_legend_handles_labels())
     st.save_figure(fig, "coord_check_" + opt)

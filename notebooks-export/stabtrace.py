@@ -598,6 +598,20 @@ def log_axis(ax, axis="y"):
     ax.tick_params(axis=axis, which="minor", labelsize=7)
 
 
+def width_axes(ax, widths):
+    """Log-log axes against model width: x in base 2 with a tick at each width swept, y a
+    log_axis, a grid, the x label."""
+    import matplotlib.ticker
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(widths))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlim(widths[0] / 1.25, widths[-1] * 1.25)
+    log_axis(ax)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_xlabel("width (model dimension d)", fontsize=9)
+
+
 def legend_height(entries):
     """Inches a legend_below with this many one-line entries needs at font size 8."""
     return 0.25 + 0.165 * max(entries, 1)

@@ -20,7 +20,6 @@
 import re
 import sys
 
-import matplotlib.ticker
 import numpy as np
 
 import stabtrace as st
@@ -100,14 +99,7 @@ for r, metric in enumerate(st.METRICS):
             ax.plot(w, st.positive([pts[x] for x in w]), marker=st.KIND_MARKERS.get(kind, "o"),
                     color=st.KIND_COLORS.get(kind), lw=1.6, ms=7, mfc="none", mew=1.6,
                     label="%s: slope %+.2f" % (kind, round(slopes[opt, kind, metric], 2) + 0.0))
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(widths))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlim(widths[0] / 1.25, widths[-1] * 1.25)
-        st.log_axis(ax)
-        ax.grid(alpha=0.3, which="both")
-        ax.set_xlabel("width (model dimension d)", fontsize=9)
+        st.width_axes(ax, widths)
         ax.set_ylabel("%s stability\n(%s)" % (metric, st.METRIC_UNIT), fontsize=9)
         ax.set_title("%s — %s stability" % (opt, metric), fontsize=11)
         handles, labels = ax.get_legend_handles_labels()
