@@ -40,6 +40,8 @@ typedef struct {
   const char *out, *data;
   const char *resume; /* a safetensors checkpoint of this trainer to start from */
   size_t sweep[16], n_sweep; /* --sweep-widths: train once per width, each into out/width-W */
+  double sweep_lr[16];       /* --sweep-lrs: train once per learning rate, into out/lr-X */
+  size_t n_sweep_lr;
   int data_parallel; /* --data-parallel: under mpirun, each rank a slice of every batch */
   size_t tensor_parallel; /* --tensor-parallel P: under mpirun -np P, each rank a slice of every
                              linear layer; 0 without it */
@@ -113,6 +115,13 @@ static void usage(void) {
          "                             each into DIR/width-W/, and print each layer kind's metrics\n"
          "                             against width with the fitted log-log slope (muP's\n"
          "                             coordinate check); needs --out DIR\n"
+         "      --sweep-lrs LIST       train once per peak learning rate (e.g. 0.01,0.03,0.1,0.3,1),\n"
+         "                             each into DIR/lr-X/ (with --sweep-widths, every width of\n"
+         "                             each: DIR/lr-X/width-W/); a run whose loss turns non-finite\n"
+         "                             is recorded as diverged and the sweep goes on; writes\n"
+         "                             DIR/lr-sweep.csv (a row per run, as it ends) and prints the\n"
+         "                             held-out loss per rate and width, and the best rate per\n"
+         "                             width; needs --out DIR, not with --lr\n"
          "\n"
          "Parallel (a build configured --with-mpi):\n"
          "      --data-parallel        under mpirun -np P: every rank holds the whole model and\n"
@@ -140,6 +149,23 @@ static void usage(void) {
          cli_name);
 }
 
+/* "0.01,0.1,1": 2 to 16 learning rates, each in (0, 10), increasing. */
+static int parse_lrs(const char *s, options *o) {
+  o->n_sweep_lr = 0;
+  for (const char *p = s;;) {
+    char *end;
+    errno = 0;
+    double lr = strtod(p, &end);
+    if (errno || end == p || !(lr > 0 && lr < 10) || o->n_sweep_lr == 16 ||
+        (o->n_sweep_lr && lr <= o->sweep_lr[o->n_sweep_lr - 1]))
+      return -1;
+    o->sweep_lr[o->n_sweep_lr++] = lr;
+    if (!*end) return o->n_sweep_lr < 2 ? -1 : 0;
+    if (*end != ',') return -1;
+    p = end + 1;
+  }
+}
+
 /* "64,128,256": up to 16 widths, each in 1..8192, increasing. */
 static int parse_widths(const char *s, options *o) {
   o->n_sweep = 0;
@@ -160,7 +186,7 @@ static int parse_widths(const char *s, options *o) {
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
          O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL, O_TENSOR_PARALLEL,
-         O_HEAD_DIM, O_ATTN_SCALE };
+         O_HEAD_DIM, O_ATTN_SCALE, O_SWEEP_LRS };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -177,6 +203,7 @@ static int parse(int argc, char **argv, options *o) {
       {"flush-every", required_argument, 0, O_FLUSH},
       {"trace-errors", required_argument, 0, O_TRACE_ERRORS},
       {"sweep-widths", required_argument, 0, O_SWEEP},
+      {"sweep-lrs", required_argument, 0, O_SWEEP_LRS},
       {"data-parallel", no_argument, 0, O_DATA_PARALLEL},
       {"tensor-parallel", required_argument, 0, O_TENSOR_PARALLEL},
       {"head-dim", required_argument, 0, O_HEAD_DIM},
@@ -230,6 +257,10 @@ static int parse(int argc, char **argv, options *o) {
     case O_SWEEP:
       if (parse_widths(optarg, o))
         rc = cli_bad_value("--sweep-widths", optarg, "2 to 16 increasing widths in 1..8192, comma-separated");
+      break;
+    case O_SWEEP_LRS:
+      if (parse_lrs(optarg, o))
+        rc = cli_bad_value("--sweep-lrs", optarg, "2 to 16 increasing learning rates in (0, 10), comma-separated");
       break;
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
@@ -286,6 +317,10 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (o->n_sweep && (!o->out || o->resume))
     return cli_usage_error("--sweep-widths needs --out DIR (and cannot --resume)");
+  if (o->n_sweep_lr && (!o->out || o->resume))
+    return cli_usage_error("--sweep-lrs needs --out DIR (and cannot --resume)");
+  if (o->n_sweep_lr && o->lr_given)
+    return cli_usage_error("--sweep-lrs and --lr: one or the other (the sweep gives each run its rate)");
   for (size_t i = 0; i < o->n_sweep && !o->head_dim; i++)
     if (o->sweep[i] % o->heads)
       return cli_usage_error("--sweep-widths: width %zu is not divisible by --heads %zu", o->sweep[i], o->heads);
@@ -719,11 +754,23 @@ static int gather_whole(model_tp *part, model *m, const optim *opt, float *whole
   return 0;
 }
 
+/* How one run ended, for the sweeps. */
+typedef struct {
+  int diverged;      /* the loss turned non-finite at step steps_done (exit status 1) */
+  size_t steps_done; /* optimizer steps taken */
+  double first_loss; /* the first training batch's loss, before any step */
+  double final_loss; /* the last training batch's loss; NaN if diverged */
+  double heldout;    /* the held-out loss at the end; NaN if diverged */
+} run_result;
+
 /* One training run with the options o; the sweep gives each run its width and directory.
- * means, when not NULL, receives the last quarter's per-kind metrics. Returns the exit status. */
-static int train_run(const options *opts, const data_set *data, kind_means *means, train_world *world) {
+ * means, when not NULL, receives the last quarter's per-kind metrics, and res how the run
+ * ended. Returns the exit status. */
+static int train_run(const options *opts, const data_set *data, kind_means *means, run_result *res,
+                     train_world *world) {
   const options o = *opts;
   int rc = 0;
+  if (res) *res = (run_result){.first_loss = NAN, .final_loss = NAN, .heldout = NAN};
   /* The last tenth is held out for the final evaluation. */
   size_t split = data->n - data->n / 10, B = o.batch, T = o.context;
   /* --data-parallel: this rank's rows [b0, b0 + nb) of every batch; rank 0 alone writes.
@@ -945,6 +992,7 @@ setup_end:
     if (!isfinite(loss)) {
       fputs(tty ? "\n" : "", stderr);
       cli_error("the loss is %g at step %zu: stopping", loss, step);
+      if (res) res->diverged = 1, res->steps_done = step, res->first_loss = first_loss;
       goto out;
     }
     model_zero_grad(mine);
@@ -1041,6 +1089,7 @@ setup_end:
   double val = eval_loss(&m, tensor ? &part : NULL, dpw, data, split, data->n, B, b0, nb, T, tok, tgt, 8);
   printf("loss: initial %.4f, final %.4f (train batch), held-out %.4f (%.3f bits/token)\n",
          first_loss, loss, val, val / log(2.0));
+  if (res) res->steps_done = o.steps, res->first_loss = first_loss, res->final_loss = loss, res->heldout = val;
   printf("time: %.1f s for %zu steps (%.0f tokens/s), %.1f%% of it measuring\n", elapsed,
          o.steps - start, (double)(o.steps - start) * B * T / elapsed,
          100.0 * measure_time / elapsed);
@@ -1139,10 +1188,12 @@ out:
 /* The width sweep's result: per layer kind and metric, the last quarter's geometric mean at
  * each width and the least-squares slope of log(metric) against log(width). A slope near 0
  * means the metric does not change with width, which is what a stable parametrisation gives. */
-static void print_sweep(const options *o, const kind_means *means) {
+static void print_sweep(const options *o, double lr, const kind_means *means) {
   static const char *const metric[3] = {"forward", "dependency", "update"};
-  printf("sweep (%s): geometric mean over each kind's layers and the measured steps of the last "
-         "quarter, against width\n%-10s %-10s", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
+  char rate[40] = "";
+  if (o->n_sweep_lr) snprintf(rate, sizeof rate, ", lr %g", lr);
+  printf("sweep (%s%s): geometric mean over each kind's layers and the measured steps of the last "
+         "quarter, against width\n%-10s %-10s", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", rate,
          "kind", "metric");
   for (size_t w = 0; w < o->n_sweep; w++) printf(" %9zu", o->sweep[w]);
   printf("  log-log slope\n");
@@ -1163,6 +1214,112 @@ static void print_sweep(const options *o, const kind_means *means) {
       if (n >= 2 && den > 0) printf("  %+.3f\n", ((double)n * sxy - sx * sy) / den);
       else printf("  -\n");
     }
+}
+
+/* The learning-rate sweep's table: the held-out loss of every run, a row per width and a column
+ * per rate ("div@N": the loss turned non-finite at step N), and the rate of the lowest loss. */
+static void print_lr_sweep(const options *o, const size_t *widths, size_t n_w, const run_result *res) {
+  printf("learning-rate sweep (%s): held-out loss at the end, per width and peak learning rate\n%-7s",
+         o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", "width");
+  for (size_t l = 0; l < o->n_sweep_lr; l++) printf(" %9g", o->sweep_lr[l]);
+  printf("  best lr\n");
+  for (size_t w = 0; w < n_w; w++) {
+    printf("%-7zu", widths[w]);
+    size_t best = SIZE_MAX;
+    for (size_t l = 0; l < o->n_sweep_lr; l++) {
+      const run_result *r = &res[l * n_w + w];
+      char cell[32];
+      if (r->diverged) snprintf(cell, sizeof cell, "div@%zu", r->steps_done);
+      else snprintf(cell, sizeof cell, "%.4f", r->heldout);
+      printf(" %9s", cell);
+      if (!r->diverged && isfinite(r->heldout) && (best == SIZE_MAX || r->heldout < res[best * n_w + w].heldout))
+        best = l;
+    }
+    if (best == SIZE_MAX) printf("  -\n");
+    else printf("  %g\n", o->sweep_lr[best]);
+  }
+}
+
+/* One line of DIR/lr-sweep.csv, flushed, so that a sweep stopped part way keeps the runs done. */
+static int csv_row(FILE *csv, const char *path, const options *o, size_t width, double lr, const run_result *r) {
+  fprintf(csv, "%s,%zu,%g,%s,%zu,%.6g,%.6g,%.6g\n", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", width, lr,
+          r->diverged ? "diverged" : "ok", r->steps_done, r->final_loss, r->heldout, r->first_loss);
+  if (fflush(csv) || ferror(csv)) {
+    cli_error("%s: cannot write: %s", path, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+/* --sweep-widths and/or --sweep-lrs: one run per (learning rate, width), into DIR/lr-X/width-W/
+ * (a level the sweep does not vary left out of the path). A run that diverges ends a width
+ * sweep alone (its slopes need every width) but not a learning-rate sweep, where diverging is
+ * one of the outcomes measured. Returns the exit status. */
+static int sweep(const options *o, const data_set *data, train_world *dp) {
+  size_t n_lr = o->n_sweep_lr ? o->n_sweep_lr : 1, n_w = o->n_sweep ? o->n_sweep : 1;
+  const size_t *widths = o->n_sweep ? o->sweep : &o->width;
+  kind_means *means = calloc(n_lr * n_w, sizeof *means);
+  run_result *res = calloc(n_lr * n_w, sizeof *res);
+  int writer = !dp || train_world_rank(dp) == 0, rc = 0;
+  FILE *csv = NULL;
+  char dir[4096], csv_path[4200];
+  snprintf(csv_path, sizeof csv_path, "%s/lr-sweep.csv", o->out);
+  if (!means || !res) {
+    cli_error("out of memory");
+    rc = 1;
+  } else if (o->n_sweep_lr && writer && (rc = check_out(o->out, 0)) == 0) {
+    int no_dir = mkdirs(o->out);
+    if (no_dir || !(csv = fopen(csv_path, "w"))) {
+      cli_error("%s: cannot create: %s", no_dir ? o->out : csv_path, strerror(errno));
+      rc = 1;
+    } else {
+      fputs("optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss\n", csv);
+    }
+  }
+  if (o->n_sweep_lr) rc = together(dp, rc);
+  for (size_t l = 0; l < n_lr && !rc; l++) {
+    int all_ran = 1;
+    for (size_t w = 0; w < n_w && !rc; w++) {
+      options one = *o;
+      one.width = widths[w];
+      if (o->n_sweep && o->head_dim) one.heads = one.width / o->head_dim; /* a fixed head dimension */
+      if (o->n_sweep_lr) one.lr = o->sweep_lr[l], one.lr_given = 1;
+      int len = o->n_sweep_lr && o->n_sweep ? snprintf(dir, sizeof dir, "%s/lr-%g/width-%zu", o->out, one.lr, one.width)
+                : o->n_sweep_lr             ? snprintf(dir, sizeof dir, "%s/lr-%g", o->out, one.lr)
+                                            : snprintf(dir, sizeof dir, "%s/width-%zu", o->out, one.width);
+      if (len >= (int)sizeof dir) {
+        cli_error("--out is too long");
+        rc = 2;
+        break;
+      }
+      one.out = dir;
+      size_t at = l * n_w + w;
+      if (o->n_sweep_lr) {
+        cli_error("sweep: lr %g, width %zu (%zu of %zu) into %s", one.lr, one.width, at + 1, n_lr * n_w, dir);
+        printf("== lr %g, width %zu: %s\n", one.lr, one.width, dir);
+      } else {
+        cli_error("sweep: width %zu (%zu of %zu) into %s", one.width, at + 1, n_w, dir);
+        printf("== width %zu: %s\n", one.width, dir);
+      }
+      fflush(stdout);
+      rc = train_run(&one, data, &means[at], &res[at], dp);
+      if (rc == 1 && res[at].diverged && o->n_sweep_lr) rc = 0, all_ran = 0; /* an outcome, not a failure */
+      if (!rc && csv && csv_row(csv, csv_path, o, one.width, one.lr, &res[at])) rc = 1;
+      if (o->n_sweep_lr) rc = together(dp, rc);
+    }
+    if (!rc && o->n_sweep && all_ran) print_sweep(o, o->n_sweep_lr ? o->sweep_lr[l] : o->lr, &means[l * n_w]);
+  }
+  if (!rc && o->n_sweep_lr) {
+    print_lr_sweep(o, widths, n_w, res);
+    if (writer) printf("lr sweep: %s\n", csv_path);
+  }
+  if (csv && fclose(csv) && !rc) {
+    cli_error("%s: cannot write: %s", csv_path, strerror(errno));
+    rc = 1;
+  }
+  free(means);
+  free(res);
+  return rc;
 }
 
 /* The options, the data and the runs, with the world when there is one (every rank does all of
@@ -1210,30 +1367,8 @@ static int run(int argc, char **argv, train_world **world) {
   /* one rank under mpirun without --data-parallel or --tensor-parallel: the one-process run,
    * MPI unused */
   train_world *dp = parallel ? *world : NULL;
-  if (!o.n_sweep) {
-    rc = train_run(&o, &data, NULL, dp);
-  } else {
-    kind_means means[16];
-    char dir[4096];
-    memset(means, 0, sizeof means);
-    for (size_t w = 0; w < o.n_sweep && !rc; w++) {
-      options one = o;
-      one.width = o.sweep[w];
-      if (o.head_dim) one.heads = one.width / o.head_dim; /* a fixed head dimension */
-      if (snprintf(dir, sizeof dir, "%s/width-%zu", o.out, one.width) >= (int)sizeof dir) {
-        cli_error("--out is too long");
-        rc = 2;
-        break;
-      }
-      one.out = dir;
-      cli_error("sweep: width %zu (%zu of %zu) into %s", one.width, w + 1,
-              o.n_sweep, dir);
-      printf("== width %zu: %s\n", one.width, dir);
-      fflush(stdout);
-      rc = train_run(&one, &data, &means[w], dp);
-    }
-    if (!rc) print_sweep(&o, means);
-  }
+  if (!o.n_sweep && !o.n_sweep_lr) rc = train_run(&o, &data, NULL, NULL, dp);
+  else rc = sweep(&o, &data, dp);
   data_free(&data);
   return rc;
 }

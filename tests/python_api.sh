@@ -12,10 +12,8 @@ if [ -n "${STAB_SANITIZED:-}" ]; then
   echo "SKIP: the Python package runs in the plain build only (STAB_SANITIZED is set)"
   exit 77
 fi
-py=
-for c in "${PYTHON:-python3}" /usr/bin/python3; do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import numpy, torch, h5py' 2>/dev/null; then py=$c; break; fi
-done
+. "$src/tests/python_pick.sh"
+py=$(pick_python numpy torch h5py)
 if [ -z "$py" ]; then
   echo "SKIP: numpy, torch and h5py are not importable (Debian: apt-get install python3-numpy python3-torch python3-h5py)"
   exit 77

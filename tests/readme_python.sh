@@ -14,10 +14,8 @@ if [ -n "${STAB_SANITIZED:-}" ]; then
   echo "SKIP: the Python snippets run in the plain build only (STAB_SANITIZED is set)"
   exit 77
 fi
-py=
-for c in "${PYTHON:-python3}" /usr/bin/python3; do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import numpy, torch, h5py, pandas' 2>/dev/null; then py=$c; break; fi
-done
+. "$src/tests/python_pick.sh"
+py=$(pick_python numpy torch h5py pandas)
 if [ -z "$py" ]; then
   echo "SKIP: numpy, torch, h5py and pandas are not importable (Debian: apt-get install python3-numpy python3-torch python3-h5py python3-pandas)"
   exit 77

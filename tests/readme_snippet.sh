@@ -11,23 +11,15 @@ manual="$srcdir/README.md $srcdir/docs/*.md"
 builddir=$(pwd)
 fail() { echo "FAIL ($name snippet): $*"; exit 1; }
 
-py=
-for c in "${PYTHON:-python3}" /usr/bin/python3; do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import h5py' 2>/dev/null; then py=$c; break; fi
-done
+. "$srcdir/tests/python_pick.sh"
+py=$(pick_python h5py)
 case $name in
   h5py) [ -n "$py" ] || { echo "SKIP: h5py is not importable (Debian: apt-get install python3-h5py)"; exit 77; } ;;
   pandas)
-    py=
-    for c in "${PYTHON:-python3}" /usr/bin/python3; do
-      if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import pandas' 2>/dev/null; then py=$c; break; fi
-    done
+    py=$(pick_python pandas)
     [ -n "$py" ] || { echo "SKIP: pandas is not importable (Debian: apt-get install python3-pandas)"; exit 77; } ;;
   xarray)
-    py=
-    for c in "${PYTHON:-python3}" /usr/bin/python3; do
-      if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import xarray, h5netcdf' 2>/dev/null; then py=$c; break; fi
-    done
+    py=$(pick_python xarray h5netcdf)
     [ -n "$py" ] || { echo "SKIP: xarray or h5netcdf is not importable (Debian: apt-get install python3-xarray python3-h5netcdf)"; exit 77; } ;;
   gnuplot) command -v gnuplot >/dev/null 2>&1 || { echo "SKIP: gnuplot not found (Debian: apt-get install gnuplot-nox)"; exit 77; } ;;
   *) fail "unknown snippet" ;;

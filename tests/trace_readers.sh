@@ -22,10 +22,8 @@ writer=
 trap '[ -n "$writer" ] && kill -KILL $writer 2>/dev/null; rm -rf "$dir"' EXIT
 . "$src/tests/limit.sh"
 
-py=
-for c in "${PYTHON:-python3}" /usr/bin/python3; do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import h5py, numpy' 2>/dev/null; then py=$c; break; fi
-done
+. "$src/tests/python_pick.sh"
+py=$(pick_python h5py numpy)
 engines=
 if [ -n "$py" ]; then
   "$py" -c 'import xarray, h5netcdf' 2>/dev/null && engines="$engines h5netcdf"

@@ -217,6 +217,54 @@ for w in 16 32 64; do
 done
 grep -Eq "^linear +update +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[-+][0-9.]+$" "$tmp/sweep.txt" ||
   fail "sweep: no linear update row: $(cat "$tmp/sweep.txt")"
+# The learning-rate sweep: one run per rate and width into DIR/lr-X/width-W, a CSV row per run
+# as it ends, and the table of held-out losses with the best rate per width. Rate 9.9 on this
+# deep, narrow model turns the loss non-finite within a few steps (measured: step 4 at width 8):
+# a diverged run is an outcome recorded, and the sweep goes on.
+expect 2 "lr sweep without --out" $train $small --sweep-lrs 0.1,1
+expect 2 "lr sweep with --lr" $train $small --sweep-lrs 0.1,1 --lr 0.1 --out "$tmp/lrs"
+grep -q "^stabmeter-train: --sweep-lrs and --lr: one or the other" "$tmp/err" ||
+  fail "--sweep-lrs with --lr: the message: $(cat "$tmp/err")"
+expect 2 "lr sweep with one rate" $train $small --sweep-lrs 0.1 --out "$tmp/lrs"
+expect 2 "lr sweep not increasing" $train $small --sweep-lrs 1,0.1 --out "$tmp/lrs"
+expect 2 "lr sweep rate out of range" $train $small --sweep-lrs 0.1,10 --out "$tmp/lrs"
+grep -q "^stabmeter-train: --sweep-lrs: bad value '0.1,10' (want 2 to 16 increasing" "$tmp/err" ||
+  fail "--sweep-lrs out of range: the message: $(cat "$tmp/err")"
+lrsmall="--optimizer steepest --depth 6 --heads 2 --warmup 0 --steps 40 --context 8 --batch 2 --corpus-bytes 20000"
+expect 0 "lr sweep" $train $lrsmall --sweep-lrs 0.1,9.9 --sweep-widths 8,16 --out "$tmp/lrs"
+cp "$tmp/out" "$tmp/lrs.txt"; cp "$tmp/err" "$tmp/lrs.err"
+csv="$tmp/lrs/lr-sweep.csv"
+[ "$(head -n 1 "$csv")" = "optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss" ] ||
+  fail "lr sweep: the CSV header: $(head -n 1 "$csv")"
+[ "$(wc -l <"$csv")" -eq 5 ] || fail "lr sweep: not 4 rows: $(cat "$csv")"
+# each run's row against what the run printed: its held-out loss, or the step its loss went bad
+awk -F, 'NR > 1 { print $2, $3, $4, $5, $7 }' "$csv" >"$tmp/rows"
+printed=$(grep -c '^loss: initial' "$tmp/lrs.txt")
+diverged=0
+while read -r w lr st steps held; do
+  dir="$tmp/lrs/lr-$lr/width-$w"
+  [ -s "$dir/trace.h5" ] || fail "lr sweep: no trace in $dir"
+  if [ "$st" = diverged ]; then
+    diverged=$((diverged + 1))
+    grep -q "the loss is -*nan at step $steps: stopping\|the loss is -*inf at step $steps: stopping" "$tmp/lrs.err" ||
+      fail "lr sweep: lr $lr width $w: diverged at $steps, not what the run said: $(grep 'loss is' "$tmp/lrs.err")"
+    [ "$(rows "$dir/trace.h5" /step)" = "$steps" ] || fail "lr sweep: $dir: not $steps measured rows"
+    [ ! -e "$dir/model.safetensors" ] || fail "lr sweep: a checkpoint of the diverged run $dir"
+  else
+    [ "$st" = ok ] && [ "$steps" = 40 ] || fail "lr sweep: lr $lr width $w: status $st after $steps steps"
+    said=$(sed -n "/^== lr $lr, width $w:/,/^== /s/.*held-out \([0-9.]*\) .*/\1/p" "$tmp/lrs.txt")
+    awk -v a="$held" -v b="$said" 'BEGIN { d = a - b; exit !(b != "" && d < 5e-5 && d > -5e-5) }' ||
+      fail "lr sweep: lr $lr width $w: the CSV's held-out loss $held is not the run's ($said)"
+    [ -s "$dir/model.safetensors" ] || fail "lr sweep: no checkpoint in $dir"
+  fi
+done <"$tmp/rows"
+[ "$diverged" -ge 1 ] || fail "lr sweep: no run at lr 9.9 diverged: $(cat "$csv")"
+[ "$printed" -eq $((4 - diverged)) ] || fail "lr sweep: $printed runs printed a final loss"
+# the table: a row per width, the best rate the one of the lowest finite held-out loss in the CSV
+for w in 8 16; do
+  best=$(awk -F, -v w=$w 'NR > 1 && $2 == w && $4 == "ok" && (b == "" || $7 < l) { b = $3; l = $7 } END { print b }' "$csv")
+  grep -Eq "^$w +[^ ]+ +[^ ]+ +$best\$" "$tmp/lrs.txt" || fail "lr sweep: width $w: best lr not $best: $(cat "$tmp/lrs.txt")"
+done
 expect 0 "no monitor" $train $small --steps 5 --metrics-every 0
 if grep -q "max fwd" "$tmp/err"; then fail "--metrics-every 0 still measured"; fi
 
