@@ -305,12 +305,20 @@ def ratio_from_rows(values):
     return out
 
 
-def ratio(layer, metric, n):
+def ratio(layer, metric, n, lr=None):
     """The ratio to init of a layer's `metric` (forward, dependency or update): its trace
     dataset <metric>_ratio when the trace has one, else computed from the metric's rows
-    (older traces) by ratio_from_rows. NaN x n when the layer lacks the metric."""
+    (older traces) by ratio_from_rows. NaN x n when the layer lacks the metric. With `lr` (the
+    trace's lr scalar) the update's ratio is per unit of learning rate, (update / lr) over its
+    value at the reference row, as harness/train's --alarm takes it: a schedule's warmup and
+    decay then leave it at 1."""
     r = layer.series.get(metric + "_ratio")
-    return r if r is not None else ratio_from_rows(layer.get(metric, n))
+    r = r if r is not None else ratio_from_rows(layer.get(metric, n))
+    if metric == "update" and lr is not None:
+        v = layer.get(metric, n)
+        ref = np.flatnonzero(np.isfinite(v) & (v > 0))
+        r = r * (lr[ref[0]] / lr) if len(ref) else r
+    return r
 
 
 def alarm_threshold(trace):
@@ -325,16 +333,16 @@ def alarm_threshold(trace):
 
 def alarm_events(trace, threshold):
     """Per layer, the first row where its forward, dependency or update stability is more
-    than `threshold` times its value at init (ratio() > threshold), as (layer, row, metric,
-    ratio). Every kind: a ratio does not depend on a kind's natural scale. Non-finite values
-    are nan_steps' to report."""
+    than `threshold` times its value at init (ratio() > threshold; the update's per unit of
+    learning rate when the trace has lr), as (layer, row, metric, ratio). Every kind: a ratio
+    does not depend on a kind's natural scale. Non-finite values are nan_steps' to report."""
     out = []
     if threshold is None:
         return out
     for l in trace.layers:
         first = None
         for metric in METRICS:
-            r = ratio(l, metric, len(trace))
+            r = ratio(l, metric, len(trace), trace.scalars.get("lr"))
             over = np.flatnonzero(np.nan_to_num(r, nan=-np.inf) > threshold)
             if len(over) and (first is None or over[0] < first[1]):
                 first = (l, int(over[0]), metric, float(r[over[0]]))
@@ -343,13 +351,14 @@ def alarm_events(trace, threshold):
     return out
 
 
-def worst_layers(layers, metric, n, count=3, of_ratio=False):
+def worst_layers(layers, metric, n, count=3, of_ratio=False, lr=None):
     """The `count` layers with the largest value of `metric` over all steps (of its ratio to
-    init with of_ratio), with that value and its row: [(layer, value, row)], largest first;
-    layers without the metric left out. Give it one kind's layers: kinds' scales differ."""
+    init with of_ratio; lr as ratio() takes it), with that value and its row: [(layer, value,
+    row)], largest first; layers without the metric left out. Give it one kind's layers:
+    kinds' scales differ."""
     ranked = []
     for l in layers:
-        v = ratio(l, metric, n) if of_ratio else l.get(metric, n)
+        v = ratio(l, metric, n, lr) if of_ratio else l.get(metric, n)
         if defined(v):
             i = int(np.nanargmax(v))
             ranked.append((l, float(v[i]), i))

@@ -11,7 +11,9 @@
 # grey; in the ratio panels each kind's largest ratio is drawn bold. Red bands mark steps where
 # the loss or a layer went non-finite; crosses mark a layer's flags; with an alarm threshold
 # (`STAB_ALARM=X`, a ratio to init, as `harness/train --alarm X`) a dashed line shows it in the
-# ratio panels and a triangle marks each layer's first crossing.
+# ratio panels and a triangle marks each layer's first crossing. The update's ratio is per unit
+# of learning rate (update / lr over its value at init), as the alarm takes it, so that the
+# schedule's warmup and decay alone leave it at 1.
 #
 # Inputs: `STAB_TRACE` (or the first argument; default `runs/demo/trace.h5`), `STAB_ALARM`
 # (optional), `STAB_OUT` (figure directory, default `notebooks-out/`).
@@ -75,21 +77,24 @@ print("ratio to init: %s" % ("the trace's forward_ratio, dependency_ratio, updat
                                  have, len(tr.layers) - have)))
 
 
+lr = tr.scalars.get("lr")  # the update's ratio to init is per unit of learning rate when the trace has it
+
+
 def print_worst(header, of_ratio):
     print()
     print(header)
     print("%-10s %-10s %-4s %-40s %12s %8s %12s" % ("metric", "kind", "rank", "layer", "max", "at step", "last"))
     for metric in st.METRICS:
         for kind in tr.kinds():
-            for rank, (layer, value, i) in enumerate(st.worst_layers(tr.of_kind(kind), metric, n, 3, of_ratio), 1):
-                last = (st.ratio(layer, metric, n) if of_ratio else layer.get(metric, n))[-1]
+            for rank, (layer, value, i) in enumerate(st.worst_layers(tr.of_kind(kind), metric, n, 3, of_ratio, lr), 1):
+                last = (st.ratio(layer, metric, n, lr) if of_ratio else layer.get(metric, n))[-1]
                 print("%-10s %-10s %-4d %-40s %12.4g %8d %12.4g" % (metric, kind, rank, layer.name, value,
                                                                     tr.steps[i], last))
 
 
 print_worst("The worst layers of each kind by value (kinds' natural scales differ: compare within a kind):", False)
-print_worst("The worst layers of each kind by ratio to init (value over its value at the first measured step):",
-            True)
+print_worst("The worst layers of each kind by ratio to init (value over its value at the first measured step%s):"
+            % ("; update per unit of learning rate" if lr is not None else ""), True)
 
 # %% [markdown]
 # ## Every layer over the run
@@ -163,20 +168,21 @@ ax.legend(handles, labels, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=le
 # Ratios to init: every kind on one axis, since 1 is every layer's start.
 for col, metric in enumerate(st.METRICS):
     ax = fig.add_subplot(grid[1, col])
-    ax.set_title(metric + " stability: ratio to init", fontsize=11)
+    per_lr = metric == "update" and lr is not None
+    ax.set_title(metric + " stability%s: ratio to init" % (" per unit of lr" if per_lr else ""), fontsize=11)
     drawn = False
     for kind in kinds:
         layers = tr.of_kind(kind)
-        worst = st.worst_layers(layers, metric, n, 1, of_ratio=True)
+        worst = st.worst_layers(layers, metric, n, 1, of_ratio=True, lr=lr)
         if not worst:
             continue
         drawn = True
         color = st.KIND_COLORS.get(kind, "black")
         for l in layers:
             if l is not worst[0][0]:
-                ax.plot(x, st.positive(st.ratio(l, metric, n)), color=color, lw=0.7, alpha=0.45)
+                ax.plot(x, st.positive(st.ratio(l, metric, n, lr)), color=color, lw=0.7, alpha=0.45)
         l, value, i = worst[0]
-        ax.plot(x, st.positive(st.ratio(l, metric, n)), color=color, lw=1.8, zorder=3,
+        ax.plot(x, st.positive(st.ratio(l, metric, n, lr)), color=color, lw=1.8, zorder=3,
                 label="%s: %s  (max %.3g)" % (kind, l.name, value))
     if not drawn:
         st.undefined_panel(ax, "any", metric)
@@ -195,7 +201,7 @@ for col, metric in enumerate(st.METRICS):
     st.log_axis(ax)
     ax.grid(alpha=0.3, which="both")
     ax.set_xlabel("optimizer step", fontsize=9)
-    ax.set_ylabel("%s / its value at init (1)" % metric, fontsize=9)
+    ax.set_ylabel("%s%s / its value at init (1)" % (metric, " per unit of lr" if per_lr else ""), fontsize=9)
     st.legend_below(fig, grid[2, col], *ax.get_legend_handles_labels())
 
 for k, kind in enumerate(kinds):

@@ -40,27 +40,12 @@ for opt in steepest adamw; do
   done
 done
 
-# A learning-rate x width sweep laid out as train --sweep-lrs writes it (DIR/lr-X/width-W/ and
-# DIR/lr-sweep.csv with the losses the runs printed). Rate 9.9 on this deep, narrow model
-# diverges at width 32 (measured: the loss is NaN at step 18) and ends at a held-out loss near
-# 100 at width 16; 0.3 is the best rate at both widths.
+# A learning-rate x width sweep (train --sweep-lrs: DIR/lr-X/width-W/ and DIR/lr-sweep.csv).
+# Rate 9.9 on this deep, narrow model diverges at width 32 (measured: the loss is NaN at step
+# 18) and ends at a held-out loss near 100 at width 16; 0.3 is the best rate at both widths.
 lrsmall="--optimizer steepest --depth 6 --heads 2 --warmup 0 --steps 20 --context 8 --batch 2 --corpus-bytes 20000"
-mkdir -p "$tmp/lrs"
-echo "optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss" >"$tmp/lrs/lr-sweep.csv"
-for lr in 0.03 0.3 9.9; do
-  for w in 16 32; do
-    ./harness/train $lrsmall --width $w --lr $lr --out "$tmp/lrs/lr-$lr/width-$w" >"$tmp/train.log" 2>"$tmp/train.err"
-    losses=$(sed -n 's/^loss: initial [^,]*, final \([^ ]*\) (train batch), held-out \([^ ]*\) .*/\1,\2/p' "$tmp/train.log")
-    at=$(sed -n 's/.*the loss is .* at step \([0-9]*\): stopping/\1/p' "$tmp/train.err")
-    if [ -n "$losses" ]; then
-      echo "steepest,$w,$lr,ok,20,$losses" >>"$tmp/lrs/lr-sweep.csv"
-    elif [ -n "$at" ]; then
-      echo "steepest,$w,$lr,diverged,$at,nan,nan" >>"$tmp/lrs/lr-sweep.csv"
-    else
-      fail "training lr $lr at width $w: $(tail -n 3 "$tmp/train.err")"
-    fi
-  done
-done
+./harness/train $lrsmall --sweep-lrs 0.03,0.3,9.9 --sweep-widths 16,32 --out "$tmp/lrs" >"$tmp/train.log" 2>&1 ||
+  fail "the learning-rate sweep: $(tail -n 3 "$tmp/train.log")"
 grep -q "^steepest,32,9.9,diverged," "$tmp/lrs/lr-sweep.csv" ||
   fail "the lr sweep fixture: lr 9.9 at width 32 did not diverge: $(cat "$tmp/lrs/lr-sweep.csv")"
 
@@ -132,7 +117,7 @@ for name, pngs in figures.items():
 f = h5py.File(tmp + "/run/trace.h5", "r", swmr=True)
 n = f["step"].shape[0]
 check("%d measured steps" % n in printed["trace"], "trace: row count %d not printed" % n)
-# The worst layer of each kind, by value and by ratio to init (the first finite positive row's).
+# The worst layer of each kind, by value and by ratio to init (over the first finite positive row).
 by_value, by_ratio = printed["trace"].split("by ratio to init")
 def first_ratio(v):
     ok = np.flatnonzero(np.isfinite(v) & (v > 0))
@@ -146,7 +131,9 @@ for metric in ("forward", "dependency", "update"):
             check(not re.search(r"^%s\s+%s\s" % (metric, kind), printed["trace"], re.M),
                   "trace: a worst %s %s layer, but none has it" % (kind, metric))
             continue
-        for text, of in ((by_value, lambda v: v), (by_ratio, first_ratio)):
+        # the update's ratio is per unit of learning rate
+        per_lr = (lambda v: first_ratio(v / f["scalars/lr"][:])) if metric == "update" else first_ratio
+        for text, of in ((by_value, lambda v: v), (by_ratio, per_lr)):
             best = max((np.nanmax(of(v)), name) for name, v in groups)
             tied = {name for name, v in groups if np.nanmax(of(v)) >= best[0] * (1 - 1e-12)}
             m = re.search(r"^%s\s+%s\s+1\s+(\S+)\s+(\S+)" % (metric, kind), text, re.M)
@@ -397,13 +384,15 @@ for name, what, row in ((fc, "non-finite weight", 9), (proj, "sigma not converge
     if "flag: %s: %s at 1 step(s), first %d" % (name, what, steps[row]) not in text:
         bad.append("flag %s of %s at step %d not reported" % (what, name, steps[row]))
 # Alarms: each layer's first step where a metric is above the threshold times its first finite
-# positive value (the ratio to init; this trace has no ratio datasets), computed here.
+# positive value (the ratio to init; this trace has no ratio datasets; the update per unit of
+# learning rate, as train --alarm), computed here.
+lr = f["scalars/lr"][:]
 want = set()
 for name in names:
     g = f["layers"][name]
     rows = []
     for m in ("forward", "dependency", "update"):
-        v = g[m][:]
+        v = g[m][:] / (lr if m == "update" else 1)
         ok = np.flatnonzero(np.isfinite(v) & (v > 0))
         over = np.flatnonzero(np.nan_to_num(v[ok[0]:] / v[ok[0]], nan=-np.inf) > alarm) if len(ok) else []
         if len(over):
@@ -447,6 +436,7 @@ import h5py, numpy as np
 tmp = sys.argv[1]
 text = open(tmp + "/ratio.txt").read()
 f = h5py.File(tmp + "/ratio.h5", "r")
+lr = f["scalars/lr"][:]
 bad = []
 if "ratio to init: the trace's forward_ratio, dependency_ratio, update_ratio" not in text:
     bad.append("does not say it read the trace's ratio datasets")
@@ -454,7 +444,10 @@ ratios = text.split("by ratio to init")[1]
 n = 0
 for kind in ("linear", "attention", "gain", "lm_head"):
     for m in ("forward", "update"):
-        groups = [(np.nanmax(g[m + "_ratio"][:]), name) for name, g in f["layers"].items()
+        def shown(g):  # the update's per unit of learning rate, over lr at its reference row
+            r, v = g[m + "_ratio"][:], g[m][:]
+            return r * lr[np.flatnonzero(np.isfinite(v) & (v > 0))[0]] / lr if m == "update" else r
+        groups = [(np.nanmax(shown(g)), name) for name, g in f["layers"].items()
                   if g.attrs["kind"] == kind and np.isfinite(g[m + "_ratio"][:]).any()]
         if not groups:
             continue
