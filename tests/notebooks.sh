@@ -213,6 +213,23 @@ for r in rows:
           "lr_transfer: early metrics of lr %s width %s: %s, from the trace %s" % (r["lr"], r["width"], m and m.groups(), want))
     early += 1
 check(early == 6, "lr_transfer: %d runs in the CSV, not 6" % early)
+# the rank correlation of each early metric with the final loss (diverged: worst), by pandas
+import pandas as pd
+for w in ("16", "32"):
+    m = re.search(r"^spearman steepest width %s \(early metric against final loss, 3 runs\): (.*)$" % w, text, re.M)
+    got = dict(re.findall(r"(\w+ \w+) ([+-]\d\.\d\d)", m.group(1))) if m else {}
+    table = pd.read_csv(tmp + "/lrs/lr-sweep.csv").query("width == %s" % w).sort_values("lr")
+    outcome = table.heldout_loss.where(table.status == "ok", np.inf).to_numpy()
+    for j, name in enumerate(("linear fwd", "linear upd", "attn bound", "lm_head fwd")):
+        vals = []
+        for lr in table.lr:
+            t = h5py.File("%s/lrs/lr-%g/width-%s/trace.h5" % (tmp, lr, w), "r")
+            row = list(t["step"][:]).index(2)
+            kind, metric = (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward"))[j]
+            vals.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
+        rho = pd.Series(vals).corr(pd.Series(outcome), method="spearman")
+        check(name in got and abs(float(got[name]) - rho) < 0.006,
+              "lr_transfer: width %s %s rank correlation %s, pandas %+.2f" % (w, name, got.get(name), rho))
 
 # checkpoints: two, in step order; update only at the second (probe --prev the first).
 text = printed["checkpoints"]
