@@ -3,8 +3,9 @@ turned into a .ipynb (py2nb), executed headless in a python3 Jupyter kernel, and
 next to the PNG figures it saves, all in one output directory.
 
 Usage: run_notebooks.py [--out DIR] [--timeout S] [NAME ...]   (NAME: trace, width_sweep,
-checkpoints, live; default all). Inputs reach the notebooks through the environment (STAB_TRACE,
-STAB_SWEEP, STAB_CHECKPOINTS, STAB_PROBE, STAB_ALARM, STAB_LIVE_*). A notebook whose input is
+coord_check, lr_transfer, checkpoints, live; default all). Inputs reach the notebooks through the
+environment (STAB_TRACE, STAB_SWEEP, STAB_LR_SWEEP, STAB_CHECKPOINTS, STAB_PROBE, STAB_ALARM,
+STAB_COORD_*, STAB_EARLY_STEP, STAB_LIVE_*). A notebook whose input is
 the default and absent (no sweep was run, say) is skipped with a message; any other failure
 names the notebook and the cell, keeps the partly executed notebook and HTML for a look, and
 makes the exit status 1. Exit 2 for bad usage."""
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import py2nb  # noqa: E402
 
-NOTEBOOKS = ("trace", "width_sweep", "checkpoints", "live")
+NOTEBOOKS = ("trace", "width_sweep", "coord_check", "lr_transfer", "checkpoints", "live")
 
 
 def missing_default_input(name):
@@ -31,10 +32,14 @@ def missing_default_input(name):
     trace = os.environ.get("STAB_TRACE", "").strip() or "runs/demo/trace.h5"
     if name in ("trace", "live") and not os.environ.get("STAB_TRACE", "").strip() and not os.path.exists(trace):
         return "no trace at %s (run ./quickstart.sh, or give TRACE=path)" % trace
-    if name == "width_sweep" and not os.environ.get("STAB_SWEEP", "").strip():
+    if name in ("width_sweep", "coord_check") and not os.environ.get("STAB_SWEEP", "").strip():
         dirs = ["runs/sweep-steepest", "runs/sweep-adamw"]
         if not any(os.path.isdir(d) for d in dirs):
             return "no sweep at %s (give SWEEP=\"DIR ...\", see README)" % " ".join(dirs)
+    if name == "lr_transfer" and not os.environ.get("STAB_LR_SWEEP", "").strip():
+        dirs = ["runs/lr-steepest", "runs/lr-adamw"]
+        if not any(os.path.isdir(d) for d in dirs):
+            return "no learning-rate sweep at %s (give LR_SWEEP=\"DIR ...\", see docs/notebooks.md)" % " ".join(dirs)
     if name == "checkpoints" and not os.environ.get("STAB_CHECKPOINTS", "").strip():
         d = os.path.dirname(trace) or "."
         if not os.path.exists(os.path.join(d, "model.safetensors")):

@@ -16,6 +16,9 @@ import h5py
 import numpy as np
 
 METRICS = ("forward", "dependency", "update")
+# Each metric over its value at the layer's first measured step where it was finite and > 0: the
+# trace's <metric>_ratio datasets (written since ratios exist), else computed from its rows (ratio()).
+RATIOS = tuple(m + "_ratio" for m in METRICS)
 # The order kinds appear in a model, so rows of a figure read from input to output.
 KINDS = ("embedding", "linear", "attention", "gain", "bias", "lm_head")
 KIND_COLORS = {"embedding": "tab:blue", "linear": "tab:orange", "attention": "tab:red",
@@ -291,9 +294,37 @@ def flag_text(bits):
     return ", ".join(v for k, v in FLAG_NAMES.items() if bits & k) or "flags %d" % bits
 
 
+def ratio_from_rows(values):
+    """A series over its first finite value > 0 (the reference); NaN before that row, and all
+    NaN when there is none. What the trace's <metric>_ratio datasets hold."""
+    v = np.asarray(values, dtype=np.float64)
+    out = np.full(len(v), np.nan)
+    ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+    if len(ok):
+        out[ok[0]:] = v[ok[0]:] / v[ok[0]]
+    return out
+
+
+def ratio(layer, metric, n, lr=None):
+    """The ratio to init of a layer's `metric` (forward, dependency or update): its trace
+    dataset <metric>_ratio when the trace has one, else computed from the metric's rows
+    (older traces) by ratio_from_rows. NaN x n when the layer lacks the metric. With `lr` (the
+    trace's lr scalar) the update's ratio is per unit of learning rate, (update / lr) over its
+    value at the reference row, as harness/train's --alarm takes it: a schedule's warmup and
+    decay then leave it at 1."""
+    r = layer.series.get(metric + "_ratio")
+    r = r if r is not None else ratio_from_rows(layer.get(metric, n))
+    if metric == "update" and lr is not None:
+        v = layer.get(metric, n)
+        ref = np.flatnonzero(np.isfinite(v) & (v > 0))
+        r = r * (lr[ref[0]] / lr) if len(ref) else r
+    return r
+
+
 def alarm_threshold(trace):
-    """The alarm threshold on forward/dependency stability: $STAB_ALARM, else run_config's
-    "alarm" when the run recorded one, else None (no alarms)."""
+    """The alarm threshold, a ratio to init: $STAB_ALARM, else run_config's "alarm" when the
+    run recorded one (harness/train --alarm X: ratio to the first measured value > X), else
+    None (no alarms)."""
     x = number_setting("STAB_ALARM", None)
     if x is None:
         x = trace.config.get("alarm")
@@ -301,37 +332,56 @@ def alarm_threshold(trace):
 
 
 def alarm_events(trace, threshold):
-    """Per layer, the first row where forward or dependency stability exceeds `threshold`,
-    as (layer, row, metric, value). The LM head is left aside, as harness/train does: its
-    forward bound holds log V and grows with the vocabulary, not with instability."""
+    """Per layer, the first row where its forward, dependency or update stability is more
+    than `threshold` times its value at init (ratio() > threshold; the update's per unit of
+    learning rate when the trace has lr), as (layer, row, metric, ratio). Every kind: a ratio
+    does not depend on a kind's natural scale. Non-finite values are nan_steps' to report."""
     out = []
     if threshold is None:
         return out
     for l in trace.layers:
-        if l.kind == "lm_head":
-            continue
         first = None
-        for metric in ("forward", "dependency"):
-            v = l.get(metric, len(trace))
-            over = np.flatnonzero(np.nan_to_num(v, nan=-np.inf) > threshold)
+        for metric in METRICS:
+            r = ratio(l, metric, len(trace), trace.scalars.get("lr"))
+            over = np.flatnonzero(np.nan_to_num(r, nan=-np.inf) > threshold)
             if len(over) and (first is None or over[0] < first[1]):
-                first = (l, int(over[0]), metric, float(v[over[0]]))
+                first = (l, int(over[0]), metric, float(r[over[0]]))
         if first:
             out.append(first)
     return out
 
 
-def worst_layers(layers, metric, n, count=3):
-    """The `count` layers with the largest value of `metric` over all steps, with that value
-    and its row: [(layer, value, row)], largest first; layers without the metric left out."""
+def worst_layers(layers, metric, n, count=3, of_ratio=False, lr=None):
+    """The `count` layers with the largest value of `metric` over all steps (of its ratio to
+    init with of_ratio; lr as ratio() takes it), with that value and its row: [(layer, value,
+    row)], largest first; layers without the metric left out. Give it one kind's layers:
+    kinds' scales differ."""
     ranked = []
     for l in layers:
-        v = l.get(metric, n)
+        v = ratio(l, metric, n, lr) if of_ratio else l.get(metric, n)
         if defined(v):
             i = int(np.nanargmax(v))
             ranked.append((l, float(v[i]), i))
     ranked.sort(key=lambda t: -t[1])
     return ranked[:count]
+
+
+def kind_value(layers, metric, n, stat="gmean"):
+    """Per row, one number for a kind's layers: the geometric mean of their `metric` over the
+    layers where it is finite and > 0 (stat "gmean"), or the largest (stat "max", the worst
+    layer). NaN in a row where no layer has a value."""
+    rows = np.array([positive(l.get(metric, n)) for l in layers]).reshape(len(layers), n)
+    ok = np.isfinite(rows)
+    count = ok.sum(axis=0)
+    out = np.full(n, np.nan)
+    if stat == "max":
+        out[count > 0] = np.where(ok, rows, -np.inf).max(axis=0)[count > 0]
+    elif stat == "gmean":
+        logs = np.where(ok, np.log(np.where(ok, rows, 1.0)), 0.0).sum(axis=0)
+        out[count > 0] = np.exp(logs[count > 0] / count[count > 0])
+    else:
+        raise InputError("unknown statistic %r (gmean or max)" % stat)
+    return out
 
 
 def positive(values):
@@ -379,6 +429,47 @@ def sweep_traces(dirs):
                              "--width W --out %s/width-W for each W)" % (d, d))
         found += here
     return sorted(set(found), key=natural_key)
+
+
+def run_key(trace):
+    """(optimizer, width) of a trace, from its run_config; InputError when it lacks either."""
+    model = trace.config.get("model")
+    opt, width = trace.config.get("optimizer"), model.get("width") if isinstance(model, dict) else None
+    if opt is None or width is None:
+        raise InputError("trace %s: run_config has no optimizer or model.width" % trace.path)
+    return opt, width
+
+
+def read_sweep(dirs, metrics=None):
+    """The traces of sweep directories (sweep_traces), as {(optimizer, width): Trace}; two
+    traces of one optimizer and width, or a trace without rows, are bad input."""
+    runs = {}
+    for path in sweep_traces(dirs):
+        tr = read_trace(path, metrics=metrics)
+        key = run_key(tr)
+        if key in runs:
+            raise InputError("two traces for %s at width %s: %s and %s" % (key + (runs[key].path, path)))
+        if len(tr) == 0:
+            raise InputError("trace %s has no measured steps" % path)
+        runs[key] = tr
+    return runs
+
+
+def optimizer_order(names):
+    """Optimizer names in the order the figures show them: steepest, adamw, then the rest."""
+    order = {"steepest": 0, "adamw": 1}
+    return sorted(set(names), key=lambda o: (order.get(o, 2), o))
+
+
+def shared_title(configs, vary=("width",), extra=""):
+    """A title naming what a set of runs share: run_title of the run_config fields equal in all
+    of them, the optimizer and the model fields in `vary` left out, then `extra`."""
+    first = configs[0]
+    shared = {k: v for k, v in first.items()
+              if k not in ("optimizer", "model") and all(c.get(k) == v for c in configs)}
+    shared["model"] = {k: v for k, v in first.get("model", {}).items()
+                       if k not in vary and all(c.get("model", {}).get(k) == v for c in configs)}
+    return run_title(shared) + extra
 
 
 # ---- probe reports --------------------------------------------------------------------------
@@ -514,6 +605,20 @@ def log_axis(ax, axis="y"):
     a.set_major_formatter(_plain_log_formatter())
     a.set_minor_formatter(_plain_log_formatter((2, 0.4)))
     ax.tick_params(axis=axis, which="minor", labelsize=7)
+
+
+def width_axes(ax, widths):
+    """Log-log axes against model width: x in base 2 with a tick at each width swept, y a
+    log_axis, a grid, the x label."""
+    import matplotlib.ticker
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(widths))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlim(widths[0] / 1.25, widths[-1] * 1.25)
+    log_axis(ax)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_xlabel("width (model dimension d)", fontsize=9)
 
 
 def legend_height(entries):

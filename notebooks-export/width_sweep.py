@@ -20,7 +20,6 @@
 import re
 import sys
 
-import matplotlib.ticker
 import numpy as np
 
 import stabtrace as st
@@ -34,20 +33,8 @@ else:
     SWEEP = re.split(r"[\s,:]+", st.setting("STAB_SWEEP", "runs/sweep-steepest runs/sweep-adamw").strip())
 
 points = {}  # (optimizer, kind, metric) -> {width: value}
-runs = {}  # (optimizer, width) -> trace path
-configs = []
-for path in st.sweep_traces(SWEEP):
-    tr = st.read_trace(path, metrics=st.METRICS)
-    model = tr.config.get("model")
-    opt, width = tr.config.get("optimizer"), model.get("width") if isinstance(model, dict) else None
-    if opt is None or width is None:
-        raise st.InputError("trace %s: run_config has no optimizer or model.width" % path)
-    if (opt, width) in runs:
-        raise st.InputError("two traces for %s at width %s: %s and %s" % (opt, width, runs[opt, width], path))
-    if len(tr) == 0:
-        raise st.InputError("trace %s has no measured steps" % path)
-    runs[opt, width] = path
-    configs.append(tr.config)
+runs = st.read_sweep(SWEEP, metrics=st.METRICS)  # (optimizer, width) -> trace
+for (opt, width), tr in runs.items():
     for kind in tr.kinds():
         for metric in st.METRICS:
             vals = [st.tail_median(l.get(metric, len(tr)), TAIL) for l in tr.of_kind(kind)]
@@ -55,20 +42,15 @@ for path in st.sweep_traces(SWEEP):
             if vals:
                 points.setdefault((opt, kind, metric), {})[width] = max(vals)
 
-order = {"steepest": 0, "adamw": 1}
-optimizers = sorted({o for o, _ in runs}, key=lambda o: (order.get(o, 2), o))
+optimizers = st.optimizer_order(o for o, _ in runs)
 widths = sorted({w for _, w in runs})
 kinds = [k for k in st.KINDS if any(key[1] == k for key in points)]
 for opt in optimizers:
     print("%s: widths %s" % (opt, ", ".join(str(w) for o, w in sorted(runs) if o == opt)))
 
 # What the runs share (besides width and optimizer) names them in the title.
-first = configs[0]
-shared = {k: v for k, v in first.items()
-          if k not in ("optimizer", "model") and all(c.get(k) == v for c in configs)}
-shared["model"] = {k: v for k, v in first["model"].items()
-                   if k != "width" and all(c["model"].get(k) == v for c in configs)}
-title = "%s; widths %s" % (st.run_title(shared), ", ".join(map(str, widths)))
+title = st.shared_title([tr.config for _, tr in sorted(runs.items())],
+                        extra="; widths %s" % ", ".join(map(str, widths)))
 print(title)
 
 # %% [markdown]
@@ -117,14 +99,7 @@ for r, metric in enumerate(st.METRICS):
             ax.plot(w, st.positive([pts[x] for x in w]), marker=st.KIND_MARKERS.get(kind, "o"),
                     color=st.KIND_COLORS.get(kind), lw=1.6, ms=7, mfc="none", mew=1.6,
                     label="%s: slope %+.2f" % (kind, round(slopes[opt, kind, metric], 2) + 0.0))
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(widths))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlim(widths[0] / 1.25, widths[-1] * 1.25)
-        st.log_axis(ax)
-        ax.grid(alpha=0.3, which="both")
-        ax.set_xlabel("width (model dimension d)", fontsize=9)
+        st.width_axes(ax, widths)
         ax.set_ylabel("%s stability\n(%s)" % (metric, st.METRIC_UNIT), fontsize=9)
         ax.set_title("%s — %s stability" % (opt, metric), fontsize=11)
         handles, labels = ax.get_legend_handles_labels()

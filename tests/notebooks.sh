@@ -1,10 +1,13 @@
 #!/bin/sh
 # notebooks.sh — the notebooks of notebooks-export/ executed headless the way `make notebooks`
 # runs them (notebooks-export/run.sh) on a short training run with two checkpoints, a
-# two-optimizer width sweep and a trace still being written; their .ipynb, HTML and PNG outputs
-# checked; then, as plain scripts, on traces made here whose answers are known: a sweep whose
-# metrics are c * width^p (every printed slope must be p) and a trace with NaN steps, flags and
-# alarm crossings put in at known steps. Skipped (exit 77) when no python3 has the packages.
+# two-optimizer width sweep, a learning-rate x width sweep with one diverged run and a trace
+# still being written; their .ipynb, HTML and PNG outputs checked, and their printed values
+# against the files (worst layers per kind, coordinate-check slopes, best rates, early
+# metrics); then, as plain scripts, on traces made here whose answers are known: a sweep whose
+# metrics are c * width^p (every printed slope must be p), a sweep with steps missing at one
+# width, a trace with NaN steps, flags and alarm crossings put in at known steps, and one with
+# its own ratio datasets. Skipped (exit 77) when no python3 has the packages.
 set -u
 src=${srcdir:-.}
 run="$src/notebooks-export/run.sh"
@@ -37,10 +40,20 @@ for opt in steepest adamw; do
   done
 done
 
+# A learning-rate x width sweep (train --sweep-lrs: DIR/lr-X/width-W/ and DIR/lr-sweep.csv).
+# Rate 9.9 on this deep, narrow model diverges at width 32 (measured: the loss is NaN at step
+# 18) and ends at a held-out loss near 100 at width 16; 0.3 is the best rate at both widths.
+lrsmall="--optimizer steepest --depth 6 --heads 2 --warmup 0 --steps 20 --context 8 --batch 2 --corpus-bytes 20000"
+./harness/train $lrsmall --sweep-lrs 0.03,0.3,9.9 --sweep-widths 16,32 --out "$tmp/lrs" >"$tmp/train.log" 2>&1 ||
+  fail "the learning-rate sweep: $(tail -n 3 "$tmp/train.log")"
+grep -q "^steepest,32,9.9,diverged," "$tmp/lrs/lr-sweep.csv" ||
+  fail "the lr sweep fixture: lr 9.9 at width 32 did not diverge: $(cat "$tmp/lrs/lr-sweep.csv")"
+
 # ---- headless, as make notebooks runs them -------------------------------------------------
-STAB_TRACE="$tmp/run/trace.h5" STAB_SWEEP="$tmp/sweep-steepest $tmp/sweep-adamw" \
+STAB_TRACE="$tmp/run/trace.h5" STAB_SWEEP="$tmp/sweep-steepest $tmp/sweep-adamw" STAB_LR_SWEEP="$tmp/lrs" \
 STAB_CHECKPOINTS="$tmp/run" STAB_PROBE="$PWD/harness/probe" \
-  sh "$run" --out "$tmp/out" trace width_sweep checkpoints || fail "run.sh trace width_sweep checkpoints"
+  sh "$run" --out "$tmp/out" trace width_sweep coord_check lr_transfer checkpoints ||
+  fail "run.sh trace width_sweep coord_check lr_transfer checkpoints"
 # live: a writer appends a step every 50 ms for as long as the notebook follows the file, which
 # it does for STAB_LIVE_LIMIT seconds from when its kernel is up: it must see the trace grow.
 ./tests/trace_writer --steps 100000 --delay-ms 50 "$tmp/live.h5" &
@@ -75,6 +88,8 @@ def stdout_of(name):
     return "".join(text)
 
 figures = {"trace": ["trace"], "width_sweep": ["width_sweep"],
+           "coord_check": ["coord_check_steepest", "coord_check_adamw"],
+           "lr_transfer": ["lr_transfer", "lr_transfer_metrics"],
            "checkpoints": ["checkpoints", "checkpoints_layers"], "live": ["live"]}
 printed = {}
 for name, pngs in figures.items():
@@ -102,11 +117,30 @@ for name, pngs in figures.items():
 f = h5py.File(tmp + "/run/trace.h5", "r", swmr=True)
 n = f["step"].shape[0]
 check("%d measured steps" % n in printed["trace"], "trace: row count %d not printed" % n)
+# The worst layer of each kind, by value and by ratio to init (over the first finite positive row).
+by_value, by_ratio = printed["trace"].split("by ratio to init")
+def first_ratio(v):
+    ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+    return v[ok[0]:] / v[ok[0]]
+ranked = 0
 for metric in ("forward", "dependency", "update"):
-    best = max(((np.nanmax(g[metric][:]), name) for name, g in f["layers"].items()
-                if np.isfinite(g[metric][:]).any()))
-    m = re.search(r"^%s\s+1\s+(\S+)" % metric, printed["trace"], re.M)
-    check(m and m.group(1) == best[1], "trace: worst %s layer %s, expected %s" % (metric, m and m.group(1), best[1]))
+    for kind in sorted({g.attrs["kind"] for g in f["layers"].values()}):
+        groups = [(name, g[metric][:]) for name, g in f["layers"].items()
+                  if g.attrs["kind"] == kind and np.isfinite(g[metric][:]).any()]
+        if not groups:
+            check(not re.search(r"^%s\s+%s\s" % (metric, kind), printed["trace"], re.M),
+                  "trace: a worst %s %s layer, but none has it" % (kind, metric))
+            continue
+        # the update's ratio is per unit of learning rate
+        per_lr = (lambda v: first_ratio(v / f["scalars/lr"][:])) if metric == "update" else first_ratio
+        for text, of in ((by_value, lambda v: v), (by_ratio, per_lr)):
+            best = max((np.nanmax(of(v)), name) for name, v in groups)
+            tied = {name for name, v in groups if np.nanmax(of(v)) >= best[0] * (1 - 1e-12)}
+            m = re.search(r"^%s\s+%s\s+1\s+(\S+)\s+(\S+)" % (metric, kind), text, re.M)
+            check(m and m.group(1) in tied and abs(float(m.group(2)) - best[0]) <= 1e-3 * best[0],
+                  "trace: worst %s %s layer %s, expected %s %.4g" % (kind, metric, m and m.groups(), best[1], best[0]))
+            ranked += 1
+check(ranked >= 20, "trace: only %d kinds and metrics ranked" % ranked)
 check("NaN steps: none" in printed["trace"] and "flags: none" in printed["trace"], "trace: NaN/flags in a clean run")
 
 # width sweep: both optimizers at the three widths, a slope for every kind and metric measured.
@@ -116,6 +150,86 @@ for opt in ("steepest", "adamw"):
                          ("embedding", "forward"), ("lm_head", "update")):
         check(re.search(r"^slope %s\s+%s\s+%s\s+[+-]\d\.\d{4}" % (opt, kind, metric), printed["width_sweep"], re.M),
               "width_sweep: no %s %s %s slope" % (opt, kind, metric))
+
+# coord_check: every kind and metric at steps 1-4 and the last, the kind's geometric mean over
+# its layers and the log-log slope, computed here from the traces.
+text = printed["coord_check"]
+lines = 0
+for opt in ("steepest", "adamw"):
+    traces = {w: h5py.File("%s/sweep-%s/width-%d/trace.h5" % (tmp, opt, w), "r") for w in (16, 32, 64)}
+    kinds = sorted({g.attrs["kind"] for g in traces[16]["layers"].values()})
+    for kind in kinds:
+        for metric in ("forward", "dependency", "update"):
+            for label in ("1", "2", "3", "4", "last"):
+                pts = {}
+                for w, t in traces.items():
+                    row = len(t["step"]) - 1 if label == "last" else list(t["step"][:]).index(int(label))
+                    v = np.array([g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind])
+                    v = v[np.isfinite(v) & (v > 0)]
+                    if len(v):
+                        pts[w] = float(np.exp(np.log(v).mean()))
+                m = re.search(r"^coord %s\s+%s\s+%s\s+%s\s+slope ([+-]\d\.\d{4})  \((.*)\)$" % (opt, kind, metric, label),
+                              text, re.M)
+                if not pts:
+                    check(m is None, "coord_check: a %s %s line for %s, which has none" % (kind, metric, opt))
+                    continue
+                ws = sorted(pts)
+                slope = np.polyfit(np.log(ws), np.log([pts[w] for w in ws]), 1)[0]
+                got = dict((int(a), float(b)) for a, b in re.findall(r"(\d+): (\S+?)(?:,|$)", m.group(2))) if m else {}
+                check(m and abs(float(m.group(1)) - slope) < 1e-4 and sorted(got) == ws and
+                      all(abs(got[w] - pts[w]) <= 1e-3 * pts[w] for w in ws),
+                      "coord_check: %s %s %s step %s: %s, computed slope %+.4f at %s" % (
+                          opt, kind, metric, label, m and m.group(0), slope, pts))
+                lines += 1
+check(lines >= 2 * 4 * 5, "coord_check: only %d lines checked" % lines)
+
+# lr_transfer: the best rate per width (lowest finite held-out loss in the CSV), the transfer
+# ratio, the diverged run compared at the largest width, early metrics at step 2 (10% of 20).
+import csv
+text = printed["lr_transfer"]
+rows = list(csv.DictReader(open(tmp + "/lrs/lr-sweep.csv")))
+best = {}
+for r in rows:
+    if r["status"] == "ok" and (r["width"] not in best or float(r["heldout_loss"]) < float(best[r["width"]]["heldout_loss"])):
+        best[r["width"]] = r
+for w, r in best.items():
+    check(re.search(r"^best steepest width %s lr %s held-out %.4f$" % (w, re.escape(r["lr"]), float(r["heldout_loss"])),
+                    text, re.M), "lr_transfer: best at width %s not lr %s" % (w, r["lr"]))
+ratio = float(best["32"]["lr"]) / float(best["16"]["lr"])
+check(re.search(r"^transfer steepest: best lr at width 32 / at width 16 = %g " % ratio, text, re.M),
+      "lr_transfer: transfer ratio not %g" % ratio)
+check("steepest width 32: best lr %s against diverged lr 9.9" % best["32"]["lr"] in text,
+      "lr_transfer: the best run not compared with the diverged one")
+early = 0
+for r in rows:
+    t = h5py.File("%s/lrs/lr-%s/width-%s/trace.h5" % (tmp, r["lr"], r["width"]), "r")
+    row = list(t["step"][:]).index(2)
+    want = []
+    for kind, metric in (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward")):
+        want.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
+    m = re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s+\S+\s+2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$" % (
+        r["width"], re.escape(r["lr"]), r["status"], r["steps_done"]), text, re.M)
+    check(m and all(abs(float(g) - v) <= 1e-3 * v for g, v in zip(m.groups(), want)),
+          "lr_transfer: early metrics of lr %s width %s: %s, from the trace %s" % (r["lr"], r["width"], m and m.groups(), want))
+    early += 1
+check(early == 6, "lr_transfer: %d runs in the CSV, not 6" % early)
+# the rank correlation of each early metric with the final loss (diverged: worst), by pandas
+import pandas as pd
+for w in ("16", "32"):
+    m = re.search(r"^spearman steepest width %s \(early metric against final loss, 3 runs\): (.*)$" % w, text, re.M)
+    got = dict(re.findall(r"(\w+ \w+) ([+-]\d\.\d\d)", m.group(1))) if m else {}
+    table = pd.read_csv(tmp + "/lrs/lr-sweep.csv").query("width == %s" % w).sort_values("lr")
+    outcome = table.heldout_loss.where(table.status == "ok", np.inf).to_numpy()
+    for j, name in enumerate(("linear fwd", "linear upd", "attn bound", "lm_head fwd")):
+        vals = []
+        for lr in table.lr:
+            t = h5py.File("%s/lrs/lr-%g/width-%s/trace.h5" % (tmp, lr, w), "r")
+            row = list(t["step"][:]).index(2)
+            kind, metric = (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward"))[j]
+            vals.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
+        rho = pd.Series(vals).corr(pd.Series(outcome), method="spearman")
+        check(name in got and abs(float(got[name]) - rho) < 0.006,
+              "lr_transfer: width %s %s rank correlation %s, pandas %+.2f" % (w, name, got.get(name), rho))
 
 # checkpoints: two, in step order; update only at the second (probe --prev the first).
 text = printed["checkpoints"]
@@ -142,7 +256,7 @@ check(m and seen and int(m.group(1)) >= seen[-1] and int(m.group(3)) - int(m.gro
 
 if bad:
     sys.exit("FAIL:\n  " + "\n  ".join(bad))
-print("4 notebooks executed headless: outputs, figures and printed values as expected")
+print("6 notebooks executed headless: outputs, figures and printed values as expected")
 PY
 
 # ---- plain scripts on traces with known answers ------------------------------------------
@@ -213,6 +327,48 @@ if bad:
 print("width_sweep.py: %d fitted slopes equal the exponents the sweep was made with" % len(expect))
 PY
 
+# coord_check on a sweep one of whose widths was measured every other step: steps 1 and 3 are
+# left out (and said to be), 2 and 4 and the last drawn. STAB_COORD_STAT=max: the worst layer.
+mkdir -p "$tmp/gap"
+ln -s "$tmp/sweep-steepest/width-32" "$tmp/sweep-steepest/width-64" "$tmp/gap/"
+./harness/train $small --width 16 --steps 12 --optimizer steepest --metrics-every 2 --out "$tmp/gap/width-16" \
+  >"$tmp/train.log" 2>&1 || fail "training the every-other-step run: $(tail -n 3 "$tmp/train.log")"
+STAB_OUT="$tmp/plain" STAB_COORD_STAT=max "$py" "$src/notebooks-export/coord_check.py" "$tmp/gap" >"$tmp/gap.txt" 2>&1 ||
+  { fail "coord_check.py on the sweep with a gap"; cat "$tmp/gap.txt"; }
+"$py" - "$tmp" <<'PY' || status=1
+import re, sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+text = open(tmp + "/gap.txt").read()
+bad = []
+for s in (1, 3):
+    if "steepest: step %d left out: not measured in %s/gap/width-16/trace.h5\n" % (s, tmp) not in text:
+        bad.append("step %d not said to be left out" % s)
+    if re.search(r"^coord steepest\s+\S+\s+\S+\s+%d\s" % s, text, re.M):
+        bad.append("a step %d line, which width 16 lacks" % s)
+# the worst linear layer's forward at step 4, against the traces
+pts = {}
+for w in (16, 32, 64):
+    t = h5py.File("%s/gap/width-%d/trace.h5" % (tmp, w), "r")
+    row = list(t["step"][:]).index(4)
+    pts[w] = max(g["forward"][row] for g in t["layers"].values() if g.attrs["kind"] == "linear")
+slope = np.polyfit(np.log(list(pts)), np.log(list(pts.values())), 1)[0]
+m = re.search(r"^coord steepest\s+linear\s+forward\s+4\s+slope ([+-]\d\.\d{4})", text, re.M)
+if not m or abs(float(m.group(1)) - slope) > 1e-4:
+    bad.append("linear forward step 4 worst-layer slope %s, computed %+.4f" % (m and m.group(1), slope))
+if not re.search(r"^coord steepest\s+linear\s+forward\s+last\s", text, re.M):
+    bad.append("no last-step line")
+if bad:
+    sys.exit("FAIL: coord_check.py with a gap:\n  " + "\n  ".join(bad) + "\n" + text)
+print("coord_check.py: steps a width lacks left out and named; the worst layer's slope as computed")
+PY
+
+# lr_transfer on a directory without lr-sweep.csv: one line naming it, exit 2.
+"$py" "$src/notebooks-export/lr_transfer.py" "$tmp/gap" >"$tmp/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "^lr_transfer.py: lr sweep $tmp/gap: no lr-sweep.csv in it" "$tmp/bad.txt" ||
+  fail "lr_transfer.py on a directory without a CSV: exit $rc, $(cat "$tmp/bad.txt")"
+
 # live as a plain script on a finished trace: it stops once the trace has been idle, with every row.
 STAB_OUT="$tmp/plain" STAB_LIVE_IDLE=1 STAB_LIVE_EVERY=0.2 "$py" "$src/notebooks-export/live.py" "$tmp/run/trace.h5" \
   >"$tmp/live.txt" 2>&1 || { fail "live.py on a finished trace"; cat "$tmp/live.txt"; }
@@ -244,14 +400,20 @@ proj = [n for n in names if n.endswith("attn.c_proj")][0]
 for name, what, row in ((fc, "non-finite weight", 9), (proj, "sigma not converged", 15)):
     if "flag: %s: %s at 1 step(s), first %d" % (name, what, steps[row]) not in text:
         bad.append("flag %s of %s at step %d not reported" % (what, name, steps[row]))
-# Alarms: each layer's first step above the threshold, LM head aside, computed here.
+# Alarms: each layer's first step where a metric is above the threshold times its first finite
+# positive value (the ratio to init; this trace has no ratio datasets; the update per unit of
+# learning rate, as train --alarm), computed here.
+lr = f["scalars/lr"][:]
 want = set()
 for name in names:
     g = f["layers"][name]
-    if g.attrs["kind"] == "lm_head":
-        continue
-    rows = [np.flatnonzero(np.nan_to_num(g[m][:], nan=-np.inf) > alarm) for m in ("forward", "dependency")]
-    rows = [r[0] for r in rows if len(r)]
+    rows = []
+    for m in ("forward", "dependency", "update"):
+        v = g[m][:] / (lr if m == "update" else 1)
+        ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+        over = np.flatnonzero(np.nan_to_num(v[ok[0]:] / v[ok[0]], nan=-np.inf) > alarm) if len(ok) else []
+        if len(over):
+            rows.append(ok[0] + over[0])
     if rows:
         want.add((name, int(steps[min(rows)])))
 got = set((m.group(1), int(m.group(2))) for m in re.finditer(r"^alarm: (\S+) .* first at step (\d+)$", text, re.M))
@@ -264,6 +426,59 @@ if not re.search(r"figure: \S+/trace\.png \(1400 x \d+ px\)", text):
 if bad:
     sys.exit("FAIL: trace.py on the trace with NaN steps:\n  " + "\n  ".join(bad) + "\n" + text)
 print("trace.py: NaN steps, flags and %d alarm crossings as put in" % len(want))
+PY
+
+# A trace that has its own ratio datasets (a writer with ratios to init): they are what the
+# notebook ranks, not ratios it computes. Here they are made 7 times the computed ones.
+"$py" - "$tmp" <<'PY' || status=1
+import shutil, sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+shutil.copy(tmp + "/run/trace.h5", tmp + "/ratio.h5")
+with h5py.File(tmp + "/ratio.h5", "r+") as f:
+    for g in f["layers"].values():
+        for m in ("forward", "dependency", "update"):
+            v = g[m][:]
+            r = np.full(len(v), np.nan)
+            ok = np.flatnonzero(np.isfinite(v) & (v > 0))
+            if len(ok):
+                r[ok[0]:] = 7 * v[ok[0]:] / v[ok[0]]
+            g[m + "_ratio"] = r
+PY
+STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/trace.py" "$tmp/ratio.h5" >"$tmp/ratio.txt" 2>&1 ||
+  { fail "trace.py on a trace with ratio datasets"; cat "$tmp/ratio.txt"; }
+"$py" - "$tmp" <<'PY' || status=1
+import re, sys
+import h5py, numpy as np
+tmp = sys.argv[1]
+text = open(tmp + "/ratio.txt").read()
+f = h5py.File(tmp + "/ratio.h5", "r")
+lr = f["scalars/lr"][:]
+bad = []
+if "ratio to init: the trace's forward_ratio, dependency_ratio, update_ratio" not in text:
+    bad.append("does not say it read the trace's ratio datasets")
+ratios = text.split("by ratio to init")[1]
+n = 0
+for kind in ("linear", "attention", "gain", "lm_head"):
+    for m in ("forward", "update"):
+        def shown(g):  # the update's per unit of learning rate, over lr at its reference row
+            r, v = g[m + "_ratio"][:], g[m][:]
+            return r * lr[np.flatnonzero(np.isfinite(v) & (v > 0))[0]] / lr if m == "update" else r
+        groups = [(np.nanmax(shown(g)), name) for name, g in f["layers"].items()
+                  if g.attrs["kind"] == kind and np.isfinite(g[m + "_ratio"][:]).any()]
+        if not groups:
+            continue
+        best = max(groups)
+        tied = {name for value, name in groups if value >= best[0] * (1 - 1e-12)}
+        got = re.search(r"^%s\s+%s\s+1\s+(\S+)\s+(\S+)" % (m, kind), ratios, re.M)
+        n += 1
+        if not got or got.group(1) not in tied or abs(float(got.group(2)) - best[0]) > 1e-3 * best[0]:
+            bad.append("worst %s %s by ratio: %s, the dataset's %s %.4g" % (kind, m, got and got.groups(), best[1], best[0]))
+if n < 6:
+    bad.append("only %d kinds and metrics checked" % n)
+if bad:
+    sys.exit("FAIL: trace.py with ratio datasets:\n  " + "\n  ".join(bad) + "\n" + text)
+print("trace.py: the trace's own ratio datasets ranked (%d kinds and metrics)" % n)
 PY
 
 echo "notebooks.sh: $(($(date +%s) - t0)) s"
