@@ -31,36 +31,10 @@
 
 #include "clock.h"
 #include "stabmeter.h"
+#include "mpi_count.h"
 #include "stabmeter_mpi.h"
 
 static int rank, ranks;
-
-/* The collectives made while `counting` is set: these wrappers are what every MPI_* call of
- * this process reaches, libstabmeter_mpi's included; PMPI_* is MPI itself. */
-static int counting;
-static long collectives;
-static double reduced_bytes; /* what the counted all-reduces carried, per rank */
-
-int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
-  collectives += counting;
-  if (counting) {
-    int size = 0;
-    PMPI_Type_size(type, &size);
-    reduced_bytes += (double)count * size;
-  }
-  return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
-}
-
-int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm) {
-  collectives += counting;
-  return PMPI_Bcast(buf, count, type, root, comm);
-}
-
-int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
-                  MPI_Datatype recvtype, MPI_Comm comm) {
-  collectives += counting;
-  return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: mpirun -np P mpi_scaling [--width C] [--blocks L] [--vocab V] [--steps N]\n"
@@ -356,24 +330,24 @@ static void batched(const options *o) {
       for (size_t a = 0; a < sr; a++) change(w[i] + a * sc, sc, first[i] + a * K, K, s);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    collectives = 0;
-    counting = 1;
+    mpi_collectives = 0;
+    mpi_counting = 1;
     double t0 = monotonic_seconds();
     for (size_t i = 0; i < n; i++)
       if (stab_mpi_linear_measure(hs[i], lp[i], bp[i], &ms[i]) != STAB_OK) fail("single");
     ts[s] = slowest(monotonic_seconds() - t0);
-    counting = 0;
-    cs += collectives;
+    mpi_counting = 0;
+    cs += mpi_collectives;
     MPI_Barrier(MPI_COMM_WORLD);
-    collectives = 0;
-    reduced_bytes = 0;
-    counting = 1;
+    mpi_collectives = 0;
+    mpi_reduced_bytes = 0;
+    mpi_counting = 1;
     t0 = monotonic_seconds();
     if (stab_mpi_linear_measure_batch(hb, n, lp, bp, mb) != STAB_OK) fail("batch");
     tb[s] = slowest(monotonic_seconds() - t0);
-    counting = 0;
-    cb += collectives;
-    if (s == 0) bytes = reduced_bytes; /* the batch's: the same vectors as the single calls' */
+    mpi_counting = 0;
+    cb += mpi_collectives;
+    if (s == 0) bytes = mpi_reduced_bytes; /* the batch's: the same vectors as the single calls' */
     for (size_t i = 0; i < n; i++) {
       same = same && !memcmp(&mb[i], &ms[i], sizeof mb[i]);
       passes += mb[i].passes + mb[i].update_passes;

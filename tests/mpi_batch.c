@@ -9,28 +9,7 @@
 #include <string.h>
 
 #include "mpi_check.h"
-
-/* The collectives the library calls, counted while `counting` is set (the PMPI_ names are the
- * library's own entry points: these wrappers are what every caller of MPI_* in this process,
- * libstabmeter_mpi included, reaches). */
-static int counting;
-static long collectives;
-
-int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
-  collectives += counting;
-  return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
-}
-
-int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm) {
-  collectives += counting;
-  return PMPI_Bcast(buf, count, type, root, comm);
-}
-
-int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
-                  MPI_Datatype recvtype, MPI_Comm comm) {
-  collectives += counting;
-  return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-}
+#include "mpi_count.h"
 
 static int same_on_every_rank(const void *m, size_t size) {
   unsigned char *lo = malloc(size), *hi = malloc(size);
@@ -182,20 +161,20 @@ static void batch_steps(void) {
       bp[i] = c[i].update ? &mine0[i] : NULL;
     }
     stab_metrics got[N], want[N];
-    collectives = 0;
-    counting = 1;
+    mpi_collectives = 0;
+    mpi_counting = 1;
     stab_status st = stab_mpi_linear_measure_batch(hb, N, lp, bp, got);
-    counting = 0;
-    const long batched = collectives;
+    mpi_counting = 0;
+    const long batched = mpi_collectives;
     CHECK(st == STAB_OK, "step %zu: batch: %s", t, stab_last_error());
-    collectives = 0;
-    counting = 1;
+    mpi_collectives = 0;
+    mpi_counting = 1;
     for (size_t i = 0; i < N; i++) {
       stab_status si = stab_mpi_linear_measure(hs[i], lp[i], bp[i], &want[i]);
       CHECK(si == STAB_OK, "step %zu: %s: single: %s", t, c[i].name, stab_last_error());
     }
-    counting = 0;
-    const long single = collectives;
+    mpi_counting = 0;
+    const long single = mpi_collectives;
     for (size_t i = 0; i < N; i++) {
       CHECK(!memcmp(&got[i], &want[i], sizeof got[i]),
             "step %zu: %s: batch sigma %.17g update %.17g passes %d/%d, single %.17g %.17g %d/%d", t, c[i].name,
