@@ -1677,9 +1677,9 @@ stab_status stab_probe_set_result(stab_probe *p, size_t i, const stab_metrics *m
 /* The reference of the ratios to init: INIT, a checkpoint of the same model at initialisation
  * (or any earlier one), in any format stab_probe_open reads. INIT is opened and described as the
  * checkpoint is (same params: its own metadata, heads and attn_scale; not --prev, not the
- * filters), and each row is matched to INIT's row of the same name, kind, d_in, d_out and heads
- * (the row names come from the tensor names, so this is --prev's match by name; a GGUF file
- * against safetensors does not match here). Rows without a counterpart get NaN ratios: a
+ * filters), and each row is matched to INIT's row of the same name, kind, tensor name, d_in,
+ * d_out and heads (--prev's match by name and shape; a GGUF file against safetensors does not
+ * match here). Rows without a counterpart get NaN ratios: a
  * warning through note_fn with their count and first names. stabmeter-probe calls it with
  * --init INIT, or with --prev OLDER when there is no --init (the ratio to the earlier
  * checkpoint). Once per probe, before stab_probe_measure_init.

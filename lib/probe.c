@@ -688,9 +688,9 @@ static int by_name_kind(const void *pa, const void *pb) {
   return c ? c : (int)x->kind - (int)y->kind;
 }
 
-/* Each row's counterpart among the init probe's rows: the same name and kind (the names come
- * from the tensors', so this is --prev's match by name) and the same d_in and d_out (its
- * shape). A row without one gets no ratio. */
+/* Each row's counterpart among the init probe's rows: the same name and kind, read from a
+ * tensor of the same name (--prev's match: a tied head is not an untied model's lm_head), and
+ * the same d_in, d_out and heads (its shape). A row without one gets no ratio. */
 static stab_status match_init(stab_probe *p, const char *path) {
   const stab_probe *q = p->init;
   row_ref *ix = malloc((q->n ? q->n : 1) * sizeof *ix);
@@ -711,7 +711,7 @@ static stab_status match_init(stab_probe *p, const char *path) {
     row_ref key = {p->rows, i};
     const row_ref *hit = k ? bsearch(&key, ix, k, sizeof *ix, by_name_kind) : NULL;
     const stabi_probe_row *c = hit ? &q->rows[hit->i] : NULL;
-    if (c && c->d_in == r->d_in && c->d_out == r->d_out && c->heads == r->heads) {
+    if (c && c->d_in == r->d_in && c->d_out == r->d_out && c->heads == r->heads && !strcmp(c->t->name, r->t->name)) {
       r->init_row = hit->i;
       found++;
       continue;
@@ -727,7 +727,7 @@ static stab_status match_init(stab_probe *p, const char *path) {
   free(ix);
   if (asked && !found && !same_as_prev)
     return stabi_fail(STAB_ENOTFOUND, "%s: none of the %zu layers of %s has a counterpart there (a layer of the same "
-                      "name, kind and shape): not a checkpoint of the same model", path, asked, p->checkpoint);
+                      "name, kind, tensor and shape): not a checkpoint of the same model", path, asked, p->checkpoint);
   if (found < asked)
     note(p, "warning: %s: %zu of %zu layers have no counterpart there, so no ratio: %s%s", path, asked - found, asked,
          first, asked - found > 3 ? ", ..." : "");
