@@ -308,6 +308,7 @@ typedef struct {
   char **paths;    /* the guard's copies of the files' paths: they outlive a probe that failed to open */
   size_t npaths;
   double t0, last; /* the progress line's clock */
+  const char *what; /* "" or "init ": whose layers the progress line counts */
 } probe_watch;
 
 /* A copy of path kept until the end (the guard names it in its message), or NULL. */
@@ -362,7 +363,7 @@ static int show_progress(void *user, const stab_probe_progress *pr) {
   double t = monotonic_seconds();
   if (t - w->t0 > 1.0 && t - w->last > 1.0) {
     double eta = pr->work_done > 0 ? (t - w->t0) * (pr->work_total - pr->work_done) / pr->work_done : 0;
-    cli_error("layer %zu/%zu %s, %.1f s, ETA %.0f s", pr->row + 1, pr->count, pr->name, t - w->t0, eta);
+    cli_error("%slayer %zu/%zu %s, %.1f s, ETA %.0f s", w->what, pr->row + 1, pr->count, pr->name, t - w->t0, eta);
     w->last = t;
   }
   return 0;
@@ -490,7 +491,7 @@ int main(int argc, char **argv) {
     cli_error("cannot install the SIGBUS handler: %s", strerror(errno));
     return probe_ranks_finish(&job, 1);
   }
-  probe_watch watch = {.o = &o, .job = &job};
+  probe_watch watch = {.o = &o, .job = &job, .what = ""};
   stab_probe_params params = stab_probe_default_params();
   params.tol = o.tol, params.exact = o.exact, params.tight = o.tight, params.heads = o.heads;
   params.prev = o.reference;
@@ -570,8 +571,13 @@ int main(int argc, char **argv) {
       rc = 1;
       goto out;
     }
-  /* the init reference's counterparts, on rank 0 alone (its results are the report's) */
-  if ((st = stab_probe_measure_init(p, NULL, show_progress, &watch)) != STAB_OK) {
+  /* the init reference's counterparts, on rank 0 alone (its results are the report's); the
+   * progress line's ETA over this second pass alone */
+  const double t_start = watch.t0;
+  watch.t0 = monotonic_seconds(), watch.what = "init ";
+  st = stab_probe_measure_init(p, NULL, show_progress, &watch);
+  watch.t0 = t_start;
+  if (st != STAB_OK) {
     rc = ckpt_guard_tripped() ? shrank(ckpt_guard_tripped()) : 1;
     if (!ckpt_guard_tripped()) cli_error("%s", stab_last_error());
     goto out;
