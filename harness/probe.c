@@ -523,7 +523,7 @@ int main(int argc, char **argv) {
       rc = shrank(ckpt_guard_tripped());
       goto out;
     }
-    if (!watch.guard_full) cli_error("%s%s", o.init ? "--init " : "", stab_last_error());
+    if (!watch.guard_full) cli_error("%s %s", o.init ? "--init" : "--prev", stab_last_error());
     rc = st == STAB_ENOMEM || watch.guard_full ? CLI_FAILED : CLI_USAGE;
     goto out;
   }

@@ -514,8 +514,8 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
       snprintf(hn, sizeof hn, "%s.head%zu", name, h);
       snprintf(hs, sizeof hs, "%zux%zu", r->d_out / r->heads, r->d_in);
       fmt_num(b, sizeof b, r->head_bounds[h]);
-      fprintf(out, "%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  key head %zu\n", w, hn, "attention", hs,
-             r->t->dtype_name, b, "-", "-", "-", "-", h / (r->heads / r->kv_heads));
+      fprintf(out, "%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %skey head %zu\n", w, hn, "attention", hs,
+             r->t->dtype_name, b, "-", "-", "-", "-", p->init ? "        -         -  " : "", h / (r->heads / r->kv_heads));
     }
   }
   /* the largest value per kind and metric, over every layer measured (--top aside) */
