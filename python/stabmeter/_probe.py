@@ -67,8 +67,8 @@ def _overrides(pairs, keep):
     return arr, len(pairs)
 
 
-def probe_report(path, prev=None, init=None, heads=None, tol=1e-3, exact=False, tight="centred", kinds=None,
-                 layouts=None, filters=None, threads=0, sort="file", top=0, experts=False, step=None):
+def probe_report(path, prev=None, heads=None, tol=1e-3, exact=False, tight="centred", kinds=None,
+                 layouts=None, filters=None, threads=0, sort="file", top=0, experts=False, step=None, init=None):
     """The whole report of stabmeter-probe --json on path (a safetensors file, a Hugging Face
     model directory or index, a GGUF file, an llm.c checkpoint) as a dict: checkpoint,
     reference, step, metadata, layers (one dict per row), summary, errors. prev: the older
