@@ -28,6 +28,7 @@
 
 typedef struct {
   const char *checkpoint, *reference;
+  const char *init; /* --init: the reference of the ratios (else --prev's file) */
   const char *hdf5; /* --hdf5: the trace to append this checkpoint's step to */
   int64_t step;     /* --step, the checkpoint's metadata, its file name; or -1 */
   const char *step_from; /* where step came from, for the messages and the report */
@@ -66,9 +67,18 @@ static void usage(void) {
          "                      safetensors it was converted from (or the reverse): llama.cpp's\n"
          "                      names mapped (llama, qwen2, gemma, phi3, gpt2), its q/k row order\n"
          "                      and Conv1D transposes undone, so update is the quantization error\n"
+         "                      Also the ratio to the earlier checkpoint (forward_ratio,\n"
+         "                      dependency_ratio: this value over OLDER's) unless --init is given\n"
+         "  --init INIT         the ratio to init: forward_ratio and dependency_ratio are this\n"
+         "                      checkpoint's value over INIT's (INIT: the same model at\n"
+         "                      initialisation or any earlier checkpoint, any format read here;\n"
+         "                      layers matched by name, kind and shape; --json adds forward_init and\n"
+         "                      dependency_init). INIT is measured too: about twice the time. With\n"
+         "                      --prev, INIT is the ratios' reference and OLDER the update's\n"
          "  --json              the probe report as JSON instead of the table\n"
          "  --sort METRIC       rows by METRIC, largest first: forward, dependency, update, sigma,\n"
-         "                      rel_update, forward_tight, dependency_tight, update_tight; or file\n"
+         "                      rel_update, forward_tight, dependency_tight, update_tight,\n"
+         "                      forward_ratio, dependency_ratio (with --init or --prev); or file\n"
          "                      (the checkpoint's order, the default) or name; a layer without the\n"
          "                      value comes last\n"
          "  --top N             only the first N rows of that order (alone: the N largest forward)\n"
@@ -148,7 +158,7 @@ static int add_override(stab_model_override **list, size_t *n, const char *arg, 
 }
 
 static int parse(int argc, char **argv, options *o) {
-  enum { O_PREV = 256, O_JSON, O_TOL, O_EXACT, O_TIGHT, O_FILTER, O_KIND, O_LAYOUT, O_QUIET, O_HDF5, O_STEP,
+  enum { O_PREV = 256, O_INIT, O_JSON, O_TOL, O_EXACT, O_TIGHT, O_FILTER, O_KIND, O_LAYOUT, O_QUIET, O_HDF5, O_STEP,
          O_HEADS, O_PER_HEAD, O_SORT, O_TOP, O_EXPERTS };
   static const struct option longs[] = {
       {"prev", required_argument, 0, O_PREV},   {"json", no_argument, 0, O_JSON},
@@ -160,6 +170,7 @@ static int parse(int argc, char **argv, options *o) {
       {"heads", required_argument, 0, O_HEADS}, {"per-head", no_argument, 0, O_PER_HEAD},
       {"sort", required_argument, 0, O_SORT},   {"top", required_argument, 0, O_TOP},
       {"experts", no_argument, 0, O_EXPERTS},   {"version", no_argument, 0, 'V'},
+      {"init", required_argument, 0, O_INIT},
       {0, 0, 0, 0}};
   static const char *const kinds[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
   static const char *const layouts[] = {"in_major", "out_major", NULL};
@@ -176,6 +187,7 @@ static int parse(int argc, char **argv, options *o) {
   while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
     switch (c) {
     case O_PREV: o->reference = optarg; break;
+    case O_INIT: o->init = optarg; break;
     case O_JSON: o->json = 1; break;
     case O_HDF5: o->hdf5 = optarg; break;
     case O_PER_HEAD: o->per_head = 1; break;
@@ -233,6 +245,9 @@ static int parse(int argc, char **argv, options *o) {
   o->checkpoint = argv[optind];
   /* --top alone: the largest forward values, the number every kind has */
   if (o->top && !sort_given) o->sort = STAB_PROBE_SORT_FORWARD;
+  if ((o->sort == STAB_PROBE_SORT_FORWARD_RATIO || o->sort == STAB_PROBE_SORT_DEPENDENCY_RATIO) && !o->init &&
+      !o->reference)
+    return cli_usage_error("--sort %s: the ratio is to --init INIT (or --prev OLDER): give one", stab_probe_sort_name(o->sort));
   if (o->step >= 0 && !o->hdf5) return cli_usage_error("--step is the step of the --hdf5 trace; give --hdf5 FILE too");
   return 0;
 }
@@ -293,6 +308,7 @@ typedef struct {
   char **paths;    /* the guard's copies of the files' paths: they outlive a probe that failed to open */
   size_t npaths;
   double t0, last; /* the progress line's clock */
+  const char *what; /* "" or "init ": whose layers the progress line counts */
 } probe_watch;
 
 /* A copy of path kept until the end (the guard names it in its message), or NULL. */
@@ -347,7 +363,7 @@ static int show_progress(void *user, const stab_probe_progress *pr) {
   double t = monotonic_seconds();
   if (t - w->t0 > 1.0 && t - w->last > 1.0) {
     double eta = pr->work_done > 0 ? (t - w->t0) * (pr->work_total - pr->work_done) / pr->work_done : 0;
-    cli_error("layer %zu/%zu %s, %.1f s, ETA %.0f s", pr->row + 1, pr->count, pr->name, t - w->t0, eta);
+    cli_error("%slayer %zu/%zu %s, %.1f s, ETA %.0f s", w->what, pr->row + 1, pr->count, pr->name, t - w->t0, eta);
     w->last = t;
   }
   return 0;
@@ -475,7 +491,7 @@ int main(int argc, char **argv) {
     cli_error("cannot install the SIGBUS handler: %s", strerror(errno));
     return probe_ranks_finish(&job, 1);
   }
-  probe_watch watch = {.o = &o, .job = &job};
+  probe_watch watch = {.o = &o, .job = &job, .what = ""};
   stab_probe_params params = stab_probe_default_params();
   params.tol = o.tol, params.exact = o.exact, params.tight = o.tight, params.heads = o.heads;
   params.prev = o.reference;
@@ -498,6 +514,16 @@ int main(int argc, char **argv) {
   }
   if (st != STAB_OK) {
     if (!watch.guard_full) cli_error("%s", stab_last_error());
+    rc = st == STAB_ENOMEM || watch.guard_full ? CLI_FAILED : CLI_USAGE;
+    goto out;
+  }
+  /* the ratios' reference: --init, else the --prev file (the ratio to the earlier checkpoint) */
+  if ((o.init || o.reference) && (st = stab_probe_set_init(p, o.init ? o.init : o.reference)) != STAB_OK) {
+    if (ckpt_guard_tripped()) {
+      rc = shrank(ckpt_guard_tripped());
+      goto out;
+    }
+    if (!watch.guard_full) cli_error("%s %s", o.init ? "--init" : "--prev", stab_last_error());
     rc = st == STAB_ENOMEM || watch.guard_full ? CLI_FAILED : CLI_USAGE;
     goto out;
   }
@@ -545,6 +571,17 @@ int main(int argc, char **argv) {
       rc = 1;
       goto out;
     }
+  /* the init reference's counterparts, on rank 0 alone (its results are the report's); the
+   * progress line's ETA over this second pass alone */
+  const double t_start = watch.t0;
+  watch.t0 = monotonic_seconds(), watch.what = "init ";
+  st = stab_probe_measure_init(p, NULL, show_progress, &watch);
+  watch.t0 = t_start;
+  if (st != STAB_OK) {
+    rc = ckpt_guard_tripped() ? shrank(ckpt_guard_tripped()) : 1;
+    if (!ckpt_guard_tripped()) cli_error("%s", stab_last_error());
+    goto out;
+  }
   if (!o.quiet && monotonic_seconds() - watch.t0 > 1.0)
     cli_error("%zu tensors in %.1f s", n, monotonic_seconds() - watch.t0);
   if (o.hdf5 && (st = stab_probe_trace_append(p, o.hdf5, o.step)) != STAB_OK) {

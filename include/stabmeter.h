@@ -1434,6 +1434,20 @@ stab_status stab_model_config_from_gguf(const stab_gguf *f, stab_model_config *c
  * stabmeter-train; naming HF. Errors as above (a value that is not a whole number in range). */
 stab_status stab_model_config_from_safetensors(const stab_safetensors *f, stab_model_config *cfg);
 
+/* The scale of the attention logits q.k a checkpoint's model applies: 1/sqrt(d_h) (GPT-2,
+ * Llama, every Hugging Face model) or 1/d_h (muP; stabmeter-train --attn-scale inverse). */
+typedef enum { STAB_ATTN_SCALE_SQRT = 0, STAB_ATTN_SCALE_INVERSE = 1 } stab_attn_scale;
+
+/* The attention scale a safetensors file's __metadata__ "attn_scale" names ("sqrt" or
+ * "inverse", as stabmeter-train writes it) into *out; absent: STAB_ATTN_SCALE_SQRT (config.json
+ * and GGUF have no such field). Errors: NULL arguments STAB_EINVAL; any other value
+ * STAB_EFORMAT (the message names the value; *out is SQRT). */
+stab_status stab_model_attn_scale_from_safetensors(const stab_safetensors *f, stab_attn_scale *out);
+
+/* The factor stab_layer.scale takes for that scale and head width d_h: 1/sqrt(d_h) or 1/d_h;
+ * 0 (the library's default, 1/sqrt(d_h)) when head_dim is 0. Thread-safe. */
+double stab_attn_scale_of(stab_attn_scale scale, size_t head_dim);
+
 /* What a Hugging Face config.json says (stab_hf_config_read) into cfg: the head count with its
  * key heads and head_dim (when cfg->heads is 0: a user's count is kept, and the key heads and
  * head width come only with the count they belong to), and tie from tie_word_embeddings.
@@ -1660,11 +1674,47 @@ stab_status stab_probe_measure(stab_probe *p, const unsigned char *which, stab_p
 stab_status stab_probe_set_result(stab_probe *p, size_t i, const stab_metrics *m, const double *head_bounds,
                                   int measured);
 
+/* The reference of the ratios to init: INIT, a checkpoint of the same model at initialisation
+ * (or any earlier one), in any format stab_probe_open reads. INIT is opened and described as the
+ * checkpoint is (same params: its own metadata, heads and attn_scale; not --prev, not the
+ * filters), and each row is matched to INIT's row of the same name, kind, tensor name, d_in,
+ * d_out and heads (--prev's match by name and shape; a GGUF file against safetensors does not
+ * match here). Rows without a counterpart get NaN ratios: a
+ * warning through note_fn with their count and first names. stabmeter-probe calls it with
+ * --init INIT, or with --prev OLDER when there is no --init (the ratio to the earlier
+ * checkpoint). Once per probe, before stab_probe_measure_init.
+ * Errors: NULL p or path STAB_EINVAL; a second call STAB_ESTATE; INIT's errors as
+ * stab_probe_open's (message starting with its path); no row with a counterpart STAB_ENOTFOUND.
+ * On failure the probe is as before the call. */
+stab_status stab_probe_set_init(stab_probe *p, const char *path);
+/* The init reference's path as given, or NULL (none, or p NULL). */
+const char *stab_probe_init_path(const stab_probe *p);
+
+/* Measures the init reference's counterparts of the rows whose which[i] is non-zero (NULL:
+ * every row): a second stab_probe_measure, on INIT's rows, with the same settings (so about
+ * the time of measuring the checkpoint again). progress_fn is called with INIT's rows. Without
+ * an init reference nothing is done (STAB_OK). Errors: those of stab_probe_measure. */
+stab_status stab_probe_measure_init(stab_probe *p, const unsigned char *which, stab_probe_progress_fn progress_fn,
+                                    void *user);
+
+/* Row i against the init reference: NaN where not known. */
+typedef struct {
+  double forward_init, dependency_init; /* the counterpart's values (its units: the row's) */
+  double forward_ratio, dependency_ratio; /* the row's value over init's (finite, init > 0) */
+  size_t init_row; /* the counterpart's row in INIT's own order, or SIZE_MAX */
+} stab_probe_ratio;
+
+/* Row i's ratio to init into *out (all NaN without an init reference). update has no ratio:
+ * INIT gives the values at one point, and an update is a pair of points. Errors: NULL p or
+ * out, i out of range STAB_EINVAL. */
+stab_status stab_probe_ratio_at(stab_probe *p, size_t i, stab_probe_ratio *out);
+
 /* The order of the report's rows. */
 typedef enum {
   STAB_PROBE_SORT_FILE = 0, STAB_PROBE_SORT_NAME, STAB_PROBE_SORT_FORWARD, STAB_PROBE_SORT_DEPENDENCY,
   STAB_PROBE_SORT_UPDATE, STAB_PROBE_SORT_SIGMA, STAB_PROBE_SORT_REL_UPDATE, STAB_PROBE_SORT_FORWARD_TIGHT,
-  STAB_PROBE_SORT_DEPENDENCY_TIGHT, STAB_PROBE_SORT_UPDATE_TIGHT
+  STAB_PROBE_SORT_DEPENDENCY_TIGHT, STAB_PROBE_SORT_UPDATE_TIGHT,
+  STAB_PROBE_SORT_FORWARD_RATIO, STAB_PROBE_SORT_DEPENDENCY_RATIO /* with an init reference */
 } stab_probe_sort;
 /* "file", "name", "forward", ... (the --sort words); NULL past the last. */
 const char *stab_probe_sort_name(int sort);

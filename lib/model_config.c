@@ -2,6 +2,7 @@
  * producer's layout), as the plain values of stab_model_config that the kind rules take. */
 #include "internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -91,4 +92,25 @@ stab_status stab_model_config_from_safetensors(const stab_safetensors *f, stab_m
     }
   }
   return STAB_OK;
+}
+
+stab_status stab_model_attn_scale_from_safetensors(const stab_safetensors *f, stab_attn_scale *out) {
+  if (!f || !out) return stabi_fail(STAB_EINVAL, "stab_model_attn_scale_from_safetensors: NULL argument");
+  *out = STAB_ATTN_SCALE_SQRT; /* every other producer's, and the trainer's default */
+  size_t n = stab_safetensors_metadata_count(f);
+  for (size_t i = 0; i < n; i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f, i, &k, &v);
+    if (strcmp(k, "attn_scale")) continue;
+    if (!strcmp(v, "sqrt")) return *out = STAB_ATTN_SCALE_SQRT, STAB_OK;
+    if (!strcmp(v, "inverse")) return *out = STAB_ATTN_SCALE_INVERSE, STAB_OK;
+    /* a guess would put the logit bound off by sqrt(d_h) without a word */
+    return stabi_fail(STAB_EFORMAT, "__metadata__ attn_scale is '%.40s', not sqrt or inverse", v);
+  }
+  return STAB_OK;
+}
+
+double stab_attn_scale_of(stab_attn_scale scale, size_t head_dim) {
+  if (!head_dim) return 0;
+  return scale == STAB_ATTN_SCALE_INVERSE ? 1.0 / (double)head_dim : 1.0 / sqrt((double)head_dim);
 }

@@ -87,6 +87,9 @@ static stab_metrics unmeasured(void) {
   m.sigma = m.sigma_rel_err = m.sigma_update = m.sigma_update_rel_err = m.rel_update = NAN;
   return m;
 }
+/* 1 when c is safetensors: one file, or a sharded model of them. */
+static int is_safetensors(const stabi_ckpt *c) { return c->st || c->sh; }
+
 /* ---- the model: the library's kind rules over the checkpoint's tensors --------------- */
 
 /* 1 when s is a whole number in [lo, hi] written in decimal digits alone (no sign, no blanks,
@@ -139,6 +142,16 @@ static stab_status describe(stab_probe *p) {
     cfg.heads_error = heads_error;
   }
   p->out_major_file = cfg.out_major;
+  /* stabmeter-train's __metadata__ attn_scale: the logit bound of an --attn-scale inverse model
+   * is 1/d_h times q.k, not 1/sqrt(d_h) */
+  stab_attn_scale scale = STAB_ATTN_SCALE_SQRT;
+  if (is_safetensors(f) &&
+      stab_model_attn_scale_from_safetensors(f->sh ? stab_sharded_shard(f->sh, 0) : f->st, &scale) != STAB_OK) {
+    char why[320];
+    snprintf(why, sizeof why, "%s", stab_last_error());
+    free(ts);
+    return stabi_fail(STAB_EFORMAT, "%s: %s", f->sh ? stab_sharded_shard_path(f->sh, 0) : p->checkpoint, why);
+  }
   /* one shard of a model given alone: the names of the other shards' tensors (for the head) */
   size_t n_other = 0;
   const char **other = NULL;
@@ -174,6 +187,8 @@ static stab_status describe(stab_probe *p) {
     r->expert_of = e->expert != STAB_MODEL_NO_EXPERT ? stab_model_entry_at(p->model, e->group)->name : NULL;
     for (size_t k = 0; k < N_EXPERT_METRICS; k++) r->worst[k] = STAB_MODEL_NO_EXPERT;
     r->m = unmeasured();
+    r->init_row = SIZE_MAX;
+    if (e->kind == STAB_KIND_ATTENTION && e->heads) r->scale = stab_attn_scale_of(scale, e->d_out / e->heads);
     p->n = i + 1;
     if (e->kind == STAB_KIND_ATTENTION && !e->why_not && !(r->head_bounds = calloc(e->heads, sizeof *r->head_bounds)))
       return stabi_fail(STAB_ENOMEM, "%s: out of memory", p->checkpoint);
@@ -280,8 +295,6 @@ static stab_status open_checkpoint(const stab_probe *p, const char *path, stabi_
 
 /* ---- the reference's counterparts ---------------------------------------------------- */
 
-/* 1 when c is safetensors: one file, or a sharded model of them. */
-static int is_safetensors(const stabi_ckpt *c) { return c->st || c->sh; }
 
 /* 1 when c is a file of harness/train (its __metadata__ producer): GPT-2 names, nn.Linear
  * layouts throughout. */
@@ -661,8 +674,88 @@ stab_status stab_probe_open(const char *path, const stab_probe_params *params, s
   return STAB_OK;
 }
 
+/* ---- the ratios' reference (--init) --------------------------------------------------- */
+
+/* Rows by name, then kind: for finding a row's counterpart among another probe's rows. */
+typedef struct {
+  const stabi_probe_row *rows;
+  size_t i;
+} row_ref;
+static int by_name_kind(const void *pa, const void *pb) {
+  const row_ref *a = pa, *b = pb;
+  const stabi_probe_row *x = &a->rows[a->i], *y = &b->rows[b->i];
+  int c = strcmp(x->name, y->name);
+  return c ? c : (int)x->kind - (int)y->kind;
+}
+
+/* Each row's counterpart among the init probe's rows: the same name and kind, read from a
+ * tensor of the same name (--prev's match: a tied head is not an untied model's lm_head), and
+ * the same d_in, d_out and heads (its shape). A row without one gets no ratio. */
+static stab_status match_init(stab_probe *p, const char *path) {
+  const stab_probe *q = p->init;
+  row_ref *ix = malloc((q->n ? q->n : 1) * sizeof *ix);
+  if (!ix) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  size_t k = 0;
+  for (size_t i = 0; i < q->n; i++)
+    if (!q->rows[i].error) ix[k++] = (row_ref){q->rows, i};
+  qsort(ix, k, sizeof *ix, by_name_kind);
+  size_t asked = 0, found = 0;
+  char first[256] = "";
+  const int same_as_prev = p->reference && !strcmp(p->reference, path);
+  for (size_t i = 0; i < p->n; i++) {
+    stabi_probe_row *r = &p->rows[i];
+    r->init_row = SIZE_MAX;
+    if (r->error) continue;
+    asked++;
+    /* the key compares this probe's row against the other's: a one-row array of its own */
+    row_ref key = {p->rows, i};
+    const row_ref *hit = k ? bsearch(&key, ix, k, sizeof *ix, by_name_kind) : NULL;
+    const stabi_probe_row *c = hit ? &q->rows[hit->i] : NULL;
+    if (c && c->d_in == r->d_in && c->d_out == r->d_out && c->heads == r->heads && !strcmp(c->t->name, r->t->name)) {
+      r->init_row = hit->i;
+      found++;
+      continue;
+    }
+    /* the --prev file as the reference: its warning named the layers it lacks already */
+    if (same_as_prev && r->no_update) {
+      asked--;
+      continue;
+    }
+    size_t len = strlen(first);
+    if (asked - found <= 3) snprintf(first + len, sizeof first - len, "%s%s", len ? ", " : "", r->name);
+  }
+  free(ix);
+  if (asked && !found && !same_as_prev)
+    return stabi_fail(STAB_ENOTFOUND, "%s: none of the %zu layers of %s has a counterpart there (a layer of the same "
+                      "name, kind, tensor and shape): not a checkpoint of the same model", path, asked, p->checkpoint);
+  if (found < asked)
+    note(p, "warning: %s: %zu of %zu layers have no counterpart there, so no ratio: %s%s", path, asked - found, asked,
+         first, asked - found > 3 ? ", ..." : "");
+  return STAB_OK;
+}
+
+stab_status stab_probe_set_init(stab_probe *p, const char *path) {
+  if (!p || !path) return stabi_fail(STAB_EINVAL, "stab_probe_set_init: NULL %s", p ? "path" : "probe");
+  if (p->init) return stabi_fail(STAB_ESTATE, "stab_probe_set_init: %s: the probe has an init reference already", path);
+  /* the init side is opened and described as the checkpoint is (its own metadata: heads,
+   * attn_scale, config.json), without --prev or filters: rows are matched afterwards */
+  stab_probe_params ip = p->params;
+  ip.prev = NULL, ip.filters = NULL, ip.nfilters = 0;
+  stab_status st = stab_probe_open(path, &ip, &p->init);
+  if (st == STAB_OK) st = match_init(p, p->init->checkpoint);
+  if (st != STAB_OK) {
+    stab_probe_free(p->init);
+    p->init = NULL;
+    for (size_t i = 0; i < p->n; i++) p->rows[i].init_row = SIZE_MAX;
+  }
+  return st;
+}
+
+const char *stab_probe_init_path(const stab_probe *p) { return p && p->init ? p->init->checkpoint : NULL; }
+
 void stab_probe_free(stab_probe *p) {
   if (!p) return;
+  stab_probe_free(p->init);
   for (size_t i = 0; p->rows && i < p->n; i++) row_free(&p->rows[i]);
   free(p->rows);
   stab_model_free(p->model);

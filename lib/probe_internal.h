@@ -52,6 +52,10 @@ typedef struct {
   size_t ld, q_off, k_off;    /* attention: row stride and where q and k start inside t, tk
                                  (a fused qkv tensor holds both) */
   double *head_bounds;        /* attention: per head, owned */
+  double scale;               /* attention: stab_layer.scale, from the checkpoint's attn_scale
+                                 (0: the library's 1/sqrt(d_h)) */
+  size_t init_row;            /* with an init reference: the counterpart's row there, or SIZE_MAX */
+  stab_probe_ratio ratio;     /* against it (stabi_probe_ratios), NaN without one */
   stab_kind kind;
   stab_layout layout;
   size_t d_in, d_out;
@@ -83,7 +87,12 @@ struct stab_probe {
   size_t n;
   size_t tied_src;    /* the row of the embedding the tied head (the last row) repeats, or SIZE_MAX */
   int experts_stale;  /* the layers of experts are not yet their experts' worst */
+  stab_probe *init;   /* the reference of the ratios (stab_probe_set_init), or NULL */
 };
+
+/* Every row's ratio to the init reference (row.ratio), from the rows as measured now: NaN
+ * without a counterpart, or before stab_probe_measure_init measured it. */
+void stabi_probe_ratios(stab_probe *p);
 
 /* The share of the run a row stands for (stab_probe_row.work). */
 double stabi_probe_row_work(const stabi_probe_row *r);

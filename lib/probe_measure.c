@@ -99,6 +99,7 @@ static stab_status measure_attention(stabi_probe_row *r, const float *q, const f
   stab_layer L;
   stab_status st = stab_model_entry_layer(r->e, dtype, q, NULL, k, &L);
   if (st != STAB_OK) return st;
+  L.scale = r->scale; /* the checkpoint's own (attn_scale), which the entry does not carry */
   return stab_layer_metrics(&L, NULL, mp, &r->m, r->head_bounds);
 }
 
@@ -424,6 +425,54 @@ stab_status stab_probe_set_result(stab_probe *p, size_t i, const stab_metrics *m
   return STAB_OK;
 }
 
+/* ---- the init reference's rows ------------------------------------------------------ */
+
+stab_status stab_probe_measure_init(stab_probe *p, const unsigned char *which, stab_probe_progress_fn progress_fn,
+                                    void *user) {
+  if (!p) return stabi_fail(STAB_EINVAL, "stab_probe_measure_init: NULL probe");
+  stab_probe *q = p->init;
+  if (!q) return STAB_OK;
+  unsigned char *todo = calloc(q->n ? q->n : 1, 1);
+  if (!todo) return stabi_fail(STAB_ENOMEM, "stab_probe_measure_init: out of memory");
+  /* the counterparts of the rows asked for; a layer of experts' own (its experts are rows too,
+   * matched by their names, so they are asked for with it) */
+  for (size_t i = 0; i < p->n; i++)
+    if ((!which || which[i]) && p->rows[i].init_row != SIZE_MAX) todo[p->rows[i].init_row] = 1;
+  /* the same code path as the checkpoint's own rows: the same settings, the same bits */
+  stab_status st = stab_probe_measure(q, todo, progress_fn, user);
+  free(todo);
+  return st;
+}
+
+/* value over init: NaN unless both are finite and init is above 0 */
+static double ratio_of(double value, double init) {
+  return isfinite(value) && isfinite(init) && init > 0 ? value / init : NAN;
+}
+
+void stabi_probe_ratios(stab_probe *p) {
+  stabi_probe_expert_layers(p);
+  if (p->init) stabi_probe_expert_layers(p->init);
+  for (size_t i = 0; i < p->n; i++) {
+    stabi_probe_row *r = &p->rows[i];
+    stab_probe_ratio w = {NAN, NAN, NAN, NAN, r->init_row};
+    const stabi_probe_row *c = p->init && r->init_row != SIZE_MAX ? &p->init->rows[r->init_row] : NULL;
+    if (c && c->measured) w.forward_init = c->m.forward, w.dependency_init = c->m.dependency;
+    if (r->measured) {
+      w.forward_ratio = ratio_of(r->m.forward, w.forward_init);
+      w.dependency_ratio = ratio_of(r->m.dependency, w.dependency_init);
+    }
+    r->ratio = w;
+  }
+}
+
+stab_status stab_probe_ratio_at(stab_probe *p, size_t i, stab_probe_ratio *out) {
+  if (!p || !out || i >= p->n)
+    return stabi_fail(STAB_EINVAL, "stab_probe_ratio_at: %s", !p || !out ? "NULL argument" : "row out of range");
+  stabi_probe_ratios(p);
+  *out = p->rows[i].ratio;
+  return STAB_OK;
+}
+
 /* ---- the trace ---------------------------------------------------------------------- */
 
 /* Addresses standing for where each tensor sits in the checkpoint file, for the trace's record of
@@ -482,7 +531,7 @@ stab_status stab_probe_trace_append(stab_probe *p, const char *path, int64_t ste
                     .weight = file_address(&fs, r->t, attention ? r->q_off : 0),
                     .weight_k = attention ? file_address(&fs, r->tk, r->k_off) : NULL,
                     .bias = r->kind == STAB_KIND_LINEAR ? file_address(&fs, r->bias, 0) : NULL,
-                    .ld = attention ? r->ld : 0,
+                    .ld = attention ? r->ld : 0, .scale = attention ? r->scale : 0,
                     .layout = r->kind == STAB_KIND_LINEAR || attention ? r->layout : STAB_LAYOUT_NATURAL};
     set_layer_sizes(&L, r);
     size_t idx;

@@ -11,7 +11,8 @@
 
 static const char *const sort_names[] = {"file",       "name",          "forward",          "dependency",
                                          "update",     "sigma",         "rel_update",       "forward_tight",
-                                         "dependency_tight", "update_tight", NULL};
+                                         "dependency_tight", "update_tight", "forward_ratio",
+                                         "dependency_ratio", NULL};
 
 const char *stab_probe_sort_name(int sort) {
   return sort >= 0 && sort < (int)(sizeof sort_names / sizeof sort_names[0]) ? sort_names[sort] : NULL;
@@ -65,6 +66,8 @@ static double sort_value(const stabi_probe_row *r, int sort) {
   case STAB_PROBE_SORT_FORWARD_TIGHT: return r->m.forward_tight;
   case STAB_PROBE_SORT_DEPENDENCY_TIGHT: return r->m.dependency_tight;
   case STAB_PROBE_SORT_UPDATE_TIGHT: return r->m.update_tight;
+  case STAB_PROBE_SORT_FORWARD_RATIO: return r->ratio.forward_ratio;
+  case STAB_PROBE_SORT_DEPENDENCY_RATIO: return r->ratio.dependency_ratio;
   default: return NAN;
   }
 }
@@ -249,6 +252,9 @@ static void print_json(FILE *out, const stab_probe *p, const stab_probe_report_o
   } else {
     fputs(", \"step\": null, \"step_source\": null", out);
   }
+  fprintf(out, ", \"ratio_reference\": "); /* --init, or --prev alone */
+  if (p->init) json_string(out, p->init->checkpoint);
+  else fputs("null", out);
   fprintf(out, ", \"sort\": \"%s\", \"top\": ", stab_probe_sort_name(o->sort));
   if (o->top) fprintf(out, "%zu", o->top);
   else fputs("null", out);
@@ -278,6 +284,15 @@ static void print_json(FILE *out, const stab_probe *p, const stab_probe_report_o
     for (size_t k = 0; k < sizeof vals / sizeof vals[0]; k++) {
       fprintf(out, ", \"%s\": ", vals[k].k);
       json_number(out, vals[k].v);
+    }
+    if (p->init) { /* against the init reference: its values, and this row's over them */
+      const struct { const char *k; double v; } rv[] = {
+          {"forward_init", r->ratio.forward_init}, {"dependency_init", r->ratio.dependency_init},
+          {"forward_ratio", r->ratio.forward_ratio}, {"dependency_ratio", r->ratio.dependency_ratio}};
+      for (size_t k = 0; k < sizeof rv / sizeof rv[0]; k++) {
+        fprintf(out, ", \"%s\": ", rv[k].k);
+        json_number(out, rv[k].v);
+      }
     }
     fprintf(out, ", \"passes\": %d, \"update_passes\": %d, \"tight_method\": \"%s\", \"bias\": ", m->passes,
            m->update_passes, m->tight_method == STAB_TIGHT_EXACT ? "exact" : m->tight_method == STAB_TIGHT_NONE ? "none" : "centred");
@@ -400,6 +415,7 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
   const stabi_ckpt *f = &p->cur;
   fprintf(out, "checkpoint %s%s%s\n", p->checkpoint, p->reference ? ", update against " : "",
          p->reference ? p->reference : "");
+  if (p->init) fprintf(out, "ratios (fwd_ratio, dep_ratio) to %s\n", p->init->checkpoint);
   for (size_t i = 0; i < stabi_ck_meta_count(f); i++) {
     const char *k, *v;
     char sk[256], sv[1024];
@@ -431,8 +447,9 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
   for (size_t j = 0; j < count; j++)
     if ((int)strlen(rows[order[j]].name) + (o->per_head ? 8 : 0) > w)
       w = (int)strlen(rows[order[j]].name) + (o->per_head ? 8 : 0);
-  fprintf(out, "\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, "layer", "kind", "shape", "dtype", "forward",
-         "dependency", "update", "sigma", "rel_err", "notes");
+  fprintf(out, "\n%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s", w, "layer", "kind", "shape", "dtype", "forward",
+         "dependency", "update", "sigma", "rel_err", p->init ? "" : "notes\n");
+  if (p->init) fprintf(out, "%9s %9s  notes\n", "fwd_ratio", "dep_ratio");
   for (size_t j = 0; j < count; j++) {
     const stabi_probe_row *r = &rows[order[j]];
     char shape[48], a[4][24], e[24], notes[700] = "", name[1024];
@@ -483,15 +500,22 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
       if (r->kv_heads != r->heads) snprintf(notes + k, sizeof notes - k, "%zu heads, %zu key heads ", r->heads, r->kv_heads);
       else snprintf(notes + k, sizeof notes - k, "%zu heads ", r->heads);
     }
-    fprintf(out, "%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s\n", w, shown(r->name, name, sizeof name),
-           stab_kind_name(r->kind), shape, r->t->dtype_name, a[0], a[1], a[2], a[3], e, notes);
+    char ratios[64] = "";
+    if (p->init) {
+      char fr[24], dr[24]; /* fmt_num: at most 12 bytes */
+      fmt_num(fr, sizeof fr, r->ratio.forward_ratio);
+      fmt_num(dr, sizeof dr, r->ratio.dependency_ratio);
+      snprintf(ratios, sizeof ratios, "%9s %9s  ", fr, dr);
+    }
+    fprintf(out, "%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %s%s\n", w, shown(r->name, name, sizeof name),
+           stab_kind_name(r->kind), shape, r->t->dtype_name, a[0], a[1], a[2], a[3], e, ratios, notes);
     for (size_t h = 0; o->per_head && r->kind == STAB_KIND_ATTENTION && h < r->heads; h++) {
       char hn[1100], b[24], hs[48];
       snprintf(hn, sizeof hn, "%s.head%zu", name, h);
       snprintf(hs, sizeof hs, "%zux%zu", r->d_out / r->heads, r->d_in);
       fmt_num(b, sizeof b, r->head_bounds[h]);
-      fprintf(out, "%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  key head %zu\n", w, hn, "attention", hs,
-             r->t->dtype_name, b, "-", "-", "-", "-", h / (r->heads / r->kv_heads));
+      fprintf(out, "%-*s  %-9s  %-13s %-5s %11s %11s %11s %11s %8s  %skey head %zu\n", w, hn, "attention", hs,
+             r->t->dtype_name, b, "-", "-", "-", "-", p->init ? "        -         -  " : "", h / (r->heads / r->kv_heads));
     }
   }
   /* the largest value per kind and metric, over every layer measured (--top aside) */
@@ -545,7 +569,7 @@ static stab_status report(stab_probe *p, const stab_probe_report_options *option
   stab_probe_report_options o = options ? *options : stab_probe_default_report_options();
   if (!stab_probe_sort_name((int)o.sort)) return stabi_fail(STAB_EINVAL, "%s: sort %d is none of stab_probe_sort", who, (int)o.sort);
   if (o.step >= 0 && !o.step_source) o.step_source = "the caller";
-  stabi_probe_expert_layers(p);
+  stabi_probe_ratios(p); /* the layers of experts too */
   size_t count = 0, *order = report_order(&o, p->rows, p->n, &count);
   char *buf = NULL;
   size_t size = 0;

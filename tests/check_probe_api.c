@@ -4,7 +4,8 @@
  * malformed file's status and message; --prev matching, by name and across GGUF and
  * safetensors; a subset measured then the rest equal to measuring all; results handed over
  * with stab_probe_set_result; and the JSON text byte for byte what stabmeter-probe --json
- * prints for the same checkpoint and options (the program is builddir/harness/probe). */
+ * prints for the same checkpoint and options (the program is builddir/harness/probe); the ratio
+ * to init (stab_probe_set_init) against the brute force and a plain probe of the init file. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -306,9 +307,11 @@ static char *program_stdout(const char *args, size_t *len) {
 START_TEST(json_is_the_programs) {
   char args[4096];
   size_t lp, ll;
-  /* the default report, with a reference */
+  /* the default report, with a reference (the program's --prev alone: the ratios to it too) */
   stab_probe *p = open_probe(at("g.safetensors"), at("g.prev.safetensors"), 0);
+  ck_assert_int_eq(stab_probe_set_init(p, at("g.prev.safetensors")), STAB_OK);
   ck_assert_int_eq(stab_probe_measure(p, NULL, NULL, NULL), STAB_OK);
+  ck_assert_int_eq(stab_probe_measure_init(p, NULL, NULL, NULL), STAB_OK);
   char *lib = json_of(p, &ll);
   snprintf(args, sizeof args, "--json %s --prev %s", at("g.safetensors"), at("g.prev.safetensors"));
   char *prog = program_stdout(args, &lp);
@@ -345,6 +348,82 @@ START_TEST(json_is_the_programs) {
 }
 END_TEST
 
+/* The ratio to init: INIT the checkpoint itself in exact mode gives st_gen's brute-force values
+ * as the init values and ratios of exactly 1; INIT the older file gives a plain probe's values
+ * of that file (its rows in the same order: init_row indexes them) and this row's over them;
+ * the errors leave the probe as it was; the JSON is the program's with --init. */
+START_TEST(ratio_to_init) {
+  stab_probe *p = open_probe(at("g.safetensors"), NULL, 1);
+  stab_probe_ratio q;
+  ck_assert_ptr_null(stab_probe_init_path(p));
+  ck_assert_int_eq(stab_probe_set_init(p, NULL), STAB_EINVAL);
+  ck_assert_int_eq(stab_probe_set_init(p, at("missing.safetensors")), STAB_EIO);
+  ck_assert_ptr_nonnull(strstr(stab_last_error(), "missing.safetensors"));
+  ck_assert_int_eq(stab_probe_set_init(p, at("l.gguf")), STAB_ENOTFOUND); /* other names */
+  ck_assert_ptr_nonnull(strstr(stab_last_error(), "none of the"));
+  ck_assert_ptr_null(stab_probe_init_path(p));
+  ck_assert_int_eq(stab_probe_set_init(p, at("g.safetensors")), STAB_OK);
+  ck_assert_str_eq(stab_probe_init_path(p), at("g.safetensors"));
+  ck_assert_int_eq(stab_probe_set_init(p, at("g.safetensors")), STAB_ESTATE);
+  ck_assert_int_eq(stab_probe_measure(p, NULL, NULL, NULL), STAB_OK);
+  ck_assert_int_eq(stab_probe_ratio_at(p, 0, &q), STAB_OK);
+  ck_assert_msg(isnan(q.forward_init) && isnan(q.forward_ratio), "init values before measure_init");
+  ck_assert_int_eq(stab_probe_measure_init(p, NULL, NULL, NULL), STAB_OK);
+  ck_assert_int_eq(stab_probe_ratio_at(p, stab_probe_count(p), &q), STAB_EINVAL);
+  FILE *f = fopen(at("g.ref"), "r");
+  ck_assert_ptr_nonnull(f);
+  char name[512], kind[32];
+  double fw, dep, up;
+  int lines = 0;
+  while (fscanf(f, "%511s %31s %lf %lf %lf", name, kind, &fw, &dep, &up) == 5) {
+    long i = find_row(p, name, kind);
+    ck_assert_int_ge(i, 0);
+    ck_assert_int_eq(stab_probe_ratio_at(p, (size_t)i, &q), STAB_OK);
+    near(q.forward_init, fw, 1e-9, "forward_init", name);
+    near(q.dependency_init, dep, 1e-9, "dependency_init", name);
+    ck_assert_msg(q.forward_ratio == 1.0, "%s forward_ratio to itself %.17g", name, q.forward_ratio);
+    ck_assert_msg(isnan(dep) ? isnan(q.dependency_ratio) : q.dependency_ratio == 1.0, "%s dependency_ratio %.17g", name,
+                  q.dependency_ratio);
+    lines++;
+  }
+  fclose(f);
+  ck_assert_int_gt(lines, 5);
+  stab_probe_free(p);
+  /* against the older file: a plain probe of it is the reference */
+  p = open_probe(at("g.safetensors"), NULL, 0);
+  stab_probe *old = open_probe(at("g.prev.safetensors"), NULL, 0);
+  ck_assert_int_eq(stab_probe_set_init(p, at("g.prev.safetensors")), STAB_OK);
+  ck_assert_int_eq(stab_probe_measure(p, NULL, NULL, NULL), STAB_OK);
+  ck_assert_int_eq(stab_probe_measure_init(p, NULL, NULL, NULL), STAB_OK);
+  ck_assert_int_eq(stab_probe_measure(old, NULL, NULL, NULL), STAB_OK);
+  size_t matched = 0;
+  for (size_t i = 0; i < stab_probe_count(p); i++) {
+    stab_probe_row r, o;
+    ck_assert_int_eq(stab_probe_row_at(p, i, &r), STAB_OK);
+    ck_assert_int_eq(stab_probe_ratio_at(p, i, &q), STAB_OK);
+    if (!r.measured) continue;
+    ck_assert_msg(q.init_row != SIZE_MAX, "%s: no counterpart", r.name);
+    ck_assert_int_eq(stab_probe_row_at(old, q.init_row, &o), STAB_OK);
+    ck_assert_str_eq(o.name, r.name);
+    ck_assert_msg(q.forward_init == o.metrics.forward, "%s forward_init %.17g, plain %.17g", r.name, q.forward_init,
+                  o.metrics.forward);
+    near(q.forward_ratio, r.metrics.forward / o.metrics.forward, 1e-15, "forward_ratio", r.name);
+    near(q.dependency_ratio, r.metrics.dependency / o.metrics.dependency, 1e-15, "dependency_ratio", r.name);
+    matched++;
+  }
+  ck_assert_int_gt((int)matched, 5);
+  char args[4096], *lib, *prog;
+  size_t ll, lp;
+  lib = json_of(p, &ll);
+  snprintf(args, sizeof args, "--json %s --init %s", at("g.safetensors"), at("g.prev.safetensors"));
+  prog = program_stdout(args, &lp);
+  ck_assert_msg(lp == ll && !memcmp(prog, lib, ll), "--init: the library's JSON is not the program's");
+  free(lib), free(prog);
+  stab_probe_free(old);
+  stab_probe_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("probe_api");
   TCase *tc = tcase_create("probe_api");
@@ -355,6 +434,7 @@ int main(void) {
   tcase_add_test(tc, prev_across_formats);
   tcase_add_test(tc, subset_then_rest_and_set_result);
   tcase_add_test(tc, json_is_the_programs);
+  tcase_add_test(tc, ratio_to_init);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);

@@ -415,6 +415,146 @@ assert {"name": "lm_head", "message": "no update: not found in the reference che
 fi
 ok
 
+# --init: the ratio to init against two plain runs' JSON (an independent division); the init
+# values are a plain run's numbers; --prev alone makes the ratios the earlier checkpoint's,
+# with --init and --prev the update is --prev's and the ratios --init's; a file against itself
+# is ratio 1 exactly; --sort by a ratio and --top against python sorting the JSON
+# ratios PAIR_JSON CUR_JSON INIT_JSON: every row's ratios and init values against the plain runs
+ratios() {
+  python3 - "$@" <<'PY'
+import json, sys
+rep, cur, ini = (json.load(open(f)) for f in sys.argv[1:4])
+cur = {l["name"]: l for l in cur["layers"]}
+ini = {l["name"]: l for l in ini["layers"]}
+bad = 0
+assert rep["ratio_reference"], "no ratio_reference"
+for l in rep["layers"]:
+    c, i = cur[l["name"]], ini.get(l["name"])
+    for k in ("forward", "dependency"):
+        want_init = i[k] if i else None
+        want = c[k] / want_init if c[k] is not None and want_init else None
+        if l[k + "_init"] != want_init:
+            print(l["name"], k + "_init", l[k + "_init"], "want", want_init); bad += 1
+        if (want is None) != (l[k + "_ratio"] is None) or (want is not None and abs(l[k + "_ratio"] - want) > 1e-14 * want):
+            print(l["name"], k + "_ratio", l[k + "_ratio"], "want", want); bad += 1
+        if l[k] != c[k]:
+            print(l["name"], k, l[k], "plain run", c[k]); bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
+if [ $have_py = 1 ]; then
+  g=$dir/gpt2_F32
+  "$probe" "$g.safetensors" --heads 2 --json >"$g.cur.json" 2>/dev/null || fail "--init: plain run exit $?"
+  "$probe" "$g.prev.safetensors" --heads 2 --json >"$g.old.json" 2>/dev/null || fail "--init: plain run of init exit $?"
+  "$probe" "$g.safetensors" --heads 2 --init "$g.prev.safetensors" --json >"$g.ri.json" 2>"$g.ri.err" ||
+    fail "--init: exit $?: $(cat "$g.ri.err")"
+  [ -s "$g.ri.err" ] && fail "--init of the same model: stderr: $(cat "$g.ri.err")"
+  ratios "$g.ri.json" "$g.cur.json" "$g.old.json" || fail "--init: ratios differ from the two plain runs'"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); a=[l for l in r["layers"] if l["kind"]=="attention"]; assert r["ratio_reference"]==sys.argv[2] and r["reference"] is None and a and all(l["forward_ratio"] is not None for l in a) and all(l["update"] is None for l in r["layers"])' "$g.ri.json" "$g.prev.safetensors" ||
+    fail "--init: reference keys, attention ratios"
+  # --prev alone: the ratios to OLDER, the update as before
+  "$probe" "$g.safetensors" --heads 2 --prev "$g.prev.safetensors" --json >"$g.rp.json" 2>/dev/null || fail "--prev ratios: exit $?"
+  ratios "$g.rp.json" "$g.cur.json" "$g.old.json" || fail "--prev: ratios differ from the two plain runs'"
+  # --prev OLDER --init the file itself: update against OLDER, every ratio exactly 1
+  "$probe" "$g.safetensors" --heads 2 --prev "$g.prev.safetensors" --init "$g.safetensors" --json >"$g.rb.json" 2>/dev/null ||
+    fail "--prev and --init: exit $?"
+  python3 - "$g.rb.json" "$g.rp.json" "$g.safetensors" <<'PY' || fail "--prev and --init: update not --prev's or a ratio to itself not 1"
+import json, sys
+b, p = (json.load(open(f)) for f in sys.argv[1:3])
+assert b["ratio_reference"] == sys.argv[3] and b["reference"] == p["reference"]
+for x, y in zip(b["layers"], p["layers"]):
+    assert x["name"] == y["name"] and x["update"] == y["update"], (x["name"], x["update"], y["update"])
+    for k in ("forward", "dependency"):
+        assert x[k + "_ratio"] == (1.0 if x[k] else None) and x[k + "_init"] == (x[k] if x[k] else x[k + "_init"]), (x["name"], k)
+PY
+  # --sort forward_ratio --top 3: python's order of the full report
+  "$probe" "$g.safetensors" --heads 2 --init "$g.prev.safetensors" --sort dependency_ratio --top 3 --json >"$g.rs.json" 2>/dev/null ||
+    fail "--sort dependency_ratio: exit $?"
+  python3 - "$g.rs.json" "$g.ri.json" <<'PY' || fail "--sort dependency_ratio --top 3: not the three largest"
+import json, sys
+s, a = (json.load(open(f)) for f in sys.argv[1:3])
+want = sorted((l for l in a["layers"] if l["dependency_ratio"] is not None), key=lambda l: -l["dependency_ratio"])[:3]
+assert [l["name"] for l in s["layers"]] == [l["name"] for l in want], ([l["name"] for l in s["layers"]], [l["name"] for l in want])
+PY
+  "$probe" "$g.safetensors" --init "$g.prev.safetensors" >"$g.rt.txt" 2>/dev/null || fail "--init table: exit $?"
+  grep -Eq '^layer .* fwd_ratio dep_ratio  notes$' "$g.rt.txt" && grep -q "^ratios (fwd_ratio, dep_ratio) to $g.prev.safetensors\$" "$g.rt.txt" ||
+    fail "--init table: no ratio columns"
+  expect "--sort forward_ratio alone" 2 "^stabmeter-probe: --sort forward_ratio: the ratio is to --init INIT" \
+    "$probe" "$g.safetensors" --sort forward_ratio
+  # GGUF against GGUF, and a sharded model against another of its shape (hf_gen's toy, two seeds)
+  q=$dir/gguf_F32
+  "$probe" "$q.gguf" --json >"$q.cur.json" 2>/dev/null && "$probe" "$q.prev.gguf" --json >"$q.old.json" 2>/dev/null &&
+    "$probe" "$q.gguf" --init "$q.prev.gguf" --json >"$q.ri.json" 2>/dev/null || fail "gguf --init: exit $?"
+  ratios "$q.ri.json" "$q.cur.json" "$q.old.json" || fail "gguf --init: ratios differ from the two plain runs'"
+  if "$top/tests/hf_gen" "$dir/shA" tiny --shards 2 --seed 1 >/dev/null 2>&1 && "$top/tests/hf_gen" "$dir/shB" tiny --shards 2 --seed 2 >/dev/null 2>&1; then
+    "$probe" "$dir/shA" --json >"$dir/shA.json" 2>/dev/null && "$probe" "$dir/shB" --json >"$dir/shB.json" 2>/dev/null &&
+      "$probe" "$dir/shA" --init "$dir/shB" --json >"$dir/shAB.json" 2>/dev/null || fail "sharded --init: exit $?"
+    ratios "$dir/shAB.json" "$dir/shA.json" "$dir/shB.json" || fail "sharded --init: ratios differ from the two plain runs'"
+  else
+    fail "hf_gen tiny"
+  fi
+fi
+ok
+# --init that does not fit: a model of other names (exit 2, one line, no report), one lacking a
+# layer (a warning with the count, that row's ratio null), a missing file, a FIFO (no hang)
+if [ -n "$py5" ]; then
+  expect "--init unrelated" 2 "^stabmeter-probe: --init .*gpt2_F32.safetensors: none of the [0-9]+ layers of .*trn-tied/model.safetensors has a counterpart there" \
+    "$probe" "$dir/trn-tied/model.safetensors" --init "$dir/gpt2_F32.safetensors"
+  [ "$(wc -l <"$err_file")" -eq 1 ] && [ ! -s "$out_file" ] && pass || fail "--init unrelated: not one line and no report"
+  expect "--init partial" 0 "^stabmeter-probe: warning: .*trn-tied/model.safetensors: 1 of 1[0-9] layers have no counterpart there, so no ratio: lm_head\$" \
+    "$probe" "$dir/trn-untied/model.safetensors" --init "$dir/trn-tied/model.safetensors" --json --quiet
+  [ "$(wc -l <"$err_file")" -eq 1 ] && pass || fail "--init partial: $(wc -l <"$err_file") lines on stderr"
+  python3 -c '
+import json, sys
+l = {x["name"]: x for x in json.load(open(sys.argv[1]))["layers"]}
+assert l["lm_head"]["forward_ratio"] is None and l["lm_head"]["forward_init"] is None and l["transformer.wte"]["forward_ratio"] is not None' "$out_file" ||
+    fail "--init partial: the report"
+  # --prev partial names its layers once: no second warning for the ratios to the same file
+  expect "--prev partial, ratios" 0 "^stabmeter-probe: warning: --prev " \
+    "$probe" "$dir/trn-untied/model.safetensors" --prev "$dir/trn-tied/model.safetensors" --quiet
+  [ "$(wc -l <"$err_file")" -eq 1 ] && pass || fail "--prev partial: $(wc -l <"$err_file") lines on stderr"
+  expect "--init missing" 2 "^stabmeter-probe: --init .*nope.safetensors: " \
+    "$probe" "$dir/trn-tied/model.safetensors" --init "$dir/nope.safetensors"
+  mkfifo "$dir/init.fifo"
+  expect "--init FIFO" 2 "init.fifo" "$probe" "$dir/trn-tied/model.safetensors" --init "$dir/init.fifo"
+  [ "$(wc -l <"$err_file")" -eq 1 ] && pass || fail "--init FIFO: $(cat "$err_file")"
+fi
+ok
+
+# The attention scale of harness/train's checkpoints (__metadata__ attn_scale): an --attn-scale
+# inverse run's logit bound equals the trainer's own trace (1/d_h q.k); the same weights with
+# the metadata saying sqrt (padded to the same length, offsets unchanged) give sqrt(d_h) times
+# it; a value neither is refused with the file and the value
+if [ -n "$py5" ]; then
+  t=$dir/trn-inv
+  ./harness/train --width 32 --depth 1 --heads 4 --steps 2 --attn-scale inverse --out "$t" >/dev/null 2>"$t.err" ||
+    fail "train --attn-scale inverse: exit $?: $(tail -3 "$t.err")"
+  "$py5" - "$t/model.safetensors" <<'PY' || fail "attn_scale: rewriting the metadata"
+import sys
+b = open(sys.argv[1], "rb").read()
+old = b'"attn_scale":"inverse"'
+assert b.count(old) == 1
+for name, new in (("sqrt", b'"attn_scale":"sqrt"   '), ("bogus", b'"attn_scale":"bogus12"')):
+    open(sys.argv[1].replace("model", name), "wb").write(b.replace(old, new))
+PY
+  "$probe" "$t/model.safetensors" --json --quiet >"$t.inv.json" 2>"$t.p.err" || fail "attn_scale inverse: exit $?"
+  "$probe" "$t/sqrt.safetensors" --json --quiet >"$t.sqrt.json" 2>"$t.p.err" || fail "attn_scale sqrt copy: exit $?"
+  "$py5" - "$t/trace.h5" "$t.inv.json" "$t.sqrt.json" <<'PY' || fail "attn_scale: the logit bound is not the trainer's, or not sqrt(d_h) apart"
+import h5py, json, math, sys
+f = h5py.File(sys.argv[1], "r", swmr=True)
+inv, sq = ({l["name"]: l for l in json.load(open(p))["layers"] if l["kind"] == "attention"} for p in sys.argv[2:4])
+assert inv and set(inv) == set(sq), (inv, sq)
+for name, l in inv.items():
+    want = f["layers"][name]["forward"][-1]
+    assert abs(l["forward"] - want) <= 2e-3 * want, (name, l["forward"], want)
+    dh = l["d_out"] // l["heads"]
+    assert dh == 8 and abs(sq[name]["forward"] / l["forward"] - math.sqrt(dh)) < 1e-9, (name, sq[name]["forward"], l["forward"])
+PY
+  expect "attn_scale bogus" 2 "^stabmeter-probe: .*trn-inv/bogus.safetensors: __metadata__ attn_scale is 'bogus12', not sqrt or inverse\$" \
+    "$probe" "$t/bogus.safetensors"
+fi
+ok
+
 # attention without a head count is listed with the reason, not dropped; --heads that do not
 # divide the width are refused per layer, and bad --heads values are usage errors
 mkdir "$dir/nocfg" && cp "$dir/gpt2_F32.safetensors" "$dir/nocfg/m.safetensors"

@@ -1,6 +1,6 @@
 """stabmeter.probe against stabmeter-probe --json on the same files: the same report, key for
 key and number for number (the program prints the library's text), with --prev, --heads and
---kind; the rows as a list and as a DataFrame; a missing file and one of another format raise
+--kind, --init; the ratios to init against two plain reports' quotient; the rows as a list and as a DataFrame; a missing file and one of another format raise
 with the library's message."""
 
 import os
@@ -44,6 +44,25 @@ class Probe(unittest.TestCase):
                 got = stabmeter.probe_report(self.new, **kw)
             self.assertEqual(got, probe_json(self.new, *args), args)
 
+    def test_init(self):
+        # init= is --init; prev alone makes the ratios the earlier checkpoint's, as the program's
+        for args, kw in ((["--init", self.old, "--heads", "4"], {"init": self.old, "heads": 4}),
+                         (["--prev", self.old, "--init", self.new], {"prev": self.old, "init": self.new}),
+                         (["--init", self.old, "--sort", "forward_ratio"], {"init": self.old, "sort": "forward_ratio"})):
+            self.assertEqual(stabmeter.probe_report(self.new, **kw), probe_json(self.new, *args), args)
+        # the ratio is the two plain reports' quotient (an independent division)
+        new = {r["name"]: r for r in probe_json(self.new, "--heads", "4")["layers"]}
+        old = {r["name"]: r for r in probe_json(self.old, "--heads", "4")["layers"]}
+        rows = stabmeter.probe(self.new, init=self.old, heads=4, frame=False)
+        self.assertEqual(len(rows), len(new))
+        for r in rows:
+            for key in ("forward", "dependency"):
+                if new[r["name"]][key] is None:
+                    self.assertIsNone(r[key + "_ratio"], r["name"])
+                    continue
+                self.assertEqual(r[key + "_init"], old[r["name"]][key], r["name"])
+                self.assertAlmostEqual(r[key + "_ratio"], new[r["name"]][key] / old[r["name"]][key], delta=1e-12)
+
     def test_rows(self):
         rows = stabmeter.probe(self.new, prev=self.old, heads=4, frame=False)
         want = probe_json(self.new, "--prev", self.old, "--heads", "4")["layers"]
@@ -73,6 +92,9 @@ class Probe(unittest.TestCase):
         self.assertIn(text, c.exception.message)
         with self.assertRaises(stabmeter.NotFound):
             stabmeter.probe(self.new, filters=["nothing.*"])
+        with self.assertRaises(stabmeter.IOError_) as c:
+            stabmeter.probe(self.new, init=missing)
+        self.assertIn(missing, c.exception.message)
         with self.assertRaisesRegex(ValueError, "sort"):
             stabmeter.probe(self.new, sort="size")
 

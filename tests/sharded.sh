@@ -25,7 +25,7 @@ same() {
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 for r in (a, b):
-    r.pop("checkpoint"); r.pop("reference")
+    r.pop("checkpoint"); r.pop("reference"); r.pop("ratio_reference", None)
 if a != b:
     for key in a:
         if a[key] != b.get(key):

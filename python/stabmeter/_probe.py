@@ -36,6 +36,10 @@ lib.stab_probe_free.restype = None
 lib.stab_probe_free.argtypes = [c_void_p]
 lib.stab_probe_measure.restype = c_int
 lib.stab_probe_measure.argtypes = [c_void_p, c_void_p, c_void_p, c_void_p]
+lib.stab_probe_set_init.restype = c_int
+lib.stab_probe_set_init.argtypes = [c_void_p, c_char_p]
+lib.stab_probe_measure_init.restype = c_int
+lib.stab_probe_measure_init.argtypes = [c_void_p, c_void_p, c_void_p, c_void_p]
 lib.stab_probe_json.restype = c_int
 lib.stab_probe_json.argtypes = [c_void_p, POINTER(_ReportOptions), POINTER(c_void_p), POINTER(c_size_t)]
 lib.stab_probe_sort_name.restype = c_char_p
@@ -64,11 +68,13 @@ def _overrides(pairs, keep):
 
 
 def probe_report(path, prev=None, heads=None, tol=1e-3, exact=False, tight="centred", kinds=None,
-                 layouts=None, filters=None, threads=0, sort="file", top=0, experts=False, step=None):
+                 layouts=None, filters=None, threads=0, sort="file", top=0, experts=False, step=None, init=None):
     """The whole report of stabmeter-probe --json on path (a safetensors file, a Hugging Face
     model directory or index, a GGUF file, an llm.c checkpoint) as a dict: checkpoint,
     reference, step, metadata, layers (one dict per row), summary, errors. prev: the older
-    checkpoint for the update metrics (--prev); the other arguments are the program's options
+    checkpoint for the update metrics (--prev); init: the checkpoint at initialisation (or any
+    earlier one) for forward_ratio and dependency_ratio (--init; without it, the ratios are to
+    prev, as the program's); the other arguments are the program's options
     (--heads, --tol, --exact, --tight, --kind GLOB=KIND as {glob: kind}, --layout, --filter as a
     list, --sort, --top, --experts, --step). Its notes and warnings become Python warnings."""
     if tight not in TIGHT_METHODS:
@@ -96,7 +102,10 @@ def probe_report(path, prev=None, heads=None, tol=1e-3, exact=False, tight="cent
     p = c_void_p()
     try:
         check(lib.stab_probe_open(str(path).encode("utf-8"), ctypes.byref(params), ctypes.byref(p)))
+        if init is not None or prev is not None:
+            check(lib.stab_probe_set_init(p, str(init if init is not None else prev).encode("utf-8")))
         check(lib.stab_probe_measure(p, None, None, None))
+        check(lib.stab_probe_measure_init(p, None, None, None))
         opts = lib.stab_probe_default_report_options()
         opts.sort, opts.top, opts.experts = _SORTS[sort], int(top), 1 if experts else 0
         if step is not None:
@@ -115,13 +124,14 @@ def probe_report(path, prev=None, heads=None, tol=1e-3, exact=False, tight="cent
     return report
 
 
-def probe(path, prev=None, frame=None, **options):
+def probe(path, prev=None, frame=None, init=None, **options):
     """The rows of stabmeter-probe --json's report of path (probe_report: its options), one
     dict per layer with the program's keys (name, tensor, kind, shape, dtype, layout, d_in,
-    d_out, forward, ..., flags; None where the JSON has null). frame=True gives a pandas
+    d_out, forward, ..., flags; with init or prev forward_init, dependency_init, forward_ratio,
+    dependency_ratio; None where the JSON has null). frame=True gives a pandas
     DataFrame indexed by name; frame=None (default) a DataFrame when pandas imports, else the
     list; frame=False always the list."""
-    rows = probe_report(path, prev=prev, **options)["layers"]
+    rows = probe_report(path, prev=prev, init=init, **options)["layers"]
     if frame is False:
         return rows
     try:
