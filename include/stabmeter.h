@@ -859,7 +859,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
 
 /* Appends one row: step, wall_time (seconds), the scalars and every layer's last metrics
  * (stab_monitor_metrics, and stab_monitor_head_bounds for attention) of the monitor given to
- * open, as they are now. The row is staged; the staged rows are written and flushed when
+ * open, as they are now, with forward, dependency and update over the reference
+ * stab_trace_reference gives. The row is staged; the staged rows are written and flushed when
  * flush_seconds have passed since the last flush, when the stage is full or every flush_every
  * appends (see "Flushing"). Allocates nothing itself.
  *  scalars       n_scalars values in declaration order, or NULL (all NaN)
