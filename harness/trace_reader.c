@@ -21,7 +21,8 @@
 static const char *const metric_order[] = {
     "forward",       "dependency",   "update",       "forward_tight", "dependency_tight",
     "update_tight",  "spread",       "sigma",        "sigma_rel_err", "sigma_update",
-    "sigma_update_rel_err", "rel_update", "passes",  "update_passes", "flags"};
+    "sigma_update_rel_err", "rel_update", "passes",  "update_passes", "flags",
+    "forward_ratio", "dependency_ratio", "update_ratio"}; /* format_version 3 on */
 enum { N_ORDERED = sizeof metric_order / sizeof metric_order[0], N_REQUIRED = 3 };
 
 /* Metadata read attempts while the writer runs: see open_file. */
@@ -473,8 +474,8 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
   if (strcmp(format, "stabmeter-trace"))
     return bad(t, "the attribute format of the root group is '%s', not 'stabmeter-trace'", format);
   if ((rc = int_attr(t, t->file, "the root group", "format_version", &version))) return rc;
-  if (version != 1 && version != 2)
-    return bad(t, "format_version %" PRId64 ": this program reads versions 1 and 2", version);
+  if (version < 1 || version > 3)
+    return bad(t, "format_version %" PRId64 ": this program reads versions 1 to 3", version);
   t->version = version;
 
   /* /step first: its length is the row count, and the writer extends every other dataset

@@ -25,7 +25,8 @@ typedef struct {
   size_t width, depth, heads, context, batch, steps, warmup, metrics_every, corpus_bytes;
   size_t checkpoint_every;
   double lr, min_lr_frac;
-  double alarm; /* threshold on forward and dependency stability; 0 = none */
+  double alarm; /* --alarm X: a ratio to the layer's reference above X; 0 = none */
+  double alarm_limit[8]; /* --alarm-limit KIND=X, per stab_kind: forward or dependency above X; 0 = none */
   optim_kind optimizer;
   int lr_given, warmup_given;
   uint64_t seed;
@@ -106,8 +107,14 @@ static void usage(void) {
          "      --trace-errors WHAT    after a trace write fails: stop (default) or continue\n"
          "                             without the trace\n"
          "      --print-metrics        print every layer's last metrics as a table at the end\n"
-         "      --alarm X              report once per layer when its forward or dependency\n"
-         "                             stability exceeds X > 0 (LM head aside) or turns NaN\n"
+         "      --alarm X              report once per layer when its forward, dependency or\n"
+         "                             update stability is more than X > 0 times its value at\n"
+         "                             the first measured step (its reference; the update's per\n"
+         "                             unit of learning rate, so that warmup is no alarm), or\n"
+         "                             turns non-finite; non-finite weights are reported always\n"
+         "      --alarm-limit KIND=X   report once per layer of KIND (linear, embedding, lm_head,\n"
+         "                             gain, bias, attention) when its forward or dependency\n"
+         "                             stability exceeds X > 0; repeatable, one per kind\n"
          "      --checkpoint-every N   also DIR/step-N.safetensors every N steps (default 0 =\n"
          "                             never); with adamw each checkpoint has its moments in\n"
          "                             step-N.adamw\n"
@@ -183,10 +190,26 @@ static int parse_widths(const char *s, options *o) {
   }
 }
 
+/* --alarm-limit KIND=X: KIND as stab_kind_name spells it, X > 0. */
+static int parse_alarm_limit(const char *arg, options *o) {
+  const char *eq = strchr(arg, '=');
+  char kinds[128] = "";
+  size_t n = 0;
+  for (int k = 0; stab_kind_name((stab_kind)k); k++) {
+    const char *name = stab_kind_name((stab_kind)k);
+    n += (size_t)snprintf(kinds + n, sizeof kinds - n, "%s%s", k ? ", " : "", name);
+    if (eq && (size_t)(eq - arg) == strlen(name) && !strncmp(arg, name, strlen(name)))
+      return cli_real("--alarm-limit", eq + 1, 0, 1, 1e300, 0, &o->alarm_limit[k]);
+  }
+  char want[192];
+  snprintf(want, sizeof want, "KIND=X, KIND one of %s", kinds);
+  return cli_bad_value("--alarm-limit", arg, want);
+}
+
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
          O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL, O_TENSOR_PARALLEL,
-         O_HEAD_DIM, O_ATTN_SCALE, O_SWEEP_LRS };
+         O_HEAD_DIM, O_ATTN_SCALE, O_SWEEP_LRS, O_ALARM_LIMIT };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -198,6 +221,7 @@ static int parse(int argc, char **argv, options *o) {
       {"corpus-bytes", required_argument, 0, O_CORPUS}, {"data", required_argument, 0, O_DATA},
       {"checkpoint-every", required_argument, 0, O_CKPT},
       {"alarm", required_argument, 0, O_ALARM},
+      {"alarm-limit", required_argument, 0, O_ALARM_LIMIT},
       {"print-metrics", no_argument, 0, O_PRINT},
       {"resume", required_argument, 0, O_RESUME},
       {"flush-every", required_argument, 0, O_FLUSH},
@@ -247,6 +271,7 @@ static int parse(int argc, char **argv, options *o) {
     case 'S': if (!(rc = cli_whole("--seed", optarg, 0, UINT64_MAX, &v))) o->seed = v; break;
     case 'r': rc = cli_real("--lr", optarg, 0, 1, 10, 1, &o->lr), o->lr_given = 1; break;
     case O_ALARM: rc = cli_real("--alarm", optarg, 0, 1, 1e300, 0, &o->alarm); break;
+    case O_ALARM_LIMIT: rc = parse_alarm_limit(optarg, o); break;
     case 'o':
       if (!(rc = cli_choice("--optimizer", optarg, optimizers, &which)))
         o->optimizer = which ? OPTIM_STEEPEST : OPTIM_ADAMW;
@@ -411,22 +436,61 @@ static double worst(const stab_monitor *mon, int which, const char **name) {
   return best;
 }
 
-/* Reports, once per layer, a forward or dependency stability above the threshold (the LM
- * head aside) or a metric made NaN by non-finite weights or updates. */
-static void check_alarms(const stab_monitor *mon, double threshold, size_t step, int tty,
-                         unsigned char *alarmed) {
+/* What the alarms keep per monitor layer: which they have reported, and the learning rate of
+ * the step the update's reference comes from. */
+enum { SAID_RELATIVE = 1, SAID_LIMIT = 2 };
+typedef struct {
+  unsigned char said;
+  double ref_lr; /* NaN until the monitor has an update reference */
+} layer_alarm;
+
+/* Reports, once per layer: non-finite weights or update (always); with --alarm X, a forward,
+ * dependency or update stability more than X times the layer's reference (the monitor's: its
+ * first finite value > 0), or turned non-finite, whatever the kind, its natural scale being
+ * the reference's; with --alarm-limit KIND=X, a forward or dependency stability above X. The
+ * update is judged per unit of learning rate: it grows with the rate through warmup, and an
+ * alarm there would fire on every layer of a healthy run. lr: this step's. */
+static void check_alarms(const stab_monitor *mon, const options *o, layer_alarm *la, size_t step, double lr,
+                         int tty) {
+  static const char *const metric[3] = {"forward", "dependency", "update"};
   for (size_t i = 0; i < stab_monitor_layer_count(mon); i++) {
     const stab_layer *l = stab_monitor_layer(mon, i);
-    const stab_metrics *x = stab_monitor_metrics(mon, i);
-    int nonfinite = x->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE);
-    int over = threshold > 0 && l->kind != STAB_KIND_LM_HEAD &&
-               (x->forward > threshold || x->dependency > threshold);
-    if (alarmed[i] || !(nonfinite || over)) continue;
-    alarmed[i] = 1;
-    fputs(tty ? "\r\033[K" : "", stderr);
-    cli_error("alarm at step %zu: %s (%s) %s: forward %.4g, dependency %.4g, update %.4g", step, l->name, stab_kind_name(l->kind),
-            nonfinite ? "has non-finite weights or update" : "exceeds the threshold",
-            x->forward, x->dependency, x->update);
+    const stab_metrics *x = stab_monitor_metrics(mon, i), *ref = stab_monitor_reference(mon, i);
+    layer_alarm *a = &la[i];
+    if (isnan(a->ref_lr) && !isnan(ref->update)) a->ref_lr = lr; /* taken at this measurement */
+    const char *kind = stab_kind_name(l->kind);
+    const double value[3] = {x->forward, x->dependency, x->update}, base[3] = {ref->forward, ref->dependency, ref->update};
+    if (!(a->said & SAID_RELATIVE)) {
+      char what[320] = "";
+      if (x->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE))
+        snprintf(what, sizeof what, "has non-finite weights or update: forward %.4g, dependency %.4g, update %.4g",
+                 x->forward, x->dependency, x->update);
+      for (int j = 0; j < 3 && !what[0] && o->alarm > 0; j++) {
+        if (isnan(base[j])) continue; /* no reference yet: the metric is not defined, or not seen > 0 */
+        if (!isfinite(value[j]))
+          snprintf(what, sizeof what, "%s turned %g (its reference %.6g)", metric[j], value[j], base[j]);
+        else if (j < 2 && value[j] / base[j] > o->alarm)
+          snprintf(what, sizeof what, "%s %.6g is %.6g times its reference %.6g (--alarm %g)", metric[j], value[j],
+                   value[j] / base[j], base[j], o->alarm);
+        else if (j == 2 && (value[j] / lr) / (base[j] / a->ref_lr) > o->alarm)
+          snprintf(what, sizeof what, "update %.6g at lr %.4g is %.6g times its reference %.6g at lr %.4g, per unit "
+                   "of learning rate (--alarm %g)", value[j], lr, (value[j] / lr) / (base[j] / a->ref_lr), base[j],
+                   a->ref_lr, o->alarm);
+      }
+      if (what[0]) {
+        a->said |= SAID_RELATIVE;
+        fputs(tty ? "\r\033[K" : "", stderr);
+        cli_error("alarm at step %zu: %s (%s) %s", step, l->name, kind, what);
+      }
+    }
+    const double limit = o->alarm_limit[l->kind];
+    for (int j = 0; j < 2 && limit > 0 && !(a->said & SAID_LIMIT); j++)
+      if (value[j] > limit) {
+        a->said |= SAID_LIMIT;
+        fputs(tty ? "\r\033[K" : "", stderr);
+        cli_error("alarm at step %zu: %s (%s) %s %.6g exceeds --alarm-limit %s=%g", step, l->name, kind, metric[j],
+                  value[j], kind, limit);
+      }
   }
 }
 
@@ -800,7 +864,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   train_tp *ttp = NULL;          /* --tensor-parallel: the monitor's measurements across ranks */
   float *whole_m = NULL, *whole_v = NULL; /* --tensor-parallel: AdamW's moments in m's layout */
   stab_monitor *mon = NULL;
-  unsigned char *alarmed = NULL; /* per monitor layer: reported already */
+  layer_alarm *alarms = NULL;    /* per monitor layer: check_alarms's */
   stab_trace *trace = NULL;      /* DIR/trace.h5, with --out and a monitor */
   char trace_path[4096] = "";
   long *blocks = NULL;           /* per monitor layer: its block, or -1 */
@@ -957,10 +1021,21 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     cli_error("warning: steepest with a tied head: the head is the embedding (init "
                     "std 1, not the articles' 1/d), so the first logits are large; --untied "
                     "follows the articles");
-  alarmed = mon ? calloc(stab_monitor_layer_count(mon), 1) : NULL;
-  if (mon && !alarmed) {
+  alarms = mon ? calloc(stab_monitor_layer_count(mon), sizeof *alarms) : NULL;
+  if (mon && !alarms) {
     cli_error("out of memory");
     goto setup_end;
+  }
+  for (size_t i = 0; mon && i < stab_monitor_layer_count(mon); i++) {
+    alarms[i].ref_lr = NAN;
+    /* A resumed run's alarms judge by the run's first measurement, as its trace does: the
+     * reference of the trace's rows (the update's taken at the first measured step, the trace
+     * starting with the run). */
+    stab_metrics ref;
+    if (trace && o.resume && stab_trace_reference(trace, i, &ref) == STAB_OK) {
+      stab_monitor_set_reference(mon, i, &ref);
+      if (!isnan(ref.update)) alarms[i].ref_lr = lr_at(&o, o.metrics_every - 1);
+    }
   }
   if (tensor)
     cli_error("tensor parallel: %zu rank%s, each %zu of the %zu heads and %zu of the %zu MLP columns, every "
@@ -1022,7 +1097,7 @@ setup_end:
         cli_error("measure: %s", stab_last_error());
         goto out;
       }
-      if (writer) check_alarms(mon, o.alarm, step + 1, tty, alarmed);
+      if (writer) check_alarms(mon, &o, alarms, step + 1, lr, tty);
       if (means && step + 1 > o.steps - o.steps / 4) kind_means_add(means, mon);
       double act[512]; /* act_rms of each block, then act_cos1 of each (depth <= 256) */
       const double *act_rms = act, *act_cos1 = act + o.depth;
@@ -1174,7 +1249,7 @@ out:
     cli_error("trace: %s", stab_last_error());
   free(blocks);
   free(extras);
-  free(alarmed);
+  free(alarms);
   train_tp_free(ttp); /* collective: every rank reaches out, with its handle or none */
   stab_monitor_free(mon);
   optim_free(&opt);

@@ -593,6 +593,24 @@ stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_m
  * monitor is as it was. */
 stab_status stab_monitor_add_external(stab_monitor *m, const stab_layer *layer, size_t *index);
 
+/* A layer's reference: the forward, dependency and update stability of the first measurement
+ * (stab_monitor_measure, _measure_some or stab_monitor_set_metrics) where each was finite and
+ * > 0, each metric on its own (update is NaN at a step measured without one; a bias that starts
+ * at 0 gets its reference at its first non-zero measurement). A metric not seen so yet is NaN;
+ * the other fields are NaN (counts and flags 0). value / reference is the "ratio to init" the
+ * trace records and an alarm judges: kinds and widths have natural scales of their own (an
+ * attention logit bound near 20 at init, mlp.c_proj's sqrt(d_in/d_out) = 2), the ratio none.
+ * Kept in the monitor's own memory (nothing is allocated per step); valid until the monitor is
+ * freed. NULL if index is out of range. */
+const stab_metrics *stab_monitor_reference(const stab_monitor *m, size_t index);
+
+/* Sets a layer's reference (a resumed run: its trace's, stab_trace_reference, so that its ratios
+ * are those of the run never stopped). Only forward, dependency and update are read; one that is
+ * not finite and > 0 (NaN) is left to the next measurement to set, as at creation. Replaces the
+ * reference whole. Copies; allocates nothing. Errors: NULL monitor or reference STAB_EINVAL,
+ * index out of range STAB_ERANGE. */
+stab_status stab_monitor_set_reference(stab_monitor *m, size_t index, const stab_metrics *reference);
+
 /* Bytes the monitor has allocated (snapshots, warm vectors, workspaces). */
 size_t stab_monitor_memory(const stab_monitor *m);
 
@@ -648,7 +666,7 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
 
 /* The file (every dataset one-dimensional, float64 unless said, chunked,
  * extendable, row i of each belonging to /step[i]; a value that does not exist is NaN):
- *   /                   attrs format = "stabmeter-trace", format_version = 2 (int), library_version,
+ *   /                   attrs format = "stabmeter-trace", format_version = 3 (int), library_version,
  *                       created_utc ("YYYY-MM-DDTHH:MM:SSZ"), run_config (JSON text, "{}" if none)
  *   /step               int64, the caller's step numbers
  *   /wall_time          seconds since the run began, as the caller gives them
@@ -662,6 +680,14 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  *     forward dependency update forward_tight dependency_tight update_tight spread sigma
  *     sigma_rel_err sigma_update sigma_update_rel_err rel_update passes update_passes flags
  *                       the stab_metrics fields (counts and flags as exact float64)
+ *     forward_ratio dependency_ratio update_ratio
+ *                       (format 3) the metric over the layer's reference: its first finite
+ *                       value > 0 in the run, each metric on its own (stab_trace_reference;
+ *                       stab_monitor_reference); NaN where the value or the reference is NaN
+ *                       (before the first measurement with an update, update_ratio). No
+ *                       dataset says the reference's step: it is the first row where the
+ *                       metric is finite and > 0, the ratio 1 there (unless the monitor had
+ *                       measured before the trace was opened)
  *     head<h>_bound     attention: the logit bound of head h = 0 .. heads-1
  *     <extra>           one per declared layer extra (activation RMS ...)
  *     step              int64, a copy of /step (below)
@@ -684,10 +710,11 @@ stab_status stab_sign(const float *g, size_t n, double scale, float *out);
  *   shares_storage_with the other groups holding some of its floats (an array of strings), only
  *                       where there are any; found from the address ranges of each layer's
  *                       weight, weight_k and bias, row by row where rows are strided (ld)
- * A version 1 trace (no scales, copies, units or descriptions) is read as before; appended to,
- * it is brought to version 2 first, before SWMR writing starts ("step", the scale, attributes;
- * format_version last, so that an upgrade cut short is finished by the next append). Names
- * of scalars and extras may not be "step".
+ * A version 1 trace (no scales, copies, units or descriptions) or version 2 trace (no ratios) is
+ * read as before; appended to, it is brought to version 3 first, before SWMR writing starts
+ * ("step", the scale, attributes; the ratio datasets, filled from the file's own rows with the
+ * reference they give; format_version last, so that an upgrade cut short is finished by the next
+ * append). Names of scalars and extras may not be "step", a metric's or a ratio's.
  * Strings are variable-length UTF-8. The number of rows is the length of /step: every flush
  * writes the other datasets first and /step after, so a writer killed (or failing) in the
  * middle of one may leave other datasets longer than /step, never shorter. A reader takes
@@ -832,7 +859,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
 
 /* Appends one row: step, wall_time (seconds), the scalars and every layer's last metrics
  * (stab_monitor_metrics, and stab_monitor_head_bounds for attention) of the monitor given to
- * open, as they are now. The row is staged; the staged rows are written and flushed when
+ * open, as they are now, with forward, dependency and update over the reference
+ * stab_trace_reference gives. The row is staged; the staged rows are written and flushed when
  * flush_seconds have passed since the last flush, when the stage is full or every flush_every
  * appends (see "Flushing"). Allocates nothing itself.
  *  scalars       n_scalars values in declaration order, or NULL (all NaN)
@@ -845,6 +873,15 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m,
  * after the failed write (then see stab_trace_on_error). */
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras);
+
+/* What layer index's ratios (forward_ratio, dependency_ratio, update_ratio) divide by, into out:
+ * per metric, the first finite value > 0 among the rows the trace held when opened with append
+ * (after the rows a resume removed), else the monitor's stab_monitor_reference. Only forward,
+ * dependency and update are set (NaN: none yet); the other fields NaN. A resumed run hands it to
+ * stab_monitor_set_reference right after the open, so that its monitor (alarms) divides by the
+ * run's first measurement, as the trace does. Errors: NULL t or out STAB_EINVAL, index not a
+ * layer of the monitor STAB_ERANGE. */
+stab_status stab_trace_reference(const stab_trace *t, size_t index, stab_metrics *out);
 
 /* Writes every row appended so far to the file now (readers and a crash see them), and
  * returns once they are there (it waits for the writer thread). A disabled trace (CONTINUE

@@ -23,6 +23,8 @@ typedef struct {
   size_t snap_len;    /* floats in snap_w */
   const float *given_w, *given_b; /* GIVEN mode */
   stab_metrics metrics;
+  stab_metrics reference; /* forward, dependency, update at the first measurement where each was
+                             finite and > 0 (NaN until then); the other fields NaN (counts 0) */
   double *heads;      /* attention: per-head bounds */
   int external;       /* stab_monitor_add_external: no weights here, metrics set from elsewhere */
 } entry;
@@ -260,6 +262,7 @@ static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *i
   }
   for (size_t h = 0; h < e.shape.heads; h++) e.heads[h] = NAN;
   stabi_layer_measure_clear(&e.metrics);
+  stabi_layer_measure_clear(&e.reference);
   m->layers[m->count] = e;
   insert_in_order(m, m->count);
   if (index) *index = m->count;
@@ -339,6 +342,19 @@ static const stabi_delta *layer_delta(const stab_monitor *m, const entry *e, sta
   return d;
 }
 
+/* The first finite positive value of each metric is its reference: each on its own, since a
+ * step measured without an update has update NaN, and a layer with non-finite weights has NaN
+ * metrics until (if ever) they are finite again. */
+static void keep_one(double *reference, double value) {
+  if (isnan(*reference) && isfinite(value) && value > 0) *reference = value;
+}
+
+static void keep_reference(entry *e) {
+  keep_one(&e->reference.forward, e->metrics.forward);
+  keep_one(&e->reference.dependency, e->metrics.dependency);
+  keep_one(&e->reference.update, e->metrics.update);
+}
+
 /* A step's layers as pool tasks: task k measures the k-th largest layer with the buffers of
  * the slot of the thread that claimed it. Passes inside find the pool busy and run on that
  * thread alone. */
@@ -359,6 +375,7 @@ static void measure_task(void *arg, size_t k, int s) {
   stabi_delta d;
   const stabi_delta *dl = job->with_update ? layer_delta(m, e, &d) : NULL;
   stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
+  keep_reference(e);
   if (st != STAB_OK && i < t->failed_at) {
     t->failed_at = i;
     t->st = st;
@@ -396,6 +413,7 @@ stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const un
       stabi_delta d;
       const stabi_delta *dl = with_update ? layer_delta(m, e, &d) : NULL;
       stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
+      keep_reference(e);
       if (st != STAB_OK && first == STAB_OK) first = st;
     }
   } else {
@@ -432,7 +450,27 @@ stab_status stab_monitor_set_metrics(stab_monitor *m, size_t index, const stab_m
                       m->count);
   entry *e = &m->layers[index];
   e->metrics = *metrics;
+  keep_reference(e);
   for (size_t h = 0; e->heads && h < e->shape.heads; h++) e->heads[h] = head_bounds ? head_bounds[h] : NAN;
+  return STAB_OK;
+}
+
+const stab_metrics *stab_monitor_reference(const stab_monitor *m, size_t index) {
+  return m && index < m->count ? &m->layers[index].reference : NULL;
+}
+
+/* A resumed run's reference, from its trace (stab_trace_reference) or its own records: what is
+ * not finite and > 0 stays to be taken from the next measurements. */
+stab_status stab_monitor_set_reference(stab_monitor *m, size_t index, const stab_metrics *reference) {
+  static const char who[] = "stab_monitor_set_reference";
+  if (!m || !reference) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !m ? "monitor" : "reference");
+  if (index >= m->count)
+    return stabi_fail(STAB_ERANGE, "%s: index %zu, the monitor has %zu layers", who, index, m->count);
+  stab_metrics *r = &m->layers[index].reference;
+  stabi_layer_measure_clear(r);
+  keep_one(&r->forward, reference->forward);
+  keep_one(&r->dependency, reference->dependency);
+  keep_one(&r->update, reference->update);
   return STAB_OK;
 }
 

@@ -33,9 +33,10 @@ enum { STAGE_ROWS = 256 };
 
 /* The format this library writes. 2: /step a dimension scale, and each group (/scalars, every
  * layer's) a copy of it named step that is the scale of the group's datasets; units, long_name
- * and description attributes; storage sharing. A version 1 trace appended to is brought to
- * version 2 first (add_step_copies, describe). */
-enum { FORMAT_VERSION = 2 };
+ * and description attributes; storage sharing. 3: each layer's forward_ratio, dependency_ratio
+ * and update_ratio. A version 1 or 2 trace appended to is brought to version 3 first
+ * (add_step_copies, add_ratios, describe). */
+enum { FORMAT_VERSION = 3 };
 
 /* The longest flush_seconds accepted (a day): beyond it a kill loses more than anyone means to
  * keep in memory only; 0 turns the clock off instead. */
@@ -66,6 +67,26 @@ static const char *const metric_names[N_METRICS] = {
     "dependency_tight", "update_tight", "spread",        "sigma",
     "sigma_rel_err", "sigma_update",  "sigma_update_rel_err", "rel_update",
     "passes",        "update_passes", "flags"};
+
+/* The metrics a layer's ratio to its reference is recorded for (stab_monitor_reference), in
+ * file order after the metrics; metric j's ratio is ratio_names[j], j < N_RATIOS being the first
+ * metrics of metric_names. */
+enum { N_RATIOS = 3, FIRST_HEAD = N_METRICS + N_RATIOS };
+static const char *const ratio_names[N_RATIOS] = {"forward_ratio", "dependency_ratio", "update_ratio"};
+
+/* The reference's value of metric j < N_RATIOS. */
+static double *reference_field(stab_metrics *r, size_t j) {
+  return j == 0 ? &r->forward : j == 1 ? &r->dependency : &r->update;
+}
+
+static double reference_value(const stab_metrics *r, size_t j) {
+  return j == 0 ? r->forward : j == 1 ? r->dependency : r->update;
+}
+
+/* value over reference: NaN where either is NaN (and where no reference was seen yet). */
+static double ratio_of(double value, double reference) {
+  return isnan(value) || isnan(reference) ? NAN : value / reference;
+}
 
 static void metric_values(const stab_metrics *m, double *v) {
   v[0] = m->forward;
@@ -143,6 +164,12 @@ static const wording words[] = {
     {"passes", ANY, "1", "count of passes over the weights by the spectral estimates"},
     {"update_passes", ANY, "1", "count of passes over the update by its spectral estimate"},
     {"flags", ANY, "1", "bit flags: 1 non-finite weight, 2 non-finite update, 4 spectral estimate not converged"},
+    {"forward_ratio", ANY, "1", "forward stability over its value at the first measured step where it was finite "
+                                "and > 0 (ratio to init)"},
+    {"dependency_ratio", ANY, "1", "dependency stability over its value at the first measured step where it was "
+                                   "finite and > 0 (ratio to init)"},
+    {"update_ratio", ANY, "1", "update stability over its value at the first measured step where it was finite "
+                               "and > 0 (ratio to init)"},
     {"act_rms", ANY, "1", "RMS of the hidden state (residual stream) of this layer's block"},
     {"act_cos1", ANY, "1", "|cos(h, 1)|: the hidden state's angle to the all-ones vector (mean drift)"},
     /* head<h>_bound, looked up under this name */
@@ -240,7 +267,12 @@ struct stab_trace {
   int64_t written;    /* rows in the file, all flushed */
   int64_t last_step;  /* the step of the last row in the file or staged, if has_last */
   int has_last;
-  int64_t file_version; /* format_version of the file opened: 1 until describe upgrades it */
+  int64_t file_version; /* format_version of the file opened: 1 or 2 until upgraded */
+  stab_metrics *reference; /* (n_layers) forward, dependency, update: the first finite value > 0
+                         of each among the rows the file held when opened (NaN: none, and the
+                         monitor's reference is used) */
+  char *ratio_present; /* (n_layers x N_RATIOS) opening a version 1 or 2 trace: the ratio
+                         datasets an upgrade cut short made already */
   off_t reserved;     /* the file's blocks are allocated up to this offset (see reserve) */
   int no_reserve;     /* the file system cannot reserve space (no fallocate) */
   stab_trace_on_error on_error;
@@ -380,14 +412,15 @@ static int64_t param_count(const stab_layer *l) {
 }
 
 static size_t layer_dsets(const stab_layer *l, size_t n_extras) {
-  return N_METRICS + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) + n_extras;
+  return FIRST_HEAD + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) + n_extras;
 }
 
 /* The name of dataset k of a layer (k < layer_dsets) into buf. */
 static const char *layer_dset_name(const stab_layer *l, size_t k, const char *const *extras,
                                    char *buf, size_t len) {
   if (k < N_METRICS) return metric_names[k];
-  k -= N_METRICS;
+  if (k < FIRST_HEAD) return ratio_names[k - N_METRICS];
+  k -= FIRST_HEAD;
   size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
   if (k < heads) {
     snprintf(buf, len, "head%zu_bound", k);
@@ -415,6 +448,9 @@ static stab_status check_names(const char *who, const char *what, const char *co
     for (size_t k = 0; k < N_METRICS; k++)
       if (strcmp(metric_names[k], s) == 0)
         return stabi_fail(STAB_EINVAL, "%s: %s '%s' is the name of a metric", who, what, s);
+    for (size_t k = 0; k < N_RATIOS; k++)
+      if (strcmp(ratio_names[k], s) == 0)
+        return stabi_fail(STAB_EINVAL, "%s: %s '%s' is the name of a metric's ratio", who, what, s);
     if (strncmp(s, "head", 4) == 0 && strstr(s, "_bound"))
       return stabi_fail(STAB_EINVAL, "%s: %s '%s' may clash with an attention head's dataset", who, what, s);
   }
@@ -795,7 +831,7 @@ static stab_status describe_group_datasets(stab_trace *t, const builder *b, cons
       name = key = p->scalars[k];
     } else {
       name = layer_dset_name(l, k, p->layer_extras, buf, sizeof buf);
-      key = k >= N_METRICS && k < N_METRICS + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) ? "head_bound" : name;
+      key = k >= FIRST_HEAD && k < FIRST_HEAD + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) ? "head_bound" : name;
     }
     st = describe_dataset(b, t->dsets[first + k], scale, where, name, key, l ? (int)l->kind : NOT_LAYER);
   }
@@ -939,18 +975,33 @@ static stab_status check_layer(stab_trace *t, const builder *b, hid_t layers, si
     goto out;
   }
   size_t n = layer_dsets(l, t->n_extras);
-  hsize_t have = 0;
+  hsize_t have = 0, ratios = N_RATIOS;
   if ((st = link_count(b, g, where, &have)) != STAB_OK) goto out;
+  if (t->file_version < 3) { /* no ratios yet, but those an upgrade cut short made: add_ratios */
+    ratios = 0;
+    for (size_t j = 0; j < N_RATIOS; j++) {
+      htri_t has = H5Lexists(g, ratio_names[j], H5P_DEFAULT);
+      if (has < 0) {
+        st = h5fail(who, path, "cannot look into %s", where);
+        goto out;
+      }
+      t->ratio_present[i * N_RATIOS + j] = has > 0;
+      ratios += has > 0;
+    }
+  }
   for (size_t k = 0; k < n && st == STAB_OK; k++) {
     char buf[64];
+    if (t->file_version < 3 && k >= N_METRICS && k < FIRST_HEAD) continue;
     const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
     st = open_dataset(t, b, g, where, name, t->layer_first[i] + k);
   }
   const hsize_t step_link = t->file_version >= 2; /* its copy of /step */
+  const hsize_t expected = n - N_RATIOS + ratios;
   if (st == STAB_OK && step_link) st = open_dataset(t, b, g, where, "step", t->first_copy + 1 + i);
-  if (st == STAB_OK && have != n + step_link)
-    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has %llu datasets in the trace, %zu expected "
-                    "(other heads or layer extras)", who, path, where, (unsigned long long)(have - step_link), n);
+  if (st == STAB_OK && have != expected + step_link)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has %llu datasets in the trace, %llu expected "
+                    "(other heads or layer extras)", who, path, where, (unsigned long long)(have - step_link),
+                    (unsigned long long)expected);
 out:
   H5Gclose(g);
   return st;
@@ -1045,6 +1096,52 @@ out:
   return st;
 }
 
+/* The reference of every layer from the file's rows (rows of them, after any cut back):
+ * the first finite value > 0 of forward, dependency and update, as the monitor keeps it, so
+ * that a resumed run divides by its first measurement, not by the first after the resume.
+ * Upgrading (fill NULL: not), each layer's ratio datasets are then made (or opened, when an
+ * upgrade cut short made them) and filled from the same rows. */
+static stab_status read_references(stab_trace *t, const builder *b, char *const *gnames, hsize_t rows, int fill) {
+  double *col = malloc((rows ? rows : 1) * sizeof *col);
+  if (!col) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the rows of one dataset", b->who);
+  stab_status st = STAB_OK;
+  hid_t g = H5I_INVALID_HID;
+  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) {
+    char where[600];
+    snprintf(where, sizeof where, "/layers/%s", gnames[i]);
+    stabi_layer_measure_clear(&t->reference[i]);
+    if (fill && (g = H5Gopen2(t->file, where, H5P_DEFAULT)) < 0) {
+      st = h5fail(b->who, b->path, "cannot open %s", where);
+      break;
+    }
+    for (size_t j = 0; j < N_RATIOS && st == STAB_OK; j++) {
+      double *ref = reference_field(&t->reference[i], j);
+      if (rows && H5Dread(t->dsets[t->layer_first[i] + j], H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, col) < 0) {
+        st = h5fail(b->who, b->path, "cannot read %s/%s", where, metric_names[j]);
+        break;
+      }
+      for (hsize_t r = 0; r < rows && isnan(*ref); r++)
+        if (isfinite(col[r]) && col[r] > 0) *ref = col[r];
+      if (!fill) continue;
+      const size_t k = t->layer_first[i] + N_METRICS + j;
+      t->dsets[k] = t->ratio_present[i * N_RATIOS + j]
+                        ? H5Dopen2(g, ratio_names[j], H5P_DEFAULT)
+                        : H5Dcreate2(g, ratio_names[j], H5T_IEEE_F64LE, b->space0, H5P_DEFAULT, b->dcpl_f, H5P_DEFAULT);
+      if (t->dsets[k] < 0) {
+        st = h5fail(b->who, b->path, "cannot create %s/%s", where, ratio_names[j]);
+        break;
+      }
+      for (hsize_t r = 0; r < rows; r++) col[r] = ratio_of(col[r], *ref);
+      if (H5Dset_extent(t->dsets[k], &rows) < 0 ||
+          (rows && H5Dwrite(t->dsets[k], H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, col) < 0))
+        st = h5fail(b->who, b->path, "cannot write %s/%s", where, ratio_names[j]);
+    }
+    if (g >= 0) H5Gclose(g), g = H5I_INVALID_HID;
+  }
+  free(col);
+  return st;
+}
+
 /* Opens the trace file `disk` (path itself, or the new trace's temporary file) with HDF5, checks
  * it against the monitor and the params and opens every dataset. t->lock_fd holds its lock. */
 static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, const char *disk) {
@@ -1069,9 +1166,9 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if (get_string(t->file, "format", b->str, format, sizeof format) < 0 || strcmp(format, "stabmeter-trace") != 0 ||
       get_int(t->file, "format_version", &version) < 0)
     return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no format = \"stabmeter-trace\")", who, path);
-  if (version != 1 && version != FORMAT_VERSION)
-    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes %d (and upgrades 1)", who,
-                      path, (long long)version, FORMAT_VERSION);
+  if (version < 1 || version > FORMAT_VERSION)
+    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes %d (and upgrades 1 and 2)",
+                      who, path, (long long)version, FORMAT_VERSION);
   t->file_version = version;
   const hsize_t step_link = version >= 2; /* each group's copy of /step */
   if ((st = open_dataset(t, b, t->file, "the root", "step", 0)) != STAB_OK) return st;
@@ -1104,7 +1201,7 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if ((st = dataset_rows(b, t->dsets[0], &rows)) != STAB_OK) goto out;
   for (size_t k = 1; k < t->n_dsets; k++) {
     hsize_t n;
-    if (t->dsets[k] < 0) continue; /* a version 1 trace has no copies of /step yet */
+    if (t->dsets[k] < 0) continue; /* a version 1 trace has no copies of /step yet, 1 or 2 no ratios */
     if ((st = dataset_rows(b, t->dsets[k], &n)) != STAB_OK) goto out;
     if (n < rows) {
       st = stabi_fail(STAB_EIO, "%s: %s: damaged trace: a dataset has %llu rows, /step %llu", who, path,
@@ -1119,9 +1216,11 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if (p->resume_step > 0 && rows > 0 && (st = drop_rows_after(t, b, &rows)) != STAB_OK) goto out;
   t->written = (int64_t)rows;
   if (rows > 0 && (st = read_last_step(t, b, rows)) != STAB_OK) goto out;
-  /* A version 1 trace appended to becomes version 2, the version number written last. */
-  if (t->file_version < FORMAT_VERSION) {
-    if ((st = add_step_copies(t, b, gnames, rows)) != STAB_OK) goto out;
+  const int upgrade = t->file_version < FORMAT_VERSION;
+  if ((st = read_references(t, b, gnames, rows, upgrade)) != STAB_OK) goto out;
+  /* A version 1 or 2 trace appended to becomes version 3, the version number written last. */
+  if (upgrade) {
+    if (t->file_version < 2 && (st = add_step_copies(t, b, gnames, rows)) != STAB_OK) goto out;
     if ((st = describe(t, b, gnames)) != STAB_OK) goto out;
     if (set_int(t->file, "format_version", FORMAT_VERSION) < 0) {
       st = h5fail(who, path, "cannot write the new format_version");
@@ -1167,6 +1266,8 @@ static stab_status destroy(stab_trace *t, const char *who) {
   if (t->mem >= 0) H5Sclose(t->mem);
   free(t->dsets);
   free(t->layer_first);
+  free(t->reference);
+  free(t->ratio_present);
   free(t->stage);
   free(t->stage_step);
   free(t->out);
@@ -1375,7 +1476,9 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   t->n_dsets = 2 + p.n_scalars;
   t->path = malloc(strlen(path) + 1);
   t->layer_first = malloc((n_layers ? n_layers : 1) * sizeof *t->layer_first);
-  if (!t->path || !t->layer_first) {
+  t->reference = malloc((n_layers ? n_layers : 1) * sizeof *t->reference);
+  t->ratio_present = calloc((n_layers ? n_layers : 1) * N_RATIOS, 1);
+  if (!t->path || !t->layer_first || !t->reference || !t->ratio_present) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
     goto out;
   }
@@ -1620,6 +1723,26 @@ static stab_status failed(stab_trace *t) {
 
 /* ---- appending ------------------------------------------------------------------------- */
 
+/* What layer i's ratios divide by: per metric, the file's reference when it has one, else the
+ * monitor's (the first measurement of this run). */
+static void trace_reference(const stab_trace *t, size_t i, stab_metrics *out) {
+  const stab_metrics *mine = stab_monitor_reference(t->m, i);
+  *out = t->reference[i];
+  for (size_t j = 0; j < N_RATIOS; j++) {
+    double *r = reference_field(out, j);
+    if (isnan(*r)) *r = reference_value(mine, j);
+  }
+}
+
+stab_status stab_trace_reference(const stab_trace *t, size_t index, stab_metrics *out) {
+  static const char who[] = "stab_trace_reference";
+  if (!t || !out) return stabi_fail(STAB_EINVAL, "%s: %s is NULL", who, !t ? "trace" : "out");
+  if (index >= t->n_layers)
+    return stabi_fail(STAB_ERANGE, "%s: index %zu, the trace has %zu layers", who, index, t->n_layers);
+  trace_reference(t, index, out);
+  return STAB_OK;
+}
+
 stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, const double *scalars,
                               const double *layer_extras) {
   static const char who[] = "stab_trace_append";
@@ -1647,6 +1770,9 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
     size_t k = t->layer_first[i];
     metric_values(stab_monitor_metrics(t->m, i), v);
     for (size_t j = 0; j < N_METRICS; j++) col[k++ * cap] = v[j];
+    stab_metrics ref;
+    trace_reference(t, i, &ref);
+    for (size_t j = 0; j < N_RATIOS; j++) col[k++ * cap] = ratio_of(v[j], reference_value(&ref, j));
     if (l->kind == STAB_KIND_ATTENTION) {
       const double *h = stab_monitor_head_bounds(t->m, i);
       for (size_t j = 0; j < l->heads; j++) col[k++ * cap] = h[j];

@@ -187,6 +187,9 @@ static void model_free(model *md) {
 static stab_trace *open_trace(const char *path, const model *md, int flush_every) {
   stab_trace_params p = stab_trace_default_params();
   p.flush_every = flush_every;
+  /* rows flushed by count alone: a sanitized export between two appends takes over the
+   * default second, which flushed early (test_live_writer saw 5 rows where 3 were due) */
+  p.flush_seconds = 0;
   p.scalars = scalar_names, p.n_scalars = NS;
   p.layer_extras = extra_names, p.n_layer_extras = NE;
   stab_trace *t = NULL;
@@ -219,6 +222,11 @@ static void step_and_append(model *md, stab_trace *t, tu_rng *r, int64_t step, s
                           mt->update_tight, mt->spread, mt->sigma, mt->sigma_rel_err, mt->sigma_update,
                           mt->sigma_update_rel_err, mt->rel_update, mt->passes, mt->update_passes, mt->flags};
     for (size_t j = 0; j < 15; j++) expect(x, step, groups[i], kind, metric_names[j], v[j]);
+    /* format 3's ratios, over the monitor's reference (check_trace checks them against the columns) */
+    static const char *const ratio_names[3] = {"forward_ratio", "dependency_ratio", "update_ratio"};
+    const stab_metrics *ref = stab_monitor_reference(md->m, i);
+    const double rv[3] = {ref->forward, ref->dependency, ref->update};
+    for (size_t j = 0; j < 3; j++) expect(x, step, groups[i], kind, ratio_names[j], isnan(v[j]) || isnan(rv[j]) ? NAN : v[j] / rv[j]);
     if (l->kind == STAB_KIND_ATTENTION) {
       static const char *const hb[HEADS] = {"head0_bound", "head1_bound", "head2_bound"};
       for (size_t h = 0; h < HEADS; h++) expect(x, step, groups[i], kind, hb[h], stab_monitor_head_bounds(md->m, i)[h]);
@@ -647,7 +655,7 @@ START_TEST(test_round_trip) {
   export_ok(a1, tmp_path("out"));
   char order[NL][256];
   size_t n_order = 0;
-  size_t per_row = 1 + NS + NL * (15 + NE) + HEADS;
+  size_t per_row = 1 + NS + NL * (15 + 3 + NE) + HEADS;
   ck_assert_int_eq(check_csv(csv, &want, order, &n_order), ROWS * per_row);
   all_seen(&want, keep_all, "CSV");
   ck_assert_int_eq(n_order, NL);
@@ -728,7 +736,7 @@ START_TEST(test_wide) {
   size_t n_cols = 0;
   ck_assert_int_eq(check_wide_csv(csv, &want, &n_cols), ROWS);
   all_seen(&want, keep_all, "wide CSV");
-  ck_assert_int_eq(n_cols, 1 + NS + NL * (15 + NE) + HEADS);
+  ck_assert_int_eq(n_cols, 1 + NS + NL * (15 + 3 + NE) + HEADS);
   ck_assert_str_eq(wide_header_copy[1], "wall_time");
   ck_assert_str_eq(wide_header_copy[2], "loss");
 
@@ -863,7 +871,7 @@ static const struct {
     {"/step float64", "/step"},
     {"format = \"other-trace\"", "format"},
     {"no format attribute", "format"},
-    {"format_version 3", "format_version"},
+    {"format_version 4", "format_version"},
     {"a layer dataset shorter than /step", "/layers/wte/update"},
     {"/wall_time shorter than /step", "/wall_time"},
     {"a layer without forward", "/layers/ln_f/forward"},
@@ -918,7 +926,7 @@ static void apply_damage(const char *path, damage k) {
   case DAMAGE_FORMAT: put_string_attr(f, "format", "other-trace"); break;
   case DAMAGE_NO_FORMAT: ck_assert_int_ge(H5Adelete(f, "format"), 0); break;
   case DAMAGE_VERSION: {
-    int64_t v = 3; /* versions 1 and 2 read */
+    int64_t v = 4; /* versions 1 to 3 read */
     hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
     ck_assert_int_ge(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
     H5Aclose(a);

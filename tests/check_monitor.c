@@ -657,6 +657,133 @@ START_TEST(test_set_metrics) {
 }
 END_TEST
 
+/* ---- the reference: each metric's first finite value > 0 --------------------------------- */
+
+/* Bit for bit: a reference is a copy of a measured value, NaN only where none was seen. */
+static void assert_ref(double got, double want, const char *what, const char *layer) {
+  ck_assert_msg((isnan(got) && isnan(want)) || memcmp(&got, &want, sizeof got) == 0,
+                "%s reference of %s: %.17g, expected %.17g", what, layer, got, want);
+}
+
+/* A first measurement without an update gives forward and dependency their reference, the
+ * first with one update's; later ones change nothing. measure_some keeps the layers it skips
+ * unreferenced; set_reference replaces the reference, leaving NaN (and non-positive) fields to
+ * the next measurement. */
+START_TEST(test_reference) {
+  model md;
+  model_init(&md, 12, 0);
+  stab_monitor *m = make_monitor(&md, STAB_UPDATE_SNAPSHOT, NULL);
+  tu_rng r;
+  tu_rng_init(&r, 8);
+  for (size_t i = 0; i < md.n; i++) {
+    const stab_metrics *ref = stab_monitor_reference(m, i);
+    ck_assert_ptr_nonnull(ref);
+    ck_assert(isnan(ref->forward) && isnan(ref->dependency) && isnan(ref->update) && isnan(ref->sigma));
+  }
+  ck_assert_ptr_null(stab_monitor_reference(m, md.n));
+  ck_assert_ptr_null(stab_monitor_reference(NULL, 0));
+  /* layer 0 skipped at first */
+  unsigned char which[MAXL];
+  memset(which, 1, sizeof which);
+  which[0] = 0;
+  TU_ASSERT_OK(stab_monitor_measure_some(m, 0, which));
+  TU_ASSERT_NAN(stab_monitor_reference(m, 0)->forward, "a layer measure_some skipped");
+  stab_metrics first[MAXL];
+  for (size_t i = 1; i < md.n; i++) first[i] = *stab_monitor_metrics(m, i);
+  TU_ASSERT_OK(stab_monitor_measure(m, 0)); /* warm-started: other bits than the first */
+  first[0] = *stab_monitor_metrics(m, 0);
+  for (size_t i = 0; i < md.n; i++) {
+    const stab_metrics *ref = stab_monitor_reference(m, i);
+    const char *name = md.layers[i].name;
+    ck_assert_msg(isfinite(first[i].forward) && first[i].forward > 0, "%s: forward %g", name, first[i].forward);
+    /* layer 0 at this measurement; the others at measure_some's, the same weights */
+    assert_ref(ref->forward, first[i].forward, "forward", name);
+    assert_ref(ref->dependency, first[i].dependency, "dependency", name);
+    TU_ASSERT_NAN(ref->update, "%s: measured without an update", name);
+  }
+  stab_metrics second[MAXL];
+  for (int step = 0; step < 2; step++) {
+    TU_ASSERT_OK(stab_monitor_snapshot(m));
+    model_step(&md, 0.05, &r);
+    TU_ASSERT_OK(stab_monitor_measure(m, 1));
+    if (step == 0)
+      for (size_t i = 0; i < md.n; i++) second[i] = *stab_monitor_metrics(m, i);
+  }
+  for (size_t i = 0; i < md.n; i++) {
+    const stab_metrics *ref = stab_monitor_reference(m, i), *now = stab_monitor_metrics(m, i);
+    const char *name = md.layers[i].name;
+    ck_assert_msg(now->forward != first[i].forward, "%s: the weights did not change", name);
+    assert_ref(ref->forward, first[i].forward, "forward", name);
+    assert_ref(ref->update, second[i].update, "update", name); /* NaN for attention */
+    if (md.layers[i].kind != STAB_KIND_ATTENTION) ck_assert(isfinite(ref->update) && ref->update != now->update);
+  }
+  /* set_reference: 2 kept, NaN and -1 left to the next measurement */
+  stab_metrics x;
+  memset(&x, 0, sizeof x);
+  x.forward = 2.0, x.dependency = NAN, x.update = -1.0, x.sigma = 5.0;
+  TU_ASSERT_OK(stab_monitor_set_reference(m, 0, &x));
+  const stab_metrics *ref0 = stab_monitor_reference(m, 0);
+  ck_assert(ref0->forward == 2.0 && isnan(ref0->dependency) && isnan(ref0->update) && isnan(ref0->sigma));
+  TU_ASSERT_OK(stab_monitor_snapshot(m));
+  model_step(&md, 0.05, &r);
+  TU_ASSERT_OK(stab_monitor_measure(m, 1));
+  ck_assert(ref0->forward == 2.0);
+  assert_ref(ref0->dependency, stab_monitor_metrics(m, 0)->dependency, "dependency after set_reference", "fc");
+  assert_ref(ref0->update, stab_monitor_metrics(m, 0)->update, "update after set_reference", "fc");
+  TU_ASSERT_STATUS(stab_monitor_set_reference(m, md.n, &x), STAB_ERANGE);
+  TU_ASSERT_STATUS(stab_monitor_set_reference(m, 0, NULL), STAB_EINVAL);
+  TU_ASSERT_STATUS(stab_monitor_set_reference(NULL, 0, &x), STAB_EINVAL);
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
+/* A zero bias (forward 0) and non-finite weights (NaN metrics) give no reference; the first
+ * measurement where the value is finite and > 0 does. External layers get theirs from
+ * stab_monitor_set_metrics. */
+START_TEST(test_reference_late) {
+  float b[8] = {0}, g[8];
+  for (int i = 0; i < 8; i++) g[i] = 1.0f + 0.125f * (float)i;
+  g[3] = NAN;
+  stab_monitor_params p = stab_monitor_default_params();
+  p.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&p, &m));
+  stab_layer bias = {.name = "b", .kind = STAB_KIND_BIAS, .d_in = 8, .d_out = 8, .weight = b};
+  stab_layer gain = {.name = "g", .kind = STAB_KIND_GAIN, .d_in = 8, .d_out = 8, .weight = g};
+  stab_layer ext = {.name = "ext", .kind = STAB_KIND_LINEAR, .d_in = 6, .d_out = 4};
+  size_t ie;
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &bias, NULL));
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &gain, NULL));
+  TU_ASSERT_OK(stab_monitor_add_external(m, &ext, &ie));
+  stab_monitor_measure(m, 0); /* whatever it says of the NaN, the gain gets NaN metrics and a flag */
+  ck_assert(stab_monitor_metrics(m, 0)->forward == 0.0);
+  TU_ASSERT_NAN(stab_monitor_reference(m, 0)->forward, "a zero bias");
+  TU_ASSERT_NAN(stab_monitor_reference(m, 1)->forward, "a gain holding NaN");
+  TU_ASSERT_NAN(stab_monitor_reference(m, ie)->forward, "an external layer never set");
+  b[2] = 2.0f, g[3] = 0.5f; /* ||b||_RMS = sqrt(4/8), max |g| = 1.875 */
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  ck_assert_double_eq_tol(stab_monitor_reference(m, 0)->forward, sqrt(0.5), 1e-12);
+  ck_assert_double_eq_tol(stab_monitor_reference(m, 1)->forward, 1.875, 1e-12);
+  ck_assert_double_eq_tol(stab_monitor_reference(m, 1)->dependency, 1.875, 1e-12);
+  b[2] = 4.0f;
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  ck_assert_double_eq_tol(stab_monitor_reference(m, 0)->forward, sqrt(0.5), 1e-12);
+  stab_metrics x;
+  memset(&x, 0, sizeof x);
+  x.forward = NAN, x.dependency = 0.0, x.update = INFINITY;
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, ie, &x, NULL));
+  const stab_metrics *re = stab_monitor_reference(m, ie);
+  ck_assert(isnan(re->forward) && isnan(re->dependency) && isnan(re->update));
+  x.forward = 1.5, x.dependency = 0.75, x.update = 0.01;
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, ie, &x, NULL));
+  x.forward = 3.0, x.dependency = 1.5, x.update = 0.02;
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, ie, &x, NULL));
+  ck_assert(re->forward == 1.5 && re->dependency == 0.75 && re->update == 0.01);
+  stab_monitor_free(m);
+}
+END_TEST
+
 /* ---- tables: vocab and width --------------------------------------------------------------- */
 
 /* A tied table, one [V][d] buffer registered as embedding and as lm_head with the same .vocab,
@@ -915,6 +1042,8 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_states_and_arguments);
   tcase_add_test(tc, test_memory);
   tcase_add_test(tc, test_set_metrics);
+  tcase_add_test(tc, test_reference);
+  tcase_add_test(tc, test_reference_late);
   tcase_add_test(tc, test_external);
   suite_add_tcase(s, tc);
 

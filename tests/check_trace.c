@@ -247,6 +247,10 @@ static const char *const metric_names[] = {
     "forward", "dependency", "update", "forward_tight", "dependency_tight", "update_tight", "spread", "sigma",
     "sigma_rel_err", "sigma_update", "sigma_update_rel_err", "rel_update", "passes", "update_passes", "flags"};
 enum { NM = sizeof metric_names / sizeof metric_names[0] };
+/* Format 3: the ratios of forward, dependency and update (metric_names[0..2]) to their first
+ * finite value > 0 */
+static const char *const ratio_names[] = {"forward_ratio", "dependency_ratio", "update_ratio"};
+enum { NR = 3 };
 
 static double metric_field(const stab_metrics *m, size_t k) {
   const double v[NM] = {m->forward, m->dependency, m->update, m->forward_tight, m->dependency_tight,
@@ -336,6 +340,16 @@ static void check_described(hid_t f, const model *md) {
       else snprintf(name, sizeof name, "%s/%s", g, extra_names[k - NM - heads]);
       check_dataset_described(f, gs, name);
     }
+    for (size_t j = 0; j < NR; j++) {
+      snprintf(name, sizeof name, "%s/%s", g, ratio_names[j]);
+      check_dataset_described(f, gs, name);
+      hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+      attr_string(d, "units", s, sizeof s);
+      ck_assert_msg(!strcmp(s, "1"), "%s: units '%s'", name, s); /* a ratio, the lm_head's too */
+      attr_string(d, "long_name", s, sizeof s);
+      ck_assert_msg(strstr(s, "first measured step"), "%s: long_name '%s'", name, s);
+      H5Dclose(d);
+    }
     H5Dclose(gs);
   }
   /* the LM head's values bound a loss: nats; a linear layer's are RMS ratios */
@@ -348,6 +362,34 @@ static void check_described(hid_t f, const model *md) {
   ck_assert_str_eq(s, "1");
   H5Dclose(d);
   H5Dclose(step);
+}
+
+/* Each layer's ratios against its own forward, dependency and update columns read back: the
+ * value over the first finite value > 0 of its column (NaN where either is NaN). */
+static void check_ratios(hid_t f, const model *md, size_t rows) {
+  for (size_t i = 0; i < md->n; i++) {
+    char g[64], name[128];
+    snprintf(g, sizeof g, "layers/%s", md->layers[i].name);
+    for (char *c = g + 7; *c; c++)
+      if (*c == '/') *c = '.';
+    for (size_t j = 0; j < NR; j++) {
+      double *v, *ratio, ref = NAN;
+      snprintf(name, sizeof name, "%s/%s", g, metric_names[j]);
+      ck_assert(rows_fit(read_dataset(f, name, 0, (void **)&v), rows));
+      snprintf(name, sizeof name, "%s/%s", g, ratio_names[j]);
+      ck_assert_msg(rows_fit(read_dataset(f, name, 0, (void **)&ratio), rows), "%s has the wrong length", name);
+      for (size_t r = 0; r < rows && isnan(ref); r++)
+        if (isfinite(v[r]) && v[r] > 0) ref = v[r];
+      for (size_t r = 0; r < rows; r++) {
+        double want = isnan(v[r]) || isnan(ref) ? NAN : v[r] / ref;
+        ck_assert_msg((isnan(want) && isnan(ratio[r])) || ratio[r] == want, "%s row %zu: %.17g, expected %.17g / %.17g",
+                      name, r, ratio[r], v[r], ref);
+      }
+      /* every kind has a forward value, > 0 in these models: never a column of NaN */
+      ck_assert_msg(j != 0 || rows == 0 || !isnan(ref), "%s: no reference in %zu rows", name, rows);
+      free(v), free(ratio);
+    }
+  }
 }
 
 /* The whole file against the rows expected: schema of every dataset and every value. */
@@ -376,7 +418,7 @@ static void check_file(hid_t f, const model *md, const row_want *want, size_t ro
     for (char *c = g + 7; *c; c++)
       if (*c == '/') *c = '.';
     size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
-    ck_assert_msg(link_count(f, g) == NM + heads + NE + 1, "%s holds %zu datasets", g, link_count(f, g));
+    ck_assert_msg(link_count(f, g) == NM + NR + heads + NE + 1, "%s holds %zu datasets", g, link_count(f, g));
     for (size_t k = 0; k < NM + heads + NE; k++) {
       if (k < NM) snprintf(name, sizeof name, "%s/%s", g, metric_names[k]);
       else if (k < NM + heads) snprintf(name, sizeof name, "%s/head%zu_bound", g, k - NM);
@@ -391,6 +433,7 @@ static void check_file(hid_t f, const model *md, const row_want *want, size_t ro
     }
   }
   check_described(f, md);
+  check_ratios(f, md, rows);
 }
 
 /* Attributes of the root and of every layer group. */
@@ -398,7 +441,7 @@ static void check_attrs(hid_t f, const model *md) {
   char s[256];
   attr_string(f, "format", s, sizeof s);
   ck_assert_str_eq(s, "stabmeter-trace");
-  ck_assert_int_eq(attr_int(f, "format_version"), 2);
+  ck_assert_int_eq(attr_int(f, "format_version"), 3);
   attr_string(f, "library_version", s, sizeof s);
   ck_assert_str_eq(s, stab_version());
   attr_string(f, "run_config", s, sizeof s);
@@ -711,6 +754,110 @@ START_TEST(test_append_resume) {
   TU_ASSERT_OK(stab_trace_open(tmp_path("new.h5"), m, &p, &t));
   ck_assert_int_eq(stab_trace_steps(t), 0);
   TU_ASSERT_OK(stab_trace_close(t));
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
+/* "<group>/step" of dataset path "<group>/<name>". */
+static const char *group_of(const char *path) {
+  static char buf[160];
+  snprintf(buf, sizeof buf, "%.*s/step", (int)(strrchr(path, '/') - path), path);
+  return buf;
+}
+
+/* Makes the version 3 trace at path a version 2 one, as that format was: no ratio datasets,
+ * format_version 2. cut_short: one layer keeps an empty forward_ratio, as an upgrade killed
+ * after creating it would have left. */
+static void make_version2(const char *path, const model *md, int cut_short) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  ck_assert_int_ge(f, 0);
+  for (size_t i = 0; i < md->n; i++)
+    for (size_t j = 0; j < NR; j++) {
+      char name[128];
+      snprintf(name, sizeof name, "layers/%s/%s", md->layers[i].name, ratio_names[j]);
+      for (char *c = name + 7; *c; c++)
+        if (*c == '/' && c < name + 7 + strlen(md->layers[i].name)) *c = '.';
+      if (cut_short && i == 2 && j == 0) {
+        hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+        hsize_t zero = 0;
+        ck_assert_int_ge(H5Dset_extent(d, &zero), 0);
+        H5Dclose(d);
+        continue;
+      }
+      /* detached first, as a version 2 trace never had it: /step's list of datasets */
+      hid_t d = H5Dopen2(f, name, H5P_DEFAULT), step = H5Dopen2(f, group_of(name), H5P_DEFAULT);
+      ck_assert_int_ge(H5DSdetach_scale(d, step, 0), 0);
+      H5Dclose(d), H5Dclose(step);
+      ck_assert_msg(H5Ldelete(f, name, H5P_DEFAULT) >= 0, "cannot delete %s", name);
+    }
+  int64_t v = 2;
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  ck_assert_int_ge(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+/* Appending keeps the reference of the file's earlier rows, not the first measurement after
+ * the resume: a fresh monitor (its own reference would be from row 3) appends rows 3..6, and
+ * every ratio is over the first finite value of the whole column; stab_trace_reference says
+ * that reference, and stab_monitor_set_reference takes it. _i 1 and 2: the trace was version 2
+ * (no ratios), brought to version 3 with the ratios of its rows filled in; 2: an upgrade cut
+ * short had left one ratio dataset, empty. */
+START_TEST(test_append_keeps_reference) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 17, D);
+  stab_monitor *m = make_monitor(&md);
+  tu_rng r;
+  tu_rng_init(&r, 9);
+  row_want want[ROWS];
+  stab_trace_params p = trace_params(2);
+  stab_trace *t = NULL;
+  const char *path = tmp_path("reference.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  write_rows(t, m, &md, &r, want, 0, 3);
+  TU_ASSERT_OK(stab_trace_close(t));
+  stab_metrics first[MAXL];
+  for (size_t i = 0; i < md.n; i++) first[i] = *stab_monitor_reference(m, i);
+  stab_monitor_free(m);
+  if (_i) make_version2(path, &md, _i == 2);
+  if (_i) { /* a version 2 trace is read as before: ratios absent */
+    hid_t f = open_read(path, 0);
+    ck_assert_int_eq(attr_int(f, "format_version"), 2);
+    ck_assert(H5Lexists(f, "layers/proj/update_ratio", H5P_DEFAULT) == 0);
+    H5Fclose(f);
+  }
+
+  m = make_monitor(&md); /* the resumed process's: no reference yet */
+  p.append = 1;
+  TU_ASSERT_OK(stab_trace_open(path, m, &p, &t));
+  ck_assert_int_eq(stab_trace_steps(t), 3);
+  for (size_t i = 0; i < md.n; i++) {
+    stab_metrics ref;
+    TU_ASSERT_OK(stab_trace_reference(t, i, &ref));
+    /* the first measurement of the first run: forward from row 0, update from row 1 */
+    assert_same(ref.forward, want[0].metrics[i].forward, "reference forward", i);
+    assert_same(ref.forward, first[i].forward, "monitor reference forward", i);
+    assert_same(ref.update, first[i].update, "reference update", i);
+    if (md.layers[i].kind != STAB_KIND_ATTENTION) assert_same(ref.update, want[1].metrics[i].update, "update", i);
+    TU_ASSERT_NAN(ref.sigma, "only forward, dependency and update: %s", md.layers[i].name);
+    TU_ASSERT_NAN(stab_monitor_reference(m, i)->forward, "%s", md.layers[i].name);
+    if (i % 2 == 0) TU_ASSERT_OK(stab_monitor_set_reference(m, i, &ref)); /* the others the trace's alone */
+  }
+  write_rows(t, m, &md, &r, want, 3, ROWS - 3);
+  for (size_t i = 0; i < md.n; i++) {
+    const stab_metrics *mine = stab_monitor_reference(m, i);
+    /* set: the file's; not set: its own first measurement (row 3), which the trace ignores */
+    assert_same(mine->forward, i % 2 == 0 ? first[i].forward : want[3].metrics[i].forward, "monitor's forward", i);
+    ck_assert_msg(want[3].metrics[i].forward != first[i].forward, "%s: rows 0 and 3 alike", md.layers[i].name);
+  }
+  TU_ASSERT_OK(stab_trace_close(t));
+  hid_t f = open_read(path, 0);
+  check_attrs(f, &md); /* version 3 */
+  check_file(f, &md, want, ROWS); /* the ratios too, over the column's first finite value */
+  H5Fclose(f);
   stab_monitor_free(m);
   model_free(&md);
   remove_tmpdir();
@@ -1735,6 +1882,7 @@ static Suite *trace_suite(void) {
   tcase_add_loop_test(tc, test_schema_and_values, 0, 3);
   tcase_add_test(tc, test_flush_visible);
   tcase_add_test(tc, test_append_resume);
+  tcase_add_loop_test(tc, test_append_keeps_reference, 0, 3);
   tcase_add_test(tc, test_append_drops_redone_rows);
   tcase_add_test(tc, test_append_mismatch);
   tcase_add_test(tc, test_disk_left_as_found);

@@ -108,7 +108,7 @@ awk -F, -v out="$tmp/train.out" '
       key = l "/" (m == 1 ? "forward" : m == 2 ? "dependency" : "update")
       if (n[key] != 400) bad = bad " " key "x" n[key]
     }
-    if (rows != 400 * (3 + 3 * 15)) bad = bad " rows=" rows
+    if (rows != 400 * (3 + 3 * (15 + 3))) bad = bad " rows=" rows  # 15 metrics and 3 ratios a layer
     if (bad != "") { print "FAIL: the trace:" bad; exit 1 }
     print "trace: 400 steps, 3 layers (linear, linear, lm_head), finite metrics, losses as printed"
   }' "$tmp/trace.csv" || exit 1

@@ -46,6 +46,7 @@ class Training(unittest.TestCase):
                 mon.after_step(step, loss=loss.item(), lr=3e-3)
                 cls.losses.append(loss.item())
             cls.metrics = mon.metrics()
+            cls.reference = mon.reference()
             cls.layers = mon.layers
         cls.w_after = {n: p.detach().clone() for n, p in model.named_parameters()}
         # stabmeter-train's trace of a model of the same shape, the reference schema
@@ -93,6 +94,21 @@ class Training(unittest.TestCase):
                     self.assertTrue(a == b or (a != a and b != b), "%s.%s: trace %r, monitor %r" % (name, k, a, b))
                 if m["kind"] == "attention":
                     self.assertEqual([g["head%d_bound" % h][-1] for h in range(HEADS)], m["head_bounds"])
+
+    def test_ratios(self):
+        # the trace's ratios: each metric over the Monitor's reference, its first finite value > 0
+        with h5py.File(self.trace, "r") as f:
+            for name, ref in self.reference.items():
+                g = f["layers"][name.replace("/", ".")]
+                for k in ("forward", "dependency", "update"):
+                    v = g[k][:]
+                    first = v[np.isfinite(v) & (v > 0)]
+                    if not len(first):
+                        self.assertTrue(np.isnan(ref[k]) and np.isnan(g[k + "_ratio"][:]).all(), "%s.%s" % (name, k))
+                        continue
+                    self.assertEqual(ref[k], first[0], "%s.%s" % (name, k))
+                    self.assertTrue(np.array_equal(g[k + "_ratio"][:], v / ref[k], equal_nan=True), "%s.%s" % (name, k))
+                self.assertEqual(g["forward_ratio"].attrs["units"], "1")
 
     def test_against_layer_metrics_and_svd(self):
         for name in ("transformer.h.1.mlp.c_fc", "transformer.h.0.attn.c_proj"):

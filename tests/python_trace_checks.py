@@ -20,7 +20,7 @@ def check_trace(path):
                 bad.append(what)
         check(set(f.attrs.keys()) == ROOT_ATTRS, "root attributes %s" % sorted(f.attrs.keys()))
         check(f.attrs["format"] == "stabmeter-trace", "format attr")
-        check(f.attrs["format_version"] == 2, "format_version attr")
+        check(f.attrs["format_version"] == 3, "format_version attr")
         json.loads(f.attrs["run_config"])  # JSON text
         steps = f["step"]
         check(steps.dtype == np.int64 and steps.ndim == 1, "step dtype/shape")
@@ -41,6 +41,14 @@ def check_trace(path):
         for g in f["layers"].values():
             check(g.attrs["kind"] in ("linear", "embedding", "lm_head", "gain", "bias", "attention"),
                   "%s kind" % g.name)
+            # format 3: each metric over its first finite value > 0
+            for m in ("forward", "dependency", "update"):
+                v, r = g[m][:], g[m + "_ratio"][:]
+                first = v[np.isfinite(v) & (v > 0)]
+                want = v / first[0] if len(first) else np.full(n, np.nan)
+                check(np.array_equal(np.isnan(want), np.isnan(r)) and np.allclose(r[~np.isnan(r)], want[~np.isnan(want)],
+                                                                                 rtol=1e-15, atol=0),
+                      "%s/%s_ratio is not %s over its first finite value > 0" % (g.name, m, m))
     return bad, n
 
 

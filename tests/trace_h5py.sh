@@ -57,7 +57,7 @@ def check(cond, what):
     if not cond:
         bad.append(what)
 check(f.attrs["format"] == "stabmeter-trace", "format attr")
-check(f.attrs["format_version"] == 2, "format_version attr")
+check(f.attrs["format_version"] == 3, "format_version attr")
 check(f["step"].dtype == np.int64 and f["step"].shape == (steps,), "step dtype/shape")
 check(list(f["step"][:]) == list(range(steps)), "step values")
 check(sorted(f["layers"].keys()) == ["attn", "blocks.0.fc", "ln_f", "wte"], "layer groups %s" % list(f["layers"].keys()))

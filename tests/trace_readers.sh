@@ -4,7 +4,7 @@
 # appended to (--resume), on one still being written and then killed (read through SWMR, then
 # after h5clear -s), and on a format_version 1 trace written by an older stabmeter (main at
 # 04264e9, tests/corpus/trace-v1), which must still read and export as before and becomes
-# version 2 when appended to. Each reader that is not installed is skipped (Debian:
+# version 3 when appended to (its ratios filled in from its rows). Each reader that is not installed is skipped (Debian:
 # python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin; quickstart.sh installs them);
 # exit 77 when none is.
 set -u
@@ -55,7 +55,7 @@ def text(v):
     return v.decode() if isinstance(v, bytes) else str(v)
 
 f = h5py.File(path, "r", swmr=True)
-check(f.attrs["format_version"] == 2, "format_version %r" % f.attrs["format_version"])
+check(f.attrs["format_version"] == 3, "format_version %r" % f.attrs["format_version"])
 groups = ["scalars"] + ["layers/" + g for g in f["layers"]]
 want = {}  # group -> {variable: values}
 def visit(name, obj):
@@ -212,7 +212,7 @@ while True:  # until the first flushed rows, as long as the writer runs
 fi
 
 # 4. format_version 1, as main wrote it before version 2: h5py, export and the notebooks' reader
-# read it as before; appended to, it becomes version 2 with its rows kept.
+# read it as before; appended to, it becomes version 3 with its rows kept and their ratios.
 v1=$dir/v1.h5
 gzip -dc "$src/tests/corpus/trace-v1/trace_writer-main-04264e9.h5.gz" >"$v1" || fail "cannot unpack the v1 trace"
 expect "v1 trace: stabmeter-export" 0 '' "$build/harness/export" "$v1"
@@ -247,7 +247,7 @@ PY
 fi
 cp "$v1" "$dir/v1-appended.h5"
 expect "v1 trace: appended to" 0 '' "$build/tests/trace_writer" --append --first-step 6 --steps 3 "$dir/v1-appended.h5"
-read_all "v1 trace appended to (now version 2)" "$dir/v1-appended.h5"
+read_all "v1 trace appended to (now version 3)" "$dir/v1-appended.h5"
 if [ -n "$py" ]; then
   expect "v1 trace appended to: the old rows kept" 0 '' "$py" -c '
 import sys, h5py, numpy as np
@@ -255,6 +255,11 @@ a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 assert list(b["step"][:]) == list(range(9)), list(b["step"][:])
 for g in a["layers"]:
     for k, d in a["layers"][g].items():
-        assert np.array_equal(d[:], b["layers"][g][k][:6], equal_nan=True), (g, k)' "$v1" "$dir/v1-appended.h5"
+        assert np.array_equal(d[:], b["layers"][g][k][:6], equal_nan=True), (g, k)
+    for m in ("forward", "dependency", "update"):  # over the first finite value > 0 of the v1 rows
+        v = a["layers"][g][m][:]
+        ok = v[np.isfinite(v) & (v > 0)]
+        want = v / ok[0] if len(ok) else np.full(len(v), np.nan)
+        assert np.array_equal(b["layers"][g][m + "_ratio"][:6], want, equal_nan=True), (g, m)' "$v1" "$dir/v1-appended.h5"
 fi
 summary trace_readers

@@ -81,11 +81,54 @@ done
   fail "--metrics-every 2 over 5 steps: trace rows $(rows "$tmp/ckpt/trace.h5" /step), first step $(first "$tmp/ckpt/trace.h5" /step); expected 2 rows from step 2"
 ls "$tmp/ckpt" | grep -q tmp && fail "a temporary file is left over"
 expect 2 "bad alarm threshold" $train $small --alarm -1
-expect 0 "alarms" $train $small --steps 20 --alarm 0.5
-grep -q "alarm at step 1: transformer.h.0.ln_1 (gain) exceeds" "$tmp/err" ||
-  fail "no alarm for the gain of forward 1 > 0.5: $(grep alarm "$tmp/err" | head -3)"
-[ "$(grep -c "alarm at step .*: transformer.h.0.ln_1 " "$tmp/err")" -eq 1 ] ||
+# --alarm X is relative: a layer's forward, dependency or update over its value at the first
+# measured step. Attention's logit bound, 20 at init in larger models, is no alarm at step 1;
+# a healthy run grows its weights (up to 5.3x in 60 adamw steps at this size, the update per
+# unit of learning rate about 1x), a run at --lr 0.5 its attention logits 13x by step 3.
+expect 0 "alarms, healthy first steps" $train $small --steps 5 --alarm 2
+! grep -q "alarm at step" "$tmp/err" || fail "--alarm 2 fired on a healthy run: $(grep alarm "$tmp/err" | head -3)"
+expect 0 "alarms, a run blowing up" $train $small --steps 20 --lr 0.5 --alarm 10 --out "$tmp/blow"
+grep -q "alarm at step [0-9]*: transformer.h.0.attn.logits (attention) forward [0-9.e+]* is [0-9.e+]* times its reference [0-9.e+]* (--alarm 10)$" "$tmp/err" ||
+  fail "--lr 0.5: no relative alarm on the attention logits: $(grep alarm "$tmp/err" | head -3)"
+[ "$(grep -c "alarm at step .*: transformer.h.0.attn.logits " "$tmp/err")" -eq 1 ] ||
   fail "a layer's alarm is not reported exactly once"
+grep "alarm at step" "$tmp/err" >"$tmp/blow-alarms"
+if /usr/bin/python3 -c "import h5py, numpy" 2>/dev/null; then
+  # each alarm's value, reference and ratio against the trace: the row of its step, the first
+  # finite value > 0 of its column, and forward_ratio (the trace's) = value / reference
+  /usr/bin/python3 - "$tmp/blow/trace.h5" "$tmp/blow-alarms" <<'PY' || fail "alarms against the trace"
+import re, sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+steps = list(f["step"][:])
+n = 0
+for line in open(sys.argv[2]):
+    m = re.search(r"alarm at step (\d+): (\S+) \((\w+)\) (forward|dependency) (\S+) is (\S+) times its reference (\S+) ", line)
+    assert m, line
+    step, layer, kind, metric = int(m[1]), m[2], m[3], m[4]
+    value, ratio, ref = float(m[5]), float(m[6]), float(m[7])
+    g = f["layers"][layer]
+    col = g[metric][:]
+    first = col[np.isfinite(col) & (col > 0)][0]
+    row = steps.index(step)
+    assert abs(ref / first - 1) < 1e-5, (line, first)
+    assert abs(value / col[row] - 1) < 1e-5, (line, col[row])
+    assert abs(ratio / g[metric + "_ratio"][row] - 1) < 1e-5, (line, g[metric + "_ratio"][row])
+    assert ratio > 10 and g[metric + "_ratio"][row - 1] <= 10, (line, "not the first row over 10")
+    n += 1
+assert n >= 1
+PY
+fi
+expect 2 "--alarm-limit of no kind" $train $small --alarm-limit mlp=3
+grep -q "KIND one of linear, embedding, lm_head, gain, bias, attention" "$tmp/err" ||
+  fail "--alarm-limit: an unknown kind's message does not list the kinds: $(cat "$tmp/err")"
+expect 2 "--alarm-limit without a value" $train $small --alarm-limit attention
+expect 2 "--alarm-limit 0" $train $small --alarm-limit attention=0
+expect 0 "--alarm-limit" $train $small --steps 3 --alarm-limit gain=0.5 --alarm-limit lm_head=1
+grep -q "alarm at step 1: transformer.h.0.ln_1 (gain) forward 1\.[0-9]* exceeds --alarm-limit gain=0.5$" "$tmp/err" ||
+  fail "no limit alarm for the gain's forward 1.00x > 0.5: $(grep alarm "$tmp/err" | head -3)"
+grep -q "alarm at step 1: lm_head (lm_head) forward [0-9.]* exceeds --alarm-limit lm_head=1$" "$tmp/err" ||
+  fail "no limit alarm for the LM head: $(grep alarm "$tmp/err" | head -3)"
+! grep -q "(linear)" "$tmp/err" || fail "a limit alarm on a kind without a limit: $(grep alarm "$tmp/err" | head -3)"
 expect 0 "metrics table" $train $small --steps 3 --print-metrics
 grep -Eq "^transformer.h.0.mlp.c_fc +linear +[0-9.]+ +[0-9.]+ +[0-9.]+" "$tmp/out" ||
   fail "no metrics row for mlp.c_fc: $(cat "$tmp/out")"
@@ -107,19 +150,28 @@ expect 0 "adamw to step 8" $train $small --steps 8 --untied --checkpoint-every 4
 [ -s "$tmp/afull/step-000004.adamw" ] && [ -s "$tmp/afull/model.adamw" ] || fail "no .adamw moments"
 cp "$tmp/afull/trace.h5" "$tmp/afull-trace.h5"
 # resumed into the same directory: the trace's steps 5..8 are replaced, not repeated
-expect 0 "adamw resume at step 4" $train $small --steps 8 --untied \
+expect 0 "adamw resume at step 4" $train $small --steps 8 --untied --alarm 1.5 \
   --resume "$tmp/afull/step-000004.safetensors" --out "$tmp/afull"
+grep "alarm at step" "$tmp/err" >"$tmp/resumed-alarms"
 grep -q "at step 4 with its AdamW moments" "$tmp/err" || fail "moments not announced: $(cat "$tmp/err")"
 cmp -s "$tmp/afull/model.safetensors" "$tmp/full/model.safetensors" &&
   fail "adamw and steepest gave the same weights"
 [ "$(h5dump -A 0 -d /step "$tmp/afull/trace.h5" | grep '(0):')" = "   (0): 1, 2, 3, 4, 5, 6, 7, 8" ] ||
   fail "resumed trace steps: $(h5dump -A 0 -d /step "$tmp/afull/trace.h5" | grep '(0):')"
-for d in /layers/transformer.h.0.mlp.c_fc/update /layers/lm_head/forward /scalars/loss; do
+# the ratios too: the resumed process divides by the trace's first rows, not by its own first
+for d in /layers/transformer.h.0.mlp.c_fc/update /layers/lm_head/forward /scalars/loss \
+         /layers/transformer.h.0.mlp.c_fc/update_ratio /layers/transformer.h.0.attn.c_proj/forward_ratio \
+         /layers/transformer.h.0.attn.logits/forward_ratio /layers/lm_head/dependency_ratio; do
   [ "$(h5dump -A 0 -d $d "$tmp/afull/trace.h5" | grep -A3 DATA)" = \
     "$(h5dump -A 0 -d $d "$tmp/afull-trace.h5" | grep -A3 DATA)" ] ||
     fail "resumed trace $d differs from the straight run's"
 done
-expect 0 "adamw straight to step 8, elsewhere" $train $small --steps 8 --untied --out "$tmp/astraight"
+expect 0 "adamw straight to step 8, elsewhere" $train $small --steps 8 --untied --alarm 1.5 --out "$tmp/astraight"
+# and so do its alarms: the straight run's after step 4 are the resumed run's, word for word
+grep "alarm at step [5-8]:" "$tmp/err" >"$tmp/straight-alarms"
+[ -s "$tmp/straight-alarms" ] || fail "no alarm after step 4 at --alarm 1.5 to compare: $(grep alarm "$tmp/err")"
+grep -Fxvf "$tmp/resumed-alarms" "$tmp/straight-alarms" >"$tmp/missing" &&
+  fail "alarms of the straight run the resumed one lacks (another reference?): $(cat "$tmp/missing")"
 cmp -s "$tmp/afull/model.safetensors" "$tmp/astraight/model.safetensors" ||
   fail "the adamw run resumed with its moments differs from the straight one"
 cmp -s "$tmp/afull/model.adamw" "$tmp/astraight/model.adamw" || fail "the moments differ"

@@ -284,6 +284,17 @@ class Monitor:
             return pd.DataFrame.from_dict(out, orient="index")
         return out
 
+    def reference(self):
+        """Each layer's reference, what the trace's forward_ratio, dependency_ratio and
+        update_ratio divide by: {layer name: {forward, dependency, update}}, each its first finite
+        value > 0 so far (NaN until seen)."""
+        self._check_open()
+        out = {}
+        for i, (name, _) in enumerate(self.layers):
+            r = lib.stab_monitor_reference(self._m, i).contents
+            out[name] = {"forward": r.forward, "dependency": r.dependency, "update": r.update}
+        return out
+
     def flush(self):
         if self._trace:
             check(lib.stab_trace_flush(self._trace))
