@@ -428,8 +428,8 @@ if bad:
 print("trace.py: NaN steps, flags and %d alarm crossings as put in" % len(want))
 PY
 
-# A trace that has its own ratio datasets (a writer with ratios to init): they are what the
-# notebook ranks, not ratios it computes. Here they are made 7 times the computed ones.
+# A trace's own ratio datasets (format 3) are what the notebook ranks, not ratios it computes:
+# here they are made 7 times the computed ones.
 "$py" - "$tmp" <<'PY' || status=1
 import shutil, sys
 import h5py, numpy as np
@@ -443,7 +443,10 @@ with h5py.File(tmp + "/ratio.h5", "r+") as f:
             ok = np.flatnonzero(np.isfinite(v) & (v > 0))
             if len(ok):
                 r[ok[0]:] = 7 * v[ok[0]:] / v[ok[0]]
-            g[m + "_ratio"] = r
+            if m + "_ratio" in g:  # the trainer's own (format 3): replaced by these
+                g[m + "_ratio"][:len(r)] = r
+            else:
+                g[m + "_ratio"] = r
 PY
 STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/trace.py" "$tmp/ratio.h5" >"$tmp/ratio.txt" 2>&1 ||
   { fail "trace.py on a trace with ratio datasets"; cat "$tmp/ratio.txt"; }
