@@ -1317,8 +1317,9 @@ static void print_lr_sweep(const options *o, const size_t *widths, size_t n_w, c
 
 /* One line of DIR/lr-sweep.csv, flushed, so that a sweep stopped part way keeps the runs done. */
 static int csv_row(FILE *csv, const char *path, const options *o, size_t width, double lr, const run_result *r) {
-  fprintf(csv, "%s,%zu,%g,%s,%zu,%.6g,%.6g,%.6g\n", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", width, lr,
-          r->diverged ? "diverged" : "ok", r->steps_done, r->final_loss, r->heldout, r->first_loss);
+  fprintf(csv, "%s,%zu,%g,%s,%zu,%.6g,%.6g,%.6g,%llu\n", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest", width,
+          lr, r->diverged ? "diverged" : "ok", r->steps_done, r->final_loss, r->heldout, r->first_loss,
+          (unsigned long long)o->seed);
   if (fflush(csv) || ferror(csv)) {
     cli_error("%s: cannot write: %s", path, strerror(errno));
     return 1;
@@ -1348,7 +1349,7 @@ static int sweep(const options *o, const data_set *data, train_world *dp) {
       cli_error("%s: cannot create: %s", no_dir ? o->out : csv_path, strerror(errno));
       rc = 1;
     } else {
-      fputs("optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss\n", csv);
+      fputs("optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss,seed\n", csv);
     }
   }
   if (o->n_sweep_lr) rc = together(dp, rc);

@@ -6,7 +6,10 @@
 # optimizer, and draws the held-out loss at the end of each run against its peak learning rate
 # (log axis), one curve per width: the best rate of each width is starred, a run whose loss
 # turned non-finite is a cross at the top. Printed: the best rate per width and its loss, and
-# how far it moves (the best rate at the largest width over the one at the smallest).
+# how far it moves (the best rate at the largest width over the one at the smallest). Sweeps of
+# the same optimizer with other seeds (`--seed S`) are averaged: a curve is the mean held-out
+# loss over the seeds of each rate, each seed's own loss a small dot, and a rate at which any
+# seed diverged counts as diverged.
 #
 # Then, for the largest width, the stability metrics over steps at the best and at the worst
 # rate (a diverged one when there is one: the smallest rate that diverged) side by side, and a
@@ -19,12 +22,14 @@
 # Inputs: `STAB_LR_SWEEP` (or the arguments): sweep directories, one per optimizer, each made by
 # `harness/train --sweep-lrs L1,L2,... --sweep-widths W1,W2,... --optimizer O --out DIR`:
 # `DIR/lr-sweep.csv` (a row per run: optimizer, width, lr, status ok or diverged, steps_done,
-# final_train_loss, heldout_loss) and `DIR/lr-<lr>/width-<W>/trace.h5` (default
+# final_train_loss, heldout_loss, seed; a CSV without the seed column, from stabmeter 0.8.0,
+# takes each run's seed from its trace) and `DIR/lr-<lr>/width-<W>/trace.h5` (default
 # `runs/lr-steepest runs/lr-adamw`). `STAB_EARLY_STEP`: the step the early metrics are read at
 # (default 10% of the run's steps). `STAB_OUT`: the figure directory.
 
 # %%
 import csv
+import json
 import math
 import os
 import re
@@ -63,6 +68,23 @@ class Run:
         if not os.path.exists(self.trace_path) and os.path.exists(os.path.join(d, "trace.h5")):
             self.trace_path = os.path.join(d, "trace.h5")
         self._trace = None
+        self.seed = self._seed(row.get("seed"), where)
+
+    def _seed(self, text, where):
+        """The run's seed: the CSV's column, or the run_config of its trace for a CSV without it."""
+        if text not in (None, ""):
+            try:
+                return int(text)
+            except ValueError:
+                raise st.InputError("%s: seed %r is not a whole number" % (where, text)) from None
+        with st.open_trace_file(self.trace_path) as f:
+            try:
+                seed = json.loads(st._attr(f.attrs.get("run_config", "{}")) or "{}").get("seed")
+            except ValueError:
+                seed = None
+        if not isinstance(seed, int):
+            raise st.InputError("%s: no seed column, and the run_config of %s names no seed" % (where, self.trace_path))
+        return seed
 
     @property
     def diverged(self):
@@ -93,54 +115,95 @@ def read_lr_sweep(d):
     return runs
 
 
-runs = {}  # (optimizer, width, lr) -> Run
+runs = {}  # (optimizer, width, lr, seed) -> Run
 for d in LR_SWEEP:
     for r in read_lr_sweep(d):
-        key = (r.optimizer, r.width, r.lr)
+        key = (r.optimizer, r.width, r.lr, r.seed)
         if key in runs:
-            raise st.InputError("two runs of %s at width %d and lr %g: in %s and %s" % (
+            raise st.InputError("two runs of %s at width %d, lr %g and seed %d: in %s and %s" % (
                 key + (os.path.dirname(runs[key].trace_path), os.path.dirname(r.trace_path))))
         runs[key] = r
-optimizers = st.optimizer_order(o for o, _, _ in runs)
+optimizers = st.optimizer_order(k[0] for k in runs)
+
+
+class Cell:
+    """The runs of one optimizer, width and learning rate, one per seed: their mean held-out
+    loss, diverged when any of them diverged."""
+
+    def __init__(self, rs):
+        self.runs = sorted(rs, key=lambda r: r.seed)
+        self.lr, self.width = self.runs[0].lr, self.runs[0].width
+        self.diverged = any(r.diverged for r in self.runs)
+        self.heldout = math.nan if self.diverged else float(np.mean([r.heldout for r in self.runs]))
+        self.first = self.runs[0]  # the run drawn and compared: the smallest seed's
+
+    def seeds_text(self):
+        """'' for one seed; ' (mean of N seeds: a b)' for more."""
+        if len(self.runs) == 1:
+            return ""
+        return " (mean of %d seeds: %s)" % (len(self.runs), " ".join(
+            "div@%d" % r.steps_done if r.diverged else "%.4f" % r.heldout for r in self.runs))
 
 
 def widths_of(opt):
-    return sorted({w for o, w, _ in runs if o == opt})
+    return sorted({k[1] for k in runs if k[0] == opt})
+
+
+def seeds_of(opt):
+    return sorted({k[3] for k in runs if k[0] == opt})
 
 
 def of_width(opt, w):
-    """The runs of one optimizer and width, by learning rate."""
+    """The runs of one optimizer and width, by learning rate then seed."""
     return [runs[k] for k in sorted(k for k in runs if k[:2] == (opt, w))]
 
 
-def best_run(opt, w):
-    """The run of lowest finite held-out loss, or None when every run diverged."""
-    done = [r for r in of_width(opt, w) if not r.diverged]
-    return min(done, key=lambda r: r.heldout) if done else None
+def cells_of(opt, w):
+    """The cells of one optimizer and width, by learning rate."""
+    by_lr = {}
+    for r in of_width(opt, w):
+        by_lr.setdefault(r.lr, []).append(r)
+    return [Cell(by_lr[lr]) for lr in sorted(by_lr)]
+
+
+def best_cell(opt, w):
+    """The cell of lowest finite mean held-out loss, or None when every rate diverged."""
+    done = [c for c in cells_of(opt, w) if not c.diverged]
+    return min(done, key=lambda c: c.heldout) if done else None
 
 
 for opt in optimizers:
-    lrs = sorted({lr for o, _, lr in runs if o == opt})
-    print("%s: widths %s; learning rates %s; %d runs, %d diverged" % (
+    lrs = sorted({k[2] for k in runs if k[0] == opt})
+    print("%s: widths %s; learning rates %s; seeds %s; %d runs, %d diverged" % (
         opt, ", ".join(map(str, widths_of(opt))), ", ".join("%g" % x for x in lrs),
+        ", ".join(map(str, seeds_of(opt))),
         sum(1 for k in runs if k[0] == opt), sum(1 for k, r in runs.items() if k[0] == opt and r.diverged)))
 
 # %% [markdown]
 # ## The best learning rate per width
 #
-# `best OPTIMIZER width W lr X held-out L`; then `transfer OPTIMIZER: best lr at width Wmax / at
-# width Wmin = R`: 1 when the best rate transfers across widths (on the grid swept).
+# `best OPTIMIZER width W lr X held-out L` (with more than one seed, L is the mean and the seeds'
+# own losses follow; then `best OPTIMIZER width W seed S lr X held-out L`, each seed's own best,
+# among the rates that seed ran); then `transfer OPTIMIZER: best lr at width Wmax / at width
+# Wmin = R`: 1 when the best rate transfers across widths (on the grid swept).
 
 # %%
 for opt in optimizers:
     for w in widths_of(opt):
-        b = best_run(opt, w)
+        b = best_cell(opt, w)
         if b is None:
             print("best %s width %d: every run diverged" % (opt, w))
         else:
-            print("best %s width %d lr %g held-out %.4f" % (opt, w, b.lr, b.heldout))
+            print("best %s width %d lr %g held-out %.4f%s" % (opt, w, b.lr, b.heldout, b.seeds_text()))
+    if len(seeds_of(opt)) > 1:
+        for w in widths_of(opt):
+            for seed in seeds_of(opt):
+                done = [r for r in of_width(opt, w) if r.seed == seed and not r.diverged]
+                if done:
+                    r = min(done, key=lambda r: r.heldout)
+                    print("best %s width %d seed %d lr %g held-out %.4f" % (opt, w, seed, r.lr, r.heldout))
     ws = widths_of(opt)
-    lo, hi = best_run(opt, ws[0]), best_run(opt, ws[-1])
+    lo, hi = best_cell(opt, ws[0]), best_cell(opt, ws[-1])
     if len(ws) < 2:
         print("transfer %s: one width only" % opt)
     elif lo is None or hi is None:
@@ -159,19 +222,27 @@ fig.suptitle("Held-out loss at the end against the peak learning rate, one curve
 for ax, opt in zip(axes[0], optimizers):
     ws = widths_of(opt)
     colors = plt.get_cmap("plasma")(np.linspace(0.0, 0.8, len(ws)))
+    several = len(seeds_of(opt)) > 1
     for color, w in zip(colors, ws):
-        rs = of_width(opt, w)
-        done = [r for r in rs if not r.diverged]
-        b = best_run(opt, w)
-        ax.plot([r.lr for r in done], [r.heldout for r in done], marker="o", ms=5, color=color, lw=1.6,
+        cells = cells_of(opt, w)
+        done = [c for c in cells if not c.diverged]
+        b = best_cell(opt, w)
+        ax.plot([c.lr for c in done], [c.heldout for c in done], marker="o", ms=5, color=color, lw=1.6,
                 label="width %d: best lr %s" % (w, "%g (%.3f)" % (b.lr, b.heldout) if b else "-"))
+        if several:  # each seed's own loss, around the mean
+            seen = [r for c in done for r in c.runs]
+            ax.plot([r.lr for r in seen], [r.heldout for r in seen], marker=".", ms=4, color=color, alpha=0.6,
+                    ls="none")
         if b:
             ax.plot(b.lr, b.heldout, marker="*", ms=16, color=color, mec="black", zorder=4, ls="none")
-        for r in rs:
-            if r.diverged:  # at the top edge: its loss is not a number
-                ax.plot(r.lr, 0.96, marker="x", ms=10, mew=2.2, color=color, ls="none",
+        for c in cells:
+            if c.diverged:  # at the top edge: its loss is not a number
+                ax.plot(c.lr, 0.96, marker="x", ms=10, mew=2.2, color=color, ls="none",
                         transform=ax.get_xaxis_transform(), zorder=4)
     ax.plot([], [], marker="*", ms=12, color="white", mec="black", ls="none", label="best lr of a width")
+    if several:
+        ax.plot([], [], marker=".", ms=6, color="0.3", ls="none",
+                label="one seed's loss (curves: the mean of seeds %s)" % ", ".join(map(str, seeds_of(opt))))
     if any(r.diverged for k, r in runs.items() if k[0] == opt):
         ax.plot([], [], marker="x", ms=9, mew=2, color="0.3", ls="none", label="diverged (loss non-finite)")
     st.log_axis(ax, "x")
@@ -215,22 +286,23 @@ def ranks(x):
 
 early = {}
 for opt in optimizers:
-    print("early %-9s %6s %8s %-9s %6s %10s %6s %s" % ("optimizer", "width", "lr", "status", "steps", "held-out", "step",
-                                                 " ".join("%12s" % c[2] for c in EARLY_COLUMNS)))
+    print("early %-9s %6s %8s %4s %-9s %6s %10s %6s %s" % (
+        "optimizer", "width", "lr", "seed", "status", "steps", "held-out", "step",
+        " ".join("%12s" % c[2] for c in EARLY_COLUMNS)))
     for w in widths_of(opt):
         for r in of_width(opt, w):
             s = early_step(r)
             vals = [value_at(r.trace(), kind, metric, s) for kind, metric, _ in EARLY_COLUMNS]
-            early[opt, w, r.lr] = (s, vals)
-            print("early %-9s %6d %8g %-9s %6d %10.4f %6d %s" % (
-                opt, w, r.lr, r.status, r.steps_done, r.heldout, s, " ".join("%12.4g" % v for v in vals)))
+            early[opt, w, r.lr, r.seed] = (s, vals)
+            print("early %-9s %6d %8g %4d %-9s %6d %10.4f %6d %s" % (
+                opt, w, r.lr, r.seed, r.status, r.steps_done, r.heldout, s, " ".join("%12.4g" % v for v in vals)))
     for w in widths_of(opt):
         rs = [r for r in of_width(opt, w)]
         outcome = [math.inf if r.diverged else r.heldout for r in rs]
         words = []
         for j, (_, _, name) in enumerate(EARLY_COLUMNS):
-            pairs = [(early[opt, w, r.lr][1][j], o) for r, o in zip(rs, outcome)
-                     if math.isfinite(early[opt, w, r.lr][1][j])]
+            pairs = [(early[opt, w, r.lr, r.seed][1][j], o) for r, o in zip(rs, outcome)
+                     if math.isfinite(early[opt, w, r.lr, r.seed][1][j])]
             if len(pairs) < 3:
                 words.append("%s -" % name)
                 continue
@@ -243,18 +315,19 @@ for opt in optimizers:
 # ## The metrics over steps at the best and the worst learning rate, largest width
 #
 # Per optimizer two rows: the best rate's run and the worst one's (a diverged run when there is
-# one: the smallest rate that diverged; a red line where its loss turned non-finite). Columns:
+# one: the smallest rate that diverged; a red line where its loss turned non-finite), each the
+# smallest seed's run of its rate (the best and the worst by the seeds' mean). Columns:
 # forward stability (each kind's worst layer; the attention bound has its own column), update
 # stability, the attention logit bound. Each column shares its vertical scale across the two
 # rows, so the runs compare directly.
 
 # %%
 def worst_run(opt, w):
-    rs = of_width(opt, w)
-    diverged = [r for r in rs if r.diverged]
+    cells = cells_of(opt, w)
+    diverged = [c for c in cells if c.diverged]
     if diverged:
-        return diverged[0]
-    return max(rs, key=lambda r: r.heldout) if len(rs) > 1 else None
+        return next(r for r in diverged[0].runs if r.diverged)
+    return max(cells, key=lambda c: c.heldout).first if len(cells) > 1 else None
 
 
 # (metric, kinds drawn, axis label with unit)
@@ -264,7 +337,8 @@ PANELS = (("forward", [k for k in st.KINDS if k != "attention"], "forward stabil
 pairs = []
 for opt in optimizers:
     w = widths_of(opt)[-1]
-    b, worst = best_run(opt, w), worst_run(opt, w)
+    b, worst = best_cell(opt, w), worst_run(opt, w)
+    b = b and b.first
     if b is None or worst is None or worst is b:
         print("%s width %d: no best and worst run to compare" % (opt, w))
         continue

@@ -207,8 +207,8 @@ for r in rows:
     want = []
     for kind, metric in (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward")):
         want.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
-    m = re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s+\S+\s+2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$" % (
-        r["width"], re.escape(r["lr"]), r["status"], r["steps_done"]), text, re.M)
+    m = re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s+%s\s+\S+\s+2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$" % (
+        r["width"], re.escape(r["lr"]), r["seed"], r["status"], r["steps_done"]), text, re.M)
     check(m and all(abs(float(g) - v) <= 1e-3 * v for g, v in zip(m.groups(), want)),
           "lr_transfer: early metrics of lr %s width %s: %s, from the trace %s" % (r["lr"], r["width"], m and m.groups(), want))
     early += 1
@@ -368,6 +368,63 @@ PY
 rc=$?
 [ $rc -eq 2 ] && grep -q "^lr_transfer.py: lr sweep $tmp/gap: no lr-sweep.csv in it" "$tmp/bad.txt" ||
   fail "lr_transfer.py on a directory without a CSV: exit $rc, $(cat "$tmp/bad.txt")"
+
+# lr_transfer over two seeds: the same sweep again with --seed 2, into another directory. Each
+# rate's loss is the mean over the seeds, a rate at which either seed diverged counts as
+# diverged, and each seed's own best is printed: checked against the two CSVs. The second CSV
+# without its seed column (stabmeter 0.8.0's) gives the same answer, the seed read from the
+# traces; the same directory twice is two runs of one seed, refused.
+./harness/train $lrsmall --seed 2 --sweep-lrs 0.03,0.3,9.9 --sweep-widths 16,32 --out "$tmp/lrs2" >"$tmp/train.log" 2>&1 ||
+  fail "the learning-rate sweep, seed 2: $(tail -n 3 "$tmp/train.log")"
+STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/lr_transfer.py" "$tmp/lrs" "$tmp/lrs2" >"$tmp/seeds.txt" 2>&1 ||
+  { fail "lr_transfer.py over two seeds"; cat "$tmp/seeds.txt"; }
+mkdir -p "$tmp/lrs-old" && for d in "$tmp"/lrs2/lr-*/; do ln -s "${d%/}" "$tmp/lrs-old/"; done
+cut -d, -f1-8 "$tmp/lrs2/lr-sweep.csv" >"$tmp/lrs-old/lr-sweep.csv"
+STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/lr_transfer.py" "$tmp/lrs" "$tmp/lrs-old" >"$tmp/seeds-old.txt" 2>&1 ||
+  { fail "lr_transfer.py over two seeds, one CSV without the seed column"; cat "$tmp/seeds-old.txt"; }
+"$py" - "$tmp" <<'PY' || status=1
+import csv, re, sys
+tmp = sys.argv[1]
+rows = [r for d in ("lrs", "lrs2") for r in csv.DictReader(open("%s/%s/lr-sweep.csv" % (tmp, d)))]
+bad = []
+if sorted({r["seed"] for r in rows}) != ["1", "2"]:
+    bad.append("the CSVs' seeds are %s, not 1 and 2" % sorted({r["seed"] for r in rows}))
+for name in ("seeds.txt", "seeds-old.txt"):
+    text = open("%s/%s" % (tmp, name)).read()
+    if not re.search(r"^steepest: widths 16, 32; learning rates 0.03, 0.3, 9.9; seeds 1, 2; 12 runs, \d+ diverged$", text, re.M):
+        bad.append("%s: the summary line" % name)
+    for w in ("16", "32"):
+        cells = {}
+        for r in rows:
+            if r["width"] == w:
+                cells.setdefault(r["lr"], []).append(r)
+        ok = {lr: sum(float(r["heldout_loss"]) for r in rs) / len(rs) for lr, rs in cells.items()
+              if len(rs) == 2 and all(r["status"] == "ok" for r in rs)}
+        lr = min(ok, key=ok.get)
+        own = " ".join("%.4f" % float(r["heldout_loss"]) for r in sorted(cells[lr], key=lambda r: r["seed"]))
+        want = "best steepest width %s lr %s held-out %.4f (mean of 2 seeds: %s)" % (w, lr, ok[lr], own)
+        if want not in text.splitlines():
+            bad.append("%s: no line %r" % (name, want))
+        for seed in ("1", "2"):
+            done = [r for r in rows if r["width"] == w and r["seed"] == seed and r["status"] == "ok"]
+            b = min(done, key=lambda r: float(r["heldout_loss"]))
+            want = "best steepest width %s seed %s lr %s held-out %.4f" % (w, seed, b["lr"], float(b["heldout_loss"]))
+            if want not in text.splitlines():
+                bad.append("%s: no line %r" % (name, want))
+    for r in rows:
+        if not re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s" % (r["width"], re.escape(r["lr"]), r["seed"], r["status"]),
+                         text, re.M):
+            bad.append("%s: no early line for width %s lr %s seed %s" % (name, r["width"], r["lr"], r["seed"]))
+    if not re.search(r"^spearman steepest width 32 \(early metric against final loss, 6 runs\)", text, re.M):
+        bad.append("%s: the rank correlation not over the 6 runs of width 32" % name)
+if bad:
+    sys.exit("FAIL: lr_transfer.py over two seeds:\n  " + "\n  ".join(bad) + "\n" + open(tmp + "/seeds.txt").read())
+print("lr_transfer.py: two seeds averaged per rate, each seed's best, a CSV without the seed column")
+PY
+"$py" "$src/notebooks-export/lr_transfer.py" "$tmp/lrs" "$tmp/lrs" >"$tmp/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "^lr_transfer.py: two runs of steepest at width 16, lr 0.03 and seed 1: in $tmp/lrs/lr-0.03/width-16 and" "$tmp/bad.txt" ||
+  fail "lr_transfer.py given one sweep twice: exit $rc, $(cat "$tmp/bad.txt")"
 
 # live as a plain script on a finished trace: it stops once the trace has been idle, with every row.
 STAB_OUT="$tmp/plain" STAB_LIVE_IDLE=1 STAB_LIVE_EVERY=0.2 "$py" "$src/notebooks-export/live.py" "$tmp/run/trace.h5" \

@@ -286,9 +286,11 @@ lrsmall="--optimizer steepest --depth 6 --heads 2 --warmup 0 --steps 40 --contex
 expect 0 "lr sweep" $train $lrsmall --sweep-lrs 0.1,9.9 --sweep-widths 8,16 --out "$tmp/lrs"
 cp "$tmp/out" "$tmp/lrs.txt"; cp "$tmp/err" "$tmp/lrs.err"
 csv="$tmp/lrs/lr-sweep.csv"
-[ "$(head -n 1 "$csv")" = "optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss" ] ||
+[ "$(head -n 1 "$csv")" = "optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss,seed" ] ||
   fail "lr sweep: the CSV header: $(head -n 1 "$csv")"
 [ "$(wc -l <"$csv")" -eq 5 ] || fail "lr sweep: not 4 rows: $(cat "$csv")"
+# the seed column: the run's --seed (default 1), so sweeps of two seeds can be told apart
+[ "$(awk -F, 'NR > 1 { print $9 }' "$csv" | sort -u)" = 1 ] || fail "lr sweep: the seed column is not 1: $(cat "$csv")"
 # each run's row against what the run printed: its held-out loss, or the step its loss went bad
 awk -F, 'NR > 1 { print $2, $3, $4, $5, $7 }' "$csv" >"$tmp/rows"
 printed=$(grep -c '^loss: initial' "$tmp/lrs.txt")
