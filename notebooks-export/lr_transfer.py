@@ -259,9 +259,13 @@ st.save_figure(fig, "lr_transfer")
 #
 # Per run, each kind's worst layer at an early step (`STAB_EARLY_STEP`, default 10% of the run's
 # steps): the linear layers' forward and update stability, the attention logit bound and the LM
-# head's forward bound (nats), next to how the run ended. `early OPT W LR ...` lines; then per
-# width the Spearman rank correlation of each early metric with the final loss (a diverged run
-# ranked worst): near +1, the early metric orders the runs as their outcome does.
+# head's forward bound (nats), next to how the run ended; last, `max x init`: the largest ratio
+# to init over every layer and metric at that step (the update's per unit of learning rate),
+# what `harness/train --alarm X` compares with X, and the kind of the layer it is in.
+# `early OPT W LR SEED ...` lines; then per width the Spearman rank correlation of each early
+# metric with the final loss (a diverged run ranked worst): near +1, the early metric orders the
+# runs as their outcome does (over a grid on both sides of the best rate the relation is
+# U-shaped, too small a rate as bad as too large: read the table).
 
 # %%
 EARLY_COLUMNS = (("linear", "forward", "linear fwd"), ("linear", "update", "linear upd"),
@@ -280,22 +284,39 @@ def value_at(tr, kind, metric, step):
     return float(st.kind_value(tr.of_kind(kind), metric, len(tr), "max")[rows[0]])
 
 
+def max_ratio_at(tr, step):
+    """The largest ratio to init at `step` over every layer and metric (stabtrace.ratio, the
+    update per unit of learning rate), with the kind of its layer: (NaN, '-') when none."""
+    rows = np.flatnonzero(tr.steps == step)
+    best = (math.nan, "-")
+    if not len(rows):
+        return best
+    for l in tr.layers:
+        for metric in st.METRICS:
+            v = st.ratio(l, metric, len(tr), tr.scalars.get("lr"))[rows[0]]
+            if math.isfinite(v) and not v <= best[0]:
+                best = (float(v), l.kind)
+    return best
+
+
 def ranks(x):
     return np.argsort(np.argsort(np.asarray(x, dtype=np.float64), kind="stable"), kind="stable").astype(float)
 
 
 early = {}
 for opt in optimizers:
-    print("early %-9s %6s %8s %4s %-9s %6s %10s %6s %s" % (
+    print("early %-9s %6s %8s %4s %-9s %6s %10s %6s %s %10s %s" % (
         "optimizer", "width", "lr", "seed", "status", "steps", "held-out", "step",
-        " ".join("%12s" % c[2] for c in EARLY_COLUMNS)))
+        " ".join("%12s" % c[2] for c in EARLY_COLUMNS), "max x init", "in"))
     for w in widths_of(opt):
         for r in of_width(opt, w):
             s = early_step(r)
             vals = [value_at(r.trace(), kind, metric, s) for kind, metric, _ in EARLY_COLUMNS]
             early[opt, w, r.lr, r.seed] = (s, vals)
-            print("early %-9s %6d %8g %4d %-9s %6d %10.4f %6d %s" % (
-                opt, w, r.lr, r.seed, r.status, r.steps_done, r.heldout, s, " ".join("%12.4g" % v for v in vals)))
+            most, where = max_ratio_at(r.trace(), s)
+            print("early %-9s %6d %8g %4d %-9s %6d %10.4f %6d %s %10.4g %s" % (
+                opt, w, r.lr, r.seed, r.status, r.steps_done, r.heldout, s, " ".join("%12.4g" % v for v in vals),
+                most, where))
     for w in widths_of(opt):
         rs = [r for r in of_width(opt, w)]
         outcome = [math.inf if r.diverged else r.heldout for r in rs]
@@ -315,8 +336,9 @@ for opt in optimizers:
 # ## The metrics over steps at the best and the worst learning rate, largest width
 #
 # Per optimizer two rows: the best rate's run and the worst one's (a diverged run when there is
-# one: the smallest rate that diverged; a red line where its loss turned non-finite), each the
-# smallest seed's run of its rate (the best and the worst by the seeds' mean). Columns:
+# one: the smallest rate that diverged, a red line where its loss turned non-finite; else the
+# worst of the rates above the best, the side where runs diverge; else the worst of all), each
+# the smallest seed's run of its rate (the best and the worst by the seeds' mean). Columns:
 # forward stability (each kind's worst layer; the attention bound has its own column), update
 # stability, the attention logit bound. Each column shares its vertical scale across the two
 # rows, so the runs compare directly.
@@ -327,7 +349,11 @@ def worst_run(opt, w):
     diverged = [c for c in cells if c.diverged]
     if diverged:
         return next(r for r in diverged[0].runs if r.diverged)
-    return max(cells, key=lambda c: c.heldout).first if len(cells) > 1 else None
+    b = best_cell(opt, w)
+    above = [c for c in cells if b and c.lr > b.lr]
+    if above or len(cells) > 1:
+        return max(above or cells, key=lambda c: c.heldout).first
+    return None
 
 
 # (metric, kinds drawn, axis label with unit)

@@ -207,10 +207,26 @@ for r in rows:
     want = []
     for kind, metric in (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward")):
         want.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
-    m = re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s+%s\s+\S+\s+2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$" % (
+    # the largest ratio to init there, from the trainer's own ratio datasets (the update's per
+    # unit of learning rate, against the lr at its reference row: its first finite value > 0)
+    lr = t["scalars/lr"][:]
+    most = (-1.0, None)
+    for g in t["layers"].values():
+        for metric in ("forward", "dependency", "update"):
+            if metric + "_ratio" not in g:
+                continue
+            v = g[metric + "_ratio"][row]
+            if metric == "update":
+                ref = np.flatnonzero(np.isfinite(g["update"][:]) & (g["update"][:] > 0))
+                v = v * lr[ref[0]] / lr[row] if len(ref) else np.nan
+            if np.isfinite(v) and v > most[0]:
+                most = (float(v), g.attrs["kind"])
+    want.append(most[0])
+    m = re.search(r"^early steepest\s+%s\s+%s\s+%s\s+%s\s+%s\s+\S+\s+2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\w+)$" % (
         r["width"], re.escape(r["lr"]), r["seed"], r["status"], r["steps_done"]), text, re.M)
-    check(m and all(abs(float(g) - v) <= 1e-3 * v for g, v in zip(m.groups(), want)),
-          "lr_transfer: early metrics of lr %s width %s: %s, from the trace %s" % (r["lr"], r["width"], m and m.groups(), want))
+    check(m and all(abs(float(g) - v) <= 1e-3 * v for g, v in zip(m.groups()[:5], want)) and m.group(6) == most[1],
+          "lr_transfer: early metrics of lr %s width %s: %s, from the trace %s in %s" % (
+              r["lr"], r["width"], m and m.groups(), want, most[1]))
     early += 1
 check(early == 6, "lr_transfer: %d runs in the CSV, not 6" % early)
 # the rank correlation of each early metric with the final loss (diverged: worst), by pandas
