@@ -28,8 +28,8 @@ extern "C" {
 
 #define STAB_VERSION_MAJOR 0
 #define STAB_VERSION_MINOR 8
-#define STAB_VERSION_PATCH 0
-#define STAB_VERSION_STRING "0.8.0"
+#define STAB_VERSION_PATCH 1
+#define STAB_VERSION_STRING "0.8.1"
 
 /* The version of the library actually linked, "MAJOR.MINOR.PATCH". */
 const char *stab_version(void);
