@@ -1402,7 +1402,13 @@ START_TEST(test_kill9_default_policy) {
       for (size_t k = 0; h && k < HEADS; k++) want[r].heads[i][k] = h[k];
     }
   }
+  /* The kill can land while the writer thread is writing a batch, between its flush of the
+   * other datasets and its flush of /step (write_rows): those may then hold rows more than
+   * /step counts, up to every row appended, never fewer. Seen in a make distcheck beside
+   * other tests: wall_time one row longer. */
+  killed_slack = BEFORE_PAUSE + 1 + AFTER_FLUSH - rows;
   check_file(f, &md, want, rows);
+  killed_slack = 0;
   H5Fclose(f);
   stab_monitor_free(m);
   model_free(&md);
