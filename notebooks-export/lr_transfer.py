@@ -9,7 +9,9 @@
 # how far it moves (the best rate at the largest width over the one at the smallest). Sweeps of
 # the same optimizer with other seeds (`--seed S`) are averaged: a curve is the mean held-out
 # loss over the seeds of each rate, each seed's own loss a small dot, and a rate at which any
-# seed diverged counts as diverged.
+# seed diverged counts as diverged. The runs of one optimizer must share the model (but its
+# width), the schedule, the batch and the data: directories that differ there are refused, the
+# field named, rather than averaged.
 #
 # Then, for the largest width, the stability metrics over steps at the best and at the worst
 # rate (a diverged one when there is one: the smallest rate that diverged) side by side, and a
@@ -29,7 +31,6 @@
 
 # %%
 import csv
-import json
 import math
 import os
 import re
@@ -77,11 +78,7 @@ class Run:
                 return int(text)
             except ValueError:
                 raise st.InputError("%s: seed %r is not a whole number" % (where, text)) from None
-        with st.open_trace_file(self.trace_path) as f:
-            try:
-                seed = json.loads(st._attr(f.attrs.get("run_config", "{}")) or "{}").get("seed")
-            except ValueError:
-                seed = None
+        seed = self.trace().config.get("seed")
         if not isinstance(seed, int):
             raise st.InputError("%s: no seed column, and the run_config of %s names no seed" % (where, self.trace_path))
         return seed
@@ -124,6 +121,32 @@ for d in LR_SWEEP:
                 key + (os.path.dirname(runs[key].trace_path), os.path.dirname(r.trace_path))))
         runs[key] = r
 optimizers = st.optimizer_order(k[0] for k in runs)
+
+# What the runs of one optimizer must share for their curves to compare rates, widths and seeds:
+# the model but its width, the schedule, the batch and the data (from each trace's run_config).
+SHARED_MODEL = ("vocab", "depth", "context", "biases", "tied", "attn_scale")
+SHARED_RUN = ("warmup", "min_lr_frac", "batch", "steps", "data")
+
+
+def check_same_setup(opt):
+    """InputError when two runs of `opt` differ in a field of SHARED_MODEL or SHARED_RUN:
+    sweep directories of another model or schedule given together would be averaged."""
+    mine = [runs[k] for k in sorted(runs) if k[0] == opt]
+    def fields(r):
+        config = r.trace().config
+        model = config.get("model") if isinstance(config.get("model"), dict) else {}
+        return dict([("model." + f, model.get(f)) for f in SHARED_MODEL] + [(f, config.get(f)) for f in SHARED_RUN])
+    first = fields(mine[0])
+    for r in mine[1:]:
+        for name, value in fields(r).items():
+            if value != first[name]:
+                raise st.InputError("lr sweep: %s runs differ in %s: %r in %s, %r in %s (the curves compare one model "
+                                    "and schedule across rates, widths and seeds)" % (
+                                        opt, name, first[name], mine[0].trace_path, value, r.trace_path))
+
+
+for opt in optimizers:
+    check_same_setup(opt)
 
 
 class Cell:

@@ -437,6 +437,13 @@ if bad:
     sys.exit("FAIL: lr_transfer.py over two seeds:\n  " + "\n  ".join(bad) + "\n" + open(tmp + "/seeds.txt").read())
 print("lr_transfer.py: two seeds averaged per rate, each seed's best, a CSV without the seed column")
 PY
+# a third seed trained for other steps is another schedule: refused, naming the field and both runs
+./harness/train $(echo "$lrsmall" | sed 's/--steps 20/--steps 12/') --seed 3 --sweep-lrs 0.03,0.3 --width 16 \
+  --out "$tmp/lrs3" >"$tmp/train.log" 2>&1 || fail "the learning-rate sweep, seed 3: $(tail -n 3 "$tmp/train.log")"
+"$py" "$src/notebooks-export/lr_transfer.py" "$tmp/lrs" "$tmp/lrs3" >"$tmp/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "^lr_transfer.py: lr sweep: steepest runs differ in steps: 20 in $tmp/lrs/lr-0.03/width-16/trace.h5, 12 in $tmp/lrs3/lr-0.03/trace.h5 " "$tmp/bad.txt" ||
+  fail "lr_transfer.py given sweeps of 20 and 12 steps: exit $rc, $(cat "$tmp/bad.txt")"
 "$py" "$src/notebooks-export/lr_transfer.py" "$tmp/lrs" "$tmp/lrs" >"$tmp/bad.txt" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "^lr_transfer.py: two runs of steepest at width 16, lr 0.03 and seed 1: in $tmp/lrs/lr-0.03/width-16 and" "$tmp/bad.txt" ||
