@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench_json.sh — harness/bench --json on one tiny :spiked size: the
-# keys the issue-13 check reads are there, and the ARPACK and oracle-power ones are numbers
+# keys the issue-13 check reads are there, and the ARPACK (ladder and own-rule) and oracle-power ones are numbers
 # when configure found ARPACK (config.h's HAVE_ARPACK), null (and said why) when it did not.
 set -u
 build=${builddir:-.}
@@ -21,7 +21,9 @@ bad = []
 if doc["targets"]["arpack_available"] != with_arpack:
     bad.append("targets.arpack_available is %r, config.h says %r" % (doc["targets"]["arpack_available"], with_arpack))
 keys = ["arpack_s", "arpack_rel_err", "arpack_tol", "arpack_reads", "speedup_vs_arpack",
-        "krylov_tol_for_equal_error", "power_oracle_s", "power_oracle_iterations"]
+        "krylov_tol_for_equal_error", "power_oracle_s", "power_oracle_iterations",
+        "arpack_own_rule_s", "arpack_own_rule_tol", "arpack_own_rule_reads", "arpack_own_rule_rel_err",
+        "speedup_vs_arpack_own_rule"]
 for size in doc["sizes"]:
     name = "%dx%d%s" % (size["rows"], size["cols"], ":spiked" if size["spiked"] else "")
     for k in keys:
@@ -36,6 +38,15 @@ for size in doc["sizes"]:
     if with_arpack and isinstance(size.get("krylov_equal_error_rel_err"), float) and \
             size["krylov_equal_error_rel_err"] > size["arpack_rel_err"]:
         bad.append("%s: the library's compared answer is less accurate than ARPACK's" % name)
+    # ARPACK by its own rule: at twice tol (its residual <= tol_a sigma^2 is the library's
+    # r / (2 sigma^2) <= tol), against the library's own cold run at tol
+    if with_arpack and isinstance(size.get("arpack_own_rule_tol"), float):
+        if abs(size["arpack_own_rule_tol"] - 2 * doc["tol"]) > 1e-12 * doc["tol"]:
+            bad.append("%s: arpack_own_rule_tol %g is not 2 tol" % (name, size["arpack_own_rule_tol"]))
+        want = size["arpack_own_rule_s"] / size["cold_krylov_s"]
+        if abs(size["speedup_vs_arpack_own_rule"] - want) > 1e-6 * want:
+            bad.append("%s: speedup_vs_arpack_own_rule %g, not arpack_own_rule_s / cold_krylov_s = %g"
+                       % (name, size["speedup_vs_arpack_own_rule"], want))
 if not any(s["spiked"] for s in doc["sizes"]):
     bad.append("no spiked size in the output")
 for b in bad:
