@@ -1541,7 +1541,9 @@ typedef struct stab_model stab_model;
  *  config   NULL for stab_model_default_config()
  *  out      receives the model; free with stab_model_free
  * Errors: NULL tensors (with n > 0) or out STAB_EINVAL; a NULL tensor or name STAB_EINVAL naming
- * its index; STAB_ENOMEM. A tensor the rules cannot measure is an entry with why_not, not an
+ * its index; a kind override whose value is not linear, embedding, lm_head, gain, bias or skip,
+ * or a layout override's not in_major or out_major, STAB_EINVAL naming it (never ignored);
+ * STAB_ENOMEM. A tensor the rules cannot measure is an entry with why_not, not an
  * error. The model is read-only after this: any number of threads may use it. */
 stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n,
                                 const stab_model_config *config, stab_model **out);

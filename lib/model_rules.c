@@ -686,6 +686,27 @@ static int name_entries(stab_model *m) {
 
 /* ---- the model ---------------------------------------------------------------------------- */
 
+/* STAB_EINVAL naming the first override whose value is none of values (NULL-terminated): a
+ * typo ("embeding", "in-major") would otherwise be no override at all, unsaid. */
+static stab_status check_overrides(const stab_model_override *o, size_t n, const char *field,
+                                   const char *const *values) {
+  if (n && !o) return stabi_fail(STAB_EINVAL, "stab_model_describe: %s is NULL with n%s %zu", field, field, n);
+  for (size_t i = 0; i < n; i++) {
+    if (!o[i].glob || !o[i].value)
+      return stabi_fail(STAB_EINVAL, "stab_model_describe: %s[%zu] has a NULL glob or value", field, i);
+    size_t k = 0;
+    while (values[k] && strcmp(values[k], o[i].value)) k++;
+    if (!values[k]) {
+      char want[128] = "";
+      for (size_t j = 0; values[j]; j++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", j ? ", " : "", values[j]);
+      return stabi_fail(STAB_EINVAL, "stab_model_describe: %s[%zu] '%s=%s': '%s' is not one of %s", field, i,
+                        o[i].glob, o[i].value, o[i].value, want);
+    }
+  }
+  return STAB_OK;
+}
+
 stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n, const stab_model_config *config,
                                 stab_model **out) {
   if (out) *out = NULL;
@@ -694,6 +715,11 @@ stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n
     if (!tensors[i] || !tensors[i]->name)
       return stabi_fail(STAB_EINVAL, "stab_model_describe: tensor %zu is NULL or has no name", i);
   const stab_model_config def = stab_model_default_config(), *c = config ? config : &def;
+  static const char *const kind_values[] = {"linear", "embedding", "lm_head", "gain", "bias", "skip", NULL};
+  static const char *const layout_values[] = {"in_major", "out_major", NULL};
+  stab_status st = check_overrides(c->kinds, c->nkinds, "kinds", kind_values);
+  if (st == STAB_OK) st = check_overrides(c->layouts, c->nlayouts, "layouts", layout_values);
+  if (st != STAB_OK) return st;
   stab_model *m = calloc(1, sizeof *m);
   size_t *by_name = malloc((n ? n : 1) * sizeof *by_name);
   /* one entry per tensor, at most one attention entry per tensor, one tied head */

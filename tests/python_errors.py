@@ -37,9 +37,9 @@ class ArrayErrors(unittest.TestCase):
             stabmeter.layer_metrics("linear", np.zeros(5, np.float32))
         with self.assertRaisesRegex(ValueError, "zero side"):
             stabmeter.sigma(np.zeros((0, 4), np.float32))
-        with self.assertRaisesRegex(ValueError, "bias has 7 entries"):
+        with self.assertRaisesRegex(ValueError, r"bias: shape \(7,\).*40 outputs"):
             stabmeter.layer_metrics("linear", self.a, bias=np.zeros(7, np.float32))
-        with self.assertRaisesRegex(ValueError, "before has shape"):
+        with self.assertRaisesRegex(ValueError, "before: shape"):
             stabmeter.layer_metrics("linear", self.a, before=self.a[:, :10])
         with self.assertRaisesRegex(ValueError, "weight_k"):
             stabmeter.layer_metrics("attention", self.a, heads=2)
@@ -63,7 +63,7 @@ class ArrayErrors(unittest.TestCase):
         with self.assertRaises(stabmeter.RangeError) as c:
             stabmeter.layer_metrics("attention", self.a, weight_k=self.a, heads=7)  # 7 heads of 40 outputs
         self.assertIn("heads", c.exception.message)
-        with self.assertRaisesRegex(ValueError, "kind 'conv'"):
+        with self.assertRaisesRegex(ValueError, "kind='conv'"):
             stabmeter.layer_metrics("conv", self.a)
 
     def test_cuda(self):
@@ -126,6 +126,23 @@ class MonitorErrors(unittest.TestCase):
             mon.after_step(2)
             self.step(self.model, mon, self.opt, 3)  # with before_step: updates measured
         self.assertTrue(all(r["update"] > 0 for r in mon.metrics().values() if r["kind"] == "linear"))
+        mon.close()
+
+    def test_arguments_named(self):
+        # a typo is refused, not ignored; an integer out of its C type is refused, not wrapped
+        with self.assertRaisesRegex(ValueError, r"^Monitor: kinds\['\*wte\*'\]='embeding'.*embedding"):
+            st.Monitor(self.model, heads=2, kinds={"*wte*": "embeding"})
+        with self.assertRaisesRegex(ValueError, r"^Monitor: layouts\['\*c_fc\*'\]='in-major'.*in_major"):
+            st.Monitor(self.model, heads=2, layouts={"*c_fc*": "in-major"})
+        for kw, bad in (("heads", -1), ("heads", 2 ** 64), ("kv_heads", -2), ("every", 0), ("every", 2 ** 70),
+                        ("flush_every", 2 ** 40), ("threads", 2 ** 40)):
+            with self.assertRaisesRegex(ValueError, r"^Monitor: %s=%d" % (kw, bad)):
+                st.Monitor(self.model, **dict({"heads": 2}, **{kw: bad}))
+        with self.assertRaisesRegex(ValueError, r"^Monitor: tight='centered'.*centred"):
+            st.Monitor(self.model, heads=2, tight="centered")
+        mon = st.Monitor(self.model, heads=2)
+        with self.assertRaisesRegex(ValueError, r"step=%d" % 2 ** 63):
+            mon.after_step(2 ** 63)
         mon.close()
 
     def test_closed(self):

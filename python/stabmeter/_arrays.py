@@ -1,7 +1,13 @@
-"""What the C library is handed for an array: its address, shape, row stride and stored type,
-read from a numpy array or a CPU torch tensor in place. Nothing is copied: an array the library
-cannot read as it is (another dtype, a column stride, a CUDA tensor) is refused with a message
-saying what to pass instead, before any pointer reaches C."""
+"""What the C library is handed for an argument, checked here once for every entry point of
+the package: an array's address, shape, row stride and stored type, read from a numpy array or
+a CPU torch tensor in place (view), its sides against every dimension C will read it by
+(need_shape); an integer within the C type it becomes (integer); an enum-like string among its
+values (choice, overrides). Nothing is copied: an array the library cannot read as it is
+(another dtype, a column stride, misaligned, a CUDA tensor) is refused with a message saying
+what to pass instead, before any pointer reaches C. Every message starts with the Python
+argument it is about ("layer_metrics: weight_k ...", "probe_report: top=-1 ...")."""
+
+import operator
 
 import numpy as np
 
@@ -93,5 +99,65 @@ def view(x, what, ndims=(2,), dtypes=None):
                                                                      " or ".join(str(n) for n in ndims)))
     if any(n == 0 for n in shape):
         raise ValueError("%s: shape %s has a zero side" % (what, tuple(shape)))
+    if ptr % itemsize:
+        # C reads whole elements at their natural alignment (misaligned float loads are
+        # undefined behaviour, and a fault on some machines)
+        raise TypeError("%s: its data at address %#x is not aligned to its %d-byte elements (a view "
+                        "at an odd byte offset, e.g. numpy.frombuffer(..., offset=1)); pass a copy "
+                        "(array.copy() / tensor.clone())" % (what, ptr, itemsize))
     ld = _strides_to_ld(what, shape, strides, itemsize)
     return ArrayView(ptr, tuple(int(n) for n in shape), ld, code, x, itemsize)
+
+
+def need_shape(v, what, shape, why):
+    """Refuses the ArrayView v unless its shape is exactly shape: the sides C reads it by, said
+    by why (which arguments they come from). C is handed sizes, not lengths: an array smaller
+    than its description would be read past its end."""
+    if tuple(v.shape) != tuple(shape):
+        raise ValueError("%s: shape %s, but %s: C reads %s" % (what, tuple(v.shape), why, tuple(shape)))
+
+
+# the C types integers become through ctypes, which wraps silently where it does not fit
+C_INT = (-2 ** 31, 2 ** 31 - 1)
+C_SIZE = (0, 2 ** 64 - 1)
+C_INT64 = (-2 ** 63, 2 ** 63 - 1)
+
+
+def integer(value, what, lo, hi, meaning=None):
+    """value as a Python int within [lo, hi] (bounds of its C type or tighter), or a TypeError
+    (not an integer: a float, a string, a bool) or ValueError naming what ("fn: arg")."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s=%r: expected an integer, got a bool" % (what, value))
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError("%s=%r: expected an integer, got %s" % (what, value, type(value).__name__)) from None
+    if n < lo or n > hi:
+        raise ValueError("%s=%d: out of range, expected %s" % (what, n, meaning or "%d to %d" % (lo, hi)))
+    return n
+
+
+def choice(value, what, choices):
+    """The code of the string value among choices ({name: code}), or a ValueError naming what
+    and listing every value it takes."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError("%s=%r: expected one of %s" % (what, value, ", ".join(choices)))
+    return choices[value]
+
+
+def overrides(pairs, what, values):
+    """The (glob, value) pairs of a {glob: value} dict or list of pairs, every value among values
+    (a typo refused, as the program's --kind and --layout refuse it)."""
+    items = list(pairs.items()) if isinstance(pairs, dict) else list(pairs or ())
+    out = []
+    for item in items:
+        if isinstance(item, (str, bytes)) or len(item) != 2:
+            raise ValueError("%s: %r is not a GLOB: VALUE pair (pass {glob: value} or [(glob, value)])"
+                             % (what, item))
+        glob, value = item
+        if not isinstance(glob, str) or not glob:
+            raise ValueError("%s: glob %r is not a non-empty string" % (what, glob))
+        if value not in values:
+            raise ValueError("%s[%r]=%r: expected one of %s" % (what, glob, value, ", ".join(values)))
+        out.append((glob, value))
+    return out

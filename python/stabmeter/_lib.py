@@ -113,6 +113,9 @@ KINDS = {"linear": 0, "embedding": 1, "lm_head": 2, "gain": 3, "bias": 4, "atten
 KIND_NAMES = {v: k for k, v in KINDS.items()}
 LAYOUTS = {"natural": 0, "out_major": 1, "in_major": 2}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+# the values of a kind override (stab_model_config.kinds) and of a layout override
+KIND_OVERRIDES = ("linear", "embedding", "lm_head", "gain", "bias", "skip")
+LAYOUT_OVERRIDES = ("in_major", "out_major")
 DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_OTHER = 0, 1, 2, 3
 SPECTRAL_METHODS = {"lanczos": 0, "power": 1, "exact": 2}
 TIGHT_METHODS = {"centred": 0, "exact": 1, "none": 2}

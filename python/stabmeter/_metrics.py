@@ -4,20 +4,20 @@ over stab_sigma and stab_layer_metrics, reading the caller's arrays in place."""
 import ctypes
 
 from . import _lib
-from ._arrays import view
+from ._arrays import C_INT, C_SIZE, choice, integer, need_shape, view
 from ._lib import DTYPE_F32, KINDS, LAYOUTS, SPECTRAL_METHODS, TIGHT_METHODS, check, lib
 
 
-def _spectral_params(tol, method, max_passes, threads):
+def _spectral_params(tol, method, max_passes, threads, fn="sigma"):
+    """The stab_spectral_params of the Python arguments of fn (named in every error): each fits
+    its C field here; its bounds within are the library's to check (STAB_EINVAL names them)."""
     p = lib.stab_spectral_default_params()
-    if method not in SPECTRAL_METHODS:
-        raise ValueError("method %r: expected one of %s" % (method, ", ".join(SPECTRAL_METHODS)))
-    p.method = SPECTRAL_METHODS[method]
-    p.tol = float(tol)  # its bounds are the library's to check (STAB_EINVAL names them)
+    p.method = choice(method, fn + ": method", SPECTRAL_METHODS)
+    p.tol = float(tol)
     if max_passes is not None:
-        p.max_passes = int(max_passes)
+        p.max_passes = integer(max_passes, fn + ": max_passes", *C_INT)
     if threads is not None:
-        p.threads = int(threads)
+        p.threads = integer(threads, fn + ": threads", *C_INT)
     return p
 
 
@@ -28,7 +28,7 @@ def sigma(array, tol=1e-3, method="lanczos", max_passes=None, threads=None, full
     Returns the estimate, or with full=True a dict: sigma, rel_err, passes, converged,
     nonfinite. A matrix holding NaN or Inf gives NaN (nonfinite 1), not an error."""
     v = view(array, "sigma: array", ndims=(2,), dtypes=(DTYPE_F32,))
-    params = _spectral_params(tol, method, max_passes, threads)
+    params = _spectral_params(tol, method, max_passes, threads, "sigma")
     out = _lib.SigmaResult()
     check(lib.stab_sigma(v.ptr, v.shape[0], v.shape[1], v.ld, ctypes.byref(params), None, ctypes.byref(out)))
     if not full:
@@ -69,76 +69,91 @@ def layer_metrics(kind, weight, before=None, bias=None, before_bias=None, weight
     before (and before_bias): the same layer's weights before the step, for the update metrics.
     bias: a linear layer's bias [d_out]. Attention: weight the query projection, weight_k the key
     projection, heads the query heads, kv_heads the key heads (default: from weight_k's rows)."""
-    if kind not in KINDS:
-        raise ValueError("kind %r: expected one of %s" % (kind, ", ".join(KINDS)))
-    if layout not in LAYOUTS:
-        raise ValueError("layout %r: expected one of %s" % (layout, ", ".join(LAYOUTS)))
-    if tight not in TIGHT_METHODS:
-        raise ValueError("tight %r: expected one of %s" % (tight, ", ".join(TIGHT_METHODS)))
+    fn = "layer_metrics: "
+    kind_code = choice(kind, fn + "kind", KINDS)
+    layout_code = choice(layout, fn + "layout", LAYOUTS)
+    tight_code = choice(tight, fn + "tight", TIGHT_METHODS)
     nd = (1,) if kind in ("gain", "bias") else (2,)
-    w = view(weight, "layer_metrics: weight", ndims=nd)
+    w = view(weight, fn + "weight", ndims=nd)
     keep = [w]  # every view whose memory C reads, alive until the call returns
     layer = _lib.Layer()
-    layer.kind = KINDS[kind]
-    layer.layout = LAYOUTS[layout]
+    layer.kind = kind_code
+    layer.layout = layout_code
     layer.dtype = w.dtype
     layer.weight = w.ptr
     layer.ld = w.ld
     if name is not None:
+        if not isinstance(name, str):
+            raise TypeError("%sname=%r: expected a str" % (fn, name))
         layer.name = name.encode("utf-8")
-    _fill_shape(layer, kind, layout, w, "layer_metrics: weight")
+    _fill_shape(layer, kind, layout, w, fn + "weight")
     if bias is not None:
         if kind != "linear":
             raise ValueError("layer_metrics: bias is a linear layer's (kind %s has none)" % kind)
-        b = view(bias, "layer_metrics: bias", ndims=(1,), dtypes=(w.dtype,))
-        if b.shape[0] != layer.d_out:
-            raise ValueError("layer_metrics: bias has %d entries, the layer %d outputs" % (b.shape[0], layer.d_out))
+        b = view(bias, fn + "bias", ndims=(1,), dtypes=(w.dtype,))
+        need_shape(b, fn + "bias", (layer.d_out,), "the weight has %d outputs" % layer.d_out)
         layer.bias = b.ptr
         keep.append(b)
     n_heads = 0
     if kind == "attention":
         if weight_k is None or heads is None:
             raise ValueError("layer_metrics: attention needs weight_k (the key projection) and heads")
-        k = view(weight_k, "layer_metrics: weight_k", ndims=(2,), dtypes=(w.dtype,))
-        n_heads = int(heads)
-        if n_heads <= 0:
-            raise ValueError("layer_metrics: heads %d must be positive" % n_heads)
+        k = view(weight_k, fn + "weight_k", ndims=(2,), dtypes=(w.dtype,))
+        n_heads = integer(heads, fn + "heads", 1, C_SIZE[1], "a positive number of query heads")
         layer.heads = n_heads
+        if kv_heads is not None:
+            kv_heads = integer(kv_heads, fn + "kv_heads", 1, n_heads,
+                               "1 to heads=%d key heads (None: from weight_k's rows)" % n_heads)
         # One stab_layer has one row stride: the key must be stored as the query is.
-        if k.cols != w.cols or (k.ld or k.cols) != (w.ld or w.cols):
+        if (k.ld or k.cols) != (w.ld or w.cols):
             raise ValueError("layer_metrics: weight_k has shape %s (row stride %d), the query %s (%d): "
                              "both are read with one layout and row stride" % (k.shape, k.ld or k.cols,
                                                                              w.shape, w.ld or w.cols))
-        k_out = k.shape[1] if layout == "in_major" else k.shape[0]
-        if kv_heads is None and layer.d_out % n_heads == 0 and k_out != layer.d_out:
-            kv_heads = k_out // (layer.d_out // n_heads)
-        layer.kv_heads = int(kv_heads or 0)
+        if layer.d_out % n_heads == 0:  # else the library refuses the heads before reading
+            dh = layer.d_out // n_heads
+            k_out = k.shape[1] if layout == "in_major" else k.shape[0]
+            if kv_heads is None:
+                if k_out % dh:
+                    raise ValueError("layer_metrics: weight_k has %d rows (outputs), not whole heads of "
+                                     "head_dim %d (the weight's %d outputs / heads=%d)"
+                                     % (k_out, dh, layer.d_out, n_heads))
+                kv_heads = k_out // dh
+            # every side C reads the key by: kv_heads heads of dh outputs, d_in inputs each
+            want = (layer.d_in, kv_heads * dh) if layout == "in_major" else (kv_heads * dh, layer.d_in)
+            need_shape(k, fn + "weight_k", want,
+                       "kv_heads=%d key heads of head_dim %d (the weight's %d outputs / heads=%d) over "
+                       "%d inputs" % (kv_heads, dh, layer.d_out, n_heads, layer.d_in))
+        layer.kv_heads = kv_heads or 0
         layer.weight_k = k.ptr
         layer.scale = float(scale)
         keep.append(k)
-    elif weight_k is not None or heads is not None:
-        raise ValueError("layer_metrics: weight_k and heads are attention's (kind %s)" % kind)
+    elif weight_k is not None or heads is not None or kv_heads is not None:
+        raise ValueError("layer_metrics: weight_k, heads and kv_heads are attention's (kind %s)" % kind)
     prev = None
     if before is not None:
-        bv = view(before, "layer_metrics: before", ndims=nd)
-        if bv.shape != w.shape or bv.ld != w.ld:
-            raise ValueError("layer_metrics: before has shape %s (row stride %d), weight %s (%d): "
-                             "the library reads both alike" % (bv.shape, bv.ld, w.shape, w.ld))
+        bv = view(before, fn + "before", ndims=nd)
+        need_shape(bv, fn + "before", w.shape, "the weight's shape")
+        if bv.ld != w.ld:
+            raise ValueError("layer_metrics: before has row stride %d, weight %d: the library reads both "
+                             "with one row stride" % (bv.ld or bv.cols, w.ld or w.cols))
         prev = _lib.Layer()
         prev.dtype = bv.dtype
         prev.weight = bv.ptr
         keep.append(bv)
         if before_bias is not None:
-            bb = view(before_bias, "layer_metrics: before_bias", ndims=(1,), dtypes=(bv.dtype,))
-            if bias is None or bb.shape != (layer.d_out,):
+            if bias is None:
                 raise ValueError("layer_metrics: before_bias needs a bias of the same length")
+            bb = view(before_bias, fn + "before_bias", ndims=(1,), dtypes=(bv.dtype,))
+            need_shape(bb, fn + "before_bias", (layer.d_out,), "the weight has %d outputs" % layer.d_out)
             prev.bias = bb.ptr
             keep.append(bb)
         elif bias is not None:
             raise ValueError("layer_metrics: with bias and before, give before_bias too")
+    elif before_bias is not None:
+        raise ValueError("layer_metrics: before_bias without before")
     params = lib.stab_metrics_default_params()
-    params.spectral = _spectral_params(tol, method, None, threads)
-    params.tight = TIGHT_METHODS[tight]
+    params.spectral = _spectral_params(tol, method, None, threads, "layer_metrics")
+    params.tight = tight_code
     out = _lib.Metrics()
     heads_out = (ctypes.c_double * n_heads)() if n_heads else None
     check(lib.stab_layer_metrics(ctypes.byref(layer), ctypes.byref(prev) if prev is not None else None,

@@ -5,8 +5,9 @@ live in lib/model_rules.c alone; this only builds the stab_ckpt_tensor views the
 import ctypes
 
 from . import _lib
-from ._lib import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_OTHER, KIND_NAMES, LAYOUT_NAMES, NAMING_HF,
-                   check, lib)
+from ._arrays import C_SIZE, integer, overrides
+from ._lib import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_OTHER, KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES,
+                   LAYOUT_OVERRIDES, NAMING_HF, check, lib)
 
 
 def _torch_dtype_code(t):
@@ -30,7 +31,16 @@ class Model:
     Keeps the views, their names and the C model alive together; close() frees the C model."""
 
     def __init__(self, named, heads=0, kv_heads=0, head_dim=0, tie=-1, out_major=False, kinds=None,
-                 layouts=None, heads_source=None):
+                 layouts=None, heads_source=None, fn="Monitor"):
+        self._c = ctypes.c_void_p()
+        fn += ": "
+        heads = integer(heads or 0, fn + "heads", 0, C_SIZE[1], "0 or None (from model.config) or more")
+        kv_heads = integer(kv_heads or 0, fn + "kv_heads", 0, C_SIZE[1], "0 or None (= heads) or more")
+        head_dim = integer(head_dim or 0, fn + "head_dim", 0, C_SIZE[1], "0 or None (d_out / heads) or more")
+        tie = integer(-1 if tie is None else int(tie) if isinstance(tie, bool) else tie, fn + "tie", -1, 1,
+                      "None, False or True")
+        kinds = overrides(kinds, fn + "kinds", KIND_OVERRIDES)
+        layouts = overrides(layouts, fn + "layouts", LAYOUT_OVERRIDES)
         self.names = [n for n, _ in named]
         self.tensors = [t for _, t in named]
         n = len(named)
@@ -56,15 +66,14 @@ class Model:
         cfg = lib.stab_model_default_config()
         cfg.naming = NAMING_HF
         cfg.out_major = 1 if out_major else 0
-        cfg.heads, cfg.kv_heads, cfg.head_dim = int(heads or 0), int(kv_heads or 0), int(head_dim or 0)
+        cfg.heads, cfg.kv_heads, cfg.head_dim = heads, kv_heads, head_dim
         if heads_source:
             hs = heads_source.encode("utf-8")
             self._encoded.append(hs)
             cfg.heads_source = hs
-        cfg.tie = int(tie)
+        cfg.tie = tie
         self._overrides = []
         for field, count, pairs in (("kinds", "nkinds", kinds), ("layouts", "nlayouts", layouts)):
-            pairs = list(pairs.items()) if isinstance(pairs, dict) else list(pairs or ())
             if pairs:
                 arr = (_lib.ModelOverride * len(pairs))()
                 for j, (glob, value) in enumerate(pairs):
@@ -75,7 +84,6 @@ class Model:
                 setattr(cfg, field, arr)
                 setattr(cfg, count, len(pairs))
         self._cfg = cfg
-        self._c = ctypes.c_void_p()
         check(lib.stab_model_describe(self._ptrs, n, ctypes.byref(cfg), ctypes.byref(self._c)))
         by_address = {ctypes.addressof(self._c_tensors[i]): i for i in range(n)}
 
@@ -106,7 +114,7 @@ class Model:
         return out
 
     def close(self):
-        if self._c:
+        if getattr(self, "_c", None):
             lib.stab_model_free(self._c)
             self._c = ctypes.c_void_p()
             self.entries = []

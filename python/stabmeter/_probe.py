@@ -7,7 +7,8 @@ import warnings
 from ctypes import POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t, c_void_p
 
 from . import _lib
-from ._lib import TIGHT_METHODS, check, lib
+from ._arrays import C_INT, C_INT64, C_SIZE, choice, integer, overrides
+from ._lib import KIND_OVERRIDES, LAYOUT_OVERRIDES, TIGHT_METHODS, check, lib
 
 _NOTE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p)
 _FILE_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_char_p, c_void_p, c_size_t)
@@ -56,11 +57,11 @@ for _i in range(64):
     _SORTS[_n.decode()] = _i
 
 
-def _overrides(pairs, keep):
-    pairs = list(pairs.items()) if isinstance(pairs, dict) else list(pairs or ())
+def _overrides(pairs, what, values, keep):
+    pairs = overrides(pairs, what, values)
     arr = (_lib.ModelOverride * max(len(pairs), 1))()
     for j, (glob, value) in enumerate(pairs):
-        g, v = str(glob).encode("utf-8"), str(value).encode("utf-8")
+        g, v = glob.encode("utf-8"), value.encode("utf-8")
         keep += [g, v]
         arr[j].glob, arr[j].value = g, v
     keep.append(arr)
@@ -77,20 +78,23 @@ def probe_report(path, prev=None, heads=None, tol=1e-3, exact=False, tight="cent
     prev, as the program's); the other arguments are the program's options
     (--heads, --tol, --exact, --tight, --kind GLOB=KIND as {glob: kind}, --layout, --filter as a
     list, --sort, --top, --experts, --step). Its notes and warnings become Python warnings."""
-    if tight not in TIGHT_METHODS:
-        raise ValueError("tight %r: expected one of %s" % (tight, ", ".join(TIGHT_METHODS)))
-    if sort not in _SORTS:
-        raise ValueError("sort %r: expected one of %s" % (sort, ", ".join(_SORTS)))
+    fn = "probe_report: "
     keep = []
     params = lib.stab_probe_default_params()
-    params.tol, params.exact, params.tight = float(tol), 1 if exact else 0, TIGHT_METHODS[tight]
-    params.threads, params.heads = int(threads), int(heads or 0)
+    params.tol, params.exact = float(tol), 1 if exact else 0
+    params.tight = choice(tight, fn + "tight", TIGHT_METHODS)
+    sort_code = choice(sort, fn + "sort", _SORTS)
+    params.threads = integer(threads, fn + "threads", 0, C_INT[1], "0 (the library's choice) or more")
+    params.heads = integer(heads or 0, fn + "heads", 0, C_SIZE[1], "0 or None (from the file) or more")
+    top = integer(top, fn + "top", 0, C_SIZE[1], "0 (every row) or more")
+    if step is not None:
+        step = integer(step, fn + "step", 0, C_INT64[1], "a step >= 0, or None")
     if prev is not None:
         pb = str(prev).encode("utf-8")
         keep.append(pb)
         params.prev = pb
-    params.kinds, params.nkinds = _overrides(kinds, keep)
-    params.layouts, params.nlayouts = _overrides(layouts, keep)
+    params.kinds, params.nkinds = _overrides(kinds, fn + "kinds", KIND_OVERRIDES, keep)
+    params.layouts, params.nlayouts = _overrides(layouts, fn + "layouts", LAYOUT_OVERRIDES, keep)
     if filters:
         fs = [str(f).encode("utf-8") for f in ([filters] if isinstance(filters, str) else filters)]
         arr = (c_char_p * len(fs))(*fs)
@@ -107,9 +111,9 @@ def probe_report(path, prev=None, heads=None, tol=1e-3, exact=False, tight="cent
         check(lib.stab_probe_measure(p, None, None, None))
         check(lib.stab_probe_measure_init(p, None, None, None))
         opts = lib.stab_probe_default_report_options()
-        opts.sort, opts.top, opts.experts = _SORTS[sort], int(top), 1 if experts else 0
+        opts.sort, opts.top, opts.experts = sort_code, top, 1 if experts else 0
         if step is not None:
-            opts.step, opts.step_source = int(step), b"step="
+            opts.step, opts.step_source = step, b"step="
         text, n = c_void_p(), c_size_t()
         check(lib.stab_probe_json(p, ctypes.byref(opts), ctypes.byref(text), ctypes.byref(n)))
         try:

@@ -13,7 +13,8 @@ import weakref
 import torch as _torch
 
 from . import _lib
-from ._lib import DTYPE_F32, LAYOUT_NAMES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib, metrics_dict
+from ._arrays import C_INT, C_INT64, choice, integer, overrides
+from ._lib import DTYPE_F32, LAYOUT_NAMES, LAYOUT_OVERRIDES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib, metrics_dict
 from ._metrics import _spectral_params
 from ._model import Model
 
@@ -74,11 +75,11 @@ class Monitor:
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
                  run_config=None, scalars=("loss", "lr"), flush_every=0, _named=None):
-        if int(every) < 1:
-            raise ValueError("every %r: measure every N >= 1 steps" % (every,))
-        self.every = int(every)
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
+        self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
+        flush_every = integer(flush_every, "Monitor: flush_every", 0, C_INT[1], "0 (the library's) or N >= 1 rows")
+        tight_code = choice(tight, "Monitor: tight", TIGHT_METHODS)
         self._model = None
         if _named is None:
             if not hasattr(model, "named_parameters"):
@@ -93,7 +94,7 @@ class Monitor:
         heads, kv_heads = heads or c_heads or 0, kv_heads or c_kv or 0
         head_dim = head_dim or c_hd or 0
         tie = c_tie if tie is None else tie
-        layouts = list(dict(layouts).items()) if layouts else []  # the caller's first: first match wins
+        layouts = overrides(layouts, "Monitor: layouts", LAYOUT_OVERRIDES)  # the caller's first: first match wins
         if _named is None:
             layouts += _module_layouts(model)
         views = []
@@ -109,10 +110,8 @@ class Monitor:
                             tie=-1 if tie is None else int(tie), out_major=out_major, kinds=kinds,
                             layouts=layouts, heads_source=heads_source)
         params = lib.stab_monitor_default_params()
-        params.metrics.spectral = _spectral_params(tol, "lanczos", None, threads)
-        if tight not in TIGHT_METHODS:
-            raise ValueError("tight %r: expected one of %s" % (tight, ", ".join(TIGHT_METHODS)))
-        params.metrics.tight = TIGHT_METHODS[tight]
+        params.metrics.spectral = _spectral_params(tol, "lanczos", None, threads, "Monitor")
+        params.metrics.tight = tight_code
         params.update_mode = UPDATE_SNAPSHOT
         check(lib.stab_monitor_create(ctypes.byref(params), ctypes.byref(self._m)))
         self.skipped = {}  # tensor name -> why the rules do not measure it
@@ -184,7 +183,7 @@ class Monitor:
         names = [s.encode("utf-8") for s in self._scalars]
         self._scalar_names = (ctypes.c_char_p * max(len(names), 1))(*names)
         tp = lib.stab_trace_default_params()
-        tp.flush_every = int(flush_every)
+        tp.flush_every = flush_every
         tp.run_config = self._config_bytes
         tp.scalars = self._scalar_names
         tp.n_scalars = len(names)
@@ -216,7 +215,7 @@ class Monitor:
                                      "registered; create a new Monitor" % (name, what))
 
     def measures(self, step):
-        return step is None or int(step) % self.every == 0
+        return step is None or integer(step, "Monitor: step", *C_INT64) % self.every == 0
 
     def before_step(self, step=None):
         """Call just before optimizer.step(): snapshots the weights when step will be measured
@@ -255,7 +254,8 @@ class Monitor:
                                  % (sorted(unknown), self._scalars))
             row = (ctypes.c_double * max(len(self._scalars), 1))(
                 *[float(values.get(s, math.nan)) for s in self._scalars])
-            check(lib.stab_trace_append(self._trace, int(step), time.monotonic() - self._t0, row, None))
+            check(lib.stab_trace_append(self._trace, integer(step, "after_step: step", *C_INT64),
+                                        time.monotonic() - self._t0, row, None))
         return True
 
     def measure(self):
