@@ -279,9 +279,20 @@ struct stab_trace {
   stab_status error;  /* the write failure that stopped the trace, STAB_OK if none */
   int reported;       /* a call has returned that failure (CONTINUE returns it once) */
   char message[512];  /* its message, repeated by every later append in STOP mode */
+  pid_t pid;          /* the process that opened it: a forked child holds a copy (see foreign) */
 };
 
 static void start_writer(stab_trace *t);
+
+/* A child forked from the process that opened t holds a copy of t: the same file, lock and
+ * HDF5 state, sync objects perhaps held by a writer thread it does not have. The trace is the
+ * parent's: in the child every call but stab_trace_close fails with this, and the close frees
+ * the child's memory only (destroy). */
+static stab_status foreign(const stab_trace *t, const char *who) {
+  if (t->pid == getpid()) return STAB_OK;
+  return stabi_fail(STAB_ESTATE, "%s: %s: the trace belongs to process %ld, which opened it; this process (%ld) "
+                    "was forked from it and may only close its copy", who, t->path, (long)t->pid, (long)getpid());
+}
 
 stab_trace_params stab_trace_default_params(void) {
   stab_trace_params p;
@@ -1259,9 +1270,17 @@ static stab_status close_file(stab_trace *t, const char *who) {
   return st;
 }
 
-/* Closes t's file and frees t. */
+/* Closes t's file and frees t; in a forked child (foreign) frees t only: the file, its lock
+ * and HDF5's state are the parent's. */
 static stab_status destroy(stab_trace *t, const char *who) {
   if (!t) return STAB_OK;
+  if (t->pid != getpid()) {
+    if (t->lock_fd >= 0) close(t->lock_fd); /* the child's copy: the parent's lock stays */
+    t->lock_fd = -1;
+    t->mem = H5I_INVALID_HID;
+    t->file = H5I_INVALID_HID;
+    t->dsets = (free(t->dsets), NULL);
+  }
   stab_status st = close_file(t, who);
   if (t->mem >= 0) H5Sclose(t->mem);
   free(t->dsets);
@@ -1468,6 +1487,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   }
   t->file = t->mem = H5I_INVALID_HID;
   t->lock_fd = -1;
+  t->pid = getpid();
   t->m = m;
   t->n_layers = n_layers;
   t->n_scalars = p.n_scalars;
@@ -1747,6 +1767,7 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
                               const double *layer_extras) {
   static const char who[] = "stab_trace_append";
   if (!t) return stabi_fail(STAB_EINVAL, "%s: trace is NULL", who);
+  if (foreign(t, who) != STAB_OK) return STAB_ESTATE;
   if ((t->background ? writer_error(t) : t->error) != STAB_OK) {
     t->staged = 0;
     return failed(t);
@@ -1790,6 +1811,7 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
 
 stab_status stab_trace_flush(stab_trace *t) {
   if (!t) return stabi_fail(STAB_EINVAL, "stab_trace_flush: trace is NULL");
+  if (foreign(t, "stab_trace_flush") != STAB_OK) return STAB_ESTATE;
   if ((t->background ? writer_error(t) : t->error) != STAB_OK) {
     t->staged = 0;
     return failed(t);
@@ -1806,7 +1828,7 @@ stab_status stab_trace_flush(stab_trace *t) {
 
 int64_t stab_trace_steps(const stab_trace *t) {
   if (!t) return 0;
-  if (!t->background) return t->written + (int64_t)t->staged;
+  if (!t->background || t->pid != getpid()) return t->written + (int64_t)t->staged; /* a child: no lock */
   stab_trace *w = (stab_trace *)t; /* the lock only: nothing t shows changes */
   pthread_mutex_lock(&w->mu);
   int64_t n = t->written + (t->error == STAB_OK ? (int64_t)(t->staged + t->out_rows) : 0);
@@ -1827,6 +1849,10 @@ int stab_trace_failed(const stab_trace *t) { return t && t->reported; }
 
 stab_status stab_trace_close(stab_trace *t) {
   if (!t) return STAB_OK;
+  if (t->pid != getpid()) { /* a forked child's copy: no thread, lock or HDF5 call of the parent's */
+    destroy(t, NULL);
+    return STAB_OK;
+  }
   stab_status st = STAB_OK;
   if (t->background) {
     if (writer_error(t) == STAB_OK) write_out(t, "stab_trace_close"); /* the last rows */

@@ -1671,6 +1671,59 @@ START_TEST(test_create_failure) {
 }
 END_TEST
 
+/* A child forked from a process with an open trace (background writer: flush_every 0) holds a
+ * copy of it: appending or flushing there fails naming the parent's pid, closing returns at once
+ * (no join of a thread it does not have, no destroy of sync objects its parent's writer holds),
+ * and the child leaving with exit() touches nothing: the parent goes on appending, and its file
+ * holds every row it appended, none of the child's. */
+START_TEST(test_forked_child) {
+  make_tmpdir();
+  model md;
+  model_init(&md, 23, D);
+  stab_monitor_params mp = stab_monitor_default_params();
+  mp.metrics.spectral.threads = 1; /* see test_create_failure: a child of a threaded process */
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&mp, &m));
+  for (size_t i = 0; i < md.n; i++) TU_ASSERT_OK(stab_monitor_add_layer(m, &md.layers[i], NULL));
+  TU_ASSERT_OK(stab_monitor_measure(m, 0));
+  stab_trace *t = NULL;
+  const char *path = tmp_path("forked.h5");
+  TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
+  for (int64_t s = 1; s <= 3; s++) TU_ASSERT_OK(stab_trace_append(t, s, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_flush(t));
+  TU_ASSERT_OK(stab_trace_append(t, 4, 0.0, NULL, NULL)); /* staged, not written */
+  fflush(NULL);
+  pid_t parent = getpid(), pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    alarm(30); /* a hang becomes a death by SIGALRM, which the parent reports */
+    char want[64];
+    snprintf(want, sizeof want, "belongs to process %ld", (long)parent);
+    int bad = 0;
+    if (stab_trace_append(t, 5, 0.0, NULL, NULL) != STAB_ESTATE || !strstr(stab_last_error(), want)) bad |= 1;
+    if (stab_trace_flush(t) != STAB_ESTATE || !strstr(stab_last_error(), want)) bad |= 2;
+    if (stab_trace_steps(t) != 4) bad |= 4;
+    if (stab_trace_close(t) != STAB_OK) bad |= 8;
+    exit(bad ? 10 + bad : 0); /* exit(), not _exit(): the atexit handlers run, HDF5's too */
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status 0x%x (signal %d, exit %d)", status,
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  for (int64_t s = 5; s <= 6; s++) TU_ASSERT_OK(stab_trace_append(t, s, 0.0, NULL, NULL));
+  TU_ASSERT_OK(stab_trace_close(t));
+  hid_t f = open_read(path, 0);
+  int64_t *steps;
+  ck_assert_int_eq(read_dataset(f, "step", 1, (void **)&steps), 6);
+  for (int64_t s = 0; s < 6; s++) ck_assert_int_eq(steps[s], s + 1);
+  free(steps);
+  H5Fclose(f);
+  stab_monitor_free(m);
+  model_free(&md);
+  remove_tmpdir();
+}
+END_TEST
+
 /* ---- storage shared between layers ------------------------------------------------------ */
 
 /* The shares_storage_with names of a group, joined by ' ' into buf ("" when it has none). */
@@ -1906,6 +1959,7 @@ static Suite *trace_suite(void) {
   tcase_add_loop_test(tc, test_write_failure, 0, 2);
   tcase_add_loop_test(tc, test_delayed_write_failure, 0, 3);
   tcase_add_test(tc, test_create_failure);
+  tcase_add_test(tc, test_forked_child);
   tcase_add_test(tc, test_arguments);
   tcase_add_test(tc, test_shared_storage);
   tcase_add_test(tc, test_gqa_storage);
