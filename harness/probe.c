@@ -543,7 +543,7 @@ int main(int argc, char **argv) {
   st = stab_probe_measure(p, mine, show_progress, &watch);
   if (st != STAB_OK) {
     if (!ckpt_guard_tripped()) cli_error("%s", stab_last_error());
-    failed = 1;
+    failed = st == STAB_EIO ? 2 : 1; /* the library's input guard: a file shrank, bad input */
   }
   /* rank 0 receives the other ranks' rows and outcomes (nothing to do for one process) */
   if (job.size > 1) {
@@ -562,7 +562,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (failed) {
-    rc = 1;
+    rc = failed == 2 ? CLI_USAGE : 1;
     goto out;
   }
   for (size_t i = 0; i < n; i++)
@@ -578,7 +578,7 @@ int main(int argc, char **argv) {
   st = stab_probe_measure_init(p, NULL, show_progress, &watch);
   watch.t0 = t_start;
   if (st != STAB_OK) {
-    rc = ckpt_guard_tripped() ? shrank(ckpt_guard_tripped()) : 1;
+    rc = ckpt_guard_tripped() ? shrank(ckpt_guard_tripped()) : st == STAB_EIO ? CLI_USAGE : 1;
     if (!ckpt_guard_tripped()) cli_error("%s", stab_last_error());
     goto out;
   }

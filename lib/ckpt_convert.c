@@ -51,7 +51,16 @@ static inline uint32_t load_le32(const unsigned char *p) {
   return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+static stab_status read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out);
+
+/* The conversion, then the input guard: a file that shrank under the read gave zeros. */
 stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out) {
+  stab_status st = read_f32(t, first, n, out);
+  if (st == STAB_OK && t->data) st = stabi_guard_check(t->data, (size_t)stab_ckpt_nbytes(t), t->name);
+  return st;
+}
+
+static stab_status read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out) {
   if (!t || !out || (!t->data && t->count))
     return stabi_fail(STAB_EINVAL, "stab_ckpt_read_f32: NULL tensor, data or output");
   if (first > t->count || n > t->count - first)

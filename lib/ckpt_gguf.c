@@ -497,6 +497,7 @@ stab_status stab_gguf_open(const char *path, stab_gguf **out) {
   if (!f) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
   stab_status st = stabi_mapped_open(&f->file, path, 24, "the 24-byte GGUF header");
   if (st == STAB_OK) st = parse(f);
+  if (f->file.map && stabi_mapped_shrunk(&f->file, NULL) != STAB_OK) st = STAB_EIO; /* what parse said was of zeros */
   if (st != STAB_OK) {
     stab_gguf_close(f);
     return st;

@@ -147,6 +147,7 @@ stab_status stab_llmc_open(const char *path, stab_llmc **out) {
   add_view(f, "ln_f.weight", lnfw, C, 0);
   add_view(f, "ln_f.bias", lnfb, C, 0);
 out:
+  if (f->file.map && stabi_mapped_shrunk(&f->file, NULL) != STAB_OK) st = STAB_EIO; /* the header read as zeros */
   if (st != STAB_OK) {
     stab_llmc_close(f);
     return st;

@@ -500,6 +500,7 @@ stab_status stab_safetensors_open(const char *path, stab_safetensors **out) {
     f->tensors[i].offset += 8 + hlen;
   }
 out:
+  if (f->file.map && stabi_mapped_shrunk(&f->file, NULL) != STAB_OK) st = STAB_EIO; /* the header read as zeros */
   if (f->file.map) madvise(f->file.map, (size_t)f->file.size, MADV_NORMAL); /* tensors are read in runs */
   if (st != STAB_OK) {
     stab_safetensors_close(f);

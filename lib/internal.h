@@ -358,6 +358,8 @@ typedef struct {
   char *path;         /* the caller's path, copied */
   unsigned char *map; /* the file's size bytes, read-only */
   uint64_t size;      /* bytes */
+  _Atomic int *tripped; /* the input guard's mark: non-zero once a read ran past the file's end
+                         (the file shrank under the mapping); NULL: unguarded */
 } stabi_mapped;
 
 /* Copies path into m and maps the regular file there, whole. A file shorter than min_bytes is
@@ -366,6 +368,17 @@ typedef struct {
 stab_status stabi_mapped_open(stabi_mapped *m, const char *path, uint64_t min_bytes, const char *what);
 /* Unmaps and frees what m holds, leaving it empty; an empty m (zeroed, or closed) is fine. */
 void stabi_mapped_close(stabi_mapped *m);
+/* The input guard (mapped_file.c): every mapping of stabi_mapped_open is guarded against the
+ * file shrinking under it; a read past the new end reads zeros and marks the mapping. STAB_OK,
+ * or STAB_EIO "[who: ]path: the file shrank while being read" once it is marked. */
+stab_status stabi_mapped_shrunk(const stabi_mapped *m, const char *who);
+/* The path of a guarded mapping overlapping [p, p + len) that a read ran past the end of, else
+ * NULL (one atomic load while no file ever shrank). The path lives as long as the mapping. */
+const char *stabi_guard_tripped_in(const void *p, size_t len);
+/* STAB_OK, or STAB_EIO "[who: ]path: the file shrank while being read" for that mapping. */
+stab_status stabi_guard_check(const void *p, size_t len, const char *who);
+/* How many reads ran past a guarded file's end so far, in the whole process. */
+unsigned long stabi_guard_trips(void);
 
 /* ---- GGUF block-quantized tensors (gguf_dequant.c) ---- */
 

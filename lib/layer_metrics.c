@@ -451,6 +451,15 @@ stab_status stabi_layer_measure(const stabi_ctx *ctx, const stab_layer *l, const
   case STAB_KIND_BIAS: vector(ctx, l, sh, dl, m); break;
   case STAB_KIND_ATTENTION: st = attention(ctx, l, sh, warm, m, heads_out); break;
   }
+  /* the input guard: weights in a mapped checkpoint that shrank under this read read as zeros */
+  if (st == STAB_OK && stabi_guard_trips()) {
+    char who[160];
+    snprintf(who, sizeof who, "layer '%s'", layer_name(l));
+    st = stabi_guard_check(l->weight, 1, who);
+    if (st == STAB_OK) st = stabi_guard_check(l->weight_k, 1, who);
+    if (st == STAB_OK) st = stabi_guard_check(l->bias, 1, who);
+    if (st != STAB_OK) return st;
+  }
   if (st == STAB_OK && (m->flags & (STAB_FLAG_NONFINITE_WEIGHT | STAB_FLAG_NONFINITE_UPDATE)))
     stabi_warn("layer '%s' (%s): %s hold NaN or Inf; its metrics are NaN", layer_name(l),
                stab_kind_name(l->kind),

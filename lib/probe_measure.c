@@ -338,6 +338,7 @@ stab_status stab_probe_measure(stab_probe *p, const unsigned char *which, stab_p
   if (layer_threads > 1) mp.spectral.threads = 1;
   int failed = 0, stopped = 0;
   first_failure first = {STAB_OK, ""};
+  const unsigned long trips = stabi_guard_trips(); /* the input guard: a file shrinking under the reads */
 #ifdef _OPENMP
 #pragma omp parallel num_threads(layer_threads)
 #endif
@@ -403,6 +404,14 @@ stab_status stab_probe_measure(stab_probe *p, const unsigned char *which, stab_p
   }
   free(todo);
   p->experts_stale = 1;
+  if (stabi_guard_trips() != trips) { /* whichever row noticed it, if any, the file is named */
+    for (size_t i = 0; i < n && first.status != STAB_EIO; i++)
+      if (rows[i].e && rows[i].e->weight && rows[i].e->weight->data &&
+          stabi_guard_check(rows[i].e->weight->data, 1, p->checkpoint) != STAB_OK) {
+        first.status = STAB_EIO;
+        snprintf(first.message, sizeof first.message, "%s", stab_last_error());
+      }
+  }
   if (first.status != STAB_OK) {
     stabi_set_last_error(first.message); /* the failing thread's, on the caller's */
     return first.status;

@@ -1,9 +1,10 @@
-/* check_probe_sigbus.c — the probe's guard against a checkpoint shrinking under its mapping
- * (harness/ckpt_guard.c), deterministically: map a checkpoint, truncate it, then read it,
- * through the library's multi-threaded pass (stab_layer_metrics on the mapping) and its
- * block conversion (stab_ckpt_read_f32). The reads must finish, the guard must name the file,
- * bytes before the cut must read as they were; a SIGBUS outside the guarded ranges must still
- * kill the process (in a child). */
+/* check_probe_sigbus.c — the library's input guard against a checkpoint shrinking under its
+ * mapping (lib/mapped_file.c), deterministically: map a checkpoint, truncate it, then read it,
+ * through the library's multi-threaded pass (stab_layer_metrics on the mapping), its block
+ * conversion (stab_ckpt_read_f32) and the probe (stab_probe_measure). The reads must finish
+ * with STAB_EIO naming the file, bytes before the cut must read as they were; a SIGBUS outside
+ * the library's mappings must still kill the process, or reach the program's own handler (in
+ * a child). No handler of the test's own: the library installs its guard. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,7 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ckpt_guard.h"
 #include "st_writer.h"
 #include "stabmeter.h"
 #include "testutil.h"
@@ -50,29 +50,23 @@ START_TEST(test_threaded_pass_survives) {
   stab_safetensors *f = NULL;
   TU_ASSERT_OK(stab_safetensors_open(path, &f));
   const stab_ckpt_tensor *t = stab_safetensors_tensor(f, 0);
-  ck_assert_int_eq(ckpt_guard_install(), 0);
-  ck_assert_int_eq(ckpt_guard_add(path, t->data, t->count * 4), 0);
   stab_layer L = {.name = "w", .kind = STAB_KIND_LINEAR, .d_in = COLS, .d_out = ROWS,
                   .weight = (const float *)(const void *)t->data};
   stab_metrics before, after;
   TU_ASSERT_OK(stab_layer_metrics(&L, NULL, NULL, &before, NULL));
-  ck_assert_ptr_null(ckpt_guard_tripped());
   stab_ckpt_release(t); /* the pages must come back from the file, which is now shorter */
   ck_assert_int_eq(truncate(path, (off_t)(t->offset + 100 * 4096)), 0);
   stab_ckpt_prefetch(t); /* pages past the new end: the advice fails quietly, no signal */
-  ck_assert_ptr_null(ckpt_guard_tripped());
-  TU_ASSERT_OK(stab_layer_metrics(&L, NULL, NULL, &after, NULL));
-  ck_assert_ptr_nonnull(ckpt_guard_tripped());
-  ck_assert_str_eq(ckpt_guard_tripped(), path);
+  ck_assert_int_eq(stab_layer_metrics(&L, NULL, NULL, &after, NULL), STAB_EIO);
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), "shrank while being read"),
+                "message: %s", stab_last_error());
   /* what lies before the cut reads as written; past it, zeros */
   const float *m = L.weight;
   size_t keep = (100 * 4096 - (size_t)(t->offset % 4096)) / 4;
   ck_assert(memcmp(m, a, keep * sizeof *m) == 0);
   ck_assert(m[(size_t)ROWS * COLS - 1] == 0.0f);
-  ck_assert(before.sigma > after.sigma);
-  ckpt_guard_clear();
-  ck_assert_ptr_null(ckpt_guard_tripped());
-  ckpt_guard_reset();
+  /* the mapping stays marked: every later read says so */
+  ck_assert_int_eq(stab_layer_metrics(&L, NULL, NULL, &after, NULL), STAB_EIO);
   stab_safetensors_close(f);
   unlink(path);
   free(a);
@@ -84,42 +78,65 @@ START_TEST(test_conversion_survives) {
   stab_safetensors *f = NULL;
   TU_ASSERT_OK(stab_safetensors_open(path, &f));
   const stab_ckpt_tensor *t = stab_safetensors_tensor(f, 0);
-  ck_assert_int_eq(ckpt_guard_install(), 0);
-  ck_assert_int_eq(ckpt_guard_add(path, t->data, t->count * 2), 0);
   uint64_t cut = 50000; /* elements left in the file */
   ck_assert_int_eq(truncate(path, (off_t)(t->offset + cut * 2)), 0);
   float *out = tu_floats(t->count);
-  for (uint64_t first = 0; first < t->count; first += 65536) {
+  uint64_t first = 0;
+  stab_status st = STAB_OK;
+  for (; first < t->count && st == STAB_OK; first += 65536) {
     size_t n = t->count - first < 65536 ? (size_t)(t->count - first) : 65536;
-    TU_ASSERT_OK(stab_ckpt_read_f32(t, first, n, out + first));
+    st = stab_ckpt_read_f32(t, first, n, out + first);
   }
-  ck_assert_str_eq(ckpt_guard_tripped(), path);
-  ck_assert(memcmp(out, a, cut * sizeof *out) == 0);
-  /* the kernel fills the page holding the new end with zeros past it; later pages are the guard's */
-  for (uint64_t i = cut; i < t->count; i++) ck_assert_msg(out[i] == 0.0f, "element %llu", (unsigned long long)i);
-  ckpt_guard_reset();
+  ck_assert_int_eq(st, STAB_EIO);
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), "w.weight"), "message: %s",
+                stab_last_error());
+  ck_assert(first - 65536 >= cut - cut % 65536); /* the read that failed is the one past the cut */
+  ck_assert(memcmp(out, a, (cut - cut % 65536) * sizeof *out) == 0);
   stab_safetensors_close(f);
   unlink(path);
   free(out), free(a);
 }
 END_TEST
 
-/* A file mapped by hand, truncated, read: in a child; returns its wait status. */
-static int read_truncated_in_child(int opening) {
+/* The probe, as the programs and the Python package call it: truncated between open and measure. */
+START_TEST(test_probe_measure_fails) {
+  float *a = write_checkpoint(0);
+  stab_probe *p = NULL;
+  stab_probe_params pp = stab_probe_default_params();
+  TU_ASSERT_OK(stab_probe_open(path, &pp, &p));
+  ck_assert_int_eq(truncate(path, 8192), 0);
+  ck_assert_int_eq(stab_probe_measure(p, NULL, NULL, NULL), STAB_EIO);
+  ck_assert_msg(strstr(stab_last_error(), path) && strstr(stab_last_error(), "shrank while being read"),
+                "message: %s", stab_last_error());
+  stab_probe_free(p);
+  /* opened after the cut: refused as truncated, by the format's own check */
+  ck_assert_int_ne(stab_probe_open(path, &pp, &p), STAB_OK);
+  unlink(path);
+  free(a);
+}
+END_TEST
+
+static void exit_42(int sig) { (void)sig; _exit(42); }
+
+/* A file mapped by hand (not the library's), truncated, read: in a child, after the library
+ * mapped a file of its own (its guard installed), with or without a program's handler installed
+ * before; returns the child's wait status. */
+static int read_truncated_in_child(int program_handler) {
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
+    if (program_handler) signal(SIGBUS, exit_42);
     char p[] = "/tmp/check_probe_sigbus_child.XXXXXX";
     int fd = mkstemp(p);
     if (fd < 0 || ftruncate(fd, 1 << 20)) _exit(3);
     volatile const unsigned char *m = mmap(NULL, 1 << 20, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (m == MAP_FAILED || ckpt_guard_install()) _exit(3);
-    if (opening) ckpt_guard_opening(p);
+    stab_safetensors *f = NULL;
+    if (m == MAP_FAILED || stab_safetensors_open(path, &f) != STAB_OK) _exit(3);
     if (truncate(p, 4096)) _exit(3);
     unlink(p);
     unsigned sum = m[0] + m[(1 << 20) - 1]; /* the second read is past the end */
-    _exit(ckpt_guard_tripped() && !strcmp(ckpt_guard_tripped(), p) && sum == 0 ? 0 : 4);
+    _exit(sum == 0 ? 4 : 5);
   }
   int status;
   ck_assert_int_eq(waitpid(pid, &status, 0), pid);
@@ -127,14 +144,21 @@ static int read_truncated_in_child(int opening) {
 }
 
 START_TEST(test_unguarded_sigbus_still_kills) {
+  float *a = write_checkpoint(0);
   int status = read_truncated_in_child(0);
   ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS, "child status %d: want death by SIGBUS", status);
+  unlink(path);
+  free(a);
 }
 END_TEST
 
-START_TEST(test_opening_guards_any_address) {
+START_TEST(test_program_handler_chained) {
+  float *a = write_checkpoint(0);
   int status = read_truncated_in_child(1);
-  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 42, "child status %d: want the program's handler",
+                status);
+  unlink(path);
+  free(a);
 }
 END_TEST
 
@@ -144,8 +168,9 @@ static Suite *sigbus_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_threaded_pass_survives);
   tcase_add_test(tc, test_conversion_survives);
+  tcase_add_test(tc, test_probe_measure_fails);
   tcase_add_test(tc, test_unguarded_sigbus_still_kills);
-  tcase_add_test(tc, test_opening_guards_any_address);
+  tcase_add_test(tc, test_program_handler_chained);
   suite_add_tcase(s, tc);
   return s;
 }
