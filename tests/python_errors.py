@@ -145,6 +145,52 @@ class MonitorErrors(unittest.TestCase):
             mon.after_step(2 ** 63)
         mon.close()
 
+    def test_forked_child_leaves_the_trace(self):
+        # a child of a process with a traced Monitor: its after_step fails naming the parent,
+        # its close and __del__ return at once and touch nothing; the parent's trace goes on
+        import h5py
+        import signal
+        import time
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.h5")
+            mon = st.Monitor(self.model, heads=2, trace=path)
+            self.step(self.model, mon, self.opt, 1)
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(r)
+                    try:
+                        mon.after_step(2, loss=1.0)
+                        msg = "after_step raised nothing"
+                    except stabmeter.StateError as e:
+                        msg = str(e)
+                    del mon
+                    gc.collect()  # __del__ closes the child's copy
+                    os.write(w, msg.encode())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            for _ in range(600):  # a hang is a failure, not the end of the run
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                self.fail("the forked child hung closing its copy of the trace")
+            with os.fdopen(r, "rb") as f:
+                msg = f.read().decode()
+            self.assertEqual(status, 0)
+            self.assertIn("belongs to process %d" % os.getpid(), msg)
+            self.step(self.model, mon, self.opt, 2)
+            mon.close()
+            with h5py.File(path, "r") as f:
+                self.assertEqual(list(f["step"][:]), [1, 2])
+
     def test_closed(self):
         mon = st.Monitor(self.model, heads=2)
         mon.close()
