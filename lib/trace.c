@@ -51,7 +51,8 @@ static pthread_mutex_t hdf5_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static void hdf5_lock_take(void) { pthread_mutex_lock(&hdf5_lock); }
 static void hdf5_lock_give(void) { pthread_mutex_unlock(&hdf5_lock); }
-static void after_fork(void) { pthread_atfork(hdf5_lock_take, hdf5_lock_give, hdf5_lock_give); }
+static void in_child(void);
+static void after_fork(void) { pthread_atfork(hdf5_lock_take, hdf5_lock_give, in_child); }
 
 /* The clock of the flush policy: monotonic, so that a clock set back never holds rows back. */
 static double now_seconds(void) {
@@ -280,7 +281,28 @@ struct stab_trace {
   int reported;       /* a call has returned that failure (CONTINUE returns it once) */
   char message[512];  /* its message, repeated by every later append in STOP mode */
   pid_t pid;          /* the process that opened it: a forked child holds a copy (see foreign) */
+  int h5_fd;          /* HDF5's descriptor of the file (see in_child), -1 if unknown */
+  stab_trace *next_open; /* the list of open_traces */
 };
+
+/* Every trace open in this process (guarded by hdf5_lock), for in_child. */
+static stab_trace *open_traces;
+
+/* In a forked child, at once: HDF5 there holds a copy of each open trace's state, which its
+ * atexit handler would write over the parent's file when the child exits (a trace the parent
+ * went on appending to was left unreadable, "addr overflow"). Each HDF5 descriptor now names
+ * /dev/null, and the child's copy of the lock's descriptor is closed; only system calls here. */
+static void in_child(void) {
+  int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (stab_trace *t = open_traces; t; t = t->next_open) {
+    if (t->h5_fd >= 0 && null_fd >= 0) dup2(null_fd, t->h5_fd);
+    if (t->lock_fd >= 0) close(t->lock_fd);
+    t->lock_fd = -1;
+  }
+  if (null_fd >= 0) close(null_fd);
+  open_traces = NULL; /* none is this process's */
+  hdf5_lock_give();
+}
 
 static void start_writer(stab_trace *t);
 
@@ -1275,7 +1297,7 @@ static stab_status close_file(stab_trace *t, const char *who) {
 static stab_status destroy(stab_trace *t, const char *who) {
   if (!t) return STAB_OK;
   if (t->pid != getpid()) {
-    if (t->lock_fd >= 0) close(t->lock_fd); /* the child's copy: the parent's lock stays */
+    if (t->lock_fd >= 0) close(t->lock_fd); /* the child's copy (in_child closed it already) */
     t->lock_fd = -1;
     t->mem = H5I_INVALID_HID;
     t->file = H5I_INVALID_HID;
@@ -1488,6 +1510,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   t->file = t->mem = H5I_INVALID_HID;
   t->lock_fd = -1;
   t->pid = getpid();
+  t->h5_fd = -1;
   t->m = m;
   t->n_layers = n_layers;
   t->n_scalars = p.n_scalars;
@@ -1580,6 +1603,12 @@ out:
     if (tmp) unlink(tmp); /* ours (O_EXCL), not yet published: a published one is never removed */
   }
   free(tmp);
+  if (st == STAB_OK) {
+    void *h = NULL; /* the sec2 driver's handle is its descriptor */
+    t->h5_fd = H5Fget_vfd_handle(t->file, H5P_DEFAULT, &h) >= 0 && h ? *(int *)h : -1;
+    t->next_open = open_traces;
+    open_traces = t;
+  }
   quiet_end(&q);
   hdf5_lock_give();
   if (st == STAB_OK) {
@@ -1872,6 +1901,11 @@ stab_status stab_trace_close(stab_trace *t) {
   quiet q;
   hdf5_lock_take();
   quiet_begin(&q);
+  for (stab_trace **p = &open_traces; *p; p = &(*p)->next_open)
+    if (*p == t) {
+      *p = t->next_open;
+      break;
+    }
   stab_status closed = destroy(t, "stab_trace_close");
   quiet_end(&q);
   hdf5_lock_give();
