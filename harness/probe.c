@@ -1,11 +1,10 @@
 /* probe.c — stabmeter-probe: the stability metrics of every layer of a checkpoint on disk
  * (safetensors, GGUF or llm.c), optionally with the update against an older checkpoint. The
  * library's probe (stab_probe_*: the kind rules, the readers, the matching, the measuring and
- * the report) does the work; the program parses the options, guards the mappings against a
- * file shrinking (SIGBUS), shows progress, decides the step of a trace, splits the rows among
+ * the report, the input guard against a file shrinking under its mapping) does the work; the
+ * program parses the options, shows progress, decides the step of a trace, splits the rows among
  * the ranks of an MPI job, and prints the library's table or JSON. Definitions in
  * docs/metrics.md. */
-#include "ckpt_guard.h"
 #include "cli.h"
 #include "clock.h"
 #include "probe_ranks.h"
@@ -252,19 +251,6 @@ static int parse(int argc, char **argv, options *o) {
   return 0;
 }
 
-/* The message for a checkpoint that shrank under its mapping (the guard caught the SIGBUS):
- * exit status 2, its data being gone. */
-static int shrank(const char *path) {
-  struct stat sb;
-  if (stat(path, &sb) == 0)
-    cli_error("%s: the file shrank to %lld bytes while it was being read (truncated or rewritten "
-            "by another process?): its data past that is gone; no report", path, (long long)sb.st_size);
-  else
-    cli_error("%s: the file changed while it was being read (now: %s): its data past the new end is "
-            "gone; no report", path, strerror(errno));
-  return 2;
-}
-
 /* ---- the step (--hdf5) -------------------------------------------------------------- */
 
 /* o->step and o->step_from: --step, else the metadata's, else the file name's (the library's
@@ -298,67 +284,24 @@ static int decide_step(options *o, const stab_probe *p) {
   return 0;
 }
 
-/* ---- the library's callbacks: notes, the guard, progress ------------------------------ */
+/* ---- the library's callbacks: notes, progress ------------------------------------------ */
 
 /* What the callbacks share with main. */
 typedef struct {
   const options *o;
   const probe_ranks *job;
-  int guard_full;  /* the guard had no room for a file, or no memory (said) */
-  char **paths;    /* the guard's copies of the files' paths: they outlive a probe that failed to open */
-  size_t npaths;
   double t0, last; /* the progress line's clock */
   const char *what; /* "" or "init ": whose layers the progress line counts */
 } probe_watch;
-
-/* A copy of path kept until the end (the guard names it in its message), or NULL. */
-static const char *kept_path(probe_watch *w, const char *path) {
-  for (size_t i = 0; i < w->npaths; i++)
-    if (!strcmp(w->paths[i], path)) return w->paths[i];
-  char **list = realloc(w->paths, (w->npaths + 1) * sizeof *list), *copy = strdup(path);
-  if (!list || !copy) {
-    if (list) w->paths = list;
-    free(copy);
-    return NULL;
-  }
-  w->paths = list;
-  return w->paths[w->npaths++] = copy;
-}
 
 static void print_note(void *user, const char *text) {
   (void)user;
   cli_error("%s", text);
 }
 
-/* Every file's mapped bytes go to the SIGBUS guard; a file that shrank while its header was
- * parsed stops the opening (the guard saw it). */
-static int guard_files(void *user, stab_probe_file_event event, const char *path, const void *lo, size_t len) {
-  probe_watch *w = user;
-  const char *kept = event == STAB_PROBE_FILE_OPENED ? NULL : kept_path(w, path);
-  if (event != STAB_PROBE_FILE_OPENED && !kept) {
-    cli_error("out of memory");
-    w->guard_full = 1;
-    return 1;
-  }
-  switch (event) {
-  case STAB_PROBE_FILE_OPENING: ckpt_guard_opening(kept); return 0;
-  case STAB_PROBE_FILE_OPENED: ckpt_guard_opening(NULL); return ckpt_guard_tripped() != NULL;
-  case STAB_PROBE_FILE_MAPPED:
-    if (ckpt_guard_add(kept, lo, len)) {
-      cli_error("%s: too many checkpoint files to guard", path);
-      w->guard_full = 1;
-      return 1;
-    }
-    return 0;
-  }
-  return 0;
-}
-
-/* Past a second, "layer i/n, elapsed, ETA" once a second, from rank 0's first thread; a file
- * that shrank under its mapping stops the run (its numbers are zeros). */
+/* Past a second, "layer i/n, elapsed, ETA" once a second, from rank 0's first thread. */
 static int show_progress(void *user, const stab_probe_progress *pr) {
   probe_watch *w = user;
-  if (ckpt_guard_tripped()) return 1;
   if (pr->thread != 0 || w->job->rank != 0 || w->o->quiet) return 0;
   double t = monotonic_seconds();
   if (t - w->t0 > 1.0 && t - w->last > 1.0) {
@@ -487,17 +430,13 @@ int main(int argc, char **argv) {
   options o;
   int rc = parse(argc, argv, &o);
   if (rc) return probe_ranks_finish(&job, rc < 0 ? CLI_OK : rc); /* < 0: --help or --version done */
-  if (ckpt_guard_install()) {
-    cli_error("cannot install the SIGBUS handler: %s", strerror(errno));
-    return probe_ranks_finish(&job, 1);
-  }
   probe_watch watch = {.o = &o, .job = &job, .what = ""};
   stab_probe_params params = stab_probe_default_params();
   params.tol = o.tol, params.exact = o.exact, params.tight = o.tight, params.heads = o.heads;
   params.prev = o.reference;
   params.kinds = o.kinds, params.nkinds = o.nkinds, params.layouts = o.layouts, params.nlayouts = o.nlayouts;
   params.filters = o.filters, params.nfilters = o.nfilters;
-  params.note_fn = print_note, params.file_fn = guard_files, params.user = &watch;
+  params.note_fn = print_note, params.user = &watch;
   stab_probe *p = NULL;
   stab_probe_row *rows = NULL;
   size_t n = 0;
@@ -507,24 +446,18 @@ int main(int argc, char **argv) {
   gathered g = {0};
   char *text = NULL;
   size_t len = 0;
+  /* A file that shrinks under the library's mappings is STAB_EIO naming it (its input guard):
+   * bad input, exit status 2, no report. */
   stab_status st = stab_probe_open(o.checkpoint, &params, &p);
-  if (ckpt_guard_tripped()) { /* a file shrank while its header was read */
-    rc = shrank(ckpt_guard_tripped());
-    goto out;
-  }
   if (st != STAB_OK) {
-    if (!watch.guard_full) cli_error("%s", stab_last_error());
-    rc = st == STAB_ENOMEM || watch.guard_full ? CLI_FAILED : CLI_USAGE;
+    cli_error("%s", stab_last_error());
+    rc = st == STAB_ENOMEM ? CLI_FAILED : CLI_USAGE;
     goto out;
   }
   /* the ratios' reference: --init, else the --prev file (the ratio to the earlier checkpoint) */
   if ((o.init || o.reference) && (st = stab_probe_set_init(p, o.init ? o.init : o.reference)) != STAB_OK) {
-    if (ckpt_guard_tripped()) {
-      rc = shrank(ckpt_guard_tripped());
-      goto out;
-    }
-    if (!watch.guard_full) cli_error("%s %s", o.init ? "--init" : "--prev", stab_last_error());
-    rc = st == STAB_ENOMEM || watch.guard_full ? CLI_FAILED : CLI_USAGE;
+    cli_error("%s %s", o.init ? "--init" : "--prev", stab_last_error());
+    rc = st == STAB_ENOMEM ? CLI_FAILED : CLI_USAGE;
     goto out;
   }
   if ((rc = decide_step(&o, p))) goto out;
@@ -540,11 +473,11 @@ int main(int argc, char **argv) {
 
   watch.t0 = watch.last = monotonic_seconds();
   int failed = 0;
+  char shrunk[1024] = ""; /* the input guard's message: a file shrank under this rank's reads */
   st = stab_probe_measure(p, mine, show_progress, &watch);
-  if (st != STAB_OK) {
-    if (!ckpt_guard_tripped()) cli_error("%s", stab_last_error());
-    failed = st == STAB_EIO ? 2 : 1; /* the library's input guard: a file shrank, bad input */
-  }
+  if (st == STAB_EIO) snprintf(shrunk, sizeof shrunk, "%s", stab_last_error());
+  else if (st != STAB_OK) cli_error("%s", stab_last_error());
+  if (st != STAB_OK) failed = 1;
   /* rank 0 receives the other ranks' rows and outcomes (nothing to do for one process) */
   if (job.size > 1) {
     if ((rc = fetch_rows(p, rows, n))) goto out;
@@ -554,15 +487,16 @@ int main(int argc, char **argv) {
       if (g.head_bounds[i]) memcpy(g.head_bounds[i], rows[i].head_bounds, rows[i].heads * sizeof *g.head_bounds[i]);
     }
   }
-  const char *tripped = ckpt_guard_tripped();
+  const char *tripped = shrunk[0] ? shrunk : NULL;
   if (probe_ranks_gather(&job, g.results, n, owner, &failed, &tripped)) failed = 1;
   if (job.rank != 0) goto out; /* rank 0 reports, and its status is every rank's */
   if (tripped) { /* the numbers read were zeros: nothing of this run stands */
-    rc = shrank(tripped);
+    cli_error("%s; no report", tripped);
+    rc = CLI_USAGE;
     goto out;
   }
   if (failed) {
-    rc = failed == 2 ? CLI_USAGE : 1;
+    rc = 1;
     goto out;
   }
   for (size_t i = 0; i < n; i++)
@@ -578,8 +512,8 @@ int main(int argc, char **argv) {
   st = stab_probe_measure_init(p, NULL, show_progress, &watch);
   watch.t0 = t_start;
   if (st != STAB_OK) {
-    rc = ckpt_guard_tripped() ? shrank(ckpt_guard_tripped()) : st == STAB_EIO ? CLI_USAGE : 1;
-    if (!ckpt_guard_tripped()) cli_error("%s", stab_last_error());
+    rc = st == STAB_EIO ? CLI_USAGE : 1; /* EIO: a file shrank (the input guard) */
+    cli_error("%s", stab_last_error());
     goto out;
   }
   if (!o.quiet && monotonic_seconds() - watch.t0 > 1.0)
@@ -610,10 +544,7 @@ oom:
 out:
   free(text), free(rows), free(owner), free(items), free(mine);
   gathered_free(&g, n);
-  ckpt_guard_reset();
   stab_probe_free(p);
-  for (size_t i = 0; i < watch.npaths; i++) free(watch.paths[i]);
-  free(watch.paths);
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
   for (size_t i = 0; i < o.nlayouts; i++) free((char *)o.layouts[i].glob);
   free(o.kinds), free(o.layouts), free(o.filters);
