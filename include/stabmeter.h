@@ -904,7 +904,13 @@ int stab_trace_failed(const stab_trace *t);
 
 /* Writes the staged rows, ends the writer thread, closes the file (which flushes it) and frees
  * t. NULL is a no-op returning STAB_OK. Returns STAB_EIO if the last writes (or a background
- * write no call has returned yet) or the close failed; t is freed all the same. */
+ * write no call has returned yet) or the close failed; t is freed all the same.
+ * fork(): a trace belongs to the process that opened it. In a child forked from that process
+ * stab_trace_append and stab_trace_flush return STAB_ESTATE ("the trace belongs to process
+ * N"), and stab_trace_close frees the child's copy of t only (no HDF5 call, no writer thread
+ * joined, the lock left to the parent), returning STAB_OK; the child's copies of HDF5's
+ * descriptors of open traces point at /dev/null from the fork on, so that nothing the child
+ * does, its exit included, writes to the parent's file. */
 stab_status stab_trace_close(stab_trace *t);
 
 /* ---------------------------------------------------------------------------------- */
@@ -936,6 +942,19 @@ stab_status stab_input_open(const char *path, uint64_t max_bytes, int *fd_out, u
  * cannot make the reader allocate without bound. A malformed file gives STAB_EFORMAT
  * with a message naming the file and the field or byte offset at fault.
  * A reader is read-only after open: any number of threads may use it at once.
+ *
+ * The input guard: a file that shrinks under its mapping (truncated, or rewritten in place, by
+ * another process) is an error, never a signal. The first time the library maps a file it
+ * installs a SIGBUS handler (sigaction, SA_SIGINFO); a read of a mapping of the library's
+ * past the file's new end, in any thread, reads a page of zeros, and the mapping is marked:
+ * the reader's open, stab_ckpt_read_f32, stab_layer_metrics and the monitor on weights in it,
+ * and stab_probe_measure then return STAB_EIO naming the file ("the file shrank while being
+ * read"), and every later read of that mapping does too. A SIGBUS at any other address goes to
+ * the handler installed before the library's (called as it was installed), else takes the
+ * default action. A program that installs a SIGBUS handler of its own after opening a
+ * checkpoint should call the one it replaces for addresses it does not know. Bytes a caller
+ * reads itself from stab_ckpt_tensor.data after a shrink read as zeros; the library's next
+ * read of that tensor reports it.
  */
 
 /* stab_dtype (the element types of stored weights) is defined with the layers, above. */
@@ -962,7 +981,8 @@ typedef struct {
  * decoding each block the range touches, so a range may start and end anywhere.
  * Errors: NULL pointers STAB_EINVAL; a range outside the tensor STAB_ERANGE; dtype
  * STAB_DTYPE_OTHER STAB_EINVAL; a STAB_DTYPE_QUANT tensor whose count is not whole blocks
- * STAB_EFORMAT. */
+ * STAB_EFORMAT; the file holding t shrank under its mapping STAB_EIO naming the tensor and the
+ * file (the input guard, above; out then holds zeros where the file has gone). */
 stab_status stab_ckpt_read_f32(const stab_ckpt_tensor *t, uint64_t first, size_t n, float *out);
 
 /* Bytes of data t spans: count * elem_size, or for a block-quantized GGUF type (elem_size 0)
@@ -980,7 +1000,7 @@ void stab_ckpt_release(const stab_ckpt_tensor *t);
 /* Maps the pages of t in one go (madvise MADV_POPULATE_READ; MADV_WILLNEED on kernels before
  * 5.14), so that reading t then takes no page fault per page. Best effort: NULL, an empty
  * tensor or a failure changes nothing but speed. A file that shrank since it was opened
- * still raises SIGBUS on the read, not here. */
+ * is reported by the library's next read (the input guard, above), not here. */
 void stab_ckpt_prefetch(const stab_ckpt_tensor *t);
 
 /* The exact f32 value of one IEEE binary16 / bfloat16 (bit patterns as stored). */
@@ -1586,8 +1606,9 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, stab_dtype dtype, 
 
 typedef struct stab_probe stab_probe;
 
-/* An event of stab_probe_params.file_fn, for a caller that watches the files it maps (a SIGBUS
- * guard: a file truncated under its mapping). */
+/* An event of stab_probe_params.file_fn, for a caller that watches the files the probe maps.
+ * (A file truncated under its mapping needs no watch of the caller's: the library's input
+ * guard makes it STAB_EIO, see "Checkpoint readers".) */
 typedef enum {
   STAB_PROBE_FILE_OPENING = 0, /* a reader is about to parse path from its mapping */
   STAB_PROBE_FILE_OPENED = 1,  /* done parsing path (opened or not) */
