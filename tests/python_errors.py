@@ -140,6 +140,13 @@ class MonitorErrors(unittest.TestCase):
                 st.Monitor(self.model, **dict({"heads": 2}, **{kw: bad}))
         with self.assertRaisesRegex(ValueError, r"^Monitor: tight='centered'.*centred"):
             st.Monitor(self.model, heads=2, tight="centered")
+        # a parameter at an odd address (a view into bytes): refused, naming it
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16, bias=False))
+        buf = bytearray(4 * 16 * 16 + 4)
+        w = torch.frombuffer(buf, dtype=torch.float32, count=256, offset=1).view(16, 16)
+        model[0].weight = torch.nn.Parameter(w, requires_grad=False)
+        with self.assertRaisesRegex(TypeError, r"^Monitor: parameter 0\.weight.*aligned"):
+            st.Monitor(model)
         mon = st.Monitor(self.model, heads=2)
         with self.assertRaisesRegex(ValueError, r"step=%d" % 2 ** 63):
             mon.after_step(2 ** 63)

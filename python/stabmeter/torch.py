@@ -103,6 +103,10 @@ class Monitor:
                 raise TypeError("Monitor: parameter %s is on %s; stabmeter reads CPU memory" % (name, p.device))
             if p.dtype == _torch.float32 and not p.is_contiguous():
                 raise TypeError("Monitor: parameter %s is not contiguous (strides %s)" % (name, p.stride()))
+            if p.numel() and p.data_ptr() % p.element_size():
+                raise TypeError("Monitor: parameter %s: its data at address %#x is not aligned to its %d-byte "
+                                "elements; C reads whole elements (give the module a copy)"
+                                % (name, p.data_ptr(), p.element_size()))
             views.append((name, p.detach()))  # keeps the storage alive whatever the model does
         self._views = views
         self._ptrs = {name: v.data_ptr() for name, v in views}
@@ -162,6 +166,8 @@ class Monitor:
                                 "(torch.load(..., map_location='cpu'))" % (name, t.device))
             if t.is_floating_point() and (t.dtype != _torch.float32 or not t.is_contiguous()):
                 t = t.to(_torch.float32).contiguous()
+            if t.numel() and t.data_ptr() % t.element_size():
+                t = t.clone()  # aligned storage: C reads whole elements
             named.append((name, t))
         return cls(None, trace=trace, heads=heads, _named=named, **kw)
 
