@@ -876,8 +876,9 @@ stab_trace_params stab_trace_default_params(void);
  * non-empty, without '/', unique, and extras must not be a metric's name.
  * Not thread-safe: one thread at a time per trace (the library makes its own HDF5 calls one at a time, since HDF5 need not be built thread-safe;
  * the writer thread of flush_every 0 is the library's own, see "Flushing").
- * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN)
- * or unknown on_error STAB_EINVAL; two layers
+ * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN),
+ * unknown on_error or append STAB_EINVAL; with append STAB_OUTPUT_NEW, anything at path
+ * STAB_EEXIST naming it (stab_output_check; the file is not opened); two layers
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
  * (the message names the first difference, e.g. the layer), or a file at path that is not a
  * stabmeter trace at all (not HDF5: refused before anything is written to it), STAB_EINVAL; another writer holds
