@@ -2,6 +2,7 @@
 # quickstart.sh — from a fresh Debian 12 machine to results, in one command.
 #   ./quickstart.sh [TRAIN OPTIONS]  install what is missing, build, train a small model for a
 #                                    minute or two, writing runs/demo/trace.h5 and a checkpoint
+#                                    (replacing the demo run an earlier quickstart left there)
 #   ./quickstart.sh test             install what is missing, build, run every test
 # Installing packages needs root (or sudo); everything else runs as any user.
 set -euo pipefail
@@ -111,8 +112,9 @@ case "${1:-}" in
   test) build; run_tests ;;
   *)
     build
-    # The main job: a short training on the built-in corpus, every layer measured every step.
-    ./harness/train --out runs/demo "$@"
+    # The main job: a short training on the built-in corpus, every layer measured every step;
+    # runs/demo is this script's own demo, so it replaces the last one (--replace, said above).
+    ./harness/train --out runs/demo --replace "$@"
     echo "Look at it: h5ls -r runs/demo/trace.h5 | head, or in Python:"
     echo "  import h5py; f = h5py.File('runs/demo/trace.h5', 'r', swmr=True); print(f['layers'].keys())"
     ;;

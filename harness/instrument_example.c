@@ -201,7 +201,7 @@ int main(int argc, char **argv) {
       {.name = "fc2", .kind = STAB_KIND_LINEAR, .d_in = H, .d_out = H, .weight = m.params.fc2w, .bias = m.params.fc2b}, /* stabmeter */
       {.name = "head", .kind = STAB_KIND_LM_HEAD, .vocab = K, .width = H, .weight = m.params.headw}}; /* stabmeter */
   stab_trace_params tp = stab_trace_default_params(); /* stabmeter */
-  tp.scalars = scalar_names, tp.n_scalars = 2; /* stabmeter */
+  tp.scalars = scalar_names, tp.n_scalars = 2, tp.append = STAB_OUTPUT_NEW; /* a trace already there is kept: refused */ /* stabmeter */
   stab_monitor *mon = NULL; /* stabmeter */
   stab_trace *trace = NULL; /* stabmeter */
   int ok = stab_monitor_create(NULL, &mon) == STAB_OK; /* stabmeter */

@@ -12,6 +12,7 @@
 #include "train_tp.h"
 #include "train_world.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -43,6 +44,8 @@ typedef struct {
   size_t sweep[16], n_sweep; /* --sweep-widths: train once per width, each into out/width-W */
   double sweep_lr[16];       /* --sweep-lrs: train once per learning rate, into out/lr-X */
   size_t n_sweep_lr;
+  int replace;       /* --replace: an earlier run in --out is replaced (else refused, or with
+                        --resume continued) */
   int data_parallel; /* --data-parallel: under mpirun, each rank a slice of every batch */
   size_t tensor_parallel; /* --tensor-parallel P: under mpirun -np P, each rank a slice of every
                              linear layer; 0 without it */
@@ -91,7 +94,10 @@ static void usage(void) {
          "      --resume FILE          start from a checkpoint of this program: weights, step, and\n"
          "                             with adamw the moments saved beside it (FILE without\n"
          "                             .safetensors, plus .adamw), so the run goes on as if never\n"
-         "                             stopped; the trace's rows after the step are replaced\n"
+         "                             stopped; the trace's rows after the step are replaced.\n"
+         "                             --optimizer, --lr and --seed must be the checkpoint's\n"
+         "                             (the trace's run_config holds one set): others are\n"
+         "                             refused (exit 2)\n"
          "      --data FILE            train on FILE (a regular file): bytes, or an llm.c .bin\n"
          "                             token file (default: the built-in corpus)\n"
          "      --corpus-bytes N       size of the built-in corpus, at most 2^32 (default 524288)\n"
@@ -100,7 +106,13 @@ static void usage(void) {
          "      --metrics-every K      measure every layer every K steps, 0 = never (default 1)\n"
          "      --out DIR              write DIR/trace.h5 (every measured step) and\n"
          "                             DIR/model.safetensors at the end (default: nothing);\n"
-         "                             DIR is created, and must be a directory if it exists\n"
+         "                             DIR is created, and must be a directory if it exists.\n"
+         "                             An earlier run in DIR (its trace, model or step-N\n"
+         "                             checkpoints) is never replaced unasked: refused (exit 2)\n"
+         "                             unless --resume continues it or --replace is given\n"
+         "      --replace              replace the earlier run in --out DIR: its trace, its\n"
+         "                             model and every step-N checkpoint (removed before the\n"
+         "                             first step); with a sweep, every run's and the CSV\n"
          "      --flush-every N        write and flush the trace every N measurements, 1..1000000\n"
          "                             (default: written in the background at most once a\n"
          "                             second; a crash loses at most the last second measured)\n"
@@ -126,7 +138,9 @@ static void usage(void) {
          "                             each into DIR/lr-X/ (with --sweep-widths, every width of\n"
          "                             each: DIR/lr-X/width-W/); a run whose loss turns non-finite\n"
          "                             is recorded as diverged and the sweep goes on; writes\n"
-         "                             DIR/lr-sweep.csv (a row per run, as it ends) and prints the\n"
+         "                             DIR/lr-sweep.csv (a row per run, as it ends; an existing\n"
+         "                             one with the same columns gets the new rows after its\n"
+         "                             own, one with others is refused) and prints the\n"
          "                             held-out loss per rate and width, and the best rate per\n"
          "                             width; needs --out DIR, not with --lr\n"
          "\n"
@@ -151,8 +165,8 @@ static void usage(void) {
          "  0  success\n"
          "  1  failure (e.g. the loss diverged, a write failed)\n"
          "  2  bad usage or bad input: an option value, a --data or --resume path that is\n"
-         "     missing or not a regular file, a file that does not fit, an --out that is not\n"
-         "     a directory\n",
+         "     missing or not a regular file, a file that does not fit or was trained with\n"
+         "     other settings, an --out that is not a directory or holds an earlier run\n",
          cli_name);
 }
 
@@ -209,7 +223,7 @@ static int parse_alarm_limit(const char *arg, options *o) {
 static int parse(int argc, char **argv, options *o) {
   enum { O_BIASES = 256, O_UNTIED, O_WARMUP, O_METRICS, O_CORPUS, O_DATA, O_CKPT, O_ALARM, O_PRINT,
          O_RESUME, O_FLUSH, O_TRACE_ERRORS, O_SWEEP, O_DATA_PARALLEL, O_TENSOR_PARALLEL,
-         O_HEAD_DIM, O_ATTN_SCALE, O_SWEEP_LRS, O_ALARM_LIMIT };
+         O_HEAD_DIM, O_ATTN_SCALE, O_SWEEP_LRS, O_ALARM_LIMIT, O_REPLACE };
   static const struct option longs[] = {
       {"width", required_argument, 0, 'w'},     {"depth", required_argument, 0, 'l'},
       {"heads", required_argument, 0, 'H'},     {"context", required_argument, 0, 'T'},
@@ -222,6 +236,7 @@ static int parse(int argc, char **argv, options *o) {
       {"checkpoint-every", required_argument, 0, O_CKPT},
       {"alarm", required_argument, 0, O_ALARM},
       {"alarm-limit", required_argument, 0, O_ALARM_LIMIT},
+      {"replace", no_argument, 0, O_REPLACE},
       {"print-metrics", no_argument, 0, O_PRINT},
       {"resume", required_argument, 0, O_RESUME},
       {"flush-every", required_argument, 0, O_FLUSH},
@@ -290,6 +305,7 @@ static int parse(int argc, char **argv, options *o) {
     case O_BIASES: o->biases = 1; break;
     case O_UNTIED: o->untied = 1; break;
     case O_PRINT: o->print_metrics = 1; break;
+    case O_REPLACE: o->replace = 1; break;
     case O_DATA_PARALLEL:
       if (TRAIN_WITH_MPI) o->data_parallel = 1;
       else rc = cli_usage_error("--data-parallel: built without MPI: ./configure --with-mpi");
@@ -340,6 +356,10 @@ static int parse(int argc, char **argv, options *o) {
         return cli_usage_error("--sweep-widths: width %zu has %zu heads of --head-dim %zu, not divisible by "
                                "--tensor-parallel %zu", o->sweep[i], o->sweep[i] / o->head_dim, o->head_dim, P);
   }
+  if (o->replace && !o->out) return cli_usage_error("--replace needs --out DIR (what it replaces)");
+  if (o->replace && o->resume)
+    return cli_usage_error("--replace and --resume: one or the other (--resume continues the run in --out, "
+                           "--replace starts it again)");
   if (o->n_sweep && (!o->out || o->resume))
     return cli_usage_error("--sweep-widths needs --out DIR (and cannot --resume)");
   if (o->n_sweep_lr && (!o->out || o->resume))
@@ -583,6 +603,65 @@ static int check_out(const char *dir, int with_trace) {
   return 0;
 }
 
+/* 1 when name is one of the files a run of this program leaves in its --out: trace.h5,
+ * model.safetensors and model.adamw, step-N.safetensors and step-N.adamw. */
+static int run_file(const char *name) {
+  if (!strcmp(name, "trace.h5") || !strcmp(name, "model.safetensors") || !strcmp(name, "model.adamw")) return 1;
+  if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return 0;
+  const char *ext = name + 5 + strspn(name + 5, "0123456789");
+  return !strcmp(ext, ".safetensors") || !strcmp(ext, ".adamw");
+}
+
+/* The files of an earlier run in --out DIR, under the one rule for results already there
+ * (stab_output_check): a new run (mode STAB_OUTPUT_NEW: neither --resume nor --replace) refuses
+ * them all, named, before any time is spent, and keeps them; --resume (APPEND) continues that
+ * run and --replace (REPLACE) replaces it, so both go on. Returns 0, or 2 with the message. */
+static int check_earlier_run(const char *dir, stab_output_mode mode) {
+  DIR *d = opendir(dir);
+  if (!d) return 0; /* missing: created; other failures: said when creating it */
+  char first[3][256], path[4400];
+  size_t n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!run_file(e->d_name) || snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+    if (stab_output_check(path, mode, "a result of an earlier run") != STAB_EEXIST) continue;
+    if (n < 3) snprintf(first[n], sizeof first[n], "%s", e->d_name);
+    n++;
+  }
+  closedir(d);
+  if (!n) return 0;
+  char list[900];
+  snprintf(list, sizeof list, "%s%s%s%s%s%s", first[0], n > 1 ? ", " : "", n > 1 ? first[1] : "",
+           n > 2 ? ", " : "", n > 2 ? first[2] : "", n > 3 ? ", ..." : "");
+  cli_error("--out %s holds an earlier run (%zu file%s: %s): kept as it is; --resume CHECKPOINT continues it, "
+            "--replace replaces it, or give another --out", dir, n, n == 1 ? "" : "s", list);
+  return CLI_USAGE;
+}
+
+/* --replace: the earlier run's files in DIR removed (the trace but when keep_trace: the new
+ * trace has replaced it already), so that none of its checkpoints is left beside the new run's.
+ * Returns 0, or 1 with the message. */
+static int remove_earlier_run(const char *dir, int keep_trace) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  char path[4400];
+  int rc = 0;
+  for (struct dirent *e; (e = readdir(d)) && !rc;) {
+    if (!run_file(e->d_name) || (keep_trace && !strcmp(e->d_name, "trace.h5"))) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (unlink(path) != 0 && errno != ENOENT) {
+      cli_error("--replace: cannot remove %s: %s", path, strerror(errno));
+      rc = 1;
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
+/* What --out's files may meet: an earlier run replaced, continued or refused. */
+static stab_output_mode out_mode(const options *o) {
+  return o->replace ? STAB_OUTPUT_REPLACE : o->resume ? STAB_OUTPUT_APPEND : STAB_OUTPUT_NEW;
+}
+
 /* A checkpoint holds one or more copies of the model's tensor table: the weights (prefix ""),
  * or AdamW's moments ("exp_avg." and "exp_avg_sq."), each a flat buffer laid out like
  * m->params. */
@@ -603,10 +682,10 @@ static int save_safetensors(const model *m, const char *path, const options *o, 
   len += (size_t)snprintf(h + len, cap - len,
                           "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"stabmeter-train %s\","
                           "\"optimizer\":\"%s\",\"steps\":\"%zu\",\"tied\":\"%s\",\"heads\":\"%zu\","
-                          "\"attn_scale\":\"%s\"}",
+                          "\"attn_scale\":\"%s\",\"lr\":\"%.17g\",\"seed\":\"%llu\"}",
                           stab_version(), o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest",
                           steps, m->c.untied ? "false" : "true", m->c.heads,
-                          m->c.attn_inverse ? "inverse" : "sqrt");
+                          m->c.attn_inverse ? "inverse" : "sqrt", o->lr, (unsigned long long)o->seed);
   for (size_t p = 0; p < n_parts; p++)
     for (size_t i = 0; i < m->n_tensors; i++) {
       const model_tensor *t = &m->tensors[i];
@@ -670,8 +749,39 @@ static int checkpoint(const model *m, float *exp_avg, float *exp_avg_sq, const o
  * step count. Returns 0, 2 for a path that is not a regular file that can be opened (see
  * stab_input_open) or a file that does not fit the model (the message names the file and the
  * tensor or field), 1 when it cannot be read. */
+/* The run's settings that a resumed run must share with its checkpoint: a trace's run_config
+ * holds one optimizer, learning rate and seed for all its rows, and the run would not go on as
+ * if never stopped with others. A field the checkpoint lacks predates it: not checked. Returns
+ * 0, or 2 with the message in err. */
+static int check_settings(const char *h, const char *path, const options *o, char *err, size_t errlen) {
+  char has[3][64] = {"", "", ""}, want[3][64];
+  static const char *const key[3] = {"\"optimizer\":\"", "\"lr\":\"", "\"seed\":\""};
+  static const char *const option[3] = {"--optimizer", "--lr", "--seed"};
+  snprintf(want[0], sizeof want[0], "%s", o->optimizer == OPTIM_ADAMW ? "adamw" : "steepest");
+  snprintf(want[1], sizeof want[1], "%g", o->lr);
+  snprintf(want[2], sizeof want[2], "%llu", (unsigned long long)o->seed);
+  for (int i = 0; i < 3; i++) {
+    const char *f = strstr(h, key[i]);
+    if (!f) continue;
+    f += strlen(key[i]);
+    snprintf(has[i], sizeof has[i], "%.*s", (int)strcspn(f, "\""), f);
+    int same = i == 0 ? !strcmp(has[i], want[i])
+               : i == 1 ? strtod(has[i], NULL) == o->lr
+                        : strtoull(has[i], NULL, 10) == o->seed && has[i][0] >= '0' && has[i][0] <= '9';
+    if (!same) {
+      if (i == 1) snprintf(has[i], sizeof has[i], "%g", strtod(has[i], NULL));
+      snprintf(err, errlen, "%s: __metadata__ %s is %s, the run has %s %s%s: a resumed run goes on with its "
+               "checkpoint's optimizer, learning rate and seed (give %s %s, or start a new run)", path,
+               i == 0 ? "optimizer" : i == 1 ? "lr" : "seed", has[i], option[i], want[i],
+               i == 1 && !o->lr_given ? " (the default)" : "", option[i], has[i]);
+      return 2;
+    }
+  }
+  return 0;
+}
+
 static int load_safetensors(const model *m, const char *path, const ckpt_part *parts,
-                            size_t n_parts, size_t *steps, char *err, size_t errlen) {
+                            size_t n_parts, size_t *steps, const options *o, char *err, size_t errlen) {
   int fd;
   /* regular files only: a FIFO given as the checkpoint or found as its .adamw would block */
   if (stab_input_open(path, 0, &fd, NULL) != STAB_OK) return snprintf(err, errlen, "%s", stab_last_error()), 2;
@@ -748,6 +858,8 @@ static int load_safetensors(const model *m, const char *path, const ckpt_part *p
         goto out;
       }
     }
+  /* the settings after the shapes: a checkpoint of another model is said as such first */
+  if (o && check_settings(h, path, o, err, errlen)) goto out;
   rc = 0;
 out:
   free(h);
@@ -756,6 +868,25 @@ out:
 }
 
 /* ---- main ------------------------------------------------------------------------ */
+
+/* After an append or flush of the trace returned ts: 0 to go on, 1 to stop. The call that
+ * fails returns the error in either --trace-errors mode; with continue the trace then turns
+ * itself off and the run goes on (said once, here). was_failed: stab_trace_failed before. */
+static int trace_went(stab_trace *trace, stab_status ts, int was_failed, const options *o, int tty,
+                      const char *trace_path) {
+  if (!was_failed && stab_trace_failed(trace) && o->trace_errors == STAB_TRACE_CONTINUE) {
+    fputs(tty ? "\n" : "", stderr);
+    cli_error("trace: %s", stab_last_error());
+    cli_error("going on without the trace; the rows written before are in %s", trace_path);
+  } else if (ts != STAB_OK) {
+    fputs(tty ? "\n" : "", stderr);
+    cli_error("trace: %s", stab_last_error());
+    cli_error("stopping; the rows written before are in %s (--trace-errors continue goes on "
+              "without the trace)", trace_path);
+    return 1;
+  }
+  return 0;
+}
 
 static void fmt_time(char *buf, size_t n, double s) {
   if (!isfinite(s) || s < 0) s = 0;
@@ -852,6 +983,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     rc = cli_usage_error("--batch %zu is smaller than the %zu ranks: each needs a sequence", B, ranks);
   } else if (o.out) {
     rc = check_out(o.out, o.metrics_every != 0);
+    if (!rc && writer) rc = check_earlier_run(o.out, out_mode(&o));
   }
   if ((rc = together(world, rc))) return rc;
   model m;
@@ -886,7 +1018,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   if (o.resume) {
     char msg[1024];
     ckpt_part weights = {"", m.params};
-    int lrc = load_safetensors(&m, o.resume, &weights, 1, &start, msg, sizeof msg);
+    int lrc = load_safetensors(&m, o.resume, &weights, 1, &start, &o, msg, sizeof msg);
     if (!lrc && start >= o.steps)
       snprintf(msg, sizeof msg, "%s is at step %zu, not before --steps %zu", o.resume, start,
                o.steps), lrc = 2;
@@ -929,7 +1061,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       /* split: read whole, then this rank's slices */
       ckpt_part moments[2] = {{"exp_avg.", tensor ? whole_m : opt.m}, {"exp_avg_sq.", tensor ? whole_v : opt.v}};
       size_t mstep = 0;
-      int lrc = load_safetensors(&m, mpath, moments, 2, &mstep, msg, sizeof msg);
+      int lrc = load_safetensors(&m, mpath, moments, 2, &mstep, NULL, msg, sizeof msg);
       if (!lrc && tensor) model_tp_scatter(&part, whole_m, opt.m), model_tp_scatter(&part, whole_v, opt.v);
       if (!lrc && mstep != start)
         snprintf(msg, sizeof msg, "%s is at step %zu, its checkpoint at %zu", mpath, mstep, start),
@@ -989,13 +1121,14 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
     tp.layer_extras = layer_extras;
     tp.n_layer_extras = 2;
     tp.on_error = o.trace_errors;
-    tp.append = o.resume != NULL; /* a resumed run continues its trace, */
+    tp.append = (int)out_mode(&o); /* a resumed run continues its trace, */
     tp.resume_step = (int64_t)start; /* replacing the rows of the steps it redoes */
     stab_status ts = stab_trace_open(trace_path, mon, &tp, &trace);
     if (ts != STAB_OK) {
       cli_error("trace: %s", stab_last_error());
-      /* a trace another run is writing, or one of another model: the input, not a failure */
-      if (ts == STAB_EBUSY || ts == STAB_EINVAL) rc = 2;
+      /* a trace another run is writing, one of another model, or one that appeared since
+       * check_earlier_run: the input, not a failure */
+      if (ts == STAB_EBUSY || ts == STAB_EINVAL || ts == STAB_EEXIST) rc = 2;
       goto setup_end;
     }
     /* Until it is closed the file is marked open for writing (SWMR), and a plain HDF5 open
@@ -1014,6 +1147,9 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
                       "%lld..%zu will be missing from it", trace_path, (long long)last, start,
               (long long)last + 1, before);
   }
+  /* --replace: the new trace is in place (a trace another run holds was refused above); now no
+   * checkpoint of the earlier run is left beside this one's */
+  if (o.replace && o.out && writer && remove_earlier_run(o.out, trace != NULL)) goto setup_end;
   if (mon)
     cli_error("monitor: %zu layers every %zu steps, %.1f MB",
             stab_monitor_layer_count(mon), o.metrics_every, (stab_monitor_memory(mon) + train_tp_memory(ttp)) / 1e6);
@@ -1113,27 +1249,21 @@ setup_end:
           extras[2 * i] = blocks[i] >= 0 ? act_rms[blocks[i]] : NAN;
           extras[2 * i + 1] = blocks[i] >= 0 ? act_cos1[blocks[i]] : NAN;
         }
-        /* The append that fails returns the error in either mode; with continue the trace
-         * then turns itself off, and the run goes on (said once, here). */
         int was_failed = stab_trace_failed(trace);
         stab_status ts = stab_trace_append(trace, (int64_t)(step + 1), monotonic_seconds() - t0, scalars, extras);
-        if (!was_failed && stab_trace_failed(trace) && o.trace_errors == STAB_TRACE_CONTINUE) {
-          fputs(tty ? "\n" : "", stderr);
-          cli_error("trace: %s", stab_last_error());
-          cli_error("going on without the trace; the rows written before are in %s", trace_path);
-        } else if (ts != STAB_OK) {
-          fputs(tty ? "\n" : "", stderr);
-          cli_error("trace: %s", stab_last_error());
-          cli_error("stopping; the rows written before are in %s (--trace-errors continue goes on "
-                    "without the trace)", trace_path);
-          failed = 1;
-        }
+        failed = trace_went(trace, ts, was_failed, &o, tty, trace_path);
       }
       measure_time += monotonic_seconds() - tm;
     }
     int saving = o.checkpoint_every && (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps;
     /* split: every rank's slices gathered into the whole model (collective) */
     if (saving && tensor && gather_whole(&part, &m, &opt, whole_m, whole_v)) goto out;
+    /* Every step the checkpoint holds is in the trace before the checkpoint exists: a run killed
+     * after it and resumed from it leaves no gap in the trace. */
+    if (saving && trace && !failed) {
+      int was_failed = stab_trace_failed(trace);
+      failed = trace_went(trace, stab_trace_flush(trace), was_failed, &o, tty, trace_path);
+    }
     if (saving && writer && !failed) {
       char name[64];
       snprintf(name, sizeof name, "step-%06zu.safetensors", step + 1);
@@ -1331,6 +1461,55 @@ static int csv_row(FILE *csv, const char *path, const options *o, size_t width, 
  * (a level the sweep does not vary left out of the path). A run that diverges ends a width
  * sweep alone (its slopes need every width) but not a learning-rate sweep, where diverging is
  * one of the outcomes measured. Returns the exit status. */
+static const char csv_header[] =
+    "optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss,seed\n";
+
+/* The directory of the sweep's run at rate lr and width into dir; -1 when too long. */
+static int sweep_dir(char *dir, size_t n, const options *o, double lr, size_t width) {
+  int len = o->n_sweep_lr && o->n_sweep ? snprintf(dir, n, "%s/lr-%g/width-%zu", o->out, lr, width)
+            : o->n_sweep_lr             ? snprintf(dir, n, "%s/lr-%g", o->out, lr)
+                                        : snprintf(dir, n, "%s/width-%zu", o->out, width);
+  return len < (int)n ? 0 : -1;
+}
+
+/* Before any run: every run's directory checked for an earlier run (check_earlier_run), and
+ * DIR/lr-sweep.csv under the same rule: kept and appended to when its columns are this
+ * program's (the rows of other runs, which the seed column tells apart), refused when they
+ * are not, replaced with --replace. *append: 1 to append to it. Returns 0 or the exit status. */
+static int sweep_check(const options *o, const char *csv_path, int *append) {
+  size_t n_lr = o->n_sweep_lr ? o->n_sweep_lr : 1, n_w = o->n_sweep ? o->n_sweep : 1;
+  char dir[4096];
+  *append = 0;
+  for (size_t l = 0; l < n_lr; l++)
+    for (size_t w = 0; w < n_w; w++) {
+      double lr = o->n_sweep_lr ? o->sweep_lr[l] : o->lr;
+      if (sweep_dir(dir, sizeof dir, o, lr, o->n_sweep ? o->sweep[w] : o->width)) {
+        cli_error("--out is too long");
+        return CLI_USAGE;
+      }
+      int rc = check_earlier_run(dir, out_mode(o));
+      if (rc) return rc;
+    }
+  if (!o->n_sweep_lr || stab_output_check(csv_path, out_mode(o), "the table of an earlier sweep") == STAB_OK) {
+    struct stat sb;
+    *append = o->n_sweep_lr && !o->replace && stat(csv_path, &sb) == 0;
+    return 0;
+  }
+  /* there, and not to be replaced: appended to when it has this program's columns */
+  char line[256] = "";
+  FILE *f = fopen(csv_path, "r");
+  if (f && fgets(line, sizeof line, f) && !strcmp(line, csv_header)) {
+    fclose(f);
+    *append = 1;
+    return 0;
+  }
+  if (f) fclose(f);
+  line[strcspn(line, "\n")] = 0;
+  cli_error("%s: its columns are not this sweep's (%s%s%s): kept as it is; --replace replaces it, or give "
+            "another --out", csv_path, f ? "header '" : "cannot read it: ", f ? line : strerror(errno), f ? "'" : "");
+  return CLI_USAGE;
+}
+
 static int sweep(const options *o, const data_set *data, train_world *dp) {
   size_t n_lr = o->n_sweep_lr ? o->n_sweep_lr : 1, n_w = o->n_sweep ? o->n_sweep : 1;
   const size_t *widths = o->n_sweep ? o->sweep : &o->width;
@@ -1339,20 +1518,21 @@ static int sweep(const options *o, const data_set *data, train_world *dp) {
   int writer = !dp || train_world_rank(dp) == 0, rc = 0;
   FILE *csv = NULL;
   char dir[4096], csv_path[4200];
+  int append = 0;
   snprintf(csv_path, sizeof csv_path, "%s/lr-sweep.csv", o->out);
   if (!means || !res) {
     cli_error("out of memory");
     rc = 1;
-  } else if (o->n_sweep_lr && writer && (rc = check_out(o->out, 0)) == 0) {
+  } else if (writer && !(rc = check_out(o->out, 0)) && !(rc = sweep_check(o, csv_path, &append)) && o->n_sweep_lr) {
     int no_dir = mkdirs(o->out);
-    if (no_dir || !(csv = fopen(csv_path, "w"))) {
+    if (no_dir || !(csv = fopen(csv_path, append ? "a" : "w"))) {
       cli_error("%s: cannot create: %s", no_dir ? o->out : csv_path, strerror(errno));
       rc = 1;
-    } else {
-      fputs("optimizer,width,lr,status,steps_done,final_train_loss,heldout_loss,initial_train_loss,seed\n", csv);
+    } else if (!append) {
+      fputs(csv_header, csv);
     }
   }
-  if (o->n_sweep_lr) rc = together(dp, rc);
+  rc = together(dp, rc);
   for (size_t l = 0; l < n_lr && !rc; l++) {
     int all_ran = 1;
     for (size_t w = 0; w < n_w && !rc; w++) {
@@ -1360,10 +1540,7 @@ static int sweep(const options *o, const data_set *data, train_world *dp) {
       one.width = widths[w];
       if (o->n_sweep && o->head_dim) one.heads = one.width / o->head_dim; /* a fixed head dimension */
       if (o->n_sweep_lr) one.lr = o->sweep_lr[l], one.lr_given = 1;
-      int len = o->n_sweep_lr && o->n_sweep ? snprintf(dir, sizeof dir, "%s/lr-%g/width-%zu", o->out, one.lr, one.width)
-                : o->n_sweep_lr             ? snprintf(dir, sizeof dir, "%s/lr-%g", o->out, one.lr)
-                                            : snprintf(dir, sizeof dir, "%s/width-%zu", o->out, one.width);
-      if (len >= (int)sizeof dir) {
+      if (sweep_dir(dir, sizeof dir, o, one.lr, one.width)) {
         cli_error("--out is too long");
         rc = 2;
         break;

@@ -43,7 +43,8 @@ typedef enum {
   STAB_EDIM = -2,     /* a dimension is zero, inconsistent or so large that sizes overflow */
   STAB_ENOMEM = -3,   /* an allocation failed */
   STAB_ENOTFOUND = -4,/* no layer with that index or name */
-  STAB_EEXIST = -5,   /* a layer with that name is already registered */
+  STAB_EEXIST = -5,   /* a layer with that name is already registered; or a file is already
+                         where an output goes and was not to be replaced (stab_output_check) */
   STAB_ESTATE = -6,   /* a call out of order, e.g. an update measured with no snapshot taken */
   STAB_ELAPACK = -7,  /* LAPACK reported a failure (the message has its info code) */
   STAB_ERANGE = -8,   /* a value is out of its valid range (e.g. heads not dividing d_out) */
@@ -662,6 +663,32 @@ stab_status stab_normalize_rows(const float *g, size_t rows, size_t cols, double
 stab_status stab_sign(const float *g, size_t n, double scale, float *out);
 
 /* ---------------------------------------------------------------------------------- */
+/* Output files: what may happen to results already there                              */
+
+/* The one rule of every writer of results, the library's trace and the stabmeter programs
+ * alike: a file already at an output's path is never replaced without a word. A writer adds to
+ * it where it was asked to and that is meaningful (a trace: the same layers, rows after its
+ * last; a table of runs: the same columns, rows of other runs), replaces it only when asked,
+ * and otherwise refuses it, leaving it as it is. The values are those of
+ * stab_trace_params.append. */
+typedef enum {
+  STAB_OUTPUT_REPLACE = 0, /* replace what is there (the caller was asked to) */
+  STAB_OUTPUT_APPEND = 1,  /* keep it and add to it; the writer checks that what it adds fits */
+  STAB_OUTPUT_NEW = 2      /* a new file: one already there is refused (STAB_EEXIST) and kept */
+} stab_output_mode;
+
+/* Says whether a writer may go on to write path with mode: STAB_OK when nothing is there, or
+ * when mode is STAB_OUTPUT_APPEND or STAB_OUTPUT_REPLACE (the writer then appends or replaces
+ * as its format says). With STAB_OUTPUT_NEW, anything at path (a file, a directory, a link to
+ * something) is STAB_EEXIST, the message naming path and what (e.g. "a trace"; NULL: "a file")
+ * and saying that it was kept; a symbolic link leading nowhere holds nothing and is STAB_OK.
+ * Writes nothing. A check, not a lock: a writer that must not race another creates its file
+ * with "only if nothing is there" (O_EXCL, RENAME_NOREPLACE), as stab_trace_open does.
+ * Errors: NULL or empty path, unknown mode STAB_EINVAL; a path that cannot be looked at (a
+ * component not searchable) STAB_EIO naming it; STAB_EEXIST as above. Thread-safe. */
+stab_status stab_output_check(const char *path, stab_output_mode mode, const char *what);
+
+/* ---------------------------------------------------------------------------------- */
 /* The trace: every measured step of a monitor, in an HDF5 file (docs/metrics.md)       */
 
 /* The file (every dataset one-dimensional, float64 unless said, chunked,
@@ -823,11 +850,16 @@ typedef struct {
                              "act_cos1"), n_layer_extras of them, copied */
   size_t n_layer_extras;
   stab_trace_on_error on_error; /* default STAB_TRACE_STOP */
-  int append;             /* 0: create the file, replacing any file there once it is complete
-                             (default). 1: resume an
-                             existing trace (created if missing), adding rows after its last; it is
-                             refused if its layers (names, kinds, d_in, d_out, heads), scalars or
-                             layer extras differ from these */
+  int append;             /* what happens to a file already at path (stab_output_mode):
+                             0 (STAB_OUTPUT_REPLACE): create the file, replacing any file there
+                             once it is complete (default, as before the modes were named).
+                             1 (STAB_OUTPUT_APPEND): resume an existing trace (created if
+                             missing), adding rows after its last; it is refused if its layers
+                             (names, kinds, d_in, d_out, heads), scalars or layer extras differ
+                             from these. 2 (STAB_OUTPUT_NEW): create the file; anything already
+                             at path is refused (STAB_EEXIST) and left as it is, also when
+                             another writer publishes a trace there while this one builds its
+                             own. Other values STAB_EINVAL */
   int64_t resume_step;    /* with append: when > 0, the rows whose step is greater than this are
                              removed first, so a run resumed from an earlier checkpoint replaces
                              the steps it redoes instead of repeating them; 0 keeps every row
@@ -844,8 +876,9 @@ stab_trace_params stab_trace_default_params(void);
  * non-empty, without '/', unique, and extras must not be a metric's name.
  * Not thread-safe: one thread at a time per trace (the library makes its own HDF5 calls one at a time, since HDF5 need not be built thread-safe;
  * the writer thread of flush_every 0 is the library's own, see "Flushing").
- * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN)
- * or unknown on_error STAB_EINVAL; two layers
+ * Errors: NULL argument, bad name, flush_every < 0, flush_seconds outside 0 .. 86400 (or NaN),
+ * unknown on_error or append STAB_EINVAL; with append STAB_OUTPUT_NEW, anything at path
+ * STAB_EEXIST naming it (stab_output_check; the file is not opened); two layers
  * that map to one group ("a/b" and "a.b") STAB_EEXIST; an existing trace that does not match
  * (the message names the first difference, e.g. the layer), or a file at path that is not a
  * stabmeter trace at all (not HDF5: refused before anything is written to it), STAB_EINVAL; another writer holds

@@ -551,7 +551,7 @@ stab_status stab_probe_trace_append(stab_probe *p, const char *path, int64_t ste
            stab_version(), o->tol, o->exact ? "true" : "false",
            o->tight == STAB_TIGHT_EXACT ? "exact" : o->tight == STAB_TIGHT_NONE ? "none" : "centred");
   stab_trace_params tp = stab_trace_default_params();
-  tp.append = 1;
+  tp.append = STAB_OUTPUT_APPEND; /* a series of checkpoints builds one trace: later steps of the same layers */
   tp.run_config = config;
   if (st == STAB_OK) st = stab_trace_open(path, m, &tp, &t);
   /* no wall time for a checkpoint on disk: NaN, as the schema has it for a missing value */

@@ -18,7 +18,7 @@ const char *stab_strerror(stab_status status) {
   case STAB_EDIM: return "invalid dimensions";
   case STAB_ENOMEM: return "out of memory";
   case STAB_ENOTFOUND: return "no such layer";
-  case STAB_EEXIST: return "layer already registered";
+  case STAB_EEXIST: return "already exists (a layer, or a file where an output goes)";
   case STAB_ESTATE: return "call out of order";
   case STAB_ELAPACK: return "LAPACK failure";
   case STAB_ERANGE: return "value out of range";

@@ -653,7 +653,7 @@ static stab_status lock_path(const char *who, const char *path, const char *what
 static stab_status publish(stab_trace *t, const char *who, const char *tmp, int append, int *again) {
   struct stat sb;
   int present = stat(t->path, &sb) == 0; /* a file, reached through symbolic links */
-  if (present && append) return *again = 1, STAB_OK;
+  if (present && append) return *again = 1, STAB_OK; /* to append (or, STAB_OUTPUT_NEW, to refuse) */
   if (!present && lstat(t->path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
     /* a symbolic link to nothing: no writer can hold it, and renaming replaces the link itself
      * (a file made at its target meanwhile is left where it is) */
@@ -1487,6 +1487,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
                       (double)FLUSH_SECONDS_MAX);
   if (p.on_error != STAB_TRACE_STOP && p.on_error != STAB_TRACE_CONTINUE)
     return stabi_fail(STAB_EINVAL, "%s: unknown on_error %d", who, (int)p.on_error);
+  if (p.append != STAB_OUTPUT_REPLACE && p.append != STAB_OUTPUT_APPEND && p.append != STAB_OUTPUT_NEW)
+    return stabi_fail(STAB_EINVAL, "%s: append is %d: 0 (replace), 1 (append) or 2 (new only)", who, p.append);
   stab_status st = check_names(who, "scalars", p.scalars, p.n_scalars, 0);
   if (st == STAB_OK) st = check_names(who, "layer_extras", p.layer_extras, p.n_layer_extras, 1);
   if (st != STAB_OK) return st;
@@ -1577,7 +1579,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   for (int attempt = 1;; attempt++) {
     int again = 0;
     struct stat sb;
-    if (p.append && stat(path, &sb) == 0) st = open_existing(t, &b, fapl, gnames, &again);
+    if (p.append == STAB_OUTPUT_NEW && (st = stab_output_check(path, STAB_OUTPUT_NEW, "a trace")) != STAB_OK) break;
+    if (p.append == STAB_OUTPUT_APPEND && stat(path, &sb) == 0) st = open_existing(t, &b, fapl, gnames, &again);
     else st = create_new(t, &b, fapl, gnames, &tmp, &again);
     if (st != STAB_OK || !again) break;
     /* another writer changed the path meanwhile: drop what was made, look again */

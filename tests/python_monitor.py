@@ -176,3 +176,61 @@ class EveryAndStateDict(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TraceAlreadyThere(unittest.TestCase):
+    """A trace already at trace= is kept, byte for byte, unless the Monitor is asked to append
+    to it (if_exists='append': its steps after the trace's last) or to replace it."""
+
+    @staticmethod
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    def run_steps(self, model, mon, steps):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = batches(256, 16, 4)
+        for step in steps:
+            x, y = next(data)
+            loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            mon.before_step(step)
+            opt.step()
+            mon.after_step(step, loss=loss.item())
+
+    def test_if_exists(self):
+        torch.manual_seed(3)
+        model = GPT(width=32, depth=1, heads=2, context=16)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.h5")
+            with st.Monitor(model, trace=path, heads=2) as mon:
+                self.run_steps(model, mon, range(1, 4))
+            before = self.read(path)
+            # the default: refused, naming the path and the two ways on, the file as it was
+            with self.assertRaises(stabmeter.AlreadyExists) as c:
+                st.Monitor(model, trace=path, heads=2)
+            self.assertIn(path, c.exception.message)
+            self.assertIn("a trace is already there", c.exception.message)
+            self.assertIn("if_exists='append'", c.exception.message)
+            self.assertEqual(self.read(path), before)
+            self.assertEqual(sorted(os.listdir(d)), ["trace.h5"])
+            with self.assertRaisesRegex(ValueError, "if_exists 'overwrite': expected 'fail'"):
+                st.Monitor(model, trace=path, heads=2, if_exists="overwrite")
+            self.assertEqual(self.read(path), before)
+            # asked to append: this run's later steps after the trace's
+            with st.Monitor(model, trace=path, heads=2, if_exists="append") as mon:
+                self.run_steps(model, mon, range(4, 6))
+            with h5py.File(path, "r") as f:
+                self.assertEqual(list(f["step"][:]), [1, 2, 3, 4, 5])
+            # asked to replace: a new trace
+            with st.Monitor(model, trace=path, heads=2, if_exists="replace") as mon:
+                self.run_steps(model, mon, range(1, 3))
+            with h5py.File(path, "r") as f:
+                self.assertEqual(list(f["step"][:]), [1, 2])
+            # a new path: created, whatever the default
+            other = os.path.join(d, "new", "trace.h5")
+            with st.Monitor(model, trace=other, heads=2) as mon:
+                self.run_steps(model, mon, [1])
+            with h5py.File(other, "r") as f:
+                self.assertEqual(list(f["step"][:]), [1])

@@ -228,7 +228,7 @@ expect 2 "resume a 1/d_h checkpoint with the default scale" $train $small --step
 grep -q "model.safetensors: __metadata__ attn_scale is inverse, the model has --attn-scale sqrt" "$tmp/err" ||
   fail "attention scale mismatch message: $(cat "$tmp/err")"
 expect 0 "resume a 1/d_h checkpoint with --attn-scale inverse" $train $small --steps 2 --optimizer steepest \
-  --attn-scale inverse --resume "$tmp/scale-inverse/model.safetensors"
+  --lr 1e-30 --attn-scale inverse --resume "$tmp/scale-inverse/model.safetensors"
 expect 2 "unknown --attn-scale" $train $small --attn-scale cube
 # --head-dim: heads = width / head dim, refused when it does not divide or with --heads.
 nohead="--width 32 --depth 1 --context 16 --batch 8 --corpus-bytes 65536"

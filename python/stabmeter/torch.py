@@ -70,16 +70,22 @@ class Monitor:
     read where they are, every step: they must stay float32, on the CPU and in place (torch's
     optimizers update in place); a parameter whose storage moved (model.to(), .data
     reassigned, a module replaced) is detected at the next call, which raises StateError. The
-    monitor holds a reference to every storage it reads, so it never reads freed memory."""
+    monitor holds a reference to every storage it reads, so it never reads freed memory.
+
+    A file already at trace= is kept: if_exists='fail' (default) raises AlreadyExists and
+    leaves it as it was; 'append' adds this run's steps after its last (the same layers and
+    scalars, else InvalidArgument; an earlier step raises RangeError at after_step); 'replace'
+    replaces it once the new trace is complete."""
 
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
-                 run_config=None, scalars=("loss", "lr"), flush_every=0, _named=None):
+                 run_config=None, scalars=("loss", "lr"), flush_every=0, if_exists="fail", _named=None):
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
         self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
         flush_every = integer(flush_every, "Monitor: flush_every", 0, C_INT[1], "0 (the library's) or N >= 1 rows")
         tight_code = choice(tight, "Monitor: tight", TIGHT_METHODS)
+        choice(if_exists, "Monitor: if_exists", self.IF_EXISTS)
         self._model = None
         if _named is None:
             if not hasattr(model, "named_parameters"):
@@ -142,7 +148,7 @@ class Monitor:
                                  % len(self.skipped))
             self._scalars = [s for s in scalars]
             if trace is not None:
-                self._open_trace(trace, model, run_config, flush_every)
+                self._open_trace(trace, model, run_config, flush_every, if_exists)
         except BaseException:
             self.close()
             raise
@@ -173,7 +179,12 @@ class Monitor:
 
     # ---- the trace -------------------------------------------------------------------------
 
-    def _open_trace(self, path, model, run_config, flush_every):
+    # What trace= may do to a file already there (stab_output_mode, the rule every stabmeter
+    # writer keeps): a new Monitor cannot know that its steps continue that trace's run (the
+    # same layers are not the same run), so it refuses unless asked, as pandas' to_sql does.
+    IF_EXISTS = {"fail": 2, "append": 1, "replace": 0}
+
+    def _open_trace(self, path, model, run_config, flush_every, if_exists):
         path = os.fspath(path)
         parent = os.path.dirname(path)
         if parent:
@@ -193,7 +204,13 @@ class Monitor:
         tp.run_config = self._config_bytes
         tp.scalars = self._scalar_names
         tp.n_scalars = len(names)
-        check(lib.stab_trace_open(path.encode("utf-8"), self._m, ctypes.byref(tp), ctypes.byref(self._trace)))
+        tp.append = self.IF_EXISTS[if_exists]
+        status = lib.stab_trace_open(path.encode("utf-8"), self._m, ctypes.byref(tp), ctypes.byref(self._trace))
+        if status == -5 and if_exists == "fail":  # STAB_EEXIST: say how to ask for the others
+            raise _lib.error_for(status, "Monitor(trace=%r): %s: if_exists='append' adds this run's steps after "
+                                 "its last (the same layers and scalars), if_exists='replace' replaces it"
+                                 % (path, lib.stab_last_error().decode("utf-8", "replace")))
+        check(status)
         self.trace_path = path
 
     # ---- the step --------------------------------------------------------------------------
