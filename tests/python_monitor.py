@@ -215,7 +215,7 @@ class TraceAlreadyThere(unittest.TestCase):
             self.assertIn("if_exists='append'", c.exception.message)
             self.assertEqual(self.read(path), before)
             self.assertEqual(sorted(os.listdir(d)), ["trace.h5"])
-            with self.assertRaisesRegex(ValueError, "if_exists 'overwrite': expected 'fail'"):
+            with self.assertRaisesRegex(ValueError, "Monitor: if_exists='overwrite': expected one of fail"):
                 st.Monitor(model, trace=path, heads=2, if_exists="overwrite")
             self.assertEqual(self.read(path), before)
             # asked to append: this run's later steps after the trace's
