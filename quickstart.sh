@@ -113,8 +113,11 @@ case "${1:-}" in
   *)
     build
     # The main job: a short training on the built-in corpus, every layer measured every step;
-    # runs/demo is this script's own demo, so it replaces the last one (--replace, said above).
-    ./harness/train --out runs/demo --replace "$@"
+    # runs/demo is this script's own demo, so it replaces the last one (--replace, said above),
+    # unless the options ask to resume it.
+    replace=(--replace)
+    for a in "$@"; do case "$a" in --resume|--resume=*|--replace) replace=() ;; esac; done
+    ./harness/train --out runs/demo "${replace[@]}" "$@"
     echo "Look at it: h5ls -r runs/demo/trace.h5 | head, or in Python:"
     echo "  import h5py; f = h5py.File('runs/demo/trace.h5', 'r', swmr=True); print(f['layers'].keys())"
     ;;
