@@ -562,29 +562,39 @@ static stab_status match_reference(const stab_probe *p, const stabi_ckpt *cur, c
 
 /* ---- the step ------------------------------------------------------------------------ */
 
-/* The step in a checkpoint's file name: "step" (any case) followed by an optional '-', '_'
- * or '.' and digits, the last such in the name (step-000100.safetensors, as harness/train
- * names them); else digits after a '_' or '-' that end the name before its extension (llm.c's
- * model_00005000.bin). -1 if neither. */
+/* The step a checkpoint's file or directory name states, or -1. Only names that say "this is
+ * step N": the word "step" or "checkpoint" (any case, at the start of the name or after a
+ * character that is not a letter or digit) followed by an optional '-', '_' or '.' and digits
+ * that end there (step-000100.safetensors as harness/train names them, the Hugging Face
+ * Trainer's checkpoint-500), the last such in the name; or llm.c's model_00005000.bin (the whole
+ * stem "model_" and digits). Never any other number of the name: a model's version or size
+ * (tinyllama-1.1b-chat-v1.0) or a shard's index (model-00001-of-00003) is no step. */
 static int64_t step_from_name(const char *path) {
+  static const char *const words[] = {"step", "checkpoint", NULL};
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
   int64_t step = -1;
   for (const char *p = base; *p; p++) {
-    if (strncasecmp(p, "step", 4)) continue;
-    const char *q = p + 4;
-    if (*q == '-' || *q == '_' || *q == '.') q++;
-    int64_t v = 0;
-    int digits = 0;
-    while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
-    if (digits && !(*q >= '0' && *q <= '9')) step = v;
+    if (p > base && ((p[-1] >= '0' && p[-1] <= '9') || (p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= 'A' && p[-1] <= 'Z')))
+      continue;
+    for (size_t w = 0; words[w]; w++) {
+      size_t n = strlen(words[w]);
+      if (strncasecmp(p, words[w], n)) continue;
+      const char *q = p + n;
+      if (*q == '-' || *q == '_' || *q == '.') q++;
+      int64_t v = 0;
+      int digits = 0;
+      while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
+      int letter_after = (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z');
+      if (digits && !(*q >= '0' && *q <= '9') && !letter_after) step = v;
+    }
   }
   if (step >= 0) return step;
   size_t stem = strcspn(base, ".");
-  size_t k = stem;
-  while (k > 0 && base[k - 1] >= '0' && base[k - 1] <= '9') k--;
-  if (k == stem || stem - k > 18 || k == 0 || (base[k - 1] != '_' && base[k - 1] != '-')) return -1;
-  for (step = 0; k < stem; k++) step = step * 10 + (base[k] - '0');
+  if (stem <= 6 || strncmp(base, "model_", 6) || stem - 6 > 18) return -1;
+  for (size_t k = 6; k < stem; k++)
+    if (base[k] < '0' || base[k] > '9') return -1;
+  for (size_t k = 6; k < stem; k++) step = (step < 0 ? 0 : step * 10) + (base[k] - '0');
   return step;
 }
 
