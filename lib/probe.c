@@ -232,7 +232,14 @@ static stab_status read_config(const stab_probe *p, const char *path, stabi_ckpt
   if (f->sh) snprintf(cfg, sizeof cfg, "%s/config.json", stab_sharded_directory(f->sh));
   else snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
   struct stat sb;
-  if (stat(cfg, &sb) != 0) return STAB_OK;
+  if (stat(cfg, &sb) != 0) {
+    /* nothing there is nothing; a name there that leads nowhere (a symbolic link that loops or
+     * dangles, a directory that cannot be searched) is a config.json not read, said */
+    int e = errno;
+    if (e == ENOENT && lstat(cfg, &sb) != 0) return STAB_OK;
+    note(p, "warning: %s: cannot be read (%s); ignored", cfg, e == ENOENT ? "a symbolic link to nothing" : strerror(e));
+    return STAB_OK;
+  }
   stab_status st = stab_hf_config_read(cfg, &f->cfg);
   if (st == STAB_OK || st == STAB_EFORMAT || st == STAB_ERANGE || st == STAB_ENOMEM) return st;
   note(p, "%s; ignored", stab_last_error());
