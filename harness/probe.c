@@ -186,10 +186,19 @@ static int parse(int argc, char **argv, options *o) {
   unsigned long long v;
   while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
     switch (c) {
-    case O_PREV: o->reference = optarg; break;
-    case O_INIT: o->init = optarg; break;
+    case O_PREV:
+      if (!*optarg) return cli_bad_value("--prev", optarg, "a path");
+      o->reference = optarg;
+      break;
+    case O_INIT:
+      if (!*optarg) return cli_bad_value("--init", optarg, "a path");
+      o->init = optarg;
+      break;
     case O_JSON: o->json = 1; break;
-    case O_HDF5: o->hdf5 = optarg; break;
+    case O_HDF5:
+      if (!*optarg) return cli_bad_value("--hdf5", optarg, "a path");
+      o->hdf5 = optarg;
+      break;
     case O_PER_HEAD: o->per_head = 1; break;
     case O_EXPERTS: o->experts = 1; break;
     case O_HEADS:
@@ -242,6 +251,7 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (optind != argc - 1)
     return cli_usage_error("%s", optind >= argc ? "no checkpoint given" : "more than one checkpoint given");
+  if (!argv[optind][0]) return cli_usage_error("the checkpoint's path is empty");
   o->checkpoint = argv[optind];
   /* --top alone: the largest forward values, the number every kind has */
   if (o->top && !sort_given) o->sort = STAB_PROBE_SORT_FORWARD;

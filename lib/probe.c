@@ -703,6 +703,8 @@ stab_status stab_probe_open(const char *path, const stab_probe_params *params, s
   if (out) *out = NULL;
   if (!path || !params || !out)
     return stabi_fail(STAB_EINVAL, "stab_probe_open: NULL %s", !path ? "path" : !params ? "params" : "out");
+  if (!*path || (params->prev && !*params->prev))
+    return stabi_fail(STAB_EINVAL, "stab_probe_open: %s is an empty path", !*path ? "the checkpoint" : "params.prev");
   stab_probe *p = calloc(1, sizeof *p);
   if (!p) return stabi_fail(STAB_ENOMEM, "stab_probe_open: out of memory");
   p->tied_src = SIZE_MAX;
@@ -790,6 +792,7 @@ static stab_status match_init(stab_probe *p, const char *path) {
 
 stab_status stab_probe_set_init(stab_probe *p, const char *path) {
   if (!p || !path) return stabi_fail(STAB_EINVAL, "stab_probe_set_init: NULL %s", p ? "path" : "probe");
+  if (!*path) return stabi_fail(STAB_EINVAL, "stab_probe_set_init: the path is empty");
   if (p->init) return stabi_fail(STAB_ESTATE, "stab_probe_set_init: %s: the probe has an init reference already", path);
   /* the init side is opened and described as the checkpoint is (its own metadata: heads,
    * attn_scale, config.json), without --prev or filters: rows are matched afterwards */
