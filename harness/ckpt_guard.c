@@ -4,19 +4,27 @@
 
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* a sharded model registers a range per shard: DeepSeek-V3 has 163 shards, so 1024 leaves room
- * for a checkpoint and its --prev of the largest models published */
-#define MAX_RANGES 1024
+/* A range per mapped file, as many as there are files (a sharded model registers one per shard,
+ * and its --prev and --init as many again): blocks of ranges linked as they fill, each published
+ * to the handler only once complete, never moved or freed while the process runs (reset reuses
+ * them), so the handler reads no memory that changes under it. */
+#define BLOCK_RANGES 256
 
-static struct {
-  const char *path;
-  uintptr_t lo, hi;
-} ranges[MAX_RANGES];
-static volatile sig_atomic_t nranges;
+typedef struct range_block {
+  struct {
+    const char *path;
+    uintptr_t lo, hi;
+  } r[BLOCK_RANGES];
+  struct range_block *volatile next;
+} range_block;
+
+static range_block first_block;
+static volatile sig_atomic_t nranges; /* published ranges, over all blocks */
 static const char *volatile opening;
 static const char *volatile tripped;
 static uintptr_t page_size;
@@ -27,8 +35,12 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx) {
   (void)uctx;
   uintptr_t a = (uintptr_t)si->si_addr;
   const char *who = NULL;
-  for (sig_atomic_t i = 0; i < nranges && !who; i++)
-    if (a >= ranges[i].lo && a < ranges[i].hi) who = ranges[i].path;
+  const range_block *b = &first_block;
+  for (sig_atomic_t i = 0, n = nranges; i < n && b && !who; i++) {
+    const size_t k = (size_t)i % BLOCK_RANGES;
+    if (a >= b->r[k].lo && a < b->r[k].hi) who = b->r[k].path;
+    if (k == BLOCK_RANGES - 1) b = b->next;
+  }
   if (!who && si->si_code == BUS_ADRERR) who = opening;
   if (who) {
     void *page = (void *)(a & ~(page_size - 1));
@@ -56,10 +68,20 @@ int ckpt_guard_install(void) {
 }
 
 int ckpt_guard_add(const char *path, const void *lo, size_t len) {
-  if (nranges == MAX_RANGES) return -1;
-  ranges[nranges].path = path;
-  ranges[nranges].lo = (uintptr_t)lo;
-  ranges[nranges].hi = (uintptr_t)lo + len;
+  if (nranges == SIG_ATOMIC_MAX) return -1;
+  range_block *b = &first_block;
+  for (sig_atomic_t i = nranges; i >= BLOCK_RANGES; i -= BLOCK_RANGES) {
+    if (!b->next) {
+      range_block *more = calloc(1, sizeof *more);
+      if (!more) return -1;
+      b->next = more; /* linked before any of its ranges is published */
+    }
+    b = b->next;
+  }
+  const size_t k = (size_t)nranges % BLOCK_RANGES;
+  b->r[k].path = path;
+  b->r[k].lo = (uintptr_t)lo;
+  b->r[k].hi = (uintptr_t)lo + len;
   nranges = nranges + 1; /* published after the range is complete */
   return 0;
 }

@@ -14,8 +14,8 @@
 /* Installs the SIGBUS handler. 0, or -1 with errno. */
 int ckpt_guard_install(void);
 
-/* Registers the mapped bytes [lo, lo + len) as file's (path is kept, not copied). At most 1024
- * ranges; 0, or -1 when full. */
+/* Registers the mapped bytes [lo, lo + len) as file's (path is kept, not copied). Any number of
+ * ranges (one per mapped file); 0, or -1 when out of memory. */
 int ckpt_guard_add(const char *path, const void *lo, size_t len);
 
 /* While path is being opened (its mapping's address not known yet), any SIGBUS with an

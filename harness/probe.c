@@ -355,7 +355,7 @@ static int guard_files(void *user, stab_probe_file_event event, const char *path
   case STAB_PROBE_FILE_OPENED: ckpt_guard_opening(NULL); return ckpt_guard_tripped() != NULL;
   case STAB_PROBE_FILE_MAPPED:
     if (ckpt_guard_add(kept, lo, len)) {
-      cli_error("%s: too many checkpoint files to guard", path);
+      cli_error("%s: out of memory registering its mapping with the SIGBUS guard", path);
       w->guard_full = 1;
       return 1;
     }
