@@ -317,6 +317,8 @@ typedef struct {
   int guard_full;  /* the guard had no room for a file, or no memory (said) */
   char **paths;    /* the guard's copies of the files' paths: they outlive a probe that failed to open */
   size_t npaths;
+  probe_mapped *spans; /* every file's mapped tensor bytes (the ranks hash them to agree) */
+  size_t nspans;
   double t0, last; /* the progress line's clock */
   const char *what; /* "" or "init ": whose layers the progress line counts */
 } probe_watch;
@@ -354,6 +356,16 @@ static int guard_files(void *user, stab_probe_file_event event, const char *path
   case STAB_PROBE_FILE_OPENING: ckpt_guard_opening(kept); return 0;
   case STAB_PROBE_FILE_OPENED: ckpt_guard_opening(NULL); return ckpt_guard_tripped() != NULL;
   case STAB_PROBE_FILE_MAPPED:
+    if (w->job->size > 1) {
+      probe_mapped *more = realloc(w->spans, (w->nspans + 1) * sizeof *more);
+      if (!more) {
+        cli_error("out of memory");
+        w->guard_full = 1;
+        return 1;
+      }
+      w->spans = more;
+      w->spans[w->nspans++] = (probe_mapped){kept, lo, len};
+    }
     if (ckpt_guard_add(kept, lo, len)) {
       cli_error("%s: out of memory registering its mapping with the SIGBUS guard", path);
       w->guard_full = 1;
@@ -544,9 +556,14 @@ int main(int argc, char **argv) {
   /* the rows each rank measures, from the headers alone: every rank knows every owner */
   if (!(owner = split_rows(rows, n, job.size, &items)) || gathered_init(&g, rows, n)) goto oom;
   for (size_t i = 0; i < n; i++) mine[i] = owner[i] == job.rank;
+  /* under mpirun each rank hashes what it read (every file's tensor bytes, the rows): before
+   * anything protects or measures them */
+  if ((rc = probe_ranks_digest(&job, watch.spans, watch.nspans, rows, n))) goto out;
   if (getenv("STAB_PROBE_SHOW_READS") && (rc = show_reads(&job, rows, n, owner, items))) goto out;
   /* every rank has read the same headers alike, or all stop here with the first one's status */
   if ((rc = probe_ranks_agree(&job, rc))) goto out;
+  /* and the same bytes: a node whose copy of the model differs stops every rank, nothing measured */
+  if ((rc = probe_ranks_same_bytes(&job))) goto out;
 
   watch.t0 = watch.last = monotonic_seconds();
   int failed = 0;
@@ -623,7 +640,7 @@ out:
   ckpt_guard_reset();
   stab_probe_free(p);
   for (size_t i = 0; i < watch.npaths; i++) free(watch.paths[i]);
-  free(watch.paths);
+  free(watch.paths), free(watch.spans);
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
   for (size_t i = 0; i < o.nlayouts; i++) free((char *)o.layouts[i].glob);
   free(o.kinds), free(o.layouts), free(o.filters);
