@@ -15,8 +15,11 @@
 
 static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 static uint64_t load64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int k = 7; k >= 0; k--) v = (v << 8) | p[k]; /* little-endian on every host: one digest */
+  uint64_t v;
+  memcpy(&v, p, sizeof v); /* one unaligned load */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v); /* little-endian words on every host: one digest */
+#endif
   return v;
 }
 /* splitmix64's finaliser: every input bit reaches every output bit */
@@ -32,7 +35,7 @@ uint64_t stab_mpi_digest(uint64_t seed, const void *bytes, size_t n) {
   uint64_t h[4] = {seed ^ P1, rotl(seed, 17) ^ P2, rotl(seed, 31) ^ P3, ~seed};
   size_t i = 0;
   for (; p && i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; k++) h[k] = rotl((h[k] ^ load64(p + i + 8 * k)) * P1, 29) * P2;
+    for (int k = 0; k < 4; k++) h[k] = rotl(h[k] + load64(p + i + 8 * k) * P2, 31) * P1; /* one multiply a lane's chain */
   uint64_t t = (uint64_t)n * P3;
   for (; p && i + 8 <= n; i += 8) t = rotl((t ^ load64(p + i)) * P1, 31) * P2;
   for (; p && i < n; i++) t = (t ^ p[i]) * P1;
