@@ -185,10 +185,19 @@ static int parse(int argc, char **argv, options *o) {
   unsigned long long v;
   while ((c = getopt_long(argc, argv, CLI_SHORTOPTS, longs, NULL)) != -1) {
     switch (c) {
-    case O_PREV: o->reference = optarg; break;
-    case O_INIT: o->init = optarg; break;
+    case O_PREV:
+      if (!*optarg) return cli_bad_value("--prev", optarg, "a path");
+      o->reference = optarg;
+      break;
+    case O_INIT:
+      if (!*optarg) return cli_bad_value("--init", optarg, "a path");
+      o->init = optarg;
+      break;
     case O_JSON: o->json = 1; break;
-    case O_HDF5: o->hdf5 = optarg; break;
+    case O_HDF5:
+      if (!*optarg) return cli_bad_value("--hdf5", optarg, "a path");
+      o->hdf5 = optarg;
+      break;
     case O_PER_HEAD: o->per_head = 1; break;
     case O_EXPERTS: o->experts = 1; break;
     case O_HEADS:
@@ -241,6 +250,7 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (optind != argc - 1)
     return cli_usage_error("%s", optind >= argc ? "no checkpoint given" : "more than one checkpoint given");
+  if (!argv[optind][0]) return cli_usage_error("the checkpoint's path is empty");
   o->checkpoint = argv[optind];
   /* --top alone: the largest forward values, the number every kind has */
   if (o->top && !sort_given) o->sort = STAB_PROBE_SORT_FORWARD;
@@ -290,6 +300,11 @@ static int decide_step(options *o, const stab_probe *p) {
 typedef struct {
   const options *o;
   const probe_ranks *job;
+  int out_of_memory; /* collect_files could not keep a file's span (said) */
+  char **paths;    /* copies of the files' paths: they outlive a probe that failed to open */
+  size_t npaths;
+  probe_mapped *spans; /* every file's mapped tensor bytes (the ranks hash them to agree) */
+  size_t nspans;
   double t0, last; /* the progress line's clock */
   const char *what; /* "" or "init ": whose layers the progress line counts */
 } probe_watch;
@@ -297,6 +312,36 @@ typedef struct {
 static void print_note(void *user, const char *text) {
   (void)user;
   cli_error("%s", text);
+}
+
+/* A copy of path that lives as long as the watch (one per file, however often it is named). */
+static const char *kept_path(probe_watch *w, const char *path) {
+  for (size_t i = 0; i < w->npaths; i++)
+    if (!strcmp(w->paths[i], path)) return w->paths[i];
+  char **list = realloc(w->paths, (w->npaths + 1) * sizeof *list), *copy = strdup(path);
+  if (!list || !copy) {
+    if (list) w->paths = list;
+    free(copy);
+    return NULL;
+  }
+  w->paths = list;
+  return w->paths[w->npaths++] = copy;
+}
+
+/* Under mpirun, every file's mapped tensor bytes are kept for the ranks' digest. */
+static int collect_files(void *user, stab_probe_file_event event, const char *path, const void *lo, size_t len) {
+  probe_watch *w = user;
+  if (event != STAB_PROBE_FILE_MAPPED || w->job->size < 2) return 0;
+  const char *kept = kept_path(w, path);
+  probe_mapped *more = kept ? realloc(w->spans, (w->nspans + 1) * sizeof *more) : NULL;
+  if (!more) {
+    cli_error("out of memory");
+    w->out_of_memory = 1;
+    return 1;
+  }
+  w->spans = more;
+  w->spans[w->nspans++] = (probe_mapped){kept, lo, len};
+  return 0;
 }
 
 /* Past a second, "layer i/n, elapsed, ETA" once a second, from rank 0's first thread. */
@@ -436,7 +481,7 @@ int main(int argc, char **argv) {
   params.prev = o.reference;
   params.kinds = o.kinds, params.nkinds = o.nkinds, params.layouts = o.layouts, params.nlayouts = o.nlayouts;
   params.filters = o.filters, params.nfilters = o.nfilters;
-  params.note_fn = print_note, params.user = &watch;
+  params.note_fn = print_note, params.file_fn = collect_files, params.user = &watch;
   stab_probe *p = NULL;
   stab_probe_row *rows = NULL;
   size_t n = 0;
@@ -450,14 +495,14 @@ int main(int argc, char **argv) {
    * bad input, exit status 2, no report. */
   stab_status st = stab_probe_open(o.checkpoint, &params, &p);
   if (st != STAB_OK) {
-    cli_error("%s", stab_last_error());
-    rc = st == STAB_ENOMEM ? CLI_FAILED : CLI_USAGE;
+    if (!watch.out_of_memory) cli_error("%s", stab_last_error());
+    rc = st == STAB_ENOMEM || watch.out_of_memory ? CLI_FAILED : CLI_USAGE;
     goto out;
   }
   /* the ratios' reference: --init, else the --prev file (the ratio to the earlier checkpoint) */
   if ((o.init || o.reference) && (st = stab_probe_set_init(p, o.init ? o.init : o.reference)) != STAB_OK) {
-    cli_error("%s %s", o.init ? "--init" : "--prev", stab_last_error());
-    rc = st == STAB_ENOMEM ? CLI_FAILED : CLI_USAGE;
+    if (!watch.out_of_memory) cli_error("%s %s", o.init ? "--init" : "--prev", stab_last_error());
+    rc = st == STAB_ENOMEM || watch.out_of_memory ? CLI_FAILED : CLI_USAGE;
     goto out;
   }
   if ((rc = decide_step(&o, p))) goto out;
@@ -467,9 +512,14 @@ int main(int argc, char **argv) {
   /* the rows each rank measures, from the headers alone: every rank knows every owner */
   if (!(owner = split_rows(rows, n, job.size, &items)) || gathered_init(&g, rows, n)) goto oom;
   for (size_t i = 0; i < n; i++) mine[i] = owner[i] == job.rank;
+  /* under mpirun each rank hashes what it read (every file's tensor bytes, the rows): before
+   * anything protects or measures them */
+  if ((rc = probe_ranks_digest(&job, watch.spans, watch.nspans, rows, n))) goto out;
   if (getenv("STAB_PROBE_SHOW_READS") && (rc = show_reads(&job, rows, n, owner, items))) goto out;
   /* every rank has read the same headers alike, or all stop here with the first one's status */
   if ((rc = probe_ranks_agree(&job, rc))) goto out;
+  /* and the same bytes: a node whose copy of the model differs stops every rank, nothing measured */
+  if ((rc = probe_ranks_same_bytes(&job))) goto out;
 
   watch.t0 = watch.last = monotonic_seconds();
   int failed = 0;
@@ -545,6 +595,8 @@ out:
   free(text), free(rows), free(owner), free(items), free(mine);
   gathered_free(&g, n);
   stab_probe_free(p);
+  for (size_t i = 0; i < watch.npaths; i++) free(watch.paths[i]);
+  free(watch.paths), free(watch.spans);
   for (size_t i = 0; i < o.nkinds; i++) free((char *)o.kinds[i].glob);
   for (size_t i = 0; i < o.nlayouts; i++) free((char *)o.layouts[i].glob);
   free(o.kinds), free(o.layouts), free(o.filters);

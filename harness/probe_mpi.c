@@ -6,6 +6,7 @@
 #define _GNU_SOURCE /* open_memstream */
 #include "cli.h"
 #include "probe_ranks.h"
+#include "stabmeter_mpi.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -13,6 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* The variables the launchers set in every process they start: Open MPI's mpirun, PMIx
  * launchers (srun --mpi=pmix, prterun), and MPICH's Hydra or srun's PMI-2. */
@@ -126,6 +129,69 @@ int probe_ranks_agree(probe_ranks *job, int rc) {
    * real stderr: every rank must go on alike) */
   if (job->rank > 0) (void)capture(job);
   return agreed;
+}
+
+/* The rows as the headers describe them, hashed: what a rank would measure and how. */
+static uint64_t digest_rows(const stab_probe_row *rows, size_t n) {
+  uint64_t h = 0;
+  for (size_t i = 0; i < n; i++) {
+    const stab_probe_row *r = &rows[i];
+    const char *strs[] = {r->name, r->tensor, r->dtype, r->bias, r->key_tensor, r->reference_tensor, r->error, r->no_update};
+    for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++)
+      h = stab_mpi_digest(h, strs[k] ? strs[k] : "", strs[k] ? strlen(strs[k]) + 1 : 0);
+    const uint64_t nums[] = {r->kind, r->layout, r->ndim, r->shape[0], r->shape[1], r->shape[2], r->heads, r->kv_heads,
+                             (uint64_t)r->tied, r->n_expert, r->expert};
+    h = stab_mpi_digest(h, nums, sizeof nums);
+  }
+  return h;
+}
+
+int probe_ranks_digest(probe_ranks *job, const probe_mapped *spans, size_t nspans, const stab_probe_row *rows, size_t n) {
+  if (!job->active || job->size < 2) return 0;
+  free(job->digests), free(job->what);
+  job->ndigests = 0;
+  job->digests = malloc((nspans + 1) * sizeof *job->digests);
+  job->what = malloc((nspans + 1) * sizeof *job->what);
+  if (!job->digests || !job->what) {
+    cli_error("rank %d: out of memory for the checkpoint's digests", job->rank);
+    return 1;
+  }
+  const long page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+  for (size_t k = 0; k < nspans; k++) {
+    /* in pieces of 64 MiB, each handed back once hashed: the digest costs one read of the
+     * file, not its size in memory */
+    const unsigned char *p = spans[k].lo;
+    uint64_t h = 0;
+    for (size_t off = 0; off < spans[k].len;) {
+      size_t piece = spans[k].len - off < ((size_t)64 << 20) ? spans[k].len - off : (size_t)64 << 20;
+      h = stab_mpi_digest(h, p + off, piece);
+      uintptr_t a = ((uintptr_t)(p + off) + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+      uintptr_t b = ((uintptr_t)(p + off + piece)) & ~((uintptr_t)page - 1);
+      if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+      off += piece;
+    }
+    job->digests[k] = h;
+    job->what[k] = spans[k].path;
+  }
+  job->digests[nspans] = digest_rows(rows, n);
+  job->what[nspans] = "rows (the layers its headers describe: names, kinds, types, shapes, heads)";
+  job->ndigests = nspans + 1;
+  return 0;
+}
+
+int probe_ranks_same_bytes(probe_ranks *job) {
+  if (!job->active || job->size < 2) return 0;
+  stab_status st = stab_mpi_same_digests(MPI_COMM_WORLD, "stabmeter-probe", job->what,
+                                         job->digests, job->ndigests, NULL, NULL);
+  free(job->digests), free(job->what);
+  job->digests = NULL, job->what = NULL, job->ndigests = 0;
+  if (st == STAB_OK) return 0;
+  if (job->rank == 0)
+    fprintf(stderr, "%s%s\n", stab_last_error(),
+            st == STAB_EINVAL ? ": the ranks must read the same checkpoint (a node's own copy that is stale, or "
+                                "another model?); nothing measured"
+                              : "");
+  return st == STAB_EINVAL ? 2 : 1;
 }
 
 /* A record of one row: its index, measured, head count, the metrics, then the head bounds. */

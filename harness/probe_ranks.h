@@ -7,6 +7,7 @@
 #define STAB_PROBE_RANKS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "stabmeter.h"
@@ -19,7 +20,17 @@ typedef struct {
   char *captured;   /* the capture's text */
   size_t captured_len;
   char tripped[4096]; /* rank 0: the file a rank's guard caught shrinking */
+  uint64_t *digests;  /* probe_ranks_digest's: one per file, then the rows' description */
+  const char **what;  /* (ndigests) what each digest is of */
+  size_t ndigests;
 } probe_ranks;
+
+/* A file's mapped tensor bytes, as the library's file_fn hands them over. */
+typedef struct {
+  const char *path;
+  const void *lo;
+  size_t len;
+} probe_mapped;
 
 /* Where one row's results live: filled by the rank that measures the row, received by rank 0. */
 typedef struct {
@@ -41,6 +52,17 @@ int probe_ranks_start(probe_ranks *job, int *argc, char ***argv);
  * first non-zero one in rank order, the same on every rank; when the ranks disagree, rank 0
  * prints the messages of the ranks whose status differs from its own. */
 int probe_ranks_agree(probe_ranks *job, int rc);
+
+/* Not collective, on more than one rank only: hashes every byte of the files' tensor spans (each
+ * span read once, its pages handed back after) and the rows as the headers describe them (names,
+ * kinds, types, shapes, heads, reasons), kept in job for probe_ranks_same_bytes. Call before
+ * anything protects or measures the mappings. 0, or 1 after a message (no memory). */
+int probe_ranks_digest(probe_ranks *job, const probe_mapped *spans, size_t nspans, const stab_probe_row *rows, size_t n);
+
+/* Collective, after probe_ranks_agree gave 0 on every rank: the ranks read the same bytes. One
+ * exchange (stab_mpi_same_digests) compares every rank's digests with rank 0's. 0 when they
+ * agree; else rank 0 prints which rank and which file differ and every rank gets 2. */
+int probe_ranks_same_bytes(probe_ranks *job);
 
 /* Collective, after probe_ranks_agree gave 0 on every rank: rank 0 receives the results of
  * every row another rank owns (owner[i], the same on every rank), and every rank's outcome:
@@ -64,6 +86,12 @@ static inline int probe_ranks_start(probe_ranks *job, int *argc, char ***argv) {
   return 0;
 }
 static inline int probe_ranks_agree(probe_ranks *job, int rc) { return job->agreed = 1, rc; }
+static inline int probe_ranks_digest(probe_ranks *job, const probe_mapped *spans, size_t nspans,
+                                     const stab_probe_row *rows, size_t n) {
+  (void)job, (void)spans, (void)nspans, (void)rows, (void)n;
+  return 0;
+}
+static inline int probe_ranks_same_bytes(probe_ranks *job) { return (void)job, 0; }
 static inline int probe_ranks_gather(probe_ranks *job, const probe_result *res, size_t n, const int *owner,
                                      int *failed, const char **tripped) {
   (void)job, (void)res, (void)n, (void)owner, (void)failed, (void)tripped;

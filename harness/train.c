@@ -1015,6 +1015,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
   rc = 1;
   model_init_params(&m, o.seed, o.optimizer == OPTIM_ADAMW);
   size_t start = 0;
+  int moments_read = 0; /* --resume read the AdamW moments beside the checkpoint */
   if (o.resume) {
     char msg[1024];
     ckpt_part weights = {"", m.params};
@@ -1073,6 +1074,7 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
       }
       opt.step = (long)start;
       how = " with its AdamW moments";
+      moments_read = 1;
     }
     cli_error("resuming from %s at step %zu%s", o.resume, start, how);
   }
@@ -1186,6 +1188,18 @@ static int train_run(const options *opts, const data_set *data, kind_means *mean
 setup_end:
   if ((rc = together(world, rc))) goto out;
   rc = 1;
+  if (o.resume && world) {
+    /* every rank read its own copy of the checkpoint: the same bytes, or nobody trains (each
+     * rank's share of every step would be measured on other weights) */
+    const uint64_t at = start;
+    const float *mom = tensor ? whole_m : opt.m, *mom2 = tensor ? whole_v : opt.v;
+    const char *what[] = {"its step", "the weights", "the AdamW exp_avg", "the AdamW exp_avg_sq"};
+    const void *bytes[] = {&at, m.params, mom, mom2};
+    const size_t sizes[] = {sizeof at, m.n_params * sizeof *m.params, m.n_params * sizeof *mom,
+                            m.n_params * sizeof *mom2};
+    if ((rc = train_world_same_input(world, o.resume, what, bytes, sizes, moments_read ? 4 : 2))) goto out;
+    rc = 1;
+  }
   int tty = isatty(STDERR_FILENO);
   size_t every_line = o.steps / 20 ? o.steps / 20 : 1;
   data_rng rng = {o.seed * 0x9e3779b97f4a7c15ull + 7};

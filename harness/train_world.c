@@ -270,3 +270,33 @@ int train_world_same_bits(train_world *w, const void *p, size_t bytes, uint64_t 
   free(all);
   return 0;
 }
+
+int train_world_same_input(train_world *w, const char *file, const char *const *what, const void *const *bytes,
+                           const size_t *sizes, size_t n) {
+  uint64_t *d = malloc((n ? n : 1) * sizeof *d);
+  char **names = malloc((n ? n : 1) * sizeof *names);
+  int bad = !d || !names;
+  for (size_t i = 0; !bad && i < n; i++) {
+    d[i] = stab_mpi_digest(0, bytes[i], sizes[i]);
+    size_t len = strlen(file) + strlen(what[i]) + 8;
+    if (!(names[i] = malloc(len))) bad = 1, n = i;
+    else snprintf(names[i], len, "%s (%s)", file, what[i]);
+  }
+  if (bad) cli_error("rank %d: out of memory", w->rank);
+  int rc = 1;
+  if (!train_world_agree(w, bad)) {
+    stab_status st = stab_mpi_same_digests(w->comm, "cannot resume", (const char *const *)names, d, n, NULL, NULL);
+    if (st == STAB_OK) rc = 0;
+    else {
+      if (w->rank == 0)
+        cli_error("%s%s", stab_last_error(),
+                  st == STAB_EINVAL ? ": every rank must resume from the same checkpoint (a node's own copy that is "
+                                      "stale?); nothing trained"
+                                    : "");
+      rc = st == STAB_EINVAL ? 2 : 1;
+    }
+  }
+  for (size_t i = 0; names && i < n; i++) free(names[i]);
+  free(names), free(d);
+  return rc;
+}

@@ -85,6 +85,13 @@ stab_status train_world_measure(train_world *w, stab_monitor *m, int with_update
  * all agree. Returns 0 or 1 (message on stderr). */
 int train_world_same_bits(train_world *w, const void *p, size_t bytes, uint64_t *hash, int *differing);
 
+/* Collective, right after a resume loaded its checkpoint on every rank: the ranks loaded the same
+ * bytes. Each rank hashes the n pieces it read (stab_mpi_digest of bytes[i], named what[i]) and
+ * one exchange compares them with rank 0's (stab_mpi_same_digests). 0 when they agree; 2 after
+ * rank 0 named the rank, the file and the piece that differ; 1 on another failure. */
+int train_world_same_input(train_world *w, const char *file, const char *const *what, const void *const *bytes,
+                           const size_t *sizes, size_t n);
+
 #else /* without MPI there is never a world: train.c passes NULL, and these are not reached */
 
 static inline int train_world_launched(void) { return 0; }
@@ -114,6 +121,10 @@ static inline stab_status train_world_measure(train_world *w, stab_monitor *m, i
 static inline int train_world_same_bits(train_world *w, const void *p, size_t bytes, uint64_t *hash,
                                         int *differing) {
   return (void)w, (void)p, (void)bytes, *hash = 0, *differing = -1, 1;
+}
+static inline int train_world_same_input(train_world *w, const char *file, const char *const *what,
+                                         const void *const *bytes, const size_t *sizes, size_t n) {
+  return (void)w, (void)file, (void)what, (void)bytes, (void)sizes, (void)n, 1;
 }
 
 #endif

@@ -1170,7 +1170,8 @@ typedef struct {
 
 /* Reads path (a regular file of at most 1 MiB) into *out. Errors (STAB_EFORMAT unless said),
  * each naming the file and the key: not JSON or not an object; a count that is not a whole
- * number (a string "abc", 12.5, -1, 0 for a size); two names of one value that disagree
+ * number (a string "abc", 12.5, -1, 0 for a size; 4.0 and 4e0 are the number 4, as JSON
+ * numbers are); two names of one value that disagree
  * (num_attention_heads and n_head); num_key_value_heads not dividing num_attention_heads;
  * tie_word_embeddings not a boolean; model_type not a string; architectures not an array of
  * strings; STAB_EIO, STAB_ERANGE as stab_input_open; STAB_EINVAL for NULL arguments. On

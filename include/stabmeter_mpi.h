@@ -201,6 +201,27 @@ stab_status stab_mpi_linear_measure_batch(stab_mpi_linear *const *h, size_t n, c
 /* Frees the handle and its communicators: collective as MPI_Comm_free is. NULL is a no-op. */
 void stab_mpi_linear_free(stab_mpi_linear *h);
 
+/* ---- the same bytes on every rank -------------------------------------------------- */
+
+/* A 64-bit non-cryptographic hash of n bytes (NULL with n = 0: the empty input), chained by
+ * seed (pass a previous digest to hash a sequence of pieces; 0 to start). The same value on
+ * every host (the bytes read as little-endian words). Four independent multiply-rotate lanes
+ * over 32-byte blocks and splitmix64's finaliser: it reads memory at several GB/s, far less time
+ * than fetching the bytes from a file system or measuring them takes; not a defence against
+ * bytes chosen to collide. Thread-safe. */
+uint64_t stab_mpi_digest(uint64_t seed, const void *bytes, size_t n);
+
+/* Every rank of comm holds n digests of what it read, what[i] naming item i (a file, "the
+ * weights"); the ranks agree that they read the same: one MPI_Allgather of the counts, then one
+ * of the n digests. Collective. STAB_OK when every rank's digests equal rank 0's; else, on every
+ * rank alike, STAB_EINVAL with *rank (>= 1) and *item the first that differs and the message
+ * "WHO: WHAT: rank R read other bytes than rank 0 (64-bit hash ..., rank 0's ...)" (WHAT as the
+ * calling rank names item i), or "rank R read N items, rank 0 M" when the counts differ (*item 0). STAB_ENOMEM when some rank has no room,
+ * STAB_EIO when MPI fails. rank and item may be NULL; who prefixes the message (NULL: the
+ * function's name). Allocates 8 n P bytes for the exchange. */
+stab_status stab_mpi_same_digests(MPI_Comm comm, const char *who, const char *const *what, const uint64_t *digest,
+                                  size_t n, int *rank, size_t *item);
+
 #ifdef __cplusplus
 }
 #endif

@@ -509,6 +509,7 @@ stab_status stab_gguf_open(const char *path, stab_gguf **out) {
 uint32_t stab_gguf_version(const stab_gguf *f) { return f ? f->version : 0; }
 uint64_t stab_gguf_alignment(const stab_gguf *f) { return f ? f->alignment : 0; }
 size_t stab_gguf_count(const stab_gguf *f) { return f ? f->count : 0; }
+uint64_t stabi_gguf_file_size(const stab_gguf *f) { return f ? f->file.size : 0; }
 
 const stab_ckpt_tensor *stab_gguf_tensor(const stab_gguf *f, size_t index) {
   return f && index < f->count ? &f->tensors[index] : NULL;

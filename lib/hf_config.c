@@ -4,6 +4,8 @@
  * measurement. */
 #include "internal.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -41,15 +43,20 @@ static stab_status get_count(const scopes *s, const char *const *keys, uint64_t 
     if (v->type != STABI_JSON_NUMBER)
       return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %s%s%.40s%s, not a whole number", s->path, where, keys[k],
                         stabi_json_type_name(v), str ? " \"" : "", str ? v->s : "", str ? "\"" : "");
-    if (!v->is_uint || v->u < lo || v->u > COUNT_MAX)
-      return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %g, not a whole number from %llu to %llu (in digits)", s->path, where,
+    /* a number is its value, however written: 4, 4.0 and 4e0 are four heads (JSON has one number
+     * type; Python's json writes a float 4.0 where a config held one) */
+    uint64_t u = v->is_uint ? v->u : 0;
+    int whole = v->is_uint || (isfinite(v->num) && v->num >= 0 && v->num <= (double)COUNT_MAX && v->num == floor(v->num));
+    if (whole && !v->is_uint) u = (uint64_t)v->num;
+    if (!whole || u < lo || u > COUNT_MAX)
+      return stabi_fail(STAB_EFORMAT, "%s: \"%s%s\" is %.17g, not a whole number from %llu to %llu", s->path, where,
                         keys[k], v->num, (unsigned long long)lo, (unsigned long long)COUNT_MAX);
     if (!first) {
-      first = keys[k], *out = (size_t)v->u;
+      first = keys[k], *out = (size_t)u;
       if (found) *found = keys[k];
-    } else if ((size_t)v->u != *out)
+    } else if ((size_t)u != *out)
       return stabi_fail(STAB_EFORMAT, "%s: \"%s\" is %llu but \"%s\" is %zu (the same value under two names)", s->path,
-                        keys[k], (unsigned long long)v->u, first, *out);
+                        keys[k], (unsigned long long)u, first, *out);
   }
   return STAB_OK;
 }

@@ -29,6 +29,10 @@ static stab_status gguf_count(const stab_gguf *f, const char *arch, const char *
   snprintf(key, sizeof key, "%s.attention.%s", arch, what);
   const stab_gguf_kv *kv = stab_gguf_find_metadata(f, key);
   if (!kv || (arrays_unknown && kv->type == STAB_GGUF_ARRAY)) return STAB_ENOTFOUND;
+  if (kv->type == STAB_GGUF_ARRAY) /* GGUF allows a count per layer; the rows take one for all */
+    return stabi_fail(STAB_ERANGE, "the GGUF metadata's %s is an array of %llu %s (a count per layer), not one count "
+                      "for every layer (give --heads H)", key, (unsigned long long)kv->len,
+                      stab_gguf_value_type_name(kv->elem_type));
   uint64_t h = 0;
   stab_status st = stab_gguf_get_uint(f, key, &h);
   if (st == STAB_OK && h > 0 && h <= STAB_MODEL_MAX_HEADS) return *v = (size_t)h, STAB_OK;

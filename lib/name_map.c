@@ -24,6 +24,25 @@ static const module_pair llama_blocks[] = {
     {"ffn_gate", "mlp.gate_proj", STAB_QK_NONE, 0, 0},     {"ffn_up", "mlp.up_proj", STAB_QK_NONE, 0, 0},
     {"ffn_down", "mlp.down_proj", STAB_QK_NONE, 0, 0},     {"attn_norm", "input_layernorm", STAB_QK_NONE, 0, 1},
     {"ffn_norm", "post_attention_layernorm", STAB_QK_NONE, 0, 1}, {NULL, NULL, STAB_QK_NONE, 0, 0}};
+/* Llama's names plus the router of a mixture of experts: Mixtral converts as "llama" (its experts,
+ * 3-D ffn_*_exps in GGUF and one tensor per expert in HF, are not mapped). */
+static const module_pair mixtral_blocks[] = {
+    {"attn_q", "self_attn.q_proj", STAB_QK_QUERY, 0, 0},   {"attn_k", "self_attn.k_proj", STAB_QK_KEY, 0, 0},
+    {"attn_v", "self_attn.v_proj", STAB_QK_NONE, 0, 0},    {"attn_output", "self_attn.o_proj", STAB_QK_NONE, 0, 0},
+    {"ffn_gate", "mlp.gate_proj", STAB_QK_NONE, 0, 0},     {"ffn_up", "mlp.up_proj", STAB_QK_NONE, 0, 0},
+    {"ffn_down", "mlp.down_proj", STAB_QK_NONE, 0, 0},     {"attn_norm", "input_layernorm", STAB_QK_NONE, 0, 1},
+    {"ffn_norm", "post_attention_layernorm", STAB_QK_NONE, 0, 1},
+    {"ffn_gate_inp", "block_sparse_moe.gate", STAB_QK_NONE, 0, 0}, {NULL, NULL, STAB_QK_NONE, 0, 0}};
+/* Qwen2-MoE ("qwen2moe"): Qwen2's names, the router mlp.gate and the shared expert with its gate. */
+static const module_pair qwen2moe_blocks[] = {
+    {"attn_q", "self_attn.q_proj", STAB_QK_NONE, 0, 0},    {"attn_k", "self_attn.k_proj", STAB_QK_NONE, 0, 0},
+    {"attn_v", "self_attn.v_proj", STAB_QK_NONE, 0, 0},    {"attn_output", "self_attn.o_proj", STAB_QK_NONE, 0, 0},
+    {"attn_norm", "input_layernorm", STAB_QK_NONE, 0, 1},  {"ffn_norm", "post_attention_layernorm", STAB_QK_NONE, 0, 1},
+    {"ffn_gate_inp", "mlp.gate", STAB_QK_NONE, 0, 0},
+    {"ffn_gate_inp_shexp", "mlp.shared_expert_gate", STAB_QK_NONE, 0, 0},
+    {"ffn_gate_shexp", "mlp.shared_expert.gate_proj", STAB_QK_NONE, 0, 0},
+    {"ffn_up_shexp", "mlp.shared_expert.up_proj", STAB_QK_NONE, 0, 0},
+    {"ffn_down_shexp", "mlp.shared_expert.down_proj", STAB_QK_NONE, 0, 0}, {NULL, NULL, STAB_QK_NONE, 0, 0}};
 static const module_pair llama_top[] = {{"token_embd", "model.embed_tokens", STAB_QK_NONE, 0, 0},
                                         {"output", "lm_head", STAB_QK_NONE, 0, 0},
                                         {"output_norm", "model.norm", STAB_QK_NONE, 0, 1},
@@ -58,8 +77,9 @@ typedef struct {
 } arch_table;
 
 static const arch_table archs[] = {
-    {"llama", llama_blocks, llama_top, "model.layers.%zu.", 1, 0.0f},
+    {"llama", mixtral_blocks, llama_top, "model.layers.%zu.", 1, 0.0f},
     {"qwen2", llama_blocks, llama_top, "model.layers.%zu.", 0, 0.0f},
+    {"qwen2moe", qwen2moe_blocks, llama_top, "model.layers.%zu.", 0, 0.0f},
     {"gemma", llama_blocks, llama_top, "model.layers.%zu.", 0, 1.0f},
     {"phi3", phi3_blocks, llama_top, "model.layers.%zu.", 0, 0.0f},
     {"gpt2", gpt2_blocks, gpt2_top, "h.%zu.", 0, 0.0f},

@@ -41,16 +41,19 @@ static int ends_with(const char *s, const char *suffix) {
 
 
 size_t stabi_ck_count(const stabi_ckpt *c) {
+  if (c->gs) return stabi_gguf_split_count(c->gs);
   return c->sh ? stab_sharded_count(c->sh) : c->st ? stab_safetensors_count(c->st)
          : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
 }
 const stab_ckpt_tensor *stabi_ck_tensor(const stabi_ckpt *c, size_t i) {
+  if (c->gs) return stabi_gguf_split_tensor(c->gs, i);
   return c->sh ? stab_sharded_tensor(c->sh, i) : c->st ? stab_safetensors_tensor(c->st, i)
          : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
 }
 static const stab_ckpt_tensor *ck_find(const stabi_ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->sh ? stab_sharded_find(c->sh, name, &i)
+  stab_status st = c->gs ? stabi_gguf_split_find(c->gs, name, &i)
+                   : c->sh ? stab_sharded_find(c->sh, name, &i)
                    : c->st ? stab_safetensors_find(c->st, name, &i)
                    : c->gg ? stab_gguf_find(c->gg, name, &i)
                            : stab_llmc_find(c->lc, name, &i);
@@ -65,6 +68,8 @@ void stabi_ck_meta(const stabi_ckpt *c, size_t i, const char **k, const char **v
 }
 uint64_t stabi_ck_place(const stabi_ckpt *c, const stab_ckpt_tensor *t) {
   size_t i;
+  if (c->gs && stabi_gguf_split_find(c->gs, t->name, &i) == STAB_OK)
+    return stabi_gguf_split_base(c->gs, stabi_gguf_split_shard_of(c->gs, i)) + t->offset;
   if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
   uint64_t base = 0;
   for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++)
@@ -73,11 +78,12 @@ uint64_t stabi_ck_place(const stabi_ckpt *c, const stab_ckpt_tensor *t) {
 }
 static void ck_close(stabi_ckpt *c) {
   stab_safetensors_close(c->st);
-  stab_gguf_close(c->gg);
+  if (c->gs) stabi_gguf_split_close(c->gs); /* its shards, c->gg among them */
+  else stab_gguf_close(c->gg);
   stab_llmc_close(c->lc);
   stab_sharded_close(c->sh);
   stab_shard_index_close(c->siblings);
-  c->st = NULL, c->gg = NULL, c->lc = NULL, c->sh = NULL, c->siblings = NULL;
+  c->st = NULL, c->gg = NULL, c->gs = NULL, c->lc = NULL, c->sh = NULL, c->siblings = NULL;
 }
 
 /* The metrics of a row not measured: NaN, counts 0. */
@@ -214,6 +220,7 @@ static int mapped_file(const stab_probe *p, const char *path, const stab_ckpt_te
 }
 static const stab_ckpt_tensor *ckpt_tensor_of(const void *c, size_t i) { return stabi_ck_tensor(c, i); }
 static const stab_ckpt_tensor *shard_tensor_of(const void *s, size_t i) { return stab_safetensors_tensor(s, i); }
+static const stab_ckpt_tensor *gguf_tensor_of(const void *g, size_t i) { return stab_gguf_tensor(g, i); }
 
 /* config.json of the model: in a sharded model's directory, else beside the file. None there is
  * nothing; one there that is not a readable regular file (a FIFO would block) is ignored with a
@@ -225,7 +232,14 @@ static stab_status read_config(const stab_probe *p, const char *path, stabi_ckpt
   if (f->sh) snprintf(cfg, sizeof cfg, "%s/config.json", stab_sharded_directory(f->sh));
   else snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
   struct stat sb;
-  if (stat(cfg, &sb) != 0) return STAB_OK;
+  if (stat(cfg, &sb) != 0) {
+    /* nothing there is nothing; a name there that leads nowhere (a symbolic link that loops or
+     * dangles, a directory that cannot be searched) is a config.json not read, said */
+    int e = errno;
+    if (e == ENOENT && lstat(cfg, &sb) != 0) return STAB_OK;
+    note(p, "warning: %s: cannot be read (%s); ignored", cfg, e == ENOENT ? "a symbolic link to nothing" : strerror(e));
+    return STAB_OK;
+  }
   stab_status st = stab_hf_config_read(cfg, &f->cfg);
   if (st == STAB_OK || st == STAB_EFORMAT || st == STAB_ERANGE || st == STAB_ENOMEM) return st;
   note(p, "%s; ignored", stab_last_error());
@@ -248,6 +262,21 @@ static stab_status find_siblings(const stab_probe *p, const char *path, stabi_ck
   return st == STAB_ENOMEM ? st : STAB_OK;
 }
 
+/* A GGUF file f->gg (opened from path) that is one shard of a split model (llama.cpp's
+ * gguf-split: metadata split.count > 1): every shard, as one checkpoint whose metadata is the
+ * first shard's. A missing shard is an error naming it: a part of a model measured as the
+ * whole would report its rows as the model's and invent a tied head its other shards hold. */
+static stab_status open_split(const stab_probe *p, const char *path, stabi_ckpt *f) {
+  size_t no, n;
+  stab_status st = stabi_gguf_split_info(f->gg, path, &no, &n);
+  if (st != STAB_OK || n == 1) return st;
+  if ((st = stabi_gguf_split_open(path, f->gg, &f->gs)) != STAB_OK) return st;
+  f->gg = (stab_gguf *)stabi_gguf_split_shard(f->gs, 0);
+  note(p, "note: %s is shard %zu of %zu of a split GGUF model: reading all %zu (%s ... %s) as one checkpoint", path,
+       no + 1, n, n, stabi_gguf_split_shard_path(f->gs, 0), stabi_gguf_split_shard_path(f->gs, n - 1));
+  return STAB_OK;
+}
+
 /* Stops the opening: file_fn said so. */
 static stab_status stopped(const char *path) {
   return stabi_fail(STAB_ESTATE, "%s: opening stopped by the caller's file_fn", path);
@@ -263,7 +292,14 @@ static stab_status open_checkpoint(const stab_probe *p, const char *path, stabi_
   stab_file_kind kind = STAB_FILE_UNKNOWN;
   stab_status st = STAB_OK;
   int sharded = (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || ends_with(path, ".index.json");
-  if (!sharded) {
+  char *split_first = NULL; /* a directory of a split GGUF model: its first shard */
+  if (sharded && S_ISDIR(sb.st_mode)) {
+    st = stabi_gguf_split_first_in(path, &split_first);
+    if (st == STAB_OK) sharded = 0, kind = STAB_FILE_GGUF;
+    else if (st != STAB_ENOTFOUND) return st;
+    st = STAB_OK;
+  }
+  if (!sharded && !split_first) {
     st = stab_ckpt_sniff(path, &kind);
     if (kind == STAB_FILE_SHARD_INDEX) sharded = 1, st = STAB_OK;
   }
@@ -274,8 +310,10 @@ static stab_status open_checkpoint(const stab_probe *p, const char *path, stabi_
   if (st == STAB_OK)
     st = sharded                  ? stab_sharded_open(path, &f->sh)
          : kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
-         : kind == STAB_FILE_GGUF ? stab_gguf_open(path, &f->gg)
+         : kind == STAB_FILE_GGUF ? stab_gguf_open(split_first ? split_first : path, &f->gg)
                                   : stab_safetensors_open(path, &f->st);
+  if (st == STAB_OK && f->gg) st = open_split(p, split_first ? split_first : path, f);
+  free(split_first);
   if (file_event(p, STAB_PROBE_FILE_OPENED, path, NULL, 0)) return stopped(path);
   if (st != STAB_OK) return st;
   /* from here on, the mapped bytes the tensors span, file by file */
@@ -286,6 +324,12 @@ static stab_status open_checkpoint(const stab_probe *p, const char *path, stabi_
         return stopped(path);
     }
     if (stab_sharded_warning(f->sh)) note(p, "warning: %s", stab_sharded_warning(f->sh));
+  } else if (f->gs) {
+    for (size_t k = 0; k < stabi_gguf_split_shard_count(f->gs); k++) {
+      const stab_gguf *g = stabi_gguf_split_shard(f->gs, k);
+      if (mapped_file(p, stabi_gguf_split_shard_path(f->gs, k), gguf_tensor_of, g, stab_gguf_count(g)))
+        return stopped(path);
+    }
   } else if (mapped_file(p, path, ckpt_tensor_of, f, stabi_ck_count(f))) {
     return stopped(path);
   }
@@ -525,29 +569,39 @@ static stab_status match_reference(const stab_probe *p, const stabi_ckpt *cur, c
 
 /* ---- the step ------------------------------------------------------------------------ */
 
-/* The step in a checkpoint's file name: "step" (any case) followed by an optional '-', '_'
- * or '.' and digits, the last such in the name (step-000100.safetensors, as harness/train
- * names them); else digits after a '_' or '-' that end the name before its extension (llm.c's
- * model_00005000.bin). -1 if neither. */
+/* The step a checkpoint's file or directory name states, or -1. Only names that say "this is
+ * step N": the word "step" or "checkpoint" (any case, at the start of the name or after a
+ * character that is not a letter or digit) followed by an optional '-', '_' or '.' and digits
+ * that end there (step-000100.safetensors as harness/train names them, the Hugging Face
+ * Trainer's checkpoint-500), the last such in the name; or llm.c's model_00005000.bin (the whole
+ * stem "model_" and digits). Never any other number of the name: a model's version or size
+ * (tinyllama-1.1b-chat-v1.0) or a shard's index (model-00001-of-00003) is no step. */
 static int64_t step_from_name(const char *path) {
+  static const char *const words[] = {"step", "checkpoint", NULL};
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
   int64_t step = -1;
   for (const char *p = base; *p; p++) {
-    if (strncasecmp(p, "step", 4)) continue;
-    const char *q = p + 4;
-    if (*q == '-' || *q == '_' || *q == '.') q++;
-    int64_t v = 0;
-    int digits = 0;
-    while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
-    if (digits && !(*q >= '0' && *q <= '9')) step = v;
+    if (p > base && ((p[-1] >= '0' && p[-1] <= '9') || (p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= 'A' && p[-1] <= 'Z')))
+      continue;
+    for (size_t w = 0; words[w]; w++) {
+      size_t n = strlen(words[w]);
+      if (strncasecmp(p, words[w], n)) continue;
+      const char *q = p + n;
+      if (*q == '-' || *q == '_' || *q == '.') q++;
+      int64_t v = 0;
+      int digits = 0;
+      while (*q >= '0' && *q <= '9' && digits < 18) v = v * 10 + (*q++ - '0'), digits++;
+      int letter_after = (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z');
+      if (digits && !(*q >= '0' && *q <= '9') && !letter_after) step = v;
+    }
   }
   if (step >= 0) return step;
   size_t stem = strcspn(base, ".");
-  size_t k = stem;
-  while (k > 0 && base[k - 1] >= '0' && base[k - 1] <= '9') k--;
-  if (k == stem || stem - k > 18 || k == 0 || (base[k - 1] != '_' && base[k - 1] != '-')) return -1;
-  for (step = 0; k < stem; k++) step = step * 10 + (base[k] - '0');
+  if (stem <= 6 || strncmp(base, "model_", 6) || stem - 6 > 18) return -1;
+  for (size_t k = 6; k < stem; k++)
+    if (base[k] < '0' || base[k] > '9') return -1;
+  for (size_t k = 6; k < stem; k++) step = (step < 0 ? 0 : step * 10) + (base[k] - '0');
   return step;
 }
 
@@ -649,6 +703,8 @@ stab_status stab_probe_open(const char *path, const stab_probe_params *params, s
   if (out) *out = NULL;
   if (!path || !params || !out)
     return stabi_fail(STAB_EINVAL, "stab_probe_open: NULL %s", !path ? "path" : !params ? "params" : "out");
+  if (!*path || (params->prev && !*params->prev))
+    return stabi_fail(STAB_EINVAL, "stab_probe_open: %s is an empty path", !*path ? "the checkpoint" : "params.prev");
   stab_probe *p = calloc(1, sizeof *p);
   if (!p) return stabi_fail(STAB_ENOMEM, "stab_probe_open: out of memory");
   p->tied_src = SIZE_MAX;
@@ -736,6 +792,7 @@ static stab_status match_init(stab_probe *p, const char *path) {
 
 stab_status stab_probe_set_init(stab_probe *p, const char *path) {
   if (!p || !path) return stabi_fail(STAB_EINVAL, "stab_probe_set_init: NULL %s", p ? "path" : "probe");
+  if (!*path) return stabi_fail(STAB_EINVAL, "stab_probe_set_init: the path is empty");
   if (p->init) return stabi_fail(STAB_ESTATE, "stab_probe_set_init: %s: the probe has an init reference already", path);
   /* the init side is opened and described as the checkpoint is (its own metadata: heads,
    * attn_scale, config.json), without --prev or filters: rows are matched afterwards */
@@ -772,6 +829,28 @@ size_t stab_probe_count(const stab_probe *p) { return p ? p->n : 0; }
 /* The file t's bytes are in (of checkpoint c, opened from path) and their offset there: found
  * by address, a tensor's mapping being its file's (a view into a 3-D experts tensor too). */
 static const char *file_of(const stabi_ckpt *c, const char *path, const stab_ckpt_tensor *t, uint64_t *offset) {
+  if (c->gs) {
+    size_t i;
+    if (stabi_gguf_split_find(c->gs, t->name, &i) == STAB_OK) {
+      const stab_gguf *g = stabi_gguf_split_shard(c->gs, stabi_gguf_split_shard_of(c->gs, i));
+      const stab_ckpt_tensor *first = stab_gguf_tensor(g, 0);
+      const unsigned char *base = first->data - first->offset;
+      if (t->data >= base && t->data < base + stabi_gguf_file_size(g)) {
+        *offset = (uint64_t)(t->data - base);
+        return stabi_gguf_split_shard_path(c->gs, stabi_gguf_split_shard_of(c->gs, i));
+      }
+    }
+    /* a view into an experts tensor: by address, shard by shard */
+    for (size_t k = 0; k < stabi_gguf_split_shard_count(c->gs); k++) {
+      const stab_gguf *g = stabi_gguf_split_shard(c->gs, k);
+      const stab_ckpt_tensor *first = stab_gguf_tensor(g, 0);
+      if (!first) continue;
+      const unsigned char *base = first->data - first->offset;
+      if (t->data < base || t->data >= base + stabi_gguf_file_size(g)) continue;
+      *offset = (uint64_t)(t->data - base);
+      return stabi_gguf_split_shard_path(c->gs, k);
+    }
+  }
   size_t files = c->sh ? stab_sharded_shard_count(c->sh) : 1;
   for (size_t k = 0; k < files; k++) {
     const stab_safetensors *s = c->sh ? stab_sharded_shard(c->sh, k) : c->st;

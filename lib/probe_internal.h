@@ -13,7 +13,8 @@
 /* A checkpoint: one of safetensors, GGUF, llm.c, or every shard of a sharded model. */
 typedef struct {
   stab_safetensors *st;
-  stab_gguf *gg;
+  stab_gguf *gg;              /* with gs: its first shard (the model's metadata), gs's */
+  stabi_gguf_split *gs;       /* a split GGUF model: every shard, or NULL */
   stab_llmc *lc;
   stab_sharded *sh;           /* a directory or an index: every shard */
   stab_shard_index *siblings; /* st is one shard of the model this index describes, or NULL */

@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[512] = "no error";
 static stab_message_fn message_fn;
@@ -38,9 +39,13 @@ void stab_set_message_handler(stab_message_fn fn, void *user) {
 
 stab_status stabi_fail(stab_status status, const char *fmt, ...) {
   va_list ap;
+  /* formatted aside first: a message may quote the last one (stab_last_error() as an argument),
+   * and vsnprintf into the buffer it reads from is undefined (glibc leaves it empty) */
+  char text[sizeof last_error];
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
+  memcpy(last_error, text, sizeof text);
   if (message_fn) message_fn(message_user, last_error);
   return status;
 }

@@ -35,6 +35,12 @@ static const pair pairs[] = {
     {"llama", "blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight", STAB_QK_NONE, 0, 0},
     {"llama", "blk.7.attn_norm.weight", "model.layers.7.input_layernorm.weight", STAB_QK_NONE, 0, 0},
     {"llama", "blk.7.ffn_norm.weight", "model.layers.7.post_attention_layernorm.weight", STAB_QK_NONE, 0, 0},
+    /* routers of mixtures of experts: Mixtral (converted as llama), Qwen2-MoE with its shared expert */
+    {"llama", "blk.5.ffn_gate_inp.weight", "model.layers.5.block_sparse_moe.gate.weight", STAB_QK_NONE, 0, 0},
+    {"qwen2moe", "blk.2.ffn_gate_inp.weight", "model.layers.2.mlp.gate.weight", STAB_QK_NONE, 0, 0},
+    {"qwen2moe", "blk.2.ffn_gate_inp_shexp.weight", "model.layers.2.mlp.shared_expert_gate.weight", STAB_QK_NONE, 0, 0},
+    {"qwen2moe", "blk.2.ffn_up_shexp.weight", "model.layers.2.mlp.shared_expert.up_proj.weight", STAB_QK_NONE, 0, 0},
+    {"qwen2moe", "blk.2.attn_q.weight", "model.layers.2.self_attn.q_proj.weight", STAB_QK_NONE, 0, 0},
     /* Qwen2: Llama's names (with q/k/v biases), rows as HF has them */
     {"qwen2", "blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight", STAB_QK_NONE, 0, 0},
     {"qwen2", "blk.3.attn_k.bias", "model.layers.3.self_attn.k_proj.bias", STAB_QK_NONE, 0, 0},

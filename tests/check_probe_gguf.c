@@ -602,6 +602,49 @@ START_TEST(test_quant_malformed) {
 }
 END_TEST
 
+/* <arch>.attention.head_count stored per layer (an array, as GGUF allows and llama.cpp writes for
+ * models whose layers differ): every attention row is not measured, its reason naming the key. */
+START_TEST(test_head_count_per_layer) {
+  make_tmpdir();
+  gw_file w;
+  gw_init(&w);
+  gw_kv_str(&w, "general.architecture", "llama");
+  static const uint32_t per_layer[2] = {2, 2};
+  gw_kv_u32_array(&w, "llama.attention.head_count", per_layer, 2);
+  float q[8 * 8];
+  for (int i = 0; i < 64; i++) q[i] = (float)((i * 37) % 11) - 5.0f;
+  const uint64_t ne[2] = {8, 8};
+  gw_tensor(&w, "blk.0.attn_q.weight", 2, ne, GW_F32, q, sizeof q);
+  gw_tensor(&w, "blk.0.attn_k.weight", 2, ne, GW_F32, q, sizeof q);
+  ck_assert_int_eq(gw_write(&w, tmp_path("h.gguf")), 0);
+  stab_probe_params pp = stab_probe_default_params();
+  stab_probe *p = NULL;
+  ck_assert_msg(stab_probe_open(tmp_path("h.gguf"), &pp, &p) == STAB_OK, "%s", stab_last_error());
+  int seen = 0;
+  for (size_t i = 0; i < stab_probe_count(p); i++) {
+    stab_probe_row r;
+    ck_assert_int_eq(stab_probe_row_at(p, i, &r), STAB_OK);
+    if (r.kind != STAB_KIND_ATTENTION) continue;
+    seen = 1;
+    ck_assert_msg(r.error && strstr(r.error, "llama.attention.head_count") && strstr(r.error, "per layer") &&
+                      strstr(r.error, "--heads"),
+                  "attention row's reason: '%s'", r.error ? r.error : "(none)");
+  }
+  ck_assert_msg(seen, "no attention row");
+  stab_probe_free(p);
+  /* --heads decides instead */
+  pp.heads = 2;
+  ck_assert_int_eq(stab_probe_open(tmp_path("h.gguf"), &pp, &p), STAB_OK);
+  for (size_t i = 0; i < stab_probe_count(p); i++) {
+    stab_probe_row r;
+    ck_assert_int_eq(stab_probe_row_at(p, i, &r), STAB_OK);
+    if (r.kind == STAB_KIND_ATTENTION) ck_assert_msg(!r.error && r.heads == 2, "with --heads 2: %s", r.error);
+  }
+  stab_probe_free(p);
+  remove_tmpdir();
+}
+END_TEST
+
 static Suite *probe_gguf_suite(void) {
   Suite *s = suite_create("probe_gguf");
   TCase *tc = tcase_create("values");
@@ -609,6 +652,7 @@ static Suite *probe_gguf_suite(void) {
   tcase_add_test(tc, test_values_and_metadata);
   tcase_add_test(tc, test_alignment);
   tcase_add_test(tc, test_string_value_bytes_kept);
+  tcase_add_test(tc, test_head_count_per_layer);
   suite_add_tcase(s, tc);
   tc = tcase_create("quantized");
   tcase_set_timeout(tc, 120);

@@ -143,6 +143,31 @@ static int read_truncated_in_child(int program_handler) {
   return status;
 }
 
+/* A model of more than a thousand files (a sharded model of that many shards): the last file
+ * mapped is guarded as the first is. One small file, mapped 1,100 times over, then cut. */
+START_TEST(test_many_files_guarded) {
+  enum { FILES = 1100, SIDE = 64 };
+  snprintf(path, sizeof path, "/tmp/check_probe_sigbus_many.XXXXXX");
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  float *a = tu_floats(SIDE * SIDE);
+  for (size_t i = 0; i < SIDE * SIDE; i++) a[i] = (float)i;
+  stw_tensor w = {"w.weight", "F32", 2, {SIDE, SIDE}, a, SIDE * SIDE * 4};
+  ck_assert_int_eq(stw_write(path, &w, 1, NULL), 0);
+  stab_safetensors **f = calloc(FILES, sizeof *f);
+  for (int i = 0; i < FILES; i++) TU_ASSERT_OK(stab_safetensors_open(path, &f[i]));
+  const stab_ckpt_tensor *t = stab_safetensors_tensor(f[FILES - 1], 0);
+  ck_assert_int_eq(truncate(path, (off_t)t->offset + 4), 0); /* the tensor's later pages are gone */
+  float *out = tu_floats(SIDE * SIDE);
+  ck_assert_int_eq(stab_ckpt_read_f32(t, 0, SIDE * SIDE, out), STAB_EIO);
+  ck_assert_msg(strstr(stab_last_error(), path), "message: %s", stab_last_error());
+  for (int i = 0; i < FILES; i++) stab_safetensors_close(f[i]);
+  unlink(path);
+  free(f), free(out), free(a);
+}
+END_TEST
+
 START_TEST(test_unguarded_sigbus_still_kills) {
   float *a = write_checkpoint(0);
   int status = read_truncated_in_child(0);
@@ -171,6 +196,7 @@ static Suite *sigbus_suite(void) {
   tcase_add_test(tc, test_probe_measure_fails);
   tcase_add_test(tc, test_unguarded_sigbus_still_kills);
   tcase_add_test(tc, test_program_handler_chained);
+  tcase_add_test(tc, test_many_files_guarded);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -99,6 +99,11 @@ START_TEST(test_config_values) {
   /* Python's json.dump writes infinities and NaN as words: read as numbers, never as counts */
   c = config_of("{\"n_head\": 4, \"max_position_embeddings\": Infinity, \"eps\": [NaN, -Infinity]}");
   ck_assert_uint_eq(c.num_attention_heads, 4);
+  /* a whole number however JSON writes it: 4.0 (Python's json for a float) and 4e0 are 4 */
+  c = config_of("{\"num_attention_heads\": 4.0, \"num_key_value_heads\": 2e0, \"hidden_size\": 64.00}");
+  ck_assert_uint_eq(c.num_attention_heads, 4);
+  ck_assert_uint_eq(c.num_key_value_heads, 2);
+  ck_assert_uint_eq(c.hidden_size, 64);
   stab_hf_config bad;
   ck_assert_int_eq(stab_hf_config_read(put("config.json", "{\"n_head\": Infinity}"), &bad), STAB_EFORMAT);
   ck_assert(strstr(stab_last_error(), "\"n_head\" is inf, not a whole number") != NULL);
@@ -128,7 +133,8 @@ START_TEST(test_config_errors) {
       {"{\"num_attention_heads\": 4.5}", "\"num_attention_heads\" is 4.5, not a whole number"},
       {"{\"num_attention_heads\": -4}", "\"num_attention_heads\" is -4, not a whole number"},
       {"{\"num_attention_heads\": 0}", "\"num_attention_heads\" is 0, not a whole number from 1"},
-      {"{\"num_attention_heads\": 1e3}", "\"num_attention_heads\" is 1000, not a whole number"},
+      {"{\"num_attention_heads\": 1e13}", "\"num_attention_heads\" is 10000000000000, not a whole number from 1 to"},
+      {"{\"num_attention_heads\": 4.000001}", "\"num_attention_heads\" is 4.0000010000000001, not a whole number"},
       {"{\"vocab_size\": 99999999999999999999}", "\"vocab_size\" is 1e\\+20"},
       {"{\"num_attention_heads\": [4]}", "is an array, not a whole number"},
       {"{\"num_attention_heads\": 4, \"num_key_value_heads\": 3}", "\"num_key_value_heads\" 3 does not divide"},

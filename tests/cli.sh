@@ -62,6 +62,12 @@ for p in demo bench train probe export; do
   done
 done
 
+# An empty path names its option (or says the checkpoint is empty), never "': cannot open"
+for o in --prev --init --hdf5; do
+  row "probe $o ''" 2 "^stabmeter-probe: $o: bad value '' \\(want a path\\)" 2 "$build/harness/probe" "$ck" "$o" ''
+done
+row "probe ''" 2 "^stabmeter-probe: the checkpoint's path is empty" 2 "$build/harness/probe" ''
+
 # Bad values: the option and the value named, one message line plus the Try line.
 # program | args | option named
 while IFS='|' read -r p args opt; do

@@ -71,6 +71,9 @@ for r in $readers; do
     # the JSON files beside a Hugging Face checkpoint: a sharded model's index and config.json
     csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_safetensors.c $src/lib/ckpt_sniff.c $src/lib/json.c $src/lib/ckpt_sharded.c
           $src/lib/hf_config.c"
+  elif [ "$r" = gguf_split ]; then
+    # a split GGUF model's shards (llama.cpp's gguf-split), over the GGUF reader
+    csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_gguf.c $src/lib/ckpt_gguf_split.c"
   else
     csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_$r.c"
   fi

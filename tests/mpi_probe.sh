@@ -154,6 +154,32 @@ done
 if [ ! -s "$dir/missing.3.out.0" ] && grep -q 'none.safetensors: cannot open' "$dir/missing.3.err"; then pass; else
   fail "one rank missing its checkpoint: a report, or rank 0 did not say why"; sed 's/^/    /' "$dir/missing.3.err" | head; fi
 
+# node-local copies of one model (the same path on every node), one of them stale: the ranks
+# compare what they read before measuring, so every rank stops with exit 2 and rank 0 names the
+# rank and its file; copies that are the same bytes give the single process's report
+mkdir -p "$dir/node0" "$dir/node1" "$dir/node2"
+cp "$dir/g.safetensors" "$dir/node0/g.safetensors" && cp "$dir/g.prev.safetensors" "$dir/node1/g.safetensors" &&
+  cp "$dir/g.safetensors" "$dir/node2/g.safetensors" || exit 1
+# copies NAME NODE_OF_RANK1: ranks 0 and 2 read node0's copy, rank 1 NODE_OF_RANK1's
+copies() {
+  timeout -k 10 "$limit" "$MPIRUN" -np 3 --oversubscribe sh -c \
+    'r=$OMPI_COMM_WORLD_RANK; if [ "$r" = 1 ]; then c=$0/$2/g.safetensors; else c=$0/node0/g.safetensors; fi
+     "$1" --quiet "$c" >"$0/$3.out.$r"; echo $? >"$0/$3.rc.$r"' "$dir" "$probe" "$2" "$1" </dev/null 2>"$dir/$1.err"
+  [ $? -eq 0 ] || fail "$1: mpirun exited $?"
+}
+copies stale node1
+for r in 0 1 2; do
+  if [ "$(cat "$dir/stale.rc.$r" 2>/dev/null)" = 2 ]; then pass; else
+    fail "a stale copy on rank 1: rank $r exited $(cat "$dir/stale.rc.$r" 2>/dev/null), want 2"; fi
+done
+if [ ! -s "$dir/stale.out.0" ] &&
+  grep -q "^stabmeter-probe: $dir/node0/g.safetensors: rank 1 read other bytes than rank 0 (64-bit hash [0-9a-f]*, rank 0's [0-9a-f]*).*nothing measured" "$dir/stale.err"
+then pass; else fail "a stale copy on rank 1: a report, or rank 0 did not name rank 1's file"; sed 's/^/    /' "$dir/stale.err" | head; fi
+single same --quiet "$dir/node0/g.safetensors"
+copies same node2
+if [ "$(cat "$dir/same.rc.0" "$dir/same.rc.1" "$dir/same.rc.2" | tr -d '\n')" = 000 ] && cmp -s "$dir/same.out" "$dir/same.out.0"; then
+  pass; else fail "copies of the same bytes: not the single process's report"; sed 's/^/    /' "$dir/same.err" | head; fi
+
 # ---- which bytes each rank reads ------------------------------------------------------------
 export STAB_PROBE_SHOW_READS=1
 single reads "$dir/sh" --prev "$dir/shprev"

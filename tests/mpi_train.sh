@@ -121,6 +121,27 @@ grep -q "^\[rank 1\] stabmeter-train: unknown option '--bogus'" "$tmp/bad.err" |
 mpirun_ 1 "$tmp/other.out" "$tmp/other.err" $train $small --data-parallel : -np 1 $train $small --data-parallel --seed 2
 [ $got -eq 2 ] || fail "other options on rank 1: exit $got, want 2"
 grep -q "rank 1 was given other options than rank 0" "$tmp/other.err" || fail "other options on rank 1: $(cat "$tmp/other.err")"
+# --resume from each node's own copy of the checkpoint (the same path, other bytes on rank 1):
+# the ranks compare what they loaded before the first step, every rank stops with 2, rank 0
+# names the file and rank 1, and nothing is trained; the same bytes everywhere resume.
+$train $small --seed 2 --metrics-every 0 --out "$tmp/seed2" >/dev/null 2>&1 || fail "a run with --seed 2: exit $?"
+mkdir -p "$tmp/node0" "$tmp/node1"
+resume_opts="--width 32 --depth 1 --heads 2 --context 16 --batch 8 --corpus-bytes 65536 --steps 8 --data-parallel"
+resume_on() { # NAME RANK1_CHECKPOINT: rank 0 resumes node0's copy of one2's model, rank 1 node1's
+  cp "$tmp/one2/model.safetensors" "$tmp/node0/ck.safetensors" && cp "$2" "$tmp/node1/ck.safetensors" || exit 1
+  rm -rf "$tmp/node0/out" "$tmp/node1/out"
+  mpirun_ 2 "$tmp/$1.out" "$tmp/$1.err" sh -c 'cd "$0/node$OMPI_COMM_WORLD_RANK" && exec "$@"' "$tmp" \
+    "$(cd "$(dirname "$train")" && pwd)/$(basename "$train")" $resume_opts --resume ck.safetensors --out out
+}
+resume_on stale "$tmp/seed2/model.safetensors"
+[ $got -eq 2 ] || fail "--resume from a stale copy on rank 1: exit $got, want 2"
+grep -q "cannot resume: ck.safetensors (the weights): rank 1 read other bytes than rank 0 .*nothing trained" "$tmp/stale.err" ||
+  fail "--resume from a stale copy on rank 1: $(cat "$tmp/stale.err")"
+grep -q "^step " "$tmp/stale.err" && fail "--resume from a stale copy on rank 1: steps were trained"
+resume_on same "$tmp/one2/model.safetensors"
+[ $got -eq 0 ] || fail "--resume from copies of the same bytes: exit $got: $(cat "$tmp/same.err")"
+grep -q "^data parallel: 2 ranks, the same weights on every rank" "$tmp/same.out" ||
+  fail "--resume from copies of the same bytes: $(cat "$tmp/same.out" "$tmp/same.err")"
 # An --out that rank 0 alone finds it cannot create (a name too long: the check before the
 # run lets it through, mkdir fails): every rank stops with 1, nobody waits for rank 0.
 long=$(printf '%0300d' 0)

@@ -236,6 +236,21 @@ rc=$?
 [ $rc -eq 2 ] || fail "hdf5 without a step: exit $rc, want 2"
 grep -q "plain.gguf: no step in its metadata or its file name" "$dir/t.err" || fail "hdf5 without a step: message: $(cat "$dir/t.err")"
 [ -e "$dir/other.h5" ] && fail "hdf5 without a step: a trace was written"
+# no step from a number that is no step: a model's version or size, a shard's index
+for n in tinyllama-1.1b-chat-v1.0.Q8_0.gguf model-00001-of-00003.gguf llama-2-7b.gguf; do
+  cp "$p.gguf" "$dir/$n"
+  "$probe" "$dir/$n" --hdf5 "$dir/other.h5" >/dev/null 2>"$dir/t.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "hdf5 of $n: exit $rc, want 2 (no step in the name): $(cat "$dir/t.err")"
+  grep -q "$n: no step in its metadata or its file name" "$dir/t.err" || fail "hdf5 of $n: message: $(cat "$dir/t.err")"
+  [ -e "$dir/other.h5" ] && fail "hdf5 of $n: a trace was written" && rm -f "$dir/other.h5"
+  rm -f "$dir/$n"
+done
+cp "$p.gguf" "$dir/run.checkpoint-700.gguf"
+"$probe" "$dir/run.checkpoint-700.gguf" --hdf5 "$dir/other.h5" >/dev/null 2>"$dir/t.err" ||
+  fail "hdf5 of checkpoint-700: exit $?: $(cat "$dir/t.err")"
+grep -q "other.h5: step 700, from the file name" "$dir/t.err" || fail "hdf5 of checkpoint-700: $(cat "$dir/t.err")"
+rm -f "$dir/other.h5" "$dir/run.checkpoint-700.gguf"
 "$probe" "$dir/plain.gguf" --step 5 >/dev/null 2>&1; [ $? -eq 2 ] || fail "--step without --hdf5: not exit 2"
 "$probe" "$dir/plain.gguf" --step -5 --hdf5 "$tr" >/dev/null 2>&1; [ $? -eq 2 ] || fail "--step -5: not exit 2"
 "$probe" "$dir/gpt2_F32.safetensors" --hdf5 "$tr" --step 400 >"$dir/t.out" 2>"$dir/t.err"

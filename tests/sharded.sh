@@ -253,6 +253,15 @@ cfg "config.json malformed" 2 'c/config\.json: byte [0-9]+: ' '{"num_attention_h
 cfg "config.json heads \"abc\"" 2 'c/config\.json: "num_attention_heads" is a string "abc", not a whole number' \
   '{"num_attention_heads": "abc"}'
 cfg "config.json heads 4.5" 2 'c/config\.json: "num_attention_heads" is 4.5, not a whole number' '{"num_attention_heads": 4.5}'
+# a whole number written as JSON writes floats: 4.0 and 4e0 are 4 heads
+cfg "config.json heads 4.0" 0 '' '{"num_attention_heads": 4.0, "num_key_value_heads": 2e0}'
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); a=[l for l in r["layers"] if l["kind"] == "attention"]; assert a and a[0]["heads"] == 4, a' \
+  "$out_file" && pass || fail "config.json heads 4.0: not 4 heads"
+# a config.json that is a symbolic link looping or leading nowhere: ignored with a word, as a FIFO is
+rm -rf "$dir/c" && cp -r "$model" "$dir/c" && rm -f "$dir/c/config.json" && ln -s config.json "$dir/c/config.json"
+expect "config.json a symlink loop" 0 'c/config\.json: cannot be read \(.*symbolic links.*\); ignored' "$probe" --json "$dir/c"
+rm -f "$dir/c/config.json" && ln -s nowhere.json "$dir/c/config.json"
+expect "config.json a dangling symlink" 0 'c/config\.json: cannot be read \(a symbolic link to nothing\); ignored' "$probe" --json "$dir/c"
 cfg "config.json heads 0" 2 'c/config\.json: "num_attention_heads" is 0, not a whole number from 1' '{"num_attention_heads": 0}'
 cfg "config.json kv heads not dividing" 2 \
   'c/config\.json: "num_key_value_heads" 3 does not divide "num_attention_heads" 4' \

@@ -1,13 +1,15 @@
 /* seed_gen.c — writes the smallest valid checkpoints of each reader's format for the fuzzers'
  * seed corpora (tests/fuzz/run.sh adds the larger model-shaped files of tests/st_gen): small
  * inputs let libFuzzer spend its mutations on the index rather than on data bytes.
- * Usage: seed_gen DIR   writes DIR/safetensors/, DIR/llmc/ and DIR/gguf/ (DIR must exist).
+ * Usage: seed_gen DIR   writes DIR/safetensors/, DIR/llmc/, DIR/gguf/ and DIR/gguf_split/ (DIR must exist).
  * safetensors: every dtype the format names, a scalar and a zero-sized tensor, metadata with
  * escapes, and F16/BF16/F32 data holding every class of value (zeros, subnormals, infinities,
  * NaNs); llmc: one-block models in f32 and bf16 with every header field distinct; gguf: one
  * block of each quantized type the library decodes (a file each, and all in one file), so that
  * the fuzzer starts inside the block decoders. */
 #include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -128,18 +130,75 @@ static int gguf(const char *dir) {
   return gw_write(&all, path);
 }
 
+/* A split model as fuzz_gguf_split reads one input: a little-endian uint32 n, n bytes of shard 1
+ * (m-00001-of-00002.gguf), the rest shard 2. Shard k of n as gguf-split writes it: split.no,
+ * split.count (uint16), split.tensors.count (int32), the model's metadata in the first. */
+static int split_shard(const char *path, int k, int n, int32_t said, const char *const *names, size_t nt) {
+  gw_file f;
+  gw_init(&f);
+  if (k == 0) gw_kv_str(&f, "general.architecture", "llama"), gw_kv_u32(&f, "llama.attention.head_count", 2);
+  gw_kv_u16(&f, "split.no", (uint16_t)k);
+  gw_kv_u16(&f, "split.count", (uint16_t)n);
+  gw_kv_i32(&f, "split.tensors.count", said);
+  float w[4 * 4];
+  for (int i = 0; i < 16; i++) w[i] = (float)(i % 5) - 2.0f;
+  const uint64_t ne[2] = {4, 4};
+  for (size_t i = 0; i < nt; i++) gw_tensor(&f, names[i], 2, ne, 0, w, sizeof w);
+  return gw_write(&f, path);
+}
+
+/* The two shards' files joined into one input. */
+static int join_split(const char *dir, const char *name, const char *a, const char *b) {
+  char path[1024];
+  unsigned char *x = NULL, *y = NULL;
+  long nx = -1, ny = -1;
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  if (fa && !fseek(fa, 0, SEEK_END) && (nx = ftell(fa)) >= 0) rewind(fa);
+  if (fb && !fseek(fb, 0, SEEK_END) && (ny = ftell(fb)) >= 0) rewind(fb);
+  int rc = nx < 0 || ny < 0 || !(x = malloc((size_t)nx + 1)) || !(y = malloc((size_t)ny + 1)) ||
+           fread(x, 1, (size_t)nx, fa) != (size_t)nx || fread(y, 1, (size_t)ny, fb) != (size_t)ny;
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  snprintf(path, sizeof path, "%s/gguf_split/%s", dir, name);
+  FILE *o = rc ? NULL : fopen(path, "wb");
+  unsigned char len[4] = {(unsigned char)nx, (unsigned char)(nx >> 8), (unsigned char)(nx >> 16), (unsigned char)(nx >> 24)};
+  rc = rc || !o || fwrite(len, 1, 4, o) != 4 || fwrite(x, 1, (size_t)nx, o) != (size_t)nx ||
+       fwrite(y, 1, (size_t)ny, o) != (size_t)ny;
+  if (o && fclose(o)) rc = 1;
+  free(x), free(y);
+  remove(a), remove(b);
+  return rc;
+}
+
+static int gguf_split(const char *dir) {
+  static const char *const first[] = {"token_embd.weight"}, *const rest[] = {"blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                                                             "output.weight"};
+  static const char *const twice[] = {"token_embd.weight", "output.weight"};
+  char a[1024], b[1024];
+  snprintf(a, sizeof a, "%s/gguf_split/a.tmp", dir);
+  snprintf(b, sizeof b, "%s/gguf_split/b.tmp", dir);
+  /* a valid split; split.tensors.count off by one; shard 2 saying it is shard 1; split.count 3
+   * (a shard missing); a tensor in both shards; no tensors in the first (--no-tensor-first-split) */
+  return split_shard(a, 0, 2, 4, first, 1) || split_shard(b, 1, 2, 4, rest, 3) || join_split(dir, "valid", a, b) ||
+         split_shard(a, 0, 2, 5, first, 1) || split_shard(b, 1, 2, 5, rest, 3) || join_split(dir, "count_off", a, b) ||
+         split_shard(a, 0, 2, 4, first, 1) || split_shard(b, 0, 2, 4, rest, 3) || join_split(dir, "same_no", a, b) ||
+         split_shard(a, 0, 3, 4, first, 1) || split_shard(b, 1, 3, 4, rest, 3) || join_split(dir, "missing", a, b) ||
+         split_shard(a, 0, 2, 3, twice, 2) || split_shard(b, 1, 2, 3, rest + 2, 1) || join_split(dir, "twice", a, b) ||
+         split_shard(a, 0, 2, 3, NULL, 0) || split_shard(b, 1, 2, 3, rest, 3) || join_split(dir, "empty_first", a, b);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: seed_gen DIR (writes DIR/safetensors/, DIR/llmc/ and DIR/gguf/)\n");
     return 2;
   }
   char sub[1024];
-  const char *subs[] = {"safetensors", "llmc", "gguf"};
-  for (int k = 0; k < 3; k++) { /* an existing directory is fine: seeds are overwritten */
+  const char *subs[] = {"safetensors", "llmc", "gguf", "gguf_split"};
+  for (int k = 0; k < 4; k++) { /* an existing directory is fine: seeds are overwritten */
     snprintf(sub, sizeof sub, "%s/%s", argv[1], subs[k]);
     if (mkdir(sub, 0777) != 0 && errno != EEXIST) return perror(sub), 1;
   }
-  if (safetensors(argv[1]) || llmc(argv[1], 0) || llmc(argv[1], 1) || gguf(argv[1])) {
+  if (safetensors(argv[1]) || llmc(argv[1], 0) || llmc(argv[1], 1) || gguf(argv[1]) || gguf_split(argv[1])) {
     perror("seed_gen");
     return 1;
   }
