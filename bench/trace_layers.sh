@@ -20,9 +20,9 @@ for n in $sizes; do
   rm -f "$tmp/t$n.h5"
 done
 # per layer: open, append, close, as ratios to the first size's
-awk '{ for (i = 1; i <= NF; i++) { if ($i == "open" && $(i+1) ~ /^[0-9.]+$/ && $(i+2) == "us,") o = $(i+1);
+awk '{ for (i = 1; i <= NF; i++) { if ($i == "open" && $(i+2) == "us,") o = $(i+1);
                                    if ($i == "append" && $(i+2) == "us,") a = $(i+1);
                                    if ($i == "close" && $(i+2) == "us") c = $(i+1) }
-       if (NR == 1) { o1 = o; a1 = a; c1 = c }
-       printf "%6d layers: per layer over %d: open x%.2f, append x%.2f, close x%.2f\n", $1, first + 0, o / o1, a / a1, c / c1
-       if (NR == 1) first = $1 }' "$tmp/lines"
+       if (NR == 1) { o1 = o; a1 = a; c1 = c; n1 = $1 }
+       printf "%6d layers: cost per layer over its cost at %d layers: open x%.2f, append x%.2f, close x%.2f\n",
+              $1, n1, o / o1, a / a1, c / c1 }' "$tmp/lines"
