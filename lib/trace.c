@@ -829,14 +829,13 @@ static stab_status describe_dataset(const builder *b, hid_t d, const char *where
 static stab_status describe_per_layer(const stab_trace *t, const builder *b, hid_t d, const char *name,
                                       const char *key) {
   const wording *first = NULL;
-  int same_units = 1, same_words = 1, present[STAB_KIND_BIAS + 1] = {0};
+  int same_units = 1, same_words = 1, present[STAB_KIND_ATTENTION + 1] = {0};
   for (size_t i = 0; i < t->n_layers; i++) {
     const stab_layer *l = stab_monitor_layer(t->m, i);
-    if ((size_t)l->kind > STAB_KIND_BIAS || present[l->kind]) continue;
+    const wording *w = (size_t)l->kind > STAB_KIND_ATTENTION ? NULL : wording_of(key, (int)l->kind);
+    if (!w || present[l->kind]) continue; /* a kind the dataset says nothing of: head_bound of a linear layer */
     present[l->kind] = 1;
-    const wording *w = wording_of(key, (int)l->kind);
     if (!first) first = w;
-    if (!w || !first) continue;
     same_units &= strcmp(w->units, first->units) == 0;
     same_words &= w == first;
   }
@@ -849,7 +848,7 @@ static stab_status describe_per_layer(const stab_trace *t, const builder *b, hid
   }
   if (set_string(d, "long_name", b->str, lname) < 0 || (first && same_units && set_string(d, "units", b->str, first->units) < 0))
     return h5fail(b->who, b->path, "cannot write the units of /layers/%s", name);
-  for (int k = 0; k <= STAB_KIND_BIAS && first && (!same_units || !same_words); k++) {
+  for (int k = 0; k <= STAB_KIND_ATTENTION && first && (!same_units || !same_words); k++) {
     const wording *w = present[k] ? wording_of(key, k) : NULL;
     if (!w) continue;
     char an[64];
@@ -919,20 +918,19 @@ static stab_status create_statics(stab_trace *t, const builder *b, hid_t layers,
     hid_t d = H5I_INVALID_HID;
     st = k < STATIC_STRINGS ? put_array(b, layers, static_names[k], s + k * n, NULL, n, &d)
                             : put_array(b, layers, static_names[k], NULL, v + (k - STATIC_STRINGS) * n, n, &d);
-    if (st == STAB_OK && k == 0) {
-      if ((st = make_scale(b, d, "/layers", "layer")) == STAB_OK) *scale = d, d = H5I_INVALID_HID;
-    } else if (st == STAB_OK) {
-      st = attach(b, d, *scale, 0, "/layers", static_names[k]);
-    }
+    if (st == STAB_OK && k == 0) st = make_scale(b, d, "/layers", "layer");
+    else if (st == STAB_OK) st = attach(b, d, *scale, 0, "/layers", static_names[k]);
     if (st == STAB_OK && d >= 0) {
       static const char *const said[N_STATIC] = {
           "layer name (a '/' of the monitor's name as '.')", "layer kind", "how the weight is stored",
           "the layer's kind and stored shape in words", "the other layers sharing some of its storage (space-separated)",
           "input width", "output width", "parameters the layer's metrics read",
           "parameters no other layer of the trace reads"};
-      if (set_string(d, "long_name", b->str, said[k]) < 0) st = h5fail(b->who, b->path, "cannot describe /layers/%s", static_names[k]);
+      if (set_string(d, "long_name", b->str, said[k]) < 0 || (k >= STATIC_STRINGS && set_string(d, "units", b->str, "1") < 0))
+        st = h5fail(b->who, b->path, "cannot describe /layers/%s", static_names[k]);
     }
-    if (d >= 0) H5Dclose(d);
+    if (k == 0 && st == STAB_OK) *scale = d; /* closed by create_file */
+    else if (d >= 0) H5Dclose(d);
   }
   if (st == STAB_OK && nh) {
     hid_t d = H5I_INVALID_HID;
