@@ -399,7 +399,11 @@ static int read_array_v4(trace *t, hid_t g, const char *name, size_t n, char **s
   int rc = open_1d(t, g, name, path, s ? H5T_STRING : H5T_INTEGER, 0, 0, &d, &len);
   if (!rc && len != n) rc = bad(t, "%s has %llu values, /layers/layer %zu", path, (unsigned long long)len, n);
   hid_t type = H5I_INVALID_HID;
-  if (!rc && s && ((type = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(type, H5T_VARIABLE) < 0)) rc = oom(t);
+  hid_t ftype = !rc && s ? H5Dget_type(d) : H5I_INVALID_HID; /* its character set: HDF5 converts none */
+  if (!rc && s && (ftype < 0 || (type = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(type, H5T_VARIABLE) < 0 ||
+                   H5Tset_cset(type, H5Tget_cset(ftype)) < 0))
+    rc = oom(t);
+  if (ftype >= 0) H5Tclose(ftype);
   if (!rc && n && H5Dread(d, s ? type : H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s ? (void *)s : (void *)v) < 0)
     rc = bad(t, "cannot read %s: %s", path, h5_reason());
   if (type >= 0) H5Tclose(type);
