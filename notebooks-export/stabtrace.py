@@ -29,7 +29,7 @@ KIND_MARKERS = {"embedding": "s", "linear": "o", "attention": "^", "gain": "D", 
 # Every metric is a ratio of RMS norms (dimensionless); the LM head's are bounds on a loss, in nats.
 METRIC_UNIT = "RMS ratio; LM head: nats"
 
-# STAB_FLAG_* of include/stabmeter.h, as recorded in /layers/<layer>/flags.
+# STAB_FLAG_* of include/stabmeter.h, as recorded in /layers/flags (format 4; /layers/<layer>/flags before).
 FLAG_NAMES = {1: "non-finite weight", 2: "non-finite update", 4: "sigma not converged"}
 FLAG_NONFINITE = 1 | 2
 
@@ -138,7 +138,8 @@ def natural_key(name):
 # ---- traces ---------------------------------------------------------------------------------
 
 class Layer:
-    """One /layers/<name> group: kind, attributes, and every per-step series (float64 [N])."""
+    """One layer (a /layers/<name> group before format 4, a column of /layers since): kind,
+    attributes, and every per-step series (float64 [N])."""
 
     def __init__(self, name, kind, attrs, series):
         self.name, self.kind, self.attrs, self.series = name, kind, attrs, series
