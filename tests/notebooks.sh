@@ -75,6 +75,8 @@ class _Column:
         self.g, self.i, self.attrs = g, i, {"kind": kind}
     def __getitem__(self, metric):
         return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
     def set(self, metric, row, value):
         self.g[metric][row, self.i] = value
 
@@ -307,6 +309,8 @@ class _Column:
         self.g, self.i, self.attrs = g, i, {"kind": kind}
     def __getitem__(self, metric):
         return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
     def set(self, metric, row, value):
         self.g[metric][row, self.i] = value
 
@@ -399,6 +403,8 @@ class _Column:
         self.g, self.i, self.attrs = g, i, {"kind": kind}
     def __getitem__(self, metric):
         return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
     def set(self, metric, row, value):
         self.g[metric][row, self.i] = value
 
@@ -530,6 +536,8 @@ class _Column:
         self.g, self.i, self.attrs = g, i, {"kind": kind}
     def __getitem__(self, metric):
         return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
     def set(self, metric, row, value):
         self.g[metric][row, self.i] = value
 
@@ -594,6 +602,8 @@ class _Column:
         self.g, self.i, self.attrs = g, i, {"kind": kind}
     def __getitem__(self, metric):
         return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
     def set(self, metric, row, value):
         self.g[metric][row, self.i] = value
 
@@ -632,6 +642,8 @@ class _Column:
         self.g, self.i, self.attrs = g, i, {"kind": kind}
     def __getitem__(self, metric):
         return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
     def set(self, metric, row, value):
         self.g[metric][row, self.i] = value
 
