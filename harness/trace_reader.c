@@ -378,6 +378,159 @@ out:
   return rc;
 }
 
+/* ---- format 4: a (step, layer) dataset per metric ----------------------------------------- */
+
+/* The datasets of /layers that describe the layers, not rows of them (lib/trace.c). */
+static int is_static_v4(const char *name) {
+  static const char *const names[] = {"step", "layer", "kind", "layout", "description", "shares_storage_with",
+                                      "d_in", "d_out", "param_count", "param_count_unique", "head", "head_layer"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(name, names[i])) return 1;
+  return 0;
+}
+
+/* The one-dimensional dataset /layers/name of n values: strings (s, each to H5free_memory) or
+ * int64 (v). */
+static int read_array_v4(trace *t, hid_t g, const char *name, size_t n, char **s, int64_t *v) {
+  char path[64];
+  hsize_t len = 0;
+  hid_t d = H5I_INVALID_HID;
+  snprintf(path, sizeof path, "/layers/%s", name);
+  int rc = open_1d(t, g, name, path, s ? H5T_STRING : H5T_INTEGER, 0, 0, &d, &len);
+  if (!rc && len != n) rc = bad(t, "%s has %llu values, /layers/layer %zu", path, (unsigned long long)len, n);
+  hid_t type = H5I_INVALID_HID;
+  hid_t ftype = !rc && s ? H5Dget_type(d) : H5I_INVALID_HID; /* its character set: HDF5 converts none */
+  if (!rc && s && (ftype < 0 || (type = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(type, H5T_VARIABLE) < 0 ||
+                   H5Tset_cset(type, H5Tget_cset(ftype)) < 0))
+    rc = oom(t);
+  if (ftype >= 0) H5Tclose(ftype);
+  if (!rc && n && H5Dread(d, s ? type : H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, s ? (void *)s : (void *)v) < 0)
+    rc = bad(t, "cannot read %s: %s", path, h5_reason());
+  if (type >= 0) H5Tclose(type);
+  if (d >= 0) H5Dclose(d);
+  return rc;
+}
+
+/* Opens the two-dimensional dataset /layers/name of `width` columns into t->wide. */
+static int open_wide(trace *t, hid_t g, const char *name, hsize_t width, hid_t *d) {
+  char path[600];
+  hsize_t dims[2];
+  snprintf(path, sizeof path, "/layers/%s", name);
+  if ((*d = H5Dopen2(g, name, H5P_DEFAULT)) < 0) return bad(t, "%s is not a dataset", path);
+  t->wide[t->n_wide++] = *d;
+  if (t->swmr && H5Drefresh(*d) < 0) return bad(t, "cannot refresh %s: %s", path, h5_reason());
+  hid_t s = H5Dget_space(*d), type = H5Dget_type(*d);
+  int ok = s >= 0 && type >= 0 && H5Tget_class(type) == H5T_FLOAT && H5Sget_simple_extent_ndims(s) == 2 &&
+           H5Sget_simple_extent_dims(s, dims, NULL) >= 0;
+  if (s >= 0) H5Sclose(s);
+  if (type >= 0) H5Tclose(type);
+  if (!ok) return bad(t, "%s is not a two-dimensional floating-point dataset", path);
+  if (dims[1] != width) return bad(t, "%s has %llu columns, %llu expected", path, (unsigned long long)dims[1], (unsigned long long)width);
+  if (dims[0] < t->rows)
+    return bad(t, "%s has %llu rows, /step has %llu: the lengths disagree", path, (unsigned long long)dims[0],
+               (unsigned long long)t->rows);
+  return 0;
+}
+
+/* Format 4: each layer's columns are its column of every (step, layer) dataset of /layers, and
+ * head<h>_bound its heads' columns of head_bound, so that the export reads as format 3's. */
+static int open_layers_v4(trace *t, const trace_filter *o) {
+  hid_t g = H5I_INVALID_HID;
+  char **names = NULL, **layer = NULL, **kind = NULL, **hl = NULL;
+  int64_t *hn = NULL;
+  size_t n = 0, nl = 0, nh = 0;
+  hsize_t dims = 0;
+  int rc = 0;
+  if ((rc = open_group(t, "layers", &g, &names, &n))) goto out;
+  { /* the layer count: /layers/layer's length */
+    hid_t d = H5I_INVALID_HID;
+    if ((rc = open_1d(t, g, "layer", "/layers/layer", H5T_STRING, 0, 0, &d, &dims))) goto out;
+    H5Dclose(d);
+    nl = (size_t)dims;
+  }
+  if (H5Lexists(g, "head_layer", H5P_DEFAULT) > 0) {
+    hid_t d = H5I_INVALID_HID;
+    if ((rc = open_1d(t, g, "head_layer", "/layers/head_layer", H5T_STRING, 0, 0, &d, &dims))) goto out;
+    H5Dclose(d);
+    nh = (size_t)dims;
+  }
+  if (!(layer = calloc(nl + 1, sizeof *layer)) || !(kind = calloc(nl + 1, sizeof *kind)) ||
+      !(hl = calloc(nh + 1, sizeof *hl)) || !(hn = calloc(nh + 1, sizeof *hn)) || !(t->wide = calloc(n + 1, sizeof *t->wide)) ||
+      (nl && !(t->layers = calloc(nl, sizeof *t->layers)))) {
+    rc = oom(t);
+    goto out;
+  }
+  if ((rc = read_array_v4(t, g, "layer", nl, layer, NULL)) || (rc = read_array_v4(t, g, "kind", nl, kind, NULL))) goto out;
+  if (nh && ((rc = read_array_v4(t, g, "head_layer", nh, hl, NULL)) || (rc = read_array_v4(t, g, "head", nh, NULL, hn))))
+    goto out;
+  for (size_t k = 0; k < N_REQUIRED; k++)
+    if (H5Lexists(g, metric_order[k], H5P_DEFAULT) <= 0) {
+      rc = bad(t, "/layers/%s is missing", metric_order[k]);
+      goto out;
+    }
+  for (size_t k = 0; k < o->n_layer_globs; k++) { /* a pattern that matches nothing is a typo */
+    size_t i = 0;
+    while (i < nl && (!layer[i] || fnmatch(o->layer_globs[k], layer[i], 0))) i++;
+    if (i == nl) {
+      rc = bad(t, "--layers '%s' matches no layer", o->layer_globs[k]);
+      goto out;
+    }
+  }
+  for (size_t i = 0; i < nl && !rc; i++) {
+    if (!layer[i] || !kind[i]) {
+      rc = bad(t, "/layers/layer or /layers/kind has an empty value");
+      break;
+    }
+    if (!layer_wanted(o, layer[i])) continue;
+    trace_layer *l = &t->layers[t->n_layers++];
+    if (!(l->group = strdup(layer[i])) || !(l->kind = strdup(kind[i])) || !(l->cols = calloc(n + nh + 1, sizeof *l->cols)))
+      rc = oom(t);
+  }
+  /* the datasets, and each wanted layer's columns of them */
+  for (size_t k = 0; k < n && !rc; k++) {
+    if (is_static_v4(names[k])) continue;
+    const int heads = !strcmp(names[k], "head_bound");
+    if (!heads && !metric_wanted(o, names[k])) continue;
+    hid_t d = H5I_INVALID_HID;
+    if ((rc = open_wide(t, g, names[k], heads ? nh : nl, &d))) break;
+    for (size_t li = 0; li < t->n_layers && !rc; li++) {
+      trace_layer *l = &t->layers[li];
+      size_t i = 0;
+      while (i < nl && strcmp(layer[i], l->group)) i++;
+      for (size_t c = 0; c < (heads ? nh : 1) && !rc; c++) {
+        char hname[48];
+        if (heads) {
+          if (!hl[c] || strcmp(hl[c], l->group)) continue;
+          snprintf(hname, sizeof hname, "head%" PRId64 "_bound", hn[c]);
+          if (!metric_wanted(o, hname)) continue;
+        }
+        trace_column *col = &l->cols[l->n_cols++];
+        col->d = d, col->shared = 1, col->at = heads ? c : i;
+        if (!(col->name = strdup(heads ? hname : names[k])) || !(col->v = malloc(TRACE_BLOCK_ROWS * sizeof *col->v)))
+          rc = oom(t);
+      }
+    }
+  }
+  for (size_t li = 0; li < t->n_layers && !rc; li++) {
+    trace_layer *l = &t->layers[li];
+    qsort(l->cols, l->n_cols, sizeof *l->cols, column_cmp);
+    if (o->metrics && !l->n_cols) { /* none of its datasets asked for: left out */
+      free(l->group), free(l->kind), free(l->cols);
+      memmove(l, l + 1, (t->n_layers - li - 1) * sizeof *l);
+      t->n_layers--, li--;
+    }
+  }
+  if (!rc) qsort(t->layers, t->n_layers, sizeof *t->layers, layer_cmp);
+out:
+  for (size_t i = 0; layer && i < nl; i++) H5free_memory(layer[i]);
+  for (size_t i = 0; kind && i < nl; i++) H5free_memory(kind[i]);
+  for (size_t i = 0; hl && i < nh; i++) H5free_memory(hl[i]);
+  free(layer), free(kind), free(hl), free(hn);
+  free_names(names, n);
+  if (g >= 0) H5Gclose(g);
+  return rc;
+}
+
 /* Every name of --metrics must select something: one that matches nothing is a typo. */
 static int check_metrics(trace *t, const trace_filter *o) {
   for (size_t i = 0; i < o->n_metrics; i++) {
@@ -474,8 +627,8 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
   if (strcmp(format, "stabmeter-trace"))
     return bad(t, "the attribute format of the root group is '%s', not 'stabmeter-trace'", format);
   if ((rc = int_attr(t, t->file, "the root group", "format_version", &version))) return rc;
-  if (version < 1 || version > 3)
-    return bad(t, "format_version %" PRId64 ": this program reads versions 1 to 3", version);
+  if (version < 1 || version > 4)
+    return bad(t, "format_version %" PRId64 ": this program reads versions 1 to 4", version);
   t->version = version;
 
   /* /step first: its length is the row count, and the writer extends every other dataset
@@ -490,7 +643,7 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
   } else if (!(t->wall.name = strdup("wall_time")) || !(t->wall.v = malloc(TRACE_BLOCK_ROWS * sizeof *t->wall.v))) {
     return oom(t);
   }
-  if ((rc = open_scalars(t, o)) || (rc = open_layers(t, o))) return rc;
+  if ((rc = open_scalars(t, o)) || (rc = (t->version >= 4 ? open_layers_v4 : open_layers)(t, o))) return rc;
   if ((rc = check_metrics(t, o))) return rc;
   const hsize_t block = TRACE_BLOCK_ROWS;
   if (!(t->steps = malloc(TRACE_BLOCK_ROWS * sizeof *t->steps)) || (t->mem = H5Screate_simple(1, &block, NULL)) < 0)
@@ -499,7 +652,7 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
 }
 
 static void free_column(trace_column *c) {
-  if (c->d >= 0) H5Dclose(c->d);
+  if (c->d >= 0 && !c->shared) H5Dclose(c->d);
   free(c->name);
   free(c->v);
 }
@@ -516,6 +669,8 @@ void trace_close(trace *t) {
   free(t->scalars);
   free(t->layers);
   free(t->steps);
+  for (size_t k = 0; k < t->n_wide; k++) H5Dclose(t->wide[k]);
+  free(t->wide);
   if (t->mem >= 0) H5Sclose(t->mem);
   if (t->step >= 0) H5Dclose(t->step);
   if (t->file >= 0) H5Fclose(t->file);
@@ -525,11 +680,20 @@ void trace_close(trace *t) {
 
 /* ---- reading rows ----------------------------------------------------------------------- */
 
+static int read_column(trace *t, hid_t d, int wide, hsize_t at, const char *what, hsize_t first, hsize_t count,
+                       hid_t type, void *buf);
+
 static int read_rows(trace *t, hid_t d, const char *what, hsize_t first, hsize_t count, hid_t type,
                      void *buf) {
-  const hsize_t zero = 0;
+  return read_column(t, d, 0, 0, what, first, count, type, buf);
+}
+
+/* Rows [first, first + count) of d: one-dimensional (wide 0), or its column `at`. */
+static int read_column(trace *t, hid_t d, int wide, hsize_t at, const char *what, hsize_t first, hsize_t count,
+                       hid_t type, void *buf) {
+  const hsize_t zero = 0, start[2] = {first, at}, n[2] = {count, 1};
   hid_t fs = H5Dget_space(d);
-  int ok = fs >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, &first, NULL, &count, NULL) >= 0 &&
+  int ok = fs >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, wide ? start : &first, NULL, wide ? n : &count, NULL) >= 0 &&
            H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL) >= 0 &&
            H5Dread(d, type, t->mem, fs, H5P_DEFAULT, buf) >= 0;
   int rc = ok ? 0 : bad(t, "cannot read rows of %s: %s", what, h5_reason()); /* before H5Sclose clears it */
@@ -549,7 +713,7 @@ int trace_read_block(trace *t, hsize_t first, hsize_t count) {
     for (size_t c = 0; c < t->layers[l].n_cols; c++) {
       const trace_column *col = &t->layers[l].cols[c];
       snprintf(what, sizeof what, "/layers/%s/%s", t->layers[l].group, col->name);
-      if (read_rows(t, col->d, what, first, count, H5T_NATIVE_DOUBLE, col->v)) return 2;
+      if (read_column(t, col->d, col->shared, col->at, what, first, count, H5T_NATIVE_DOUBLE, col->v)) return 2;
     }
   return 0;
 }

@@ -16,8 +16,11 @@
 enum { TRACE_BLOCK_ROWS = 1024 };
 
 typedef struct {
-  char *name; /* the dataset's name in its group: "forward", "head0_bound", "loss" ... */
-  hid_t d;
+  char *name; /* the dataset's name in its group: "forward", "head0_bound", "loss" ... (format 4:
+                 the metric, or head<h>_bound for column `at` of /layers/head_bound) */
+  hid_t d;    /* format 4's layer columns: a (step, layer) or (step, head) dataset of trace.wide */
+  hsize_t at; /* in d, when two-dimensional: the column (the layer's, or the head's) */
+  int shared; /* d is one of trace.wide: not closed with the column */
   double *v;  /* TRACE_BLOCK_ROWS values of the current block */
 } trace_column;
 
@@ -44,7 +47,8 @@ typedef struct {
   int live;            /* its writer was running at the open (it holds the write lock) */
   hid_t file, step, mem;
   int swmr;            /* opened with SWMR_READ */
-  int64_t version;     /* format_version: 1, or 2 (each group also holds a copy of /step, "step") */
+  int64_t version;     /* format_version: 1, 2 (each group also holds a copy of /step, "step"), 3
+                          (ratios), 4 (one (step, layer) dataset per metric under /layers) */
   hsize_t rows;        /* len(/step): the rows every dataset has (others may be longer) */
   trace_column wall;   /* /wall_time; wall.d < 0 when not read */
   trace_column *scalars; /* by name */
@@ -52,6 +56,8 @@ typedef struct {
   trace_layer *layers; /* by group name, numbers in names compared as numbers */
   size_t n_layers;
   int64_t *steps;      /* TRACE_BLOCK_ROWS */
+  hid_t *wide;         /* format 4: the two-dimensional datasets of /layers open */
+  size_t n_wide;
   char msg[1024];      /* why the last call failed: "PATH: what, where" */
 } trace;
 

@@ -691,57 +691,73 @@ stab_status stab_output_check(const char *path, stab_output_mode mode, const cha
 /* ---------------------------------------------------------------------------------- */
 /* The trace: every measured step of a monitor, in an HDF5 file (docs/metrics.md)       */
 
-/* The file (every dataset one-dimensional, float64 unless said, chunked,
- * extendable, row i of each belonging to /step[i]; a value that does not exist is NaN):
- *   /                   attrs format = "stabmeter-trace", format_version = 3 (int), library_version,
+/* The file (format_version 4). Every dataset indexed by step is float64 unless said, chunked
+ * and extendable along the steps, row i of each belonging to /step[i]; a value that does not
+ * exist is NaN. Its objects do not grow with the layers: a layer is a column, not a group.
+ *   /                   attrs format = "stabmeter-trace", format_version = 4 (int), library_version,
  *                       created_utc ("YYYY-MM-DDTHH:MM:SSZ"), run_config (JSON text, "{}" if none)
- *   /step               int64, the caller's step numbers
- *   /wall_time          seconds since the run began, as the caller gives them
- *   /scalars/<name>     one per declared scalar (loss, learning rate ...)
- *   /layers/<layer>/    one group per monitor layer, '/' in its name replaced by '.'; attrs name
- *                       (the unmapped name), kind (stab_kind_name), d_in, d_out (as stab_monitor_layer
- *                       gives them: a table's in its kind's math), param_count (int64),
- *                       layout: "out_major" or "in_major" (the stored matrix of linear and attention,
- *                       and of an embedding or lm_head whose vectors are columns), "rows" (one
- *                       token's or class's vector per row, and the single row of gain and bias)
+ *   /step               int64 [step], the caller's step numbers
+ *   /wall_time          [step] seconds since the run began, as the caller gives them
+ *   /scalars/<name>     [step] one per declared scalar (loss, learning rate ...); step: /step again
+ *   /layers/            the layers, in the monitor's order along the layer dimension:
+ *     step              int64 [step], a copy of /step (below)
+ *     layer             string [layer], each layer's name, '/' replaced by '.' (unique)
+ *     kind              string [layer], stab_kind_name
+ *     layout            string [layer]: "out_major" or "in_major" (the stored matrix of linear and
+ *                       attention, and of an embedding or lm_head whose vectors are columns),
+ *                       "rows" (one token's or class's vector per row, and gain and bias)
+ *     description       string [layer], its kind and stored shape in words ("linear layer y = x W,
+ *                       d_in 768 -> d_out 3072, stored out-major [d_out][d_in]; no bias")
+ *     shares_storage_with  string [layer], the other layers holding some of its floats, separated
+ *                       by spaces ("" if none); found from the address ranges of each layer's
+ *                       weight, weight_k and bias, row by row where rows are strided (ld)
+ *     d_in d_out        int64 [layer], as stab_monitor_layer gives them (a table's in its kind's math)
+ *     param_count       int64 [layer]
+ *     param_count_unique  int64 [layer]: its floats that no layer registered before it holds, so
+ *                       that the sum counts each float once (a tied table counts for the first of
+ *                       embedding and lm_head registered; q and k inside a fused qkv linear for
+ *                       whichever came first)
  *     forward dependency update forward_tight dependency_tight update_tight spread sigma
  *     sigma_rel_err sigma_update sigma_update_rel_err rel_update passes update_passes flags
- *                       the stab_metrics fields (counts and flags as exact float64)
+ *                       [step, layer] the stab_metrics fields (counts and flags as exact float64)
  *     forward_ratio dependency_ratio update_ratio
- *                       (format 3) the metric over the layer's reference: its first finite
+ *                       [step, layer] the metric over the layer's reference: its first finite
  *                       value > 0 in the run, each metric on its own (stab_trace_reference;
  *                       stab_monitor_reference); NaN where the value or the reference is NaN
  *                       (before the first measurement with an update, update_ratio). No
  *                       dataset says the reference's step: it is the first row where the
  *                       metric is finite and > 0, the ratio 1 there (unless the monitor had
  *                       measured before the trace was opened)
- *     head<h>_bound     attention: the logit bound of head h = 0 .. heads-1
- *     <extra>           one per declared layer extra (activation RMS ...)
- *     step              int64, a copy of /step (below)
- * netCDF view (format_version 2). /step is an HDF5 dimension scale named "step" (hdf5_hl H5DS)
- * attached to /wall_time; /scalars and every layer group hold their own copy of it, "step", the
- * scale of their datasets, so that a group opened alone (xarray: open_dataset(path,
- * group="layers/<layer>"), engine "h5netcdf" or "netcdf4"; ncdump) has step as its coordinate,
- * and a reader that sizes an unlimited dimension from all the datasets the scale lists reads the
- * group's, not the whole trace's. A program listing a group's datasets skips "step". Every
- * dataset has the string attributes units (CF: "1" dimensionless; "nats" for the loss and the
- * lm_head's bounds on it; "s" for wall_time) and long_name (the definition in words); a scalar or
- * extra whose name the library does not know (it knows loss, lr, grad_norm, act_rms, act_cos1)
- * gets its name as long_name and no units. Each layer group also has
- *   description         its kind and stored shape in words ("linear layer y = x W, d_in 768 ->
- *                       d_out 3072, stored out-major [d_out][d_in]; no bias")
- *   param_count_unique  int64: its floats that no layer registered before it holds, so that the
- *                       sum over groups counts each float once (a tied table counts for the
- *                       first of embedding and lm_head registered; q and k inside a registered
- *                       fused qkv linear count for whichever came first)
- *   shares_storage_with the other groups holding some of its floats (an array of strings), only
- *                       where there are any; found from the address ranges of each layer's
- *                       weight, weight_k and bias, row by row where rows are strided (ld)
- * A version 1 trace (no scales, copies, units or descriptions) or version 2 trace (no ratios) is
- * read as before; appended to, it is brought to version 3 first, before SWMR writing starts
- * ("step", the scale, attributes; the ratio datasets, filled from the file's own rows with the
- * reference they give; format_version last, so that an upgrade cut short is finished by the next
- * append). Names of scalars and extras may not be "step", a metric's or a ratio's.
+ *     <extra>           [step, layer] one per declared layer extra (activation RMS ...)
+ *     head_bound        [step, head], only when a layer is attention: the logit bound of each
+ *                       head of every attention layer, the heads of one layer side by side in
+ *                       the layers' order
+ *     head              int64 [head], the head's number h = 0 .. heads-1 in its layer
+ *     head_layer        string [head], its layer's name (as in layer)
+ * Chunks: 256 rows of the one-dimensional datasets; of a [step, layer] one at most 1024 layers
+ * wide and 8192 values (rows = 8192 / width, a power of two from 1 to 256), so that a flush
+ * rewrites a bounded amount per layer whatever the layer count.
+ * netCDF view. /step is an HDF5 dimension scale named "step" (hdf5_hl H5DS) attached to
+ * /wall_time; /scalars and /layers hold their own copy of it, "step", the scale of their
+ * datasets' first dimension; /layers/layer is the scale "layer" of the layer dimension,
+ * /layers/head the scale "head". So a group opened alone (xarray: open_dataset(path,
+ * group="layers"), engine "h5netcdf" or "netcdf4"; ncdump) has step and layer as coordinates,
+ * each metric a variable (step, layer). A program listing a group's series skips "step" and
+ * the datasets without a step dimension. Every dataset has the string attribute long_name (the
+ * definition in words) and those of numbers units (CF: "1" dimensionless; "nats" for the loss;
+ * "s" for wall_time); a metric whose units or words differ between the kinds present (forward
+ * is in nats for an lm_head) has units_<kind> and long_name_<kind> for each kind present
+ * instead of units, and a long_name common to all. A scalar or extra whose name the library
+ * does not know (it knows loss, lr, grad_norm, act_rms, act_cos1) gets its name as long_name
+ * and no units. Names of scalars and extras may not be "step", a metric's, a ratio's or one of
+ * the datasets above.
+ * Older formats. Version 1 (a group per layer of one-dimensional datasets), 2 (netCDF scales,
+ * units, descriptions) and 3 (ratios) are read by every reader as before. Appending to one
+ * (stab_trace_open with append) rewrites it in this format first: the new file is built in
+ * memory with every row of the old one (the ratios of a version 1 or 2 trace filled from its
+ * rows), written beside it under a temporary name and renamed over it while the old file's
+ * lock is held, so that a writer killed during it leaves the old trace as it was. This reads
+ * the whole old trace once, in time and memory that grow with its rows and layers.
  * Strings are variable-length UTF-8. The number of rows is the length of /step: every flush
  * writes the other datasets first and /step after, so a writer killed (or failing) in the
  * middle of one may leave other datasets longer than /step, never shorter. A reader takes
@@ -759,7 +775,7 @@ stab_status stab_output_check(const char *path, stab_output_mode mode, const cha
  * open_dataset with either engine); `h5clear -s FILE` clears that mark (never while the
  * writer runs), and stab_trace_open with append clears it itself. xarray follows a running
  * trace through h5netcdf in SWMR mode: xr.open_dataset(xr.backends.H5NetCDFStore(
- * h5netcdf.File(path, "r", swmr=True), group="layers/<layer>")); netCDF-C has no SWMR read.
+ * h5netcdf.File(path, "r", swmr=True), group="layers")); netCDF-C has no SWMR read.
  *
  * One writer at a time. An open trace holds a lock (fcntl, open-file-description, whole file)
  * on its file until closed or its writer dies, and every stab_trace_open keeps one protocol
@@ -775,21 +791,21 @@ stab_status stab_output_check(const char *path, stab_output_mode mode, const cha
  * fails too, and at exit it prints "infinite loop closing library" or crashes in
  * H5F__close_cb), so it is never given a full disk: a new trace is built in memory and written
  * by this library, and before each flush the most it can add (when the rows start new chunks,
- * every 256 rows: per dataset 3 KiB plus 8 bytes per chunk it holds, at most 11 KiB; plus 256
- * KiB, which is all a flush within the chunks needs) is allocated beyond the file's end
+ * per dataset the new chunks' bytes plus 8 bytes per chunk it holds, at most 9 KiB of index
+ * per 1024 new chunks; plus 256 KiB, which is all a flush within the chunks needs) is allocated beyond the file's end
  * (fallocate, FALLOC_FL_KEEP_SIZE; given back at close). When that fails the trace fails
  * (STAB_EIO, "no room on the disk"), before HDF5 writes, and closes cleanly with every row
  * flushed before. A trace can thus stop while a few MB are still free.
  *
  * Flushing. Rows are staged in memory and written at a flush, one hyperslab per dataset; a
- * flush writes every dataset's header, index and last chunk, mostly CPU time inside HDF5,
- * about 13 us per dataset, and costs about as much for 256 rows as for one. An append flushes
+ * flush writes every dataset's header, index and last chunks, and costs about as much for a
+ * chunk's rows as for one. An append flushes
  * when flush_seconds (default 1) have passed since the last flush, when the stage holds 256
  * rows, or every flush_every appends if that is set; stab_trace_flush and close write
  * everything and return once it is in the file.
  * By default (flush_every 0) a flush hands the staged rows to the trace's writer thread and
- * returns: an append costs a copy of the row (a few us for 800 datasets), and the flushes, one
- * a second, run beside the caller (10-20 ms of one core each for 800 datasets). At most one
+ * returns: an append costs a copy of the row (a value per layer and metric), and the flushes,
+ * one a second, run beside the caller. At most one
  * batch is in flight: a flush first waits for the one before. A failure of the writer (a full
  * disk) is returned by the next append, flush or close, naming the path; its rows and those
  * staged are dropped, every row flushed before stays. With flush_every >= 1 there is no
@@ -803,12 +819,10 @@ stab_status stab_output_check(const char *path, stab_output_mode mode, const cha
  * makes its own HDF5 calls one at a time (one lock for every trace of the process); a program
  * whose other threads call HDF5 themselves while a trace is open uses flush_every >= 1. After
  * fork() the child must not use a trace its parent opened.
- * Cost with flush_every 1 (every append flushes): for 40 linear layers (682 datasets) about
- * 9-13 ms an append, 1 ms with 10 and 0.2 ms with 100 (tests/trace_writer --bench, 2 busy
- * cores). Format 2 (each group's copy of /step, 723 datasets for
- * those 40 layers, and the scales' and units' attributes in every header) costs about 15% more
- * than format 1 did: 3.6 against 3.1 ms per append with flush_every 1 (--bench --layers 40
- * --steps 300, one run beside others' builds), and a file 13% larger. */
+ * Cost. Opening, appending and closing cost time linear in the layers: the file has the same
+ * objects whatever the layer count (about 35 datasets), a flush writes each [step, layer]
+ * dataset's new rows in one hyperslab, and an append copies one value per layer and metric
+ * into the stage (docs/trace.md gives the figures, bench/trace_layers.sh measures them). */
 
 typedef struct stab_trace stab_trace;
 
@@ -833,8 +847,9 @@ typedef struct {
                              >= 1: the caller's thread writes and flushes them every this many
                              appends (above 256, every 256), or sooner by flush_seconds. A row is
                              in the file, safe from a crash and seen by readers, once flushed.
-                             Staging takes min(flush_every, 256) x datasets x 8 bytes (with 0,
-                             twice 256 x datasets x 8: 3.2 MB for 800 datasets). Default 0 */
+                             Staging takes min(flush_every, 256) x values a row x 8 bytes (a
+                             row: about 20 values a layer; with 0, twice 256 x values x 8:
+                             2 MB for 49 layers). Default 0 */
   double flush_seconds;   /* seconds: an append at least this long after the last flush (or the
                              open) flushes every staged row, itself included; 0: no time limit.
                              So a kill -9 loses about the rows of the last flush_seconds of
@@ -855,11 +870,13 @@ typedef struct {
                              once it is complete (default, as before the modes were named).
                              1 (STAB_OUTPUT_APPEND): resume an existing trace (created if
                              missing), adding rows after its last; it is refused if its layers
-                             (names, kinds, d_in, d_out, heads), scalars or layer extras differ
-                             from these. 2 (STAB_OUTPUT_NEW): create the file; anything already
-                             at path is refused (STAB_EEXIST) and left as it is, also when
-                             another writer publishes a trace there while this one builds its
-                             own. Other values STAB_EINVAL */
+                             (names in the monitor's order, kinds, d_in, d_out, heads), scalars or
+                             layer extras differ from these. A trace of format 1 to 3 is
+                             rewritten as format 4 first (see "Older formats").
+                             2 (STAB_OUTPUT_NEW): create the file; anything already at path is
+                             refused (STAB_EEXIST) and left as it is, also when another writer
+                             publishes a trace there while this one builds its own. Other values
+                             STAB_EINVAL */
   int64_t resume_step;    /* with append: when > 0, the rows whose step is greater than this are
                              removed first, so a run resumed from an earlier checkpoint replaces
                              the steps it redoes instead of repeating them; 0 keeps every row

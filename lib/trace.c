@@ -1,8 +1,11 @@
 /* trace.c — the HDF5 trace writer: every measured step of a monitor appended as one row of
- * one-dimensional extendable datasets (docs/metrics.md, "Trace"), written in SWMR mode so that a
- * reader can follow the file while training runs and a killed writer loses nothing it had
- * flushed. /step is a dimension scale and every dataset says its units, so that netCDF tools
- * (xarray, ncdump) read the trace as labelled data. */
+ * extendable datasets (docs/trace.md), one per metric, indexed by step and layer, so that the
+ * file's objects, and what opening, flushing and closing it costs, grow with the metrics and
+ * not with the layers. Written in SWMR mode so that a reader can follow the file while training
+ * runs and a killed writer loses nothing it had flushed. /step and the layer names are dimension
+ * scales and every dataset says its units, so that netCDF tools (xarray, ncdump) read the trace
+ * as labelled data. Traces of formats 1 to 3 (a group of one-dimensional datasets per layer)
+ * appended to are rewritten in this layout first (migrate). */
 #define _GNU_SOURCE /* F_OFD_SETLK, fallocate, renameat2 */
 #include "internal.h"
 
@@ -20,9 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Rows per chunk. A flush writes every dirty chunk whole, so a smaller chunk makes the per-step
- * flush cheaper, and a larger one makes long traces need fewer chunk-index entries. */
-enum { CHUNK_ROWS = 256 };
+/* Rows per chunk, at most. A flush writes every dirty chunk whole, so a smaller chunk makes the
+ * per-step flush cheaper, and a larger one makes long traces need fewer chunk-index entries. A
+ * chunk of a per-layer dataset spans at most CHUNK_LAYERS layers and about CHUNK_VALUES values
+ * (rows = CHUNK_VALUES / layers, a power of two from 1 to CHUNK_ROWS): a flush of one row then
+ * rewrites at most CHUNK_VALUES / layers rows of each dataset, whatever the layer count. */
+enum { CHUNK_ROWS = 256, CHUNK_LAYERS = 1024, CHUNK_VALUES = 8192 };
 
 /* Rows are staged in memory and reach the file only at a flush: one write of many rows per
  * dataset costs little more than one of a row, and rows written but not flushed could reach
@@ -34,9 +40,11 @@ enum { STAGE_ROWS = 256 };
 /* The format this library writes. 2: /step a dimension scale, and each group (/scalars, every
  * layer's) a copy of it named step that is the scale of the group's datasets; units, long_name
  * and description attributes; storage sharing. 3: each layer's forward_ratio, dependency_ratio
- * and update_ratio. A version 1 or 2 trace appended to is brought to version 3 first
- * (add_step_copies, add_ratios, describe). */
-enum { FORMAT_VERSION = 3 };
+ * and update_ratio. 4: one two-dimensional dataset (step, layer) per metric under /layers, the
+ * layer names a dimension scale, the layers' attributes one-dimensional datasets along it, the
+ * attention heads' bounds one dataset (step, head). A version 1, 2 or 3 trace appended to is
+ * rewritten as version 4 beside it and renamed over it (migrate). */
+enum { FORMAT_VERSION = 4 };
 
 /* The longest flush_seconds accepted (a day): beyond it a kill loses more than anyone means to
  * keep in memory only; 0 turns the clock off instead. */
@@ -232,19 +240,34 @@ static void describe_layer(const stab_layer *l, const stabi_shape *sh, char *buf
   snprintf(buf, len, "layer of kind %d", (int)l->kind);
 }
 
+/* A dataset rows are appended to: `width` values a row (1; the layers; the attention heads).
+ * Its staged rows are stage[off * cap + r * width + c]. */
+typedef struct {
+  hid_t d;
+  size_t width, off;
+  int rank;           /* 1: /step, /wall_time, the scalars; 2: (step, layer) or (step, head) */
+} column;
+
+/* The datasets of a trace, in cols: /step, /wall_time, the scalars, /scalars/step and
+ * /layers/step (int64, written from the steps like /step), then under /layers the metrics
+ * (N_METRICS), their ratios (N_RATIOS), head_bound when any layer has heads, the extras. */
+enum { COL_STEP = 0, COL_WALL = 1, FIRST_SCALAR = 2 };
+
 struct stab_trace {
   char *path;
   const stab_monitor *m;
   size_t n_layers, n_scalars, n_extras;
   hid_t file;
   int lock_fd;        /* holds the writer's lock on the file (see lock_fd), -1 if none */
-  hid_t mem;          /* a memory dataspace of `cap` elements, shared by every write */
-  hid_t *dsets;       /* (n_dsets) [0] /step, [1] /wall_time, the scalars, then per layer its
-                         metrics, head bounds and extras */
-  size_t n_dsets;
-  size_t *layer_first;/* (n_layers) index in dsets of each layer's first dataset */
-  size_t first_copy;  /* dsets from here on are the groups' copies of /step: /scalars/step, then
-                         each layer's (int64, written from stage_step like /step) */
+  column *cols;       /* (n_cols) */
+  size_t n_cols;
+  size_t first_copy;  /* cols[first_copy], [first_copy + 1]: /scalars/step, /layers/step */
+  size_t first_metric;/* cols of /layers/forward ...; the ratios follow the metrics */
+  size_t head_col;    /* cols of /layers/head_bound, 0 when no layer has heads */
+  size_t first_extra; /* cols of the first layer extra */
+  size_t n_heads;     /* attention heads of all layers: head_bound's width */
+  size_t *head_first; /* (n_layers) layer i's first column of head_bound */
+  size_t width;       /* values a staged row takes, all datasets */
   size_t cap;         /* rows the stage holds, min(flush_every, STAGE_ROWS) (STAGE_ROWS when
                          flush_every is 0): a full stage is flushed */
   double flush_seconds; /* an append this long after the last flush flushes (0: never by time) */
@@ -257,23 +280,21 @@ struct stab_trace {
   pthread_t writer;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  double *out;        /* (n_dsets, cap) the rows being written, laid out as stage */
+  double *out;        /* (width, cap) the rows being written, laid out as stage */
   int64_t *out_step;  /* (cap) */
   size_t out_rows;    /* rows in out, 0 once written (or dropped by a failure) */
   int quit;           /* close: the thread ends once out is written */
-  double *stage;      /* (n_dsets, cap) rows not yet written, one column per dataset: stage[k * cap + r];
-                         column 0 unused (step is int64) */
+  double *stage;      /* (width, cap) rows not yet written, dataset by dataset (column); the
+                         int64 ones' place unused (steps are stage_step) */
   int64_t *stage_step;/* (cap) */
   size_t staged;      /* rows in the stage */
   int64_t written;    /* rows in the file, all flushed */
   int64_t last_step;  /* the step of the last row in the file or staged, if has_last */
   int has_last;
-  int64_t file_version; /* format_version of the file opened: 1 or 2 until upgraded */
+  int64_t file_version; /* format_version of the file opened: 1 to 3 until migrated */
   stab_metrics *reference; /* (n_layers) forward, dependency, update: the first finite value > 0
                          of each among the rows the file held when opened (NaN: none, and the
                          monitor's reference is used) */
-  char *ratio_present; /* (n_layers x N_RATIOS) opening a version 1 or 2 trace: the ratio
-                         datasets an upgrade cut short made already */
   off_t reserved;     /* the file's blocks are allocated up to this offset (see reserve) */
   int no_reserve;     /* the file system cannot reserve space (no fallocate) */
   stab_trace_on_error on_error;
@@ -444,22 +465,24 @@ static int64_t param_count(const stab_layer *l) {
   return (int64_t)l->d_in;
 }
 
-static size_t layer_dsets(const stab_layer *l, size_t n_extras) {
-  return FIRST_HEAD + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) + n_extras;
-}
+/* Heads of layer l whose bounds the trace records. */
+static size_t layer_heads(const stab_layer *l) { return l->kind == STAB_KIND_ATTENTION ? l->heads : 0; }
 
-/* The name of dataset k of a layer (k < layer_dsets) into buf. */
-static const char *layer_dset_name(const stab_layer *l, size_t k, const char *const *extras,
-                                   char *buf, size_t len) {
+/* The datasets of /layers along the layer dimension (format 4), written once at creation:
+ * layer (the names, the dimension's scale), then what format 3 kept in each layer's attributes.
+ * The first STATIC_STRINGS hold strings, the others int64. With heads, head (each head's number
+ * in its layer, the scale of the head dimension) and head_layer (its layer's name). */
+enum { N_STATIC = 9, STATIC_STRINGS = 5 };
+static const char *const static_names[N_STATIC] = {"layer", "kind", "layout", "description", "shares_storage_with",
+                                                   "d_in", "d_out", "param_count", "param_count_unique"};
+static const char *const head_names[2] = {"head", "head_layer"};
+
+/* The name of the per-layer dataset of cols[k] (k >= first_metric, not head_bound). */
+static const char *column_name(const stab_trace *t, size_t k, const char *const *extras) {
+  k -= t->first_metric;
   if (k < N_METRICS) return metric_names[k];
-  if (k < FIRST_HEAD) return ratio_names[k - N_METRICS];
-  k -= FIRST_HEAD;
-  size_t heads = l->kind == STAB_KIND_ATTENTION ? l->heads : 0;
-  if (k < heads) {
-    snprintf(buf, len, "head%zu_bound", k);
-    return buf;
-  }
-  return extras[k - heads];
+  if (k < N_METRICS + N_RATIOS) return ratio_names[k - N_METRICS];
+  return extras[k - (t->first_extra - t->first_metric)];
 }
 
 /* A declared name is one link name: not empty, no '/', not "." and unique in its list. */
@@ -486,6 +509,9 @@ static stab_status check_names(const char *who, const char *what, const char *co
         return stabi_fail(STAB_EINVAL, "%s: %s '%s' is the name of a metric's ratio", who, what, s);
     if (strncmp(s, "head", 4) == 0 && strstr(s, "_bound"))
       return stabi_fail(STAB_EINVAL, "%s: %s '%s' may clash with an attention head's dataset", who, what, s);
+    for (size_t k = 0; k < N_STATIC + 2; k++)
+      if (strcmp(k < N_STATIC ? static_names[k] : head_names[k - N_STATIC], s) == 0)
+        return stabi_fail(STAB_EINVAL, "%s: %s '%s' is taken: /layers/%s describes the layers", who, what, s, s);
   }
   return STAB_OK;
 }
@@ -694,21 +720,35 @@ static stab_status publish(stab_trace *t, const char *who, const char *tmp, int 
  * flush left it and closes cleanly). Where the file system has no fallocate, nothing is
  * reserved and a full disk reaches HDF5 as before. The reserve is given back at close. */
 
-/* The most a flush of `rows` rows can add to the file. Rows fill chunks of CHUNK_ROWS, and a flush
- * (at most CHUNK_ROWS rows) starts at most one new chunk per dataset: its bytes, plus the
- * growth of the dataset's chunk index. That index is an extensible array whose blocks grow
- * with it (16 addresses at first, about as many as it holds later, in pages of 1024): the
- * block that chunk k may start holds at most k + 16 addresses of 8 bytes, capped at a page;
- * a KiB more covers the block headers and a new super block. A flush that starts no chunk
+/* The chunk of a dataset of `width` values a row: rows x values (see CHUNK_VALUES). */
+static void chunk_of(size_t width, size_t *rows, size_t *values) {
+  size_t c = width < CHUNK_LAYERS ? width : CHUNK_LAYERS, r = CHUNK_ROWS;
+  if (c == 0) c = 1;
+  while (r > 1 && r * c > CHUNK_VALUES) r /= 2;
+  *rows = r, *values = c;
+}
+
+/* The most a flush of `rows` rows can add to the file. Each dataset's rows fill chunks of
+ * chunk_of's rows; a flush may start new rows of chunks (each ceil(width / values) chunks): their
+ * bytes, plus the growth of the dataset's chunk index. That index is an extensible array whose
+ * blocks grow with it (16 addresses at first, about as many as it holds later, in pages of
+ * 1024): a block that chunk k may start holds at most k + 16 addresses of 8 bytes, capped at a
+ * page; a KiB more covers the block headers and a new super block. A flush that starts no chunk
  * rewrites what exists in place. The constant covers HDF5's metadata and small-data
  * aggregators' blocks and the object headers' growth. */
 static off_t reserve_bytes(const stab_trace *t, size_t rows) {
-  const off_t base = (off_t)256 * 1024;
-  size_t in_chunk = (size_t)t->written % CHUNK_ROWS;
-  if (rows == 0 || (in_chunk != 0 && in_chunk + rows <= CHUNK_ROWS)) return base;
-  size_t k = ((size_t)t->written + rows - 1) / CHUNK_ROWS; /* the new chunk */
-  size_t index = 8 * (k + 16 < 1024 ? k + 16 : 1024) + 1024;
-  return base + (off_t)t->n_dsets * (off_t)(CHUNK_ROWS * 8 + index);
+  off_t sum = (off_t)256 * 1024;
+  const size_t w = (size_t)t->written;
+  for (size_t k = 0; k < t->n_cols && rows; k++) {
+    size_t cr, cv;
+    chunk_of(t->cols[k].width, &cr, &cv);
+    const size_t across = (t->cols[k].width + cv - 1) / cv, now = (w + cr - 1) / cr, then = (w + rows + cr - 1) / cr;
+    if (then == now) continue;
+    const size_t chunks = (then - now) * (across ? across : 1), last = then * (across ? across : 1);
+    const size_t index = (8 * (last + 16 < 1024 ? last + 16 : 1024) + 1024) * (chunks / 1024 + 1);
+    sum += (off_t)(chunks * cr * cv * 8 + index);
+  }
+  return sum;
 }
 
 /* Makes sure reserve_bytes(rows) past the end of the file are allocated, for a flush of `rows`
@@ -758,84 +798,56 @@ typedef struct {
   const char *who, *path;
   const stab_trace_params *p;
   hid_t str;          /* variable-length UTF-8 string type */
-  hid_t dcpl_f, dcpl_i; /* chunked creation properties: float64 (fill NaN), int64 */
-  hid_t space0;       /* [0] of [unlimited] */
   const stabi_sharing *share; /* which layers share storage */
 } builder;
 
-static stab_status new_dataset(stab_trace *t, const builder *b, hid_t loc, const char *name,
-                               size_t k, int is_int) {
-  t->dsets[k] = H5Dcreate2(loc, name, is_int ? H5T_STD_I64LE : H5T_IEEE_F64LE, b->space0,
-                           H5P_DEFAULT, is_int ? b->dcpl_i : b->dcpl_f, H5P_DEFAULT);
-  if (t->dsets[k] < 0) return h5fail(b->who, b->path, "cannot create dataset '%s'", name);
-  return STAB_OK;
-}
-
-static stab_status create_layer(stab_trace *t, const builder *b, hid_t layers, size_t i,
-                                const char *gname) {
-  const stab_layer *l = stab_monitor_layer(t->m, i);
+/* Creates cols[k] as loc/name: one-dimensional (rank 1), or (step, width) (rank 2), extendable
+ * along the steps, chunked as chunk_of says; float64 with NaN as its fill value, or int64. */
+static stab_status new_column(stab_trace *t, const builder *b, hid_t loc, const char *name, size_t k, int is_int) {
+  column *c = &t->cols[k];
+  size_t cr, cv;
+  chunk_of(c->rank == 2 ? c->width : 1, &cr, &cv);
+  const hsize_t dims[2] = {0, c->width}, max[2] = {H5S_UNLIMITED, c->width ? c->width : H5S_UNLIMITED},
+                chunk[2] = {cr, cv};
+  const double nan = NAN;
   stab_status st = STAB_OK;
-  hid_t g = H5Gcreate2(layers, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (g < 0) return h5fail(b->who, b->path, "cannot create the group of layer '%s'", l->name);
-  if (put_string(g, "name", b->str, l->name) < 0 || put_string(g, "kind", b->str, stab_kind_name(l->kind)) < 0 ||
-      put_int(g, "d_in", (int64_t)l->d_in) < 0 || put_int(g, "d_out", (int64_t)l->d_out) < 0 ||
-      put_string(g, "layout", b->str, layout_name(l)) < 0 || put_int(g, "param_count", param_count(l)) < 0) {
-    st = h5fail(b->who, b->path, "cannot write the attributes of layer '%s'", l->name);
-    goto out;
-  }
-  size_t n = layer_dsets(l, t->n_extras);
-  for (size_t k = 0; k < n && st == STAB_OK; k++) {
-    char buf[64];
-    const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
-    st = new_dataset(t, b, g, name, t->layer_first[i] + k, 0);
-  }
-  if (st == STAB_OK) st = new_dataset(t, b, g, "step", t->first_copy + 1 + i, 1);
-out:
-  H5Gclose(g);
+  hid_t space = H5Screate_simple(c->rank, dims, max), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  if (space < 0 || dcpl < 0 || H5Pset_chunk(dcpl, c->rank, chunk) < 0 ||
+      (!is_int && H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan) < 0) ||
+      (c->d = H5Dcreate2(loc, name, is_int ? H5T_STD_I64LE : H5T_IEEE_F64LE, space, H5P_DEFAULT, dcpl,
+                         H5P_DEFAULT)) < 0)
+    st = h5fail(b->who, b->path, "cannot create dataset '%s'", name);
+  if (space >= 0) H5Sclose(space);
+  if (dcpl >= 0) H5Pclose(dcpl);
   return st;
 }
 
-/* ---- the description: dimension scale, units, words ------------------------------------ */
+/* ---- the description: dimension scales, units, words ----------------------------------- */
 
-/* Attributes written again by an upgrade (a version 1 trace, or one whose upgrade was cut short)
- * replace what is there. */
 static herr_t set_string(hid_t obj, const char *name, hid_t str, const char *value) {
   if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
   return put_string(obj, name, str, value);
 }
 
-static herr_t set_int(hid_t obj, const char *name, int64_t value) {
-  if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
-  return put_int(obj, name, value);
+/* Dataset d (where/name, for messages) gets `scale` as the scale of its dimension dim. */
+static stab_status attach(const builder *b, hid_t d, hid_t scale, unsigned dim, const char *where, const char *name) {
+  htri_t on = H5DSis_attached(d, scale, dim);
+  if (on < 0 || (!on && H5DSattach_scale(d, scale, dim) < 0))
+    return h5fail(b->who, b->path, "cannot attach a dimension scale to %s/%s", where, name);
+  return STAB_OK;
 }
 
-/* A one-dimensional attribute of n strings. */
-static herr_t set_strings(hid_t obj, const char *name, hid_t str, const char *const *values, size_t n) {
-  herr_t rc = -1;
-  hsize_t dim = n;
-  hid_t space = H5I_INVALID_HID, a = H5I_INVALID_HID;
-  if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
-  if ((space = H5Screate_simple(1, &dim, NULL)) < 0) goto out;
-  if ((a = H5Acreate2(obj, name, str, space, H5P_DEFAULT, H5P_DEFAULT)) < 0) goto out;
-  if (H5Awrite(a, str, values) < 0) goto out;
-  rc = 0;
-out:
-  if (rc == 0) { /* on failure, closing would clear the error stack before h5fail reads it */
-    rc = H5Aclose(a);
-    if (H5Sclose(space) < 0) rc = -1;
-  }
-  return rc;
+static stab_status make_scale(const builder *b, hid_t d, const char *where, const char *name) {
+  htri_t is = H5DSis_scale(d);
+  if (is < 0 || (!is && H5DSset_scale(d, name) < 0))
+    return h5fail(b->who, b->path, "cannot make %s/%s a dimension scale", where, name);
+  return STAB_OK;
 }
 
-/* Dataset d (where/name, for messages) gets /step (step; < 0 for /step itself) as the scale of
- * its only dimension, and its units and long_name (key names its row in words). */
-static stab_status describe_dataset(const builder *b, hid_t d, hid_t step, const char *where, const char *name,
-                                    const char *key, int kind) {
-  if (step >= 0) {
-    htri_t on = H5DSis_attached(d, step, 0);
-    if (on < 0 || (!on && H5DSattach_scale(d, step, 0) < 0))
-      return h5fail(b->who, b->path, "cannot attach /step as the dimension scale of %s/%s", where, name);
-  }
+/* Dataset d's units and long_name (key names its row in words) for a dataset of /step,
+ * /wall_time or /scalars (kind NOT_LAYER). */
+static stab_status describe_dataset(const builder *b, hid_t d, const char *where, const char *name, const char *key,
+                                    int kind) {
   const wording *w = wording_of(key, kind);
   if (set_string(d, "long_name", b->str, w ? w->long_name : name) < 0 ||
       (w && set_string(d, "units", b->str, w->units) < 0))
@@ -843,132 +855,213 @@ static stab_status describe_dataset(const builder *b, hid_t d, hid_t step, const
   return STAB_OK;
 }
 
-/* Each group's step: a copy of /step that is the dimension scale of the group's datasets, so
- * that a group read alone (xarray's open_dataset(path, group=...)) has its coordinate, and a
- * reader resolving an unlimited dimension's length through the scale's REFERENCE_LIST (h5netcdf
- * opens every dataset listed there) visits the group's datasets, not the whole trace's (9 s per
- * group for 80 layers with one scale for all). A group's datasets are in dsets from `first` to
- * `first + n`; its copy at `copy`. */
-static stab_status describe_group_datasets(stab_trace *t, const builder *b, const char *where, size_t first,
-                                           size_t n, size_t copy, const stab_layer *l) {
-  const stab_trace_params *p = b->p;
-  const hid_t scale = t->dsets[copy];
-  htri_t is = H5DSis_scale(scale);
-  if (is < 0 || (!is && H5DSset_scale(scale, "step") < 0))
-    return h5fail(b->who, b->path, "cannot make %s/step a dimension scale", where);
-  stab_status st = describe_dataset(b, scale, H5I_INVALID_HID, where, "step", "step", NOT_LAYER);
-  for (size_t k = 0; k < n && st == STAB_OK; k++) {
-    char buf[64];
-    const char *name, *key;
-    if (!l) {
-      name = key = p->scalars[k];
-    } else {
-      name = layer_dset_name(l, k, p->layer_extras, buf, sizeof buf);
-      key = k >= FIRST_HEAD && k < FIRST_HEAD + (l->kind == STAB_KIND_ATTENTION ? l->heads : 0) ? "head_bound" : name;
-    }
-    st = describe_dataset(b, t->dsets[first + k], scale, where, name, key, l ? (int)l->kind : NOT_LAYER);
+/* The units and long_name of a per-layer dataset (key: its row in words), whose layers may be
+ * of several kinds with different words (forward is in nats for an LM head): the words every
+ * kind present shares are units and long_name; where kinds differ, units_<kind> and
+ * long_name_<kind> for each kind present, and long_name the words before the first ':'. */
+static stab_status describe_per_layer(const stab_trace *t, const builder *b, hid_t d, const char *name,
+                                      const char *key) {
+  const wording *first = NULL;
+  int same_units = 1, same_words = 1, present[STAB_KIND_ATTENTION + 1] = {0};
+  for (size_t i = 0; i < t->n_layers; i++) {
+    const stab_layer *l = stab_monitor_layer(t->m, i);
+    const wording *w = (size_t)l->kind > STAB_KIND_ATTENTION ? NULL : wording_of(key, (int)l->kind);
+    if (!w || present[l->kind]) continue; /* a kind the dataset says nothing of: head_bound of a linear layer */
+    present[l->kind] = 1;
+    if (!first) first = w;
+    same_units &= strcmp(w->units, first->units) == 0;
+    same_words &= w == first;
   }
-  return st;
-}
-
-/* A layer group's description, param_count_unique and shares_storage_with (the other groups
- * holding some of its floats; written only when there are any). */
-static stab_status describe_group(const stab_trace *t, const builder *b, hid_t g, size_t i, char *const *gnames) {
-  const stab_layer *l = stab_monitor_layer(t->m, i);
-  char text[512];
-  describe_layer(l, stabi_monitor_shape(t->m, i), text, sizeof text);
-  if (set_string(g, "description", b->str, text) < 0 || set_int(g, "param_count_unique", b->share->unique[i]) < 0)
-    return h5fail(b->who, b->path, "cannot write the description of layer '%s'", l->name);
-  size_t n = b->share->n_with[i];
-  if (!n) return STAB_OK;
-  const char **names = malloc(n * sizeof *names);
-  if (!names) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
-  for (size_t k = 0; k < n; k++) names[k] = gnames[b->share->with[i][k]];
-  herr_t rc = set_strings(g, "shares_storage_with", b->str, names, n);
-  free(names);
-  if (rc < 0) return h5fail(b->who, b->path, "cannot write which layers share storage with '%s'", l->name);
+  char text[160];
+  const char *lname = first ? first->long_name : name;
+  if (first && !same_words) {
+    size_t n = strcspn(first->long_name, ":");
+    snprintf(text, sizeof text, "%.*s (in words for each kind: long_name_<kind>)", (int)n, first->long_name);
+    lname = text;
+  }
+  if (set_string(d, "long_name", b->str, lname) < 0 || (first && same_units && set_string(d, "units", b->str, first->units) < 0))
+    return h5fail(b->who, b->path, "cannot write the units of /layers/%s", name);
+  for (int k = 0; k <= STAB_KIND_ATTENTION && first && (!same_units || !same_words); k++) {
+    const wording *w = present[k] ? wording_of(key, k) : NULL;
+    if (!w) continue;
+    char an[64];
+    snprintf(an, sizeof an, "units_%s", stab_kind_name((stab_kind)k));
+    if (!same_units && set_string(d, an, b->str, w->units) < 0) return h5fail(b->who, b->path, "cannot write %s", an);
+    snprintf(an, sizeof an, "long_name_%s", stab_kind_name((stab_kind)k));
+    if (!same_words && set_string(d, an, b->str, w->long_name) < 0)
+      return h5fail(b->who, b->path, "cannot write %s", an);
+  }
   return STAB_OK;
 }
 
-/* Everything format_version 2 adds to the datasets of t (all open, the groups' copies of /step
- * included): /step and each copy made a dimension scale and attached to the datasets beside it,
- * units and long_name on each, the layers' descriptions. Before SWMR writing starts (it allows
- * no new attribute). Each piece already there is kept or rewritten, so an upgrade cut short is
- * finished by the next append. */
-static stab_status describe(stab_trace *t, const builder *b, char *const *gnames) {
-  const hid_t step = t->dsets[0];
-  hid_t layers = H5I_INVALID_HID, g = H5I_INVALID_HID;
-  htri_t scale = H5DSis_scale(step);
-  if (scale < 0 || (!scale && H5DSset_scale(step, "step") < 0))
-    return h5fail(b->who, b->path, "cannot make /step a dimension scale");
-  stab_status st = describe_dataset(b, step, H5I_INVALID_HID, "", "step", "step", NOT_LAYER);
-  if (st == STAB_OK) st = describe_dataset(b, t->dsets[1], step, "", "wall_time", "wall_time", NOT_LAYER);
-  if (st == STAB_OK) st = describe_group_datasets(t, b, "/scalars", 2, t->n_scalars, t->first_copy, NULL);
-  if (st != STAB_OK) return st;
-  if ((layers = H5Gopen2(t->file, "layers", H5P_DEFAULT)) < 0) return h5fail(b->who, b->path, "cannot open /layers");
-  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) {
-    const stab_layer *l = stab_monitor_layer(t->m, i);
-    char where[600];
-    snprintf(where, sizeof where, "/layers/%s", gnames[i]);
-    if ((g = H5Gopen2(layers, gnames[i], H5P_DEFAULT)) < 0) {
-      st = h5fail(b->who, b->path, "cannot open %s", where);
-      break;
-    }
-    st = describe_group(t, b, g, i, gnames);
-    if (st == STAB_OK)
-      st = describe_group_datasets(t, b, where, t->layer_first[i], layer_dsets(l, t->n_extras), t->first_copy + 1 + i, l);
-    H5Gclose(g);
+/* A one-dimensional dataset loc/name of n values, written whole: strings (str) or int64. */
+static stab_status put_array(const builder *b, hid_t loc, const char *name, const char *const *strings,
+                             const int64_t *ints, size_t n, hid_t *out) {
+  hsize_t dim = n;
+  stab_status st = STAB_OK;
+  hid_t space = H5Screate_simple(1, &dim, NULL);
+  *out = space < 0 ? H5I_INVALID_HID
+                   : H5Dcreate2(loc, name, strings ? b->str : H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (*out < 0 || (n && H5Dwrite(*out, strings ? b->str : H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                 strings ? (const void *)strings : (const void *)ints) < 0))
+    st = h5fail(b->who, b->path, "cannot write /layers/%s", name);
+  if (space >= 0) H5Sclose(space);
+  return st;
+}
+
+/* What each layer is, along the layer dimension (static_names), and with heads, the head
+ * dimension. layers is /layers; lstep its copy of /step. The other datasets of /layers are
+ * then attached to the scales (describe_columns). */
+static stab_status create_statics(stab_trace *t, const builder *b, hid_t layers, char *const *gnames, hid_t *scale,
+                                  hid_t *head) {
+  const size_t n = t->n_layers, nh = t->n_heads;
+  stab_status st = STAB_OK;
+  const char **s = calloc((n ? n : 1) * STATIC_STRINGS, sizeof *s);
+  char *text = malloc((n ? n : 1) * 512);
+  int64_t *v = malloc((n ? n : 1) * (N_STATIC - STATIC_STRINGS) * sizeof *v);
+  int64_t *hv = malloc((nh ? nh : 1) * sizeof *hv);
+  const char **hl = malloc((nh ? nh : 1) * sizeof *hl);
+  char **with = calloc(n ? n : 1, sizeof *with);
+  if (!s || !text || !v || !hv || !hl || !with) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+    goto out;
   }
-  H5Gclose(layers);
+  for (size_t i = 0; i < n; i++) {
+    const stab_layer *l = stab_monitor_layer(t->m, i);
+    describe_layer(l, stabi_monitor_shape(t->m, i), text + i * 512, 512);
+    size_t len = 1;
+    for (size_t k = 0; k < b->share->n_with[i]; k++) len += strlen(gnames[b->share->with[i][k]]) + 1;
+    if (!(with[i] = malloc(len))) {
+      st = stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+      goto out;
+    }
+    with[i][0] = '\0';
+    for (size_t k = 0; k < b->share->n_with[i]; k++) {
+      if (k) strcat(with[i], " ");
+      strcat(with[i], gnames[b->share->with[i][k]]);
+    }
+    const char *row[STATIC_STRINGS] = {gnames[i], stab_kind_name(l->kind), layout_name(l), text + i * 512, with[i]};
+    for (size_t k = 0; k < STATIC_STRINGS; k++) s[k * n + i] = row[k];
+    const int64_t num[N_STATIC - STATIC_STRINGS] = {(int64_t)l->d_in, (int64_t)l->d_out, param_count(l),
+                                                    b->share->unique[i]};
+    for (size_t k = 0; k < N_STATIC - STATIC_STRINGS; k++) v[k * n + i] = num[k];
+    for (size_t h = 0; h < layer_heads(l); h++) hv[t->head_first[i] + h] = (int64_t)h, hl[t->head_first[i] + h] = gnames[i];
+  }
+  for (size_t k = 0; k < N_STATIC && st == STAB_OK; k++) {
+    hid_t d = H5I_INVALID_HID;
+    st = k < STATIC_STRINGS ? put_array(b, layers, static_names[k], s + k * n, NULL, n, &d)
+                            : put_array(b, layers, static_names[k], NULL, v + (k - STATIC_STRINGS) * n, n, &d);
+    if (st == STAB_OK && k == 0) st = make_scale(b, d, "/layers", "layer");
+    else if (st == STAB_OK) st = attach(b, d, *scale, 0, "/layers", static_names[k]);
+    if (st == STAB_OK && d >= 0) {
+      static const char *const said[N_STATIC] = {
+          "layer name (a '/' of the monitor's name as '.')", "layer kind", "how the weight is stored",
+          "the layer's kind and stored shape in words", "the other layers sharing some of its storage (space-separated)",
+          "input width", "output width", "parameters the layer's metrics read",
+          "parameters no other layer of the trace reads"};
+      if (set_string(d, "long_name", b->str, said[k]) < 0 || (k >= STATIC_STRINGS && set_string(d, "units", b->str, "1") < 0))
+        st = h5fail(b->who, b->path, "cannot describe /layers/%s", static_names[k]);
+    }
+    if (k == 0 && st == STAB_OK) *scale = d; /* closed by create_file */
+    else if (d >= 0) H5Dclose(d);
+  }
+  if (st == STAB_OK && nh) {
+    hid_t d = H5I_INVALID_HID;
+    if ((st = put_array(b, layers, head_names[0], NULL, hv, nh, head)) == STAB_OK)
+      st = make_scale(b, *head, "/layers", "head");
+    if (st == STAB_OK && set_string(*head, "long_name", b->str, "attention head's number in its layer") < 0)
+      st = h5fail(b->who, b->path, "cannot describe /layers/head");
+    if (st == STAB_OK) st = put_array(b, layers, head_names[1], hl, NULL, nh, &d);
+    if (st == STAB_OK) st = attach(b, d, *head, 0, "/layers", head_names[1]);
+    if (st == STAB_OK && set_string(d, "long_name", b->str, "the attention head's layer") < 0)
+      st = h5fail(b->who, b->path, "cannot describe /layers/head_layer");
+    if (d >= 0) H5Dclose(d);
+  }
+out:
+  if (with)
+    for (size_t i = 0; i < n; i++) free(with[i]);
+  free(with), free(s), free(text), free(v), free(hv), free(hl);
   return st;
 }
 
 /* Builds the new trace, without rows, in the file t->file, created with fapl (in memory: see
- * create_new). */
-static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames) {
+ * create_new). Every column is created and described: /step and the groups' copies of it are
+ * the step dimension's scales, /layers/layer the layer dimension's, /layers/head the heads'. */
+static stab_status create_file(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames,
+                               const char *created, const char *run_config) {
   const stab_trace_params *p = b->p;
   stab_status st = STAB_OK;
-  hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID;
+  hid_t scalars = H5I_INVALID_HID, layers = H5I_INVALID_HID, scale = H5I_INVALID_HID, head = H5I_INVALID_HID;
   t->file = H5Fcreate(b->path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (t->file < 0) return h5fail(b->who, b->path, "cannot create the file");
 
-  char created[32];
-  time_t now = time(NULL);
-  struct tm tm;
-  if (gmtime_r(&now, &tm)) strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  else snprintf(created, sizeof created, "unknown");
   if (put_string(t->file, "format", b->str, "stabmeter-trace") < 0 || put_int(t->file, "format_version", FORMAT_VERSION) < 0 ||
       put_string(t->file, "library_version", b->str, stab_version()) < 0 ||
       put_string(t->file, "created_utc", b->str, created) < 0 ||
-      put_string(t->file, "run_config", b->str, p->run_config ? p->run_config : "{}") < 0)
+      put_string(t->file, "run_config", b->str, run_config ? run_config : "{}") < 0)
     return h5fail(b->who, b->path, "cannot write the root attributes");
 
-  if ((st = new_dataset(t, b, t->file, "step", 0, 1)) != STAB_OK) return st;
-  if ((st = new_dataset(t, b, t->file, "wall_time", 1, 0)) != STAB_OK) return st;
+  if ((st = new_column(t, b, t->file, "step", COL_STEP, 1)) != STAB_OK) return st;
+  if ((st = new_column(t, b, t->file, "wall_time", COL_WALL, 0)) != STAB_OK) return st;
   if ((scalars = H5Gcreate2(t->file, "scalars", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
       (layers = H5Gcreate2(t->file, "layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) {
     st = h5fail(b->who, b->path, "cannot create the groups /scalars and /layers");
     goto out;
   }
-  for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
-    st = new_dataset(t, b, scalars, p->scalars[s], 2 + s, 0);
-  if (st == STAB_OK) st = new_dataset(t, b, scalars, "step", t->first_copy, 1);
-  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = create_layer(t, b, layers, i, gnames[i]);
-  if (st == STAB_OK) st = describe(t, b, gnames);
+  for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++) st = new_column(t, b, scalars, p->scalars[s], FIRST_SCALAR + s, 0);
+  if (st == STAB_OK) st = new_column(t, b, scalars, "step", t->first_copy, 1);
+  if (st == STAB_OK) st = new_column(t, b, layers, "step", t->first_copy + 1, 1);
+  for (size_t k = t->first_metric; k < t->n_cols && st == STAB_OK; k++)
+    st = new_column(t, b, layers, k == t->head_col && k ? "head_bound" : column_name(t, k, p->layer_extras), k, 0);
+  if (st == STAB_OK) st = create_statics(t, b, layers, gnames, &scale, &head);
+
+  /* the scales and the words */
+  const hid_t step = t->cols[COL_STEP].d, sstep = t->cols[t->first_copy].d, lstep = t->cols[t->first_copy + 1].d;
+  if (st == STAB_OK) st = make_scale(b, step, "", "step");
+  if (st == STAB_OK) st = describe_dataset(b, step, "", "step", "step", NOT_LAYER);
+  if (st == STAB_OK) st = attach(b, t->cols[COL_WALL].d, step, 0, "", "wall_time");
+  if (st == STAB_OK) st = describe_dataset(b, t->cols[COL_WALL].d, "", "wall_time", "wall_time", NOT_LAYER);
+  if (st == STAB_OK) st = make_scale(b, sstep, "/scalars", "step");
+  if (st == STAB_OK) st = describe_dataset(b, sstep, "/scalars", "step", "step", NOT_LAYER);
+  for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++) {
+    st = attach(b, t->cols[FIRST_SCALAR + s].d, sstep, 0, "/scalars", p->scalars[s]);
+    if (st == STAB_OK) st = describe_dataset(b, t->cols[FIRST_SCALAR + s].d, "/scalars", p->scalars[s], p->scalars[s], NOT_LAYER);
+  }
+  if (st == STAB_OK) st = make_scale(b, lstep, "/layers", "step");
+  if (st == STAB_OK) st = describe_dataset(b, lstep, "/layers", "step", "step", NOT_LAYER);
+  for (size_t k = t->first_metric; k < t->n_cols && st == STAB_OK; k++) {
+    const int heads = k == t->head_col && k;
+    const char *name = heads ? "head_bound" : column_name(t, k, p->layer_extras);
+    st = attach(b, t->cols[k].d, lstep, 0, "/layers", name);
+    if (st == STAB_OK) st = attach(b, t->cols[k].d, heads ? head : scale, 1, "/layers", name);
+    if (st == STAB_OK) st = describe_per_layer(t, b, t->cols[k].d, name, name);
+  }
 out:
   if (scalars >= 0) H5Gclose(scalars);
   if (layers >= 0) H5Gclose(layers);
+  if (scale >= 0) H5Dclose(scale);
+  if (head >= 0) H5Dclose(head);
   return st;
 }
 
-/* Opens dataset `name` of loc into dsets[k], or says which one the trace lacks. */
-static stab_status open_dataset(stab_trace *t, const builder *b, hid_t loc, const char *where,
-                                const char *name, size_t k) {
+/* Opens dataset `name` of loc into cols[k], or says which one the trace lacks; checks its
+ * rank and width. */
+static stab_status open_column(stab_trace *t, const builder *b, hid_t loc, const char *where, const char *name,
+                               size_t k) {
+  column *c = &t->cols[k];
   if (H5Lexists(loc, name, H5P_DEFAULT) <= 0)
-    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has no dataset '%s'", b->who,
-                      b->path, where, name);
-  if ((t->dsets[k] = H5Dopen2(loc, name, H5P_DEFAULT)) < 0)
-    return h5fail(b->who, b->path, "cannot open %s/%s", where, name);
+    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has no dataset '%s'", b->who, b->path,
+                      where, name);
+  if ((c->d = H5Dopen2(loc, name, H5P_DEFAULT)) < 0) return h5fail(b->who, b->path, "cannot open %s/%s", where, name);
+  hsize_t dims[2];
+  hid_t s = H5Dget_space(c->d);
+  int rank = s < 0 ? -1 : H5Sget_simple_extent_ndims(s);
+  if (rank == c->rank) H5Sget_simple_extent_dims(s, dims, NULL);
+  if (s >= 0) H5Sclose(s);
+  if (rank != c->rank || (rank == 2 && dims[1] != c->width))
+    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s/%s is not %s", b->who, b->path, where, name,
+                      c->rank == 1 ? "one-dimensional" : c->width == t->n_layers ? "(step, layer) of the monitor's layers"
+                                                                                 : "(step, head) of the monitor's heads");
   return STAB_OK;
 }
 
@@ -979,77 +1072,91 @@ static stab_status link_count(const builder *b, hid_t g, const char *where, hsiz
   return STAB_OK;
 }
 
-static stab_status check_layer(stab_trace *t, const builder *b, hid_t layers, size_t i,
-                               const char *gname) {
-  const stab_layer *l = stab_monitor_layer(t->m, i);
-  const char *who = b->who, *path = b->path;
-  if (H5Lexists(layers, gname, H5P_DEFAULT) <= 0)
-    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has no layer '%s'", who, path, l->name);
-  hid_t g = H5Gopen2(layers, gname, H5P_DEFAULT);
-  if (g < 0) return h5fail(who, path, "cannot open a layer's group");
+/* Reads the one-dimensional dataset loc/name of n values: strings (into *strings, to free with
+ * free_strings) or int64 (ints). */
+static stab_status read_array(const builder *b, hid_t loc, const char *name, size_t n, char **strings, int64_t *ints) {
+  if (H5Lexists(loc, name, H5P_DEFAULT) <= 0)
+    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: /layers has no dataset '%s'", b->who, b->path, name);
+  hid_t d = H5Dopen2(loc, name, H5P_DEFAULT), s = d < 0 ? H5I_INVALID_HID : H5Dget_space(d);
+  hsize_t dim = 0;
   stab_status st = STAB_OK;
-  char kind[32], where[256];
-  int64_t d_in = -1, d_out = -1;
-  snprintf(where, sizeof where, "layer '%s'", l->name);
-  if (get_string(g, "kind", b->str, kind, sizeof kind) < 0 || get_int(g, "d_in", &d_in) < 0 ||
-      get_int(g, "d_out", &d_out) < 0) {
-    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has no kind, d_in or d_out", who, path, where);
-    goto out;
-  }
-  if (strcmp(kind, stab_kind_name(l->kind)) != 0) {
-    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s is %s in the trace, %s in the monitor", who,
-                    path, where, kind, stab_kind_name(l->kind));
-    goto out;
-  }
-  if (d_in != (int64_t)l->d_in || d_out != (int64_t)l->d_out) {
-    st = stabi_fail(STAB_EINVAL,
-                    "%s: %s: the trace does not match: %s is %lld x %lld (d_in x d_out) in the trace, %zu x %zu in the monitor",
-                    who, path, where, (long long)d_in, (long long)d_out, l->d_in, l->d_out);
-    goto out;
-  }
-  size_t n = layer_dsets(l, t->n_extras);
-  hsize_t have = 0, ratios = N_RATIOS;
-  if ((st = link_count(b, g, where, &have)) != STAB_OK) goto out;
-  if (t->file_version < 3) { /* no ratios yet, but those an upgrade cut short made: add_ratios */
-    ratios = 0;
-    for (size_t j = 0; j < N_RATIOS; j++) {
-      htri_t has = H5Lexists(g, ratio_names[j], H5P_DEFAULT);
-      if (has < 0) {
-        st = h5fail(who, path, "cannot look into %s", where);
-        goto out;
-      }
-      t->ratio_present[i * N_RATIOS + j] = has > 0;
-      ratios += has > 0;
-    }
-  }
-  for (size_t k = 0; k < n && st == STAB_OK; k++) {
-    char buf[64];
-    if (t->file_version < 3 && k >= N_METRICS && k < FIRST_HEAD) continue;
-    const char *name = layer_dset_name(l, k, b->p->layer_extras, buf, sizeof buf);
-    st = open_dataset(t, b, g, where, name, t->layer_first[i] + k);
-  }
-  const hsize_t step_link = t->file_version >= 2; /* its copy of /step */
-  const hsize_t expected = n - N_RATIOS + ratios;
-  if (st == STAB_OK && step_link) st = open_dataset(t, b, g, where, "step", t->first_copy + 1 + i);
-  if (st == STAB_OK && have != expected + step_link)
-    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: %s has %llu datasets in the trace, %llu expected "
-                    "(other heads or layer extras)", who, path, where, (unsigned long long)(have - step_link),
-                    (unsigned long long)expected);
-out:
-  H5Gclose(g);
+  if (s < 0 || H5Sget_simple_extent_ndims(s) != 1 || H5Sget_simple_extent_dims(s, &dim, NULL) < 0 || dim != n)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: /layers/%s has %llu values, the monitor %zu", b->who,
+                    b->path, name, (unsigned long long)dim, n);
+  else if (n && H5Dread(d, strings ? b->str : H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                        strings ? (void *)strings : (void *)ints) < 0)
+    st = h5fail(b->who, b->path, "cannot read /layers/%s", name);
+  if (s >= 0) H5Sclose(s);
+  if (d >= 0) H5Dclose(d);
   return st;
 }
 
-/* The rows of a dataset (its length). */
+static void free_strings(char **s, size_t n) {
+  for (size_t i = 0; i < n; i++) H5free_memory(s[i]);
+}
+
+/* A version 4 trace's layers against the monitor's: the same names in the same order, each of
+ * the same kind and shape, the same heads and extras. */
+static stab_status check_layers(stab_trace *t, const builder *b, hid_t layers, char *const *gnames) {
+  const size_t n = t->n_layers, nh = t->n_heads;
+  stab_status st = STAB_OK;
+  char **names = calloc(n ? n : 1, sizeof *names), **kinds = calloc(n ? n : 1, sizeof *kinds);
+  char **hl = calloc(nh ? nh : 1, sizeof *hl);
+  int64_t *d_in = malloc((n ? n : 1) * sizeof *d_in), *d_out = malloc((n ? n : 1) * sizeof *d_out);
+  if (!names || !kinds || !hl || !d_in || !d_out) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+    goto out;
+  }
+  if ((st = read_array(b, layers, "layer", n, names, NULL)) != STAB_OK) goto out;
+  if ((st = read_array(b, layers, "kind", n, kinds, NULL)) != STAB_OK) goto out;
+  if ((st = read_array(b, layers, "d_in", n, NULL, d_in)) != STAB_OK) goto out;
+  if ((st = read_array(b, layers, "d_out", n, NULL, d_out)) != STAB_OK) goto out;
+  for (size_t i = 0; i < n && st == STAB_OK; i++) {
+    const stab_layer *l = stab_monitor_layer(t->m, i);
+    if (!names[i] || strcmp(names[i], gnames[i]) != 0)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: its layer %zu is '%s', the monitor's '%s' (the "
+                      "same layers in the same order)", b->who, b->path, i, names[i] ? names[i] : "", gnames[i]);
+    else if (!kinds[i] || strcmp(kinds[i], stab_kind_name(l->kind)) != 0)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' is %s in the trace, %s in the monitor",
+                      b->who, b->path, l->name, kinds[i] ? kinds[i] : "", stab_kind_name(l->kind));
+    else if (d_in[i] != (int64_t)l->d_in || d_out[i] != (int64_t)l->d_out)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' is %lld x %lld (d_in x d_out) in the "
+                      "trace, %zu x %zu in the monitor", b->who, b->path, l->name, (long long)d_in[i],
+                      (long long)d_out[i], l->d_in, l->d_out);
+  }
+  if (st == STAB_OK && nh && (st = read_array(b, layers, "head_layer", nh, hl, NULL)) == STAB_OK)
+    for (size_t i = 0; i < n && st == STAB_OK; i++)
+      for (size_t h = 0; h < layer_heads(stab_monitor_layer(t->m, i)) && st == STAB_OK; h++)
+        if (!hl[t->head_first[i] + h] || strcmp(hl[t->head_first[i] + h], gnames[i]) != 0)
+          st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: other attention heads than the monitor's",
+                          b->who, b->path);
+out:
+  if (names) free_strings(names, n);
+  if (kinds) free_strings(kinds, n);
+  if (hl) free_strings(hl, nh);
+  free(names), free(kinds), free(hl), free(d_in), free(d_out);
+  return st;
+}
+
+/* The rows of a dataset (its length along the steps). */
 static stab_status dataset_rows(const builder *b, hid_t d, hsize_t *n) {
+  hsize_t dims[2];
   hid_t s = H5Dget_space(d);
-  if (s < 0 || H5Sget_simple_extent_ndims(s) != 1 || H5Sget_simple_extent_dims(s, n, NULL) < 0) {
-    stab_status st = h5fail(b->who, b->path, "a dataset is not one-dimensional");
+  int rank = s < 0 ? -1 : H5Sget_simple_extent_ndims(s);
+  if (rank < 1 || rank > 2 || H5Sget_simple_extent_dims(s, dims, NULL) < 0) {
+    stab_status st = h5fail(b->who, b->path, "a dataset is not one- or two-dimensional");
     if (s >= 0) H5Sclose(s);
     return st;
   }
   H5Sclose(s);
+  *n = dims[0];
   return STAB_OK;
+}
+
+/* Sets column k's rows (its length along the steps). */
+static herr_t set_rows(const stab_trace *t, size_t k, hsize_t rows) {
+  const hsize_t dims[2] = {rows, t->cols[k].width};
+  return H5Dset_extent(t->cols[k].d, dims);
 }
 
 /* Cuts every dataset back to the rows whose step is at most b->p->resume_step: the steps a
@@ -1058,14 +1165,14 @@ static stab_status drop_rows_after(stab_trace *t, const builder *b, hsize_t *row
   int64_t *steps = malloc(*rows * sizeof *steps);
   if (!steps) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
   stab_status st = STAB_OK;
-  if (H5Dread(t->dsets[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0) {
+  if (H5Dread(t->cols[COL_STEP].d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0) {
     st = h5fail(b->who, b->path, "cannot read /step");
     goto out;
   }
   hsize_t keep = 0;
   while (keep < *rows && steps[keep] <= b->p->resume_step) keep++;
-  for (size_t k = 0; keep < *rows && k < t->n_dsets; k++)
-    if (t->dsets[k] >= 0 && H5Dset_extent(t->dsets[k], &keep) < 0) {
+  for (size_t k = 0; keep < *rows && k < t->n_cols; k++)
+    if (set_rows(t, k, keep) < 0) {
       st = h5fail(b->who, b->path, "cannot remove the rows after the resumed step");
       goto out;
     }
@@ -1078,9 +1185,9 @@ out:
 /* The step of the last of the file's rows, into t->last_step: later appends must come after it. */
 static stab_status read_last_step(stab_trace *t, const builder *b, hsize_t rows) {
   hsize_t at = rows - 1, one = 1;
-  hid_t fs = H5Dget_space(t->dsets[0]), ms = H5Screate_simple(1, &one, NULL);
+  hid_t fs = H5Dget_space(t->cols[COL_STEP].d), ms = H5Screate_simple(1, &one, NULL);
   herr_t rc = fs < 0 || ms < 0 ? -1 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &one, NULL);
-  if (rc >= 0) rc = H5Dread(t->dsets[0], H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, &t->last_step);
+  if (rc >= 0) rc = H5Dread(t->cols[COL_STEP].d, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, &t->last_step);
   stab_status st = rc < 0 ? h5fail(b->who, b->path, "cannot read the last step") : STAB_OK;
   if (fs >= 0) H5Sclose(fs);
   if (ms >= 0) H5Sclose(ms);
@@ -1088,95 +1195,51 @@ static stab_status read_last_step(stab_trace *t, const builder *b, hsize_t rows)
   return st;
 }
 
-/* The copy of /step in group loc (where, for messages) into dsets[k], holding the rows of /step
- * (steps): created, or opened when an upgrade cut short made it already. */
-static stab_status step_copy(stab_trace *t, const builder *b, hid_t loc, const char *where, size_t k,
-                             const int64_t *steps, hsize_t rows) {
-  htri_t has = H5Lexists(loc, "step", H5P_DEFAULT);
-  if (has < 0) return h5fail(b->who, b->path, "cannot look into %s", where);
-  t->dsets[k] = has ? H5Dopen2(loc, "step", H5P_DEFAULT)
-                    : H5Dcreate2(loc, "step", H5T_STD_I64LE, b->space0, H5P_DEFAULT, b->dcpl_i, H5P_DEFAULT);
-  if (t->dsets[k] < 0) return h5fail(b->who, b->path, "cannot create %s/step", where);
-  if (H5Dset_extent(t->dsets[k], &rows) < 0 ||
-      (rows && H5Dwrite(t->dsets[k], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0))
-    return h5fail(b->who, b->path, "cannot write %s/step", where);
-  return STAB_OK;
+/* Reads rows [first, first + n) of the two-dimensional dataset d (width values a row) into buf. */
+static herr_t read_rows_2d(hid_t d, hsize_t first, hsize_t n, hsize_t width, hid_t type, void *buf) {
+  const hsize_t start[2] = {first, 0}, count[2] = {n, width};
+  hid_t fs = H5Dget_space(d), ms = H5Screate_simple(2, count, NULL);
+  herr_t rc = fs < 0 || ms < 0 ? -1 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+  if (rc >= 0) rc = H5Dread(d, type, ms, fs, H5P_DEFAULT, buf);
+  if (fs >= 0) H5Sclose(fs);
+  if (ms >= 0) H5Sclose(ms);
+  return rc;
 }
 
-/* Upgrading a version 1 trace (rows rows): each group gets its copy of /step. */
-static stab_status add_step_copies(stab_trace *t, const builder *b, char *const *gnames, hsize_t rows) {
-  int64_t *steps = malloc((rows ? rows : 1) * sizeof *steps);
-  hid_t g = H5I_INVALID_HID;
-  if (!steps) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
+/* The reference of every layer from the file's rows (rows of them, after any cut back): the
+ * first finite value > 0 of forward, dependency and update, as the monitor keeps it, so that a
+ * resumed run divides by its first measurement, not by the first after the resume. Read a few
+ * rows at a time, until every layer has its references: mostly the first rows. */
+static stab_status read_references(stab_trace *t, const builder *b, hsize_t rows) {
+  const size_t n = t->n_layers, block = n ? (CHUNK_VALUES * 8 + n - 1) / n : 1;
+  for (size_t i = 0; i < n; i++) stabi_layer_measure_clear(&t->reference[i]);
+  double *buf = malloc(block * (n ? n : 1) * sizeof *buf);
+  if (!buf) return stabi_fail(STAB_ENOMEM, "%s: out of memory", b->who);
   stab_status st = STAB_OK;
-  if (rows && H5Dread(t->dsets[0], H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps) < 0) {
-    st = h5fail(b->who, b->path, "cannot read /step");
-    goto out;
-  }
-  for (size_t i = 0; i <= t->n_layers && st == STAB_OK; i++) {
-    char where[600];
-    if (i == 0) snprintf(where, sizeof where, "/scalars");
-    else snprintf(where, sizeof where, "/layers/%s", gnames[i - 1]);
-    if ((g = H5Gopen2(t->file, where, H5P_DEFAULT)) < 0) {
-      st = h5fail(b->who, b->path, "cannot open %s", where);
-      break;
+  for (size_t j = 0; j < N_RATIOS && st == STAB_OK; j++) {
+    size_t missing = n;
+    for (hsize_t r0 = 0; r0 < rows && missing && st == STAB_OK; r0 += block) {
+      const hsize_t m = rows - r0 < block ? rows - r0 : block;
+      if (read_rows_2d(t->cols[t->first_metric + j].d, r0, m, n, H5T_NATIVE_DOUBLE, buf) < 0) {
+        st = h5fail(b->who, b->path, "cannot read /layers/%s", metric_names[j]);
+        break;
+      }
+      for (size_t i = 0; i < n; i++) {
+        double *ref = reference_field(&t->reference[i], j);
+        for (hsize_t r = 0; r < m && isnan(*ref); r++)
+          if (isfinite(buf[r * n + i]) && buf[r * n + i] > 0) *ref = buf[r * n + i], missing--;
+      }
     }
-    st = step_copy(t, b, g, where, t->first_copy + i, steps, rows);
-    H5Gclose(g);
   }
-out:
-  free(steps);
+  free(buf);
   return st;
 }
 
-/* The reference of every layer from the file's rows (rows of them, after any cut back):
- * the first finite value > 0 of forward, dependency and update, as the monitor keeps it, so
- * that a resumed run divides by its first measurement, not by the first after the resume.
- * Upgrading (fill NULL: not), each layer's ratio datasets are then made (or opened, when an
- * upgrade cut short made them) and filled from the same rows. */
-static stab_status read_references(stab_trace *t, const builder *b, char *const *gnames, hsize_t rows, int fill) {
-  double *col = malloc((rows ? rows : 1) * sizeof *col);
-  if (!col) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the rows of one dataset", b->who);
-  stab_status st = STAB_OK;
-  hid_t g = H5I_INVALID_HID;
-  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) {
-    char where[600];
-    snprintf(where, sizeof where, "/layers/%s", gnames[i]);
-    stabi_layer_measure_clear(&t->reference[i]);
-    if (fill && (g = H5Gopen2(t->file, where, H5P_DEFAULT)) < 0) {
-      st = h5fail(b->who, b->path, "cannot open %s", where);
-      break;
-    }
-    for (size_t j = 0; j < N_RATIOS && st == STAB_OK; j++) {
-      double *ref = reference_field(&t->reference[i], j);
-      if (rows && H5Dread(t->dsets[t->layer_first[i] + j], H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, col) < 0) {
-        st = h5fail(b->who, b->path, "cannot read %s/%s", where, metric_names[j]);
-        break;
-      }
-      for (hsize_t r = 0; r < rows && isnan(*ref); r++)
-        if (isfinite(col[r]) && col[r] > 0) *ref = col[r];
-      if (!fill) continue;
-      const size_t k = t->layer_first[i] + N_METRICS + j;
-      t->dsets[k] = t->ratio_present[i * N_RATIOS + j]
-                        ? H5Dopen2(g, ratio_names[j], H5P_DEFAULT)
-                        : H5Dcreate2(g, ratio_names[j], H5T_IEEE_F64LE, b->space0, H5P_DEFAULT, b->dcpl_f, H5P_DEFAULT);
-      if (t->dsets[k] < 0) {
-        st = h5fail(b->who, b->path, "cannot create %s/%s", where, ratio_names[j]);
-        break;
-      }
-      for (hsize_t r = 0; r < rows; r++) col[r] = ratio_of(col[r], *ref);
-      if (H5Dset_extent(t->dsets[k], &rows) < 0 ||
-          (rows && H5Dwrite(t->dsets[k], H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, col) < 0))
-        st = h5fail(b->who, b->path, "cannot write %s/%s", where, ratio_names[j]);
-    }
-    if (g >= 0) H5Gclose(g), g = H5I_INVALID_HID;
-  }
-  free(col);
-  return st;
-}
+static stab_status migrate_rows(stab_trace *t, const builder *b, hid_t old, int64_t version, char *const *gnames);
 
 /* Opens the trace file `disk` (path itself, or the new trace's temporary file) with HDF5, checks
- * it against the monitor and the params and opens every dataset. t->lock_fd holds its lock. */
+ * it against the monitor and the params and opens every dataset. t->lock_fd holds its lock. A
+ * trace of format 1 to 3 is left open as it is (t->file_version says so), for migrate. */
 static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, const char *disk) {
   const stab_trace_params *p = b->p;
   const char *who = b->who, *path = b->path;
@@ -1200,12 +1263,12 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
       get_int(t->file, "format_version", &version) < 0)
     return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no format = \"stabmeter-trace\")", who, path);
   if (version < 1 || version > FORMAT_VERSION)
-    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes %d (and upgrades 1 and 2)",
+    return stabi_fail(STAB_EINVAL, "%s: %s: trace format_version %lld, this library writes %d (and migrates 1 to 3)",
                       who, path, (long long)version, FORMAT_VERSION);
   t->file_version = version;
-  const hsize_t step_link = version >= 2; /* each group's copy of /step */
-  if ((st = open_dataset(t, b, t->file, "the root", "step", 0)) != STAB_OK) return st;
-  if ((st = open_dataset(t, b, t->file, "the root", "wall_time", 1)) != STAB_OK) return st;
+  if (version < FORMAT_VERSION) return STAB_OK;
+  if ((st = open_column(t, b, t->file, "the root", "step", COL_STEP)) != STAB_OK) return st;
+  if ((st = open_column(t, b, t->file, "the root", "wall_time", COL_WALL)) != STAB_OK) return st;
   if (H5Lexists(t->file, "scalars", H5P_DEFAULT) <= 0 || H5Lexists(t->file, "layers", H5P_DEFAULT) <= 0)
     return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no /scalars or /layers)", who, path);
   if ((scalars = H5Gopen2(t->file, "scalars", H5P_DEFAULT)) < 0 ||
@@ -1215,33 +1278,36 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   }
   hsize_t have = 0;
   for (size_t s = 0; s < t->n_scalars && st == STAB_OK; s++)
-    st = open_dataset(t, b, scalars, "/scalars", p->scalars[s], 2 + s);
-  if (st == STAB_OK && step_link) st = open_dataset(t, b, scalars, "/scalars", "step", t->first_copy);
+    st = open_column(t, b, scalars, "/scalars", p->scalars[s], FIRST_SCALAR + s);
+  if (st == STAB_OK) st = open_column(t, b, scalars, "/scalars", "step", t->first_copy);
   if (st == STAB_OK) st = link_count(b, scalars, "/scalars", &have);
-  if (st == STAB_OK && have != t->n_scalars + step_link)
+  if (st == STAB_OK && have != t->n_scalars + 1)
     st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu scalars, %zu declared", who, path,
-                    (unsigned long long)(have - step_link), t->n_scalars);
-  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) st = check_layer(t, b, layers, i, gnames[i]);
+                    (unsigned long long)(have - 1), t->n_scalars);
+  if (st == STAB_OK) st = open_column(t, b, layers, "/layers", "step", t->first_copy + 1);
+  if (st == STAB_OK) st = check_layers(t, b, layers, gnames);
+  for (size_t k = t->first_metric; k < t->n_cols && st == STAB_OK; k++)
+    st = open_column(t, b, layers, "/layers", k == t->head_col && k ? "head_bound" : column_name(t, k, p->layer_extras), k);
+  const hsize_t expected = 1 + N_STATIC + (t->n_heads ? 2 : 0) + (t->n_cols - t->first_metric);
   if (st == STAB_OK) st = link_count(b, layers, "/layers", &have);
-  if (st == STAB_OK && have != t->n_layers)
-    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu layers, the monitor %zu", who, path,
-                    (unsigned long long)have, t->n_layers);
+  if (st == STAB_OK && have != expected)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: /layers has %llu datasets, %llu expected (other "
+                    "layer extras)", who, path, (unsigned long long)have, (unsigned long long)expected);
   if (st != STAB_OK) goto out;
 
   /* Every flush writes /step last, so its length is the row count; a flush cut short by a kill
    * or a failure may have left other datasets longer, and they are cut back to it here. */
   hsize_t rows;
-  if ((st = dataset_rows(b, t->dsets[0], &rows)) != STAB_OK) goto out;
-  for (size_t k = 1; k < t->n_dsets; k++) {
+  if ((st = dataset_rows(b, t->cols[COL_STEP].d, &rows)) != STAB_OK) goto out;
+  for (size_t k = 1; k < t->n_cols; k++) {
     hsize_t n;
-    if (t->dsets[k] < 0) continue; /* a version 1 trace has no copies of /step yet, 1 or 2 no ratios */
-    if ((st = dataset_rows(b, t->dsets[k], &n)) != STAB_OK) goto out;
+    if ((st = dataset_rows(b, t->cols[k].d, &n)) != STAB_OK) goto out;
     if (n < rows) {
       st = stabi_fail(STAB_EIO, "%s: %s: damaged trace: a dataset has %llu rows, /step %llu", who, path,
                       (unsigned long long)n, (unsigned long long)rows);
       goto out;
     }
-    if (n > rows && H5Dset_extent(t->dsets[k], &rows) < 0) {
+    if (n > rows && set_rows(t, k, rows) < 0) {
       st = h5fail(who, path, "cannot cut back a row left incomplete");
       goto out;
     }
@@ -1249,21 +1315,212 @@ static stab_status open_disk(stab_trace *t, const builder *b, hid_t fapl, char *
   if (p->resume_step > 0 && rows > 0 && (st = drop_rows_after(t, b, &rows)) != STAB_OK) goto out;
   t->written = (int64_t)rows;
   if (rows > 0 && (st = read_last_step(t, b, rows)) != STAB_OK) goto out;
-  const int upgrade = t->file_version < FORMAT_VERSION;
-  if ((st = read_references(t, b, gnames, rows, upgrade)) != STAB_OK) goto out;
-  /* A version 1 or 2 trace appended to becomes version 3, the version number written last. */
-  if (upgrade) {
-    if (t->file_version < 2 && (st = add_step_copies(t, b, gnames, rows)) != STAB_OK) goto out;
-    if ((st = describe(t, b, gnames)) != STAB_OK) goto out;
-    if (set_int(t->file, "format_version", FORMAT_VERSION) < 0) {
-      st = h5fail(who, path, "cannot write the new format_version");
-      goto out;
-    }
-    t->file_version = FORMAT_VERSION;
-  }
+  st = read_references(t, b, rows);
 out:
   if (scalars >= 0) H5Gclose(scalars);
   if (layers >= 0) H5Gclose(layers);
+  return st;
+}
+
+/* ---- formats 1 to 3: migration ---------------------------------------------------------- */
+
+/* A trace of format 1 to 3 holds a group per layer under /layers, of one-dimensional datasets
+ * (forward, ..., head<h>_bound, the extras; from format 2 a copy of /step, from 3 the ratios).
+ * Appending to one rewrites it as format 4: a new file is built in memory with the monitor's
+ * layers (create_file), filled with the old file's rows here, written beside the trace and
+ * renamed over it while the old file's lock is held (create_new). A writer killed before the
+ * rename leaves the old trace as it was (and its temporary file); after it, the new one. */
+
+/* Rows copied at a time: about a million values of one dataset. */
+enum { MIGRATE_VALUES = 1 << 20 };
+
+/* Reads rows [first, first + n) of the one-dimensional dataset at path in old into buf. */
+static stab_status read_old(const builder *b, hid_t old, const char *path, hsize_t first, hsize_t n, hid_t type,
+                            void *buf) {
+  hid_t d = H5Dopen2(old, path, H5P_DEFAULT), fs = d < 0 ? H5I_INVALID_HID : H5Dget_space(d);
+  hid_t ms = H5Screate_simple(1, &n, NULL);
+  herr_t rc = fs < 0 || ms < 0 ? -1 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, &first, NULL, &n, NULL);
+  if (rc >= 0) rc = H5Dread(d, type, ms, fs, H5P_DEFAULT, buf);
+  stab_status st = rc < 0 ? h5fail(b->who, b->path, "cannot read %s of the trace to migrate", path) : STAB_OK;
+  if (fs >= 0) H5Sclose(fs);
+  if (ms >= 0) H5Sclose(ms);
+  if (d >= 0) H5Dclose(d);
+  return st;
+}
+
+/* The old trace against the monitor, as format 3's writer checked it: every layer's group, of
+ * the same kind and shape, with the metrics, heads and extras the monitor's trace has, and
+ * nothing else; the declared scalars. */
+static stab_status check_old(stab_trace *t, const builder *b, hid_t old, char *const *gnames) {
+  const char *who = b->who, *path = b->path;
+  stab_status st = STAB_OK;
+  hsize_t have = 0;
+  if (H5Lexists(old, "step", H5P_DEFAULT) <= 0 || H5Lexists(old, "wall_time", H5P_DEFAULT) <= 0 ||
+      H5Lexists(old, "scalars", H5P_DEFAULT) <= 0 || H5Lexists(old, "layers", H5P_DEFAULT) <= 0)
+    return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (no /step, /wall_time, /scalars or /layers)", who, path);
+  for (size_t s = 0; s < t->n_scalars; s++) {
+    char p[600];
+    snprintf(p, sizeof p, "scalars/%s", b->p->scalars[s]);
+    if (H5Lexists(old, p, H5P_DEFAULT) <= 0)
+      return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: /scalars has no dataset '%s'", who, path,
+                        b->p->scalars[s]);
+  }
+  hid_t g = H5Gopen2(old, "scalars", H5P_DEFAULT);
+  if (g < 0) return h5fail(who, path, "cannot open /scalars");
+  st = link_count(b, g, "/scalars", &have);
+  htri_t copy = H5Lexists(g, "step", H5P_DEFAULT);
+  H5Gclose(g);
+  if (st == STAB_OK && have != t->n_scalars + (copy > 0))
+    return stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu scalars, %zu declared", who, path,
+                      (unsigned long long)(have - (copy > 0)), t->n_scalars);
+  if ((g = H5Gopen2(old, "layers", H5P_DEFAULT)) < 0) return h5fail(who, path, "cannot open /layers");
+  if ((st = link_count(b, g, "/layers", &have)) == STAB_OK && have != t->n_layers)
+    st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has %llu layers, the monitor %zu", who, path,
+                    (unsigned long long)have, t->n_layers);
+  for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++) {
+    const stab_layer *l = stab_monitor_layer(t->m, i);
+    if (H5Lexists(g, gnames[i], H5P_DEFAULT) <= 0) {
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: it has no layer '%s'", who, path, l->name);
+      break;
+    }
+    hid_t lg = H5Gopen2(g, gnames[i], H5P_DEFAULT);
+    char kind[32];
+    int64_t d_in = -1, d_out = -1;
+    if (lg < 0) {
+      st = h5fail(who, path, "cannot open a layer's group");
+      break;
+    }
+    if (get_string(lg, "kind", b->str, kind, sizeof kind) < 0 || get_int(lg, "d_in", &d_in) < 0 ||
+        get_int(lg, "d_out", &d_out) < 0)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' has no kind, d_in or d_out", who, path,
+                      l->name);
+    else if (strcmp(kind, stab_kind_name(l->kind)) != 0)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' is %s in the trace, %s in the monitor",
+                      who, path, l->name, kind, stab_kind_name(l->kind));
+    else if (d_in != (int64_t)l->d_in || d_out != (int64_t)l->d_out)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' is %lld x %lld (d_in x d_out) in the "
+                      "trace, %zu x %zu in the monitor", who, path, l->name, (long long)d_in, (long long)d_out, l->d_in,
+                      l->d_out);
+    /* its datasets: the metrics, heads and extras, besides a copy of /step and ratios (whole,
+     * or those an upgrade to format 3 cut short made) */
+    hsize_t n = 0, extra = 0;
+    if (st == STAB_OK) st = link_count(b, lg, "a layer", &n);
+    const char *need[N_METRICS + 64];
+    size_t n_need = 0;
+    for (size_t k = 0; k < N_METRICS; k++) need[n_need++] = metric_names[k];
+    for (size_t k = 0; k < t->n_extras && n_need < sizeof need / sizeof need[0]; k++) need[n_need++] = b->p->layer_extras[k];
+    for (size_t k = 0; k < n_need && st == STAB_OK; k++)
+      if (H5Lexists(lg, need[k], H5P_DEFAULT) <= 0)
+        st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' has no dataset '%s'", who, path,
+                        l->name, need[k]);
+    for (size_t h = 0; h < layer_heads(l) && st == STAB_OK; h++) {
+      char hn[40];
+      snprintf(hn, sizeof hn, "head%zu_bound", h);
+      if (H5Lexists(lg, hn, H5P_DEFAULT) <= 0)
+        st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' has no dataset '%s'", who, path,
+                        l->name, hn);
+    }
+    extra += H5Lexists(lg, "step", H5P_DEFAULT) > 0;
+    for (size_t j = 0; j < N_RATIOS; j++) extra += H5Lexists(lg, ratio_names[j], H5P_DEFAULT) > 0;
+    if (st == STAB_OK && n != N_METRICS + layer_heads(l) + t->n_extras + extra)
+      st = stabi_fail(STAB_EINVAL, "%s: %s: the trace does not match: layer '%s' has %llu datasets in the trace, %zu "
+                      "expected (other heads or layer extras)", who, path, l->name, (unsigned long long)(n - extra),
+                      N_METRICS + layer_heads(l) + t->n_extras);
+    H5Gclose(lg);
+  }
+  H5Gclose(g);
+  return st;
+}
+
+/* The old dataset holding column c of cols[k] (a layer's, or a head's), into buf. ratio: the
+ * metric j whose ratio it is when the old trace has no ratios (format 1 or 2), else -1. */
+static void old_name(const stab_trace *t, const builder *b, char *const *gnames, size_t k, size_t c, int64_t version,
+                     char *buf, size_t len, int *ratio) {
+  *ratio = -1;
+  if (k == t->head_col && k) {
+    size_t i = 0;
+    while (i + 1 < t->n_layers && t->head_first[i + 1] <= c) i++;
+    snprintf(buf, len, "layers/%s/head%zu_bound", gnames[i], c - t->head_first[i]);
+    return;
+  }
+  const size_t j = k - t->first_metric;
+  if (j >= N_METRICS && j < N_METRICS + N_RATIOS && version < 3) {
+    *ratio = (int)(j - N_METRICS);
+    snprintf(buf, len, "layers/%s/%s", gnames[c], metric_names[j - N_METRICS]);
+    return;
+  }
+  snprintf(buf, len, "layers/%s/%s", gnames[c], column_name(t, k, b->p->layer_extras));
+}
+
+/* Fills the new trace t (its columns created, no rows) with the rows of the old trace old, of
+ * format `version`: the rows of its /step (a dataset longer than /step was cut short by a kill),
+ * copied as they are; format 1 and 2's missing ratios made from the rows as format 3's upgrade
+ * made them (each metric over its first finite value > 0 in the file). */
+static stab_status migrate_rows(stab_trace *t, const builder *b, hid_t old, int64_t version, char *const *gnames) {
+  stab_status st = check_old(t, b, old, gnames);
+  if (st != STAB_OK) return st;
+  hsize_t rows = 0;
+  hid_t sd = H5Dopen2(old, "step", H5P_DEFAULT);
+  if (sd < 0) return h5fail(b->who, b->path, "cannot open /step");
+  st = dataset_rows(b, sd, &rows);
+  H5Dclose(sd);
+  if (st != STAB_OK) return st;
+  double *ref = malloc((t->n_layers ? t->n_layers : 1) * N_RATIOS * sizeof *ref);
+  double *col = malloc((rows ? rows : 1) * sizeof *col);
+  size_t most = 1;
+  for (size_t k = 0; k < t->n_cols; k++) most = t->cols[k].width > most ? t->cols[k].width : most;
+  const size_t block = MIGRATE_VALUES / most ? MIGRATE_VALUES / most : 1;
+  double *buf = malloc(block * most * sizeof *buf);
+  double *one = malloc(block * sizeof *one);
+  if (!ref || !col || !buf || !one) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory to migrate the trace", b->who);
+    goto out;
+  }
+  char name[700];
+  if (version < 3) /* the references the ratios divide by, over all the rows */
+    for (size_t i = 0; i < t->n_layers && st == STAB_OK; i++)
+      for (size_t j = 0; j < N_RATIOS && st == STAB_OK; j++) {
+        snprintf(name, sizeof name, "layers/%s/%s", gnames[i], metric_names[j]);
+        double *r = &ref[i * N_RATIOS + j];
+        *r = NAN;
+        if (rows && (st = read_old(b, old, name, 0, rows, H5T_NATIVE_DOUBLE, col)) != STAB_OK) break;
+        for (hsize_t q = 0; q < rows && isnan(*r); q++)
+          if (isfinite(col[q]) && col[q] > 0) *r = col[q];
+      }
+  for (size_t k = 0; k < t->n_cols && st == STAB_OK; k++) {
+    const column *c = &t->cols[k];
+    const int is_int = k == COL_STEP || k == t->first_copy || k == t->first_copy + 1;
+    if (set_rows(t, k, rows) < 0) {
+      st = h5fail(b->who, b->path, "cannot size the migrated trace's datasets");
+      break;
+    }
+    for (hsize_t r0 = 0; r0 < rows && st == STAB_OK; r0 += block) {
+      const hsize_t n = rows - r0 < block ? rows - r0 : block;
+      if (c->rank == 1) {
+        const char *src = is_int ? "step" : k == COL_WALL ? "wall_time" : NULL;
+        if (!src) snprintf(name, sizeof name, "scalars/%s", b->p->scalars[k - FIRST_SCALAR]), src = name;
+        st = read_old(b, old, src, r0, n, is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, buf);
+      } else {
+        for (size_t q = 0; q < c->width && st == STAB_OK; q++) {
+          int ratio;
+          old_name(t, b, gnames, k, q, version, name, sizeof name, &ratio);
+          st = read_old(b, old, name, r0, n, H5T_NATIVE_DOUBLE, one);
+          for (hsize_t r = 0; r < n; r++)
+            buf[r * c->width + q] = ratio < 0 ? one[r] : ratio_of(one[r], ref[q * N_RATIOS + (size_t)ratio]);
+        }
+      }
+      if (st != STAB_OK) break;
+      const hsize_t start[2] = {r0, 0}, count[2] = {n, c->width};
+      hid_t fs = H5Dget_space(c->d), ms = H5Screate_simple(c->rank, count, NULL);
+      herr_t rc = fs < 0 || ms < 0 ? -1 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+      if (rc >= 0) rc = H5Dwrite(c->d, is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, buf);
+      if (rc < 0) st = h5fail(b->who, b->path, "cannot write the migrated rows");
+      if (fs >= 0) H5Sclose(fs);
+      if (ms >= 0) H5Sclose(ms);
+    }
+  }
+out:
+  free(ref), free(col), free(buf), free(one);
   return st;
 }
 
@@ -1274,11 +1531,11 @@ out:
  * failing close becomes STAB_EIO. t stays allocated, ready for another open attempt. */
 static stab_status close_file(stab_trace *t, const char *who) {
   stab_status st = STAB_OK;
-  if (t->dsets)
-    for (size_t k = 0; k < t->n_dsets; k++) {
-      if (t->dsets[k] >= 0 && H5Dclose(t->dsets[k]) < 0 && who && st == STAB_OK)
+  if (t->cols)
+    for (size_t k = 0; k < t->n_cols; k++) {
+      if (t->cols[k].d >= 0 && H5Dclose(t->cols[k].d) < 0 && who && st == STAB_OK)
         st = h5fail(who, t->path, "cannot close a dataset");
-      t->dsets[k] = H5I_INVALID_HID;
+      t->cols[k].d = H5I_INVALID_HID;
     }
   /* Closing the file flushes it. */
   if (t->file >= 0 && H5Fclose(t->file) < 0 && who && st == STAB_OK)
@@ -1299,16 +1556,13 @@ static stab_status destroy(stab_trace *t, const char *who) {
   if (t->pid != getpid()) {
     if (t->lock_fd >= 0) close(t->lock_fd); /* the child's copy (in_child closed it already) */
     t->lock_fd = -1;
-    t->mem = H5I_INVALID_HID;
     t->file = H5I_INVALID_HID;
-    t->dsets = (free(t->dsets), NULL);
+    t->cols = (free(t->cols), NULL); /* the parent's dataset ids: none is closed here */
   }
   stab_status st = close_file(t, who);
-  if (t->mem >= 0) H5Sclose(t->mem);
-  free(t->dsets);
-  free(t->layer_first);
+  free(t->cols);
+  free(t->head_first);
   free(t->reference);
-  free(t->ratio_present);
   free(t->stage);
   free(t->stage_step);
   free(t->out);
@@ -1382,20 +1636,37 @@ static int write_all(int fd, const unsigned char *buf, size_t n) {
  * here, with the system's message, before HDF5 has a file to leave half-closed (see reserve).
  * The temporary file, "<path>.<pid>.tmp", is created O_EXCL and locked at once; HDF5 opens it,
  * starts SWMR writing, and publish makes it the trace. *tmp receives its name (to remove on
- * failure); *again as publish says. */
+ * failure); *again as publish says.
+ * Migrating (old >= 0: the trace at path, of format old_version, open and locked by old_fd), the
+ * new file gets old's rows, creation time and run_config, and is renamed over path at once: the
+ * lock of the inode path names is held, so no other writer can be replacing it. */
 static stab_status create_new(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, char **tmp,
-                              int *again) {
+                              int *again, hid_t old, int64_t old_version) {
   const char *who = b->who, *path = b->path;
   stab_status st = STAB_OK;
   unsigned char *image = NULL;
+  char *run_config = NULL;
+  char created[32];
+  time_t now = time(NULL);
+  struct tm tm;
+  if (gmtime_r(&now, &tm)) strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  else snprintf(created, sizeof created, "unknown");
   hid_t mem = H5Pcopy(fapl);
   if (mem < 0 || H5Pset_fapl_core(mem, (size_t)1 << 16, 0) < 0) {
     st = h5fail(who, path, "cannot set up HDF5's in-memory file");
     goto out;
   }
-  if ((st = create_file(t, b, mem, gnames)) != STAB_OK) goto out;
-  for (size_t k = 0; k < t->n_dsets; k++)
-    if (t->dsets[k] >= 0) H5Dclose(t->dsets[k]), t->dsets[k] = H5I_INVALID_HID;
+  if (old >= 0) {
+    get_string(old, "created_utc", b->str, created, sizeof created);
+    hid_t a = H5Aexists(old, "run_config") > 0 ? H5Aopen(old, "run_config", H5P_DEFAULT) : H5I_INVALID_HID;
+    if (a >= 0 && H5Aread(a, b->str, &run_config) < 0) run_config = NULL;
+    if (a >= 0) H5Aclose(a);
+  }
+  st = create_file(t, b, mem, gnames, created, old >= 0 ? (run_config ? run_config : "{}") : b->p->run_config);
+  if (st == STAB_OK && old >= 0) st = migrate_rows(t, b, old, old_version, gnames);
+  if (st != STAB_OK) goto out;
+  for (size_t k = 0; k < t->n_cols; k++)
+    if (t->cols[k].d >= 0) H5Dclose(t->cols[k].d), t->cols[k].d = H5I_INVALID_HID;
   /* H5Fget_file_image does not flush HDF5's metadata cache itself: without this flush the
    * image would hold the superblock alone */
   ssize_t size = H5Fflush(t->file, H5F_SCOPE_GLOBAL) < 0 ? -1 : H5Fget_file_image(t->file, NULL, 0);
@@ -1445,8 +1716,11 @@ static stab_status create_new(stab_trace *t, const builder *b, hid_t fapl, char 
     st = h5fail(who, path, "cannot start SWMR writing");
     goto out;
   }
-  st = publish(t, who, *tmp, b->p->append, again);
+  if (old < 0) st = publish(t, who, *tmp, b->p->append, again);
+  else if (rename(*tmp, path) != 0)
+    st = stabi_fail(STAB_EIO, "%s: %s: cannot rename the migrated trace to it: %s", who, path, strerror(errno));
 out:
+  if (run_config) H5free_memory(run_config);
   free(image);
   if (mem >= 0) H5Pclose(mem);
   return st;
@@ -1462,15 +1736,52 @@ static int hdf5_signature(int fd) {
 /* An existing trace, to append to: locked (see the protocol), then opened by HDF5. A file that
  * is not HDF5 at all (a checkpoint given as the trace, say) is refused before anything, the
  * disk reserve included, touches it. */
-static stab_status open_existing(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, int *again) {
+static stab_status open_existing(stab_trace *t, const builder *b, hid_t fapl, char *const *gnames, char **tmp,
+                                  int *again) {
   stab_status st = lock_path(b->who, b->path, "append to", &t->lock_fd, again);
   if (st != STAB_OK || t->lock_fd < 0) return st;
   if (!hdf5_signature(t->lock_fd))
     return stabi_fail(STAB_EINVAL, "%s: %s: not a stabmeter trace (not an HDF5 file): nothing was written to it",
                       b->who, b->path);
   if ((st = open_disk(t, b, fapl, gnames, b->path)) != STAB_OK) return st;
+  if (t->file_version < FORMAT_VERSION) { /* an older format: rewritten as this one (migrate) */
+    const hid_t old = t->file;
+    const int old_fd = t->lock_fd;
+    t->file = H5I_INVALID_HID, t->lock_fd = -1;
+    unreserve(&(stab_trace){.lock_fd = old_fd, .reserved = t->reserved});
+    t->reserved = 0;
+    st = create_new(t, b, fapl, gnames, tmp, again, old, t->file_version);
+    H5Fclose(old);
+    close(old_fd); /* after the rename: only now may another writer lock the old file, and find it replaced */
+    return st;
+  }
   if (H5Fstart_swmr_write(t->file) < 0) return h5fail(b->who, b->path, "cannot start SWMR writing");
   return STAB_OK;
+}
+
+static int name_order(const void *a, const void *b, void *names) {
+  char *const *g = names;
+  const size_t i = *(const size_t *)a, j = *(const size_t *)b;
+  int c = strcmp(g[i], g[j]);
+  return c ? c : (i > j) - (i < j);
+}
+
+/* Two layers whose names become the same layer name in the trace ('/' read as '.') are
+ * refused, naming both in the monitor's order. Sorted, so that it costs n log n comparisons
+ * (a pass over every pair took seconds at 20,000 layers). */
+static stab_status check_unique(const char *who, const stab_monitor *m, char *const *gnames, size_t n) {
+  if (n < 2) return STAB_OK;
+  size_t *order = malloc(n * sizeof *order);
+  if (!order) return stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+  for (size_t i = 0; i < n; i++) order[i] = i;
+  qsort_r(order, n, sizeof *order, name_order, (void *)gnames);
+  stab_status st = STAB_OK;
+  for (size_t k = 1; k < n && st == STAB_OK; k++)
+    if (strcmp(gnames[order[k - 1]], gnames[order[k]]) == 0)
+      st = stabi_fail(STAB_EEXIST, "%s: layers '%s' and '%s' would both be the trace's layer '%s' (a '/' is read as '.')", who,
+                      stab_monitor_layer(m, order[k - 1])->name, stab_monitor_layer(m, order[k])->name, gnames[order[k]]);
+  free(order);
+  return st;
 }
 
 stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_trace_params *params,
@@ -1498,7 +1809,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   char **gnames = n_layers ? calloc(n_layers, sizeof *gnames) : NULL;
   stabi_sharing share;
   memset(&share, 0, sizeof share);
-  builder b = {who, path, &p, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, H5I_INVALID_HID, &share};
+  builder b = {who, path, &p, H5I_INVALID_HID, &share};
   hid_t fapl = H5I_INVALID_HID;
   char *tmp = NULL;
   quiet q;
@@ -1509,7 +1820,7 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
     goto out;
   }
-  t->file = t->mem = H5I_INVALID_HID;
+  t->file = H5I_INVALID_HID;
   t->lock_fd = -1;
   t->pid = getpid();
   t->h5_fd = -1;
@@ -1518,61 +1829,63 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
   t->n_scalars = p.n_scalars;
   t->n_extras = p.n_layer_extras;
   t->on_error = p.on_error;
-  t->n_dsets = 2 + p.n_scalars;
   t->path = malloc(strlen(path) + 1);
-  t->layer_first = malloc((n_layers ? n_layers : 1) * sizeof *t->layer_first);
+  t->head_first = malloc((n_layers ? n_layers : 1) * sizeof *t->head_first);
   t->reference = malloc((n_layers ? n_layers : 1) * sizeof *t->reference);
-  t->ratio_present = calloc((n_layers ? n_layers : 1) * N_RATIOS, 1);
-  if (!t->path || !t->layer_first || !t->reference || !t->ratio_present) {
+  if (!t->path || !t->head_first || !t->reference) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
     goto out;
   }
   strcpy(t->path, path);
   for (size_t i = 0; i < n_layers; i++) {
     const stab_layer *l = stab_monitor_layer(m, i);
-    t->layer_first[i] = t->n_dsets;
-    t->n_dsets += layer_dsets(l, p.n_layer_extras);
+    t->head_first[i] = t->n_heads;
+    t->n_heads += layer_heads(l);
     if (!(gnames[i] = group_name(l->name))) {
       st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
       goto out;
     }
     if (strcmp(gnames[i], ".") == 0) {
-      st = stabi_fail(STAB_EINVAL, "%s: layer '%s' cannot be a group name", who, l->name);
+      st = stabi_fail(STAB_EINVAL, "%s: layer '%s' cannot be a layer name in the trace", who, l->name);
       goto out;
     }
-    for (size_t j = 0; j < i; j++)
-      if (strcmp(gnames[j], gnames[i]) == 0) {
-        st = stabi_fail(STAB_EEXIST, "%s: layers '%s' and '%s' would both be /layers/%s", who,
-                        stab_monitor_layer(m, j)->name, l->name, gnames[i]);
-        goto out;
-      }
   }
-  t->first_copy = t->n_dsets;
-  t->n_dsets += 1 + n_layers; /* the groups' copies of /step */
-  t->dsets = malloc(t->n_dsets * sizeof *t->dsets);
-  t->cap = p.flush_every >= 1 && p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
-  t->flush_seconds = p.flush_seconds;
-  t->stage = malloc(t->n_dsets * t->cap * sizeof *t->stage);
-  t->stage_step = malloc(t->cap * sizeof *t->stage_step);
-  if (p.flush_every == 0) { /* the writer thread's half */
-    t->out = malloc(t->n_dsets * t->cap * sizeof *t->out);
-    t->out_step = malloc(t->cap * sizeof *t->out_step);
-  }
-  if (!t->dsets || !t->stage || !t->stage_step || (p.flush_every == 0 && (!t->out || !t->out_step))) {
+  if ((st = check_unique(who, m, gnames, n_layers)) != STAB_OK) goto out;
+  /* the columns: see COL_STEP */
+  t->first_copy = FIRST_SCALAR + p.n_scalars;
+  t->first_metric = t->first_copy + 2;
+  t->head_col = t->n_heads ? t->first_metric + N_METRICS + N_RATIOS : 0;
+  t->first_extra = t->first_metric + N_METRICS + N_RATIOS + (t->n_heads ? 1 : 0);
+  t->n_cols = t->first_extra + p.n_layer_extras;
+  t->cols = malloc(t->n_cols * sizeof *t->cols);
+  if (!t->cols) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
     goto out;
   }
-  for (size_t k = 0; k < t->n_dsets; k++) t->dsets[k] = H5I_INVALID_HID;
+  for (size_t k = 0; k < t->n_cols; k++) {
+    column *c = &t->cols[k];
+    c->d = H5I_INVALID_HID;
+    c->rank = k >= t->first_metric ? 2 : 1;
+    c->width = c->rank == 1 ? 1 : k == t->head_col ? t->n_heads : n_layers;
+    c->off = t->width;
+    t->width += c->width;
+  }
+  t->cap = p.flush_every >= 1 && p.flush_every < STAGE_ROWS ? (size_t)p.flush_every : STAGE_ROWS;
+  t->flush_seconds = p.flush_seconds;
+  t->stage = malloc(t->width * t->cap * sizeof *t->stage);
+  t->stage_step = malloc(t->cap * sizeof *t->stage_step);
+  if (p.flush_every == 0) { /* the writer thread's half */
+    t->out = malloc(t->width * t->cap * sizeof *t->out);
+    t->out_step = malloc(t->cap * sizeof *t->out_step);
+  }
+  if (!t->stage || !t->stage_step || (p.flush_every == 0 && (!t->out || !t->out_step))) {
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
+    goto out;
+  }
   if ((st = stabi_sharing_find(m, who, &share)) != STAB_OK) goto out;
 
-  const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = CHUNK_ROWS, cap = t->cap;
-  const double nan = NAN;
   if ((fapl = H5Pcreate(H5P_FILE_ACCESS)) < 0 ||
-      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0 || (b.str = string_type()) < 0 ||
-      (b.dcpl_f = H5Pcreate(H5P_DATASET_CREATE)) < 0 || H5Pset_chunk(b.dcpl_f, 1, &chunk) < 0 ||
-      H5Pset_fill_value(b.dcpl_f, H5T_NATIVE_DOUBLE, &nan) < 0 ||
-      (b.dcpl_i = H5Pcreate(H5P_DATASET_CREATE)) < 0 || H5Pset_chunk(b.dcpl_i, 1, &chunk) < 0 ||
-      (b.space0 = H5Screate_simple(1, &zero, &unlimited)) < 0 || (t->mem = H5Screate_simple(1, &cap, NULL)) < 0) {
+      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0 || (b.str = string_type()) < 0) {
     st = h5fail(who, path, "cannot set up HDF5 properties");
     goto out;
   }
@@ -1580,8 +1893,8 @@ stab_status stab_trace_open(const char *path, const stab_monitor *m, const stab_
     int again = 0;
     struct stat sb;
     if (p.append == STAB_OUTPUT_NEW && (st = stab_output_check(path, STAB_OUTPUT_NEW, "a trace")) != STAB_OK) break;
-    if (p.append == STAB_OUTPUT_APPEND && stat(path, &sb) == 0) st = open_existing(t, &b, fapl, gnames, &again);
-    else st = create_new(t, &b, fapl, gnames, &tmp, &again);
+    if (p.append == STAB_OUTPUT_APPEND && stat(path, &sb) == 0) st = open_existing(t, &b, fapl, gnames, &tmp, &again);
+    else st = create_new(t, &b, fapl, gnames, &tmp, &again, H5I_INVALID_HID, 0);
     if (st != STAB_OK || !again) break;
     /* another writer changed the path meanwhile: drop what was made, look again */
     close_file(t, NULL);
@@ -1597,9 +1910,6 @@ out:
   free(gnames);
   if (fapl >= 0) H5Pclose(fapl);
   if (b.str >= 0) H5Tclose(b.str);
-  if (b.dcpl_f >= 0) H5Pclose(b.dcpl_f);
-  if (b.dcpl_i >= 0) H5Pclose(b.dcpl_i);
-  if (b.space0 >= 0) H5Sclose(b.space0);
   stabi_sharing_free(&share);
   if (st != STAB_OK) {
     destroy(t, NULL);
@@ -1628,19 +1938,19 @@ out:
  * `written` rows. */
 static stab_status write_column(stab_trace *t, size_t k, const char *who, const double *stage,
                                 const int64_t *steps, size_t rows) {
-  hid_t d = t->dsets[k];
-  hsize_t at = (hsize_t)t->written, count = rows, n = at + count, zero = 0;
-  if (H5Dset_extent(d, &n) < 0) return h5fail(who, t->path, "cannot extend a dataset");
-  hid_t fs = H5Dget_space(d);
-  if (fs < 0) return h5fail(who, t->path, "cannot write rows");
-  herr_t rc = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &at, NULL, &count, NULL);
-  if (rc >= 0) rc = H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL);
+  const column *c = &t->cols[k];
+  const hsize_t at[2] = {(hsize_t)t->written, 0}, count[2] = {rows, c->width}, n[2] = {at[0] + rows, c->width};
+  if (H5Dset_extent(c->d, n) < 0) return h5fail(who, t->path, "cannot extend a dataset");
+  hid_t fs = H5Dget_space(c->d), ms = H5Screate_simple(c->rank, count, NULL);
+  herr_t rc = fs < 0 || ms < 0 ? -1 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, at, NULL, count, NULL);
   if (rc >= 0)
-    rc = k == 0 || k >= t->first_copy ? H5Dwrite(d, H5T_NATIVE_INT64, t->mem, fs, H5P_DEFAULT, steps)
-                : H5Dwrite(d, H5T_NATIVE_DOUBLE, t->mem, fs, H5P_DEFAULT, stage + k * t->cap);
+    rc = k == COL_STEP || k == t->first_copy || k == t->first_copy + 1
+             ? H5Dwrite(c->d, H5T_NATIVE_INT64, ms, fs, H5P_DEFAULT, steps)
+             : H5Dwrite(c->d, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, stage + c->off * t->cap);
   /* HDF5's message is taken before H5Sclose clears it. */
   stab_status st = rc < 0 ? h5fail(who, t->path, "cannot write rows") : STAB_OK;
-  if (H5Sclose(fs) < 0 && st == STAB_OK) st = h5fail(who, t->path, "cannot write rows");
+  if (fs >= 0 && H5Sclose(fs) < 0 && st == STAB_OK) st = h5fail(who, t->path, "cannot write rows");
+  if (ms >= 0) H5Sclose(ms);
   return st;
 }
 
@@ -1655,7 +1965,7 @@ static stab_status write_rows(stab_trace *t, const char *who, const double *stag
   hdf5_lock_take();
   quiet_begin(&q);
   stab_status st = reserve(t, who, rows);
-  for (size_t k = 1; k < t->n_dsets && st == STAB_OK; k++) st = write_column(t, k, who, stage, steps, rows);
+  for (size_t k = 1; k < t->n_cols && st == STAB_OK; k++) st = write_column(t, k, who, stage, steps, rows);
   if (st == STAB_OK && H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) st = h5fail(who, t->path, "cannot flush");
   if (st == STAB_OK) st = write_column(t, 0, who, stage, steps, rows);
   if (st == STAB_OK && H5Fflush(t->file, H5F_SCOPE_LOCAL) < 0) st = h5fail(who, t->path, "cannot flush");
@@ -1813,26 +2123,27 @@ stab_status stab_trace_append(stab_trace *t, int64_t step, double wall_time, con
   t->has_last = 1;
 
   const size_t r = t->staged, cap = t->cap;
-  double *col = t->stage + r; /* col[k * cap] is dataset k's value of this row */
+  /* row(k) is dataset k's row r in the stage */
+#define row(k) (t->stage + t->cols[k].off * cap + r * t->cols[k].width)
   t->stage_step[r] = step;
-  col[1 * cap] = wall_time;
-  for (size_t s = 0; s < t->n_scalars; s++) col[(2 + s) * cap] = scalars ? scalars[s] : NAN;
+  *row(COL_WALL) = wall_time;
+  for (size_t s = 0; s < t->n_scalars; s++) *row(FIRST_SCALAR + s) = scalars ? scalars[s] : NAN;
   for (size_t i = 0; i < t->n_layers; i++) {
     const stab_layer *l = stab_monitor_layer(t->m, i);
     double v[N_METRICS];
-    size_t k = t->layer_first[i];
     metric_values(stab_monitor_metrics(t->m, i), v);
-    for (size_t j = 0; j < N_METRICS; j++) col[k++ * cap] = v[j];
+    for (size_t j = 0; j < N_METRICS; j++) row(t->first_metric + j)[i] = v[j];
     stab_metrics ref;
     trace_reference(t, i, &ref);
-    for (size_t j = 0; j < N_RATIOS; j++) col[k++ * cap] = ratio_of(v[j], reference_value(&ref, j));
-    if (l->kind == STAB_KIND_ATTENTION) {
+    for (size_t j = 0; j < N_RATIOS; j++) row(t->first_metric + N_METRICS + j)[i] = ratio_of(v[j], reference_value(&ref, j));
+    if (layer_heads(l)) {
       const double *h = stab_monitor_head_bounds(t->m, i);
-      for (size_t j = 0; j < l->heads; j++) col[k++ * cap] = h[j];
+      for (size_t j = 0; j < l->heads; j++) row(t->head_col)[t->head_first[i] + j] = h[j];
     }
     for (size_t e = 0; e < t->n_extras; e++)
-      col[k++ * cap] = layer_extras ? layer_extras[i * t->n_extras + e] : NAN;
+      row(t->first_extra + e)[i] = layer_extras ? layer_extras[i * t->n_extras + e] : NAN;
   }
+#undef row
   /* Flushing costs about the same for one row as for 256 (it is per dataset), so rows wait in
    * the stage for flush_seconds: a kill then loses at most that span of appends, and the
    * flushes cost at most one per flush_seconds of the caller's time, whatever its step rate. */

@@ -29,7 +29,7 @@ KIND_MARKERS = {"embedding": "s", "linear": "o", "attention": "^", "gain": "D", 
 # Every metric is a ratio of RMS norms (dimensionless); the LM head's are bounds on a loss, in nats.
 METRIC_UNIT = "RMS ratio; LM head: nats"
 
-# STAB_FLAG_* of include/stabmeter.h, as recorded in /layers/<layer>/flags.
+# STAB_FLAG_* of include/stabmeter.h, as recorded in /layers/flags (format 4; /layers/<layer>/flags before).
 FLAG_NAMES = {1: "non-finite weight", 2: "non-finite update", 4: "sigma not converged"}
 FLAG_NONFINITE = 1 | 2
 
@@ -138,7 +138,8 @@ def natural_key(name):
 # ---- traces ---------------------------------------------------------------------------------
 
 class Layer:
-    """One /layers/<name> group: kind, attributes, and every per-step series (float64 [N])."""
+    """One layer (a /layers/<name> group before format 4, a column of /layers since): kind,
+    attributes, and every per-step series (float64 [N])."""
 
     def __init__(self, name, kind, attrs, series):
         self.name, self.kind, self.attrs, self.series = name, kind, attrs, series
@@ -214,15 +215,53 @@ def trace_from_file(f, path, metrics=None):
     def is_series(k, d):
         return isinstance(d, h5py.Dataset) and not (step_copy and k == "step")
     scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items() if is_series(k, v)} if "scalars" in f else {}
-    layers = []
-    for name, g in f["layers"].items():
-        attrs = {k: _attr(v) for k, v in g.attrs.items()}
-        series = {k: _fit(d[:], n) for k, d in g.items()
-                  if is_series(k, d) and (metrics is None or k in metrics)}
-        layers.append(Layer(name, attrs.get("kind", "?"), attrs, series))
+    if int(f.attrs.get("format_version", 1)) >= 4:
+        layers = _layers_v4(f["layers"], n, metrics)
+    else:
+        layers = []
+        for name, g in f["layers"].items():
+            attrs = {k: _attr(v) for k, v in g.attrs.items()}
+            series = {k: _fit(d[:], n) for k, d in g.items()
+                      if is_series(k, d) and (metrics is None or k in metrics)}
+            layers.append(Layer(name, attrs.get("kind", "?"), attrs, series))
     order = {k: i for i, k in enumerate(KINDS)}
     layers.sort(key=lambda l: (order.get(l.kind, len(KINDS)), natural_key(l.name)))
     return Trace(path, config, steps, wall, scalars, layers)
+
+
+# Format 4's datasets of /layers along the layer (and head) dimension: what format 3 kept in each
+# layer group's attributes; every other dataset is a metric, (step, layer).
+_LAYER_ATTRS = ("kind", "layout", "description", "shares_storage_with", "d_in", "d_out", "param_count",
+                "param_count_unique")
+
+
+def _layers_v4(g, n, metrics):
+    """Format 4 (docs/trace.md): one (step, layer) dataset per metric, the layer names in
+    /layers/layer, attention heads' bounds in head_bound (step, head), each head's layer and
+    number in head_layer and head. Read as format 3's groups: a Layer per name, its column of each
+    metric, head<h>_bound for its heads, its attributes from the datasets along the layer dimension."""
+    names = [_attr(x) for x in g["layer"][:]]
+    attrs = [{"name": name} for name in names]
+    for k in _LAYER_ATTRS:
+        if k in g:
+            for a, v in zip(attrs, g[k][:]):
+                v = _attr(v)
+                a[k] = v.split() if k == "shares_storage_with" else int(v) if k not in ("kind", "layout", "description") else v
+    series = [dict() for _ in names]
+    for k, d in g.items():
+        if d.ndim != 2 or k == "head_bound" or not (metrics is None or k in metrics):
+            continue
+        values = d[:n]
+        for i, s in enumerate(series):
+            s[k] = _fit(values[:, i], n)
+    if "head_bound" in g:
+        hl, hn = [_attr(x) for x in g["head_layer"][:]], g["head"][:]
+        values, index = g["head_bound"][:n], {name: i for i, name in enumerate(names)}
+        for c, (name, h) in enumerate(zip(hl, hn)):
+            key = "head%d_bound" % h
+            if name in index and (metrics is None or key in metrics):
+                series[index[name]][key] = _fit(values[:, c], n)
+    return [Layer(name, a.get("kind", "?"), a, s) for name, a, s in zip(names, attrs, series)]
 
 
 def read_trace(path, metrics=None):

@@ -44,10 +44,14 @@ with h5py.File(trace, "r") as f:
     for name in f["scalars"]:
         if name != "step":  # each group's copy of /step (format_version 2), not a column
             want[name] = f["scalars"][name][:]
-    for layer in f["layers"]:
-        for metric in f["layers"][layer]:
-            if metric != "step":
-                want[layer + "." + metric] = f["layers"][layer][metric][:]
+    L = f["layers"]  # format 4: a (step, layer) dataset per metric, heads (step, head)
+    names = list(L["layer"].asstr()[:])
+    for metric, ds in L.items():
+        if ds.ndim == 2 and metric != "head_bound":
+            for i, layer in enumerate(names):
+                want[layer + "." + metric] = ds[:, i]
+    for c, (layer, h) in enumerate(zip(L["head_layer"].asstr()[:], L["head"][:])):
+        want["%s.head%d_bound" % (layer, h)] = L["head_bound"][:, c]
 assert set(d.columns) == set(want) | {"step"}, set(d.columns) ^ (set(want) | {"step"})
 assert len(d) == len(steps) == 6, len(d)
 nans = 0

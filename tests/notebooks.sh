@@ -67,6 +67,27 @@ writer=
 "$py" - "$tmp" <<'PY' || status=1
 import json, re, subprocess, sys
 import h5py, nbformat, numpy as np
+
+
+class _Column:
+    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
+    def __init__(self, g, i, kind):
+        self.g, self.i, self.attrs = g, i, {"kind": kind}
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
+    def set(self, metric, row, value):
+        self.g[metric][row, self.i] = value
+
+
+def layer_groups(f):
+    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
+    if int(f.attrs.get("format_version", 1)) < 4:
+        return dict(f["layers"].items())
+    g = f["layers"]
+    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
+    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
 from matplotlib import image
 
 tmp = sys.argv[1]
@@ -124,8 +145,8 @@ def first_ratio(v):
     return v[ok[0]:] / v[ok[0]]
 ranked = 0
 for metric in ("forward", "dependency", "update"):
-    for kind in sorted({g.attrs["kind"] for g in f["layers"].values()}):
-        groups = [(name, g[metric][:]) for name, g in f["layers"].items()
+    for kind in sorted({g.attrs["kind"] for g in layer_groups(f).values()}):
+        groups = [(name, g[metric][:]) for name, g in layer_groups(f).items()
                   if g.attrs["kind"] == kind and np.isfinite(g[metric][:]).any()]
         if not groups:
             check(not re.search(r"^%s\s+%s\s" % (metric, kind), printed["trace"], re.M),
@@ -157,14 +178,14 @@ text = printed["coord_check"]
 lines = 0
 for opt in ("steepest", "adamw"):
     traces = {w: h5py.File("%s/sweep-%s/width-%d/trace.h5" % (tmp, opt, w), "r") for w in (16, 32, 64)}
-    kinds = sorted({g.attrs["kind"] for g in traces[16]["layers"].values()})
+    kinds = sorted({g.attrs["kind"] for g in layer_groups(traces[16]).values()})
     for kind in kinds:
         for metric in ("forward", "dependency", "update"):
             for label in ("1", "2", "3", "4", "last"):
                 pts = {}
                 for w, t in traces.items():
                     row = len(t["step"]) - 1 if label == "last" else list(t["step"][:]).index(int(label))
-                    v = np.array([g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind])
+                    v = np.array([g[metric][row] for g in layer_groups(t).values() if g.attrs["kind"] == kind])
                     v = v[np.isfinite(v) & (v > 0)]
                     if len(v):
                         pts[w] = float(np.exp(np.log(v).mean()))
@@ -206,12 +227,12 @@ for r in rows:
     row = list(t["step"][:]).index(2)
     want = []
     for kind, metric in (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward")):
-        want.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
+        want.append(max(g[metric][row] for g in layer_groups(t).values() if g.attrs["kind"] == kind))
     # the largest ratio to init there, from the trainer's own ratio datasets (the update's per
     # unit of learning rate, against the lr at its reference row: its first finite value > 0)
     lr = t["scalars/lr"][:]
     most = (-1.0, None)
-    for g in t["layers"].values():
+    for g in layer_groups(t).values():
         for metric in ("forward", "dependency", "update"):
             if metric + "_ratio" not in g:
                 continue
@@ -242,7 +263,7 @@ for w in ("16", "32"):
             t = h5py.File("%s/lrs/lr-%g/width-%s/trace.h5" % (tmp, lr, w), "r")
             row = list(t["step"][:]).index(2)
             kind, metric = (("linear", "forward"), ("linear", "update"), ("attention", "forward"), ("lm_head", "forward"))[j]
-            vals.append(max(g[metric][row] for g in t["layers"].values() if g.attrs["kind"] == kind))
+            vals.append(max(g[metric][row] for g in layer_groups(t).values() if g.attrs["kind"] == kind))
         rho = pd.Series(vals).corr(pd.Series(outcome), method="spearman")
         check(name in got and abs(float(got[name]) - rho) < 0.006,
               "lr_transfer: width %s %s rank correlation %s, pandas %+.2f" % (w, name, got.get(name), rho))
@@ -282,6 +303,26 @@ PY
 import json, os, shutil, sys
 import h5py, numpy as np
 
+class _Column:
+    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
+    def __init__(self, g, i, kind):
+        self.g, self.i, self.attrs = g, i, {"kind": kind}
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
+    def set(self, metric, row, value):
+        self.g[metric][row, self.i] = value
+
+
+def layer_groups(f):
+    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
+    if int(f.attrs.get("format_version", 1)) < 4:
+        return dict(f["layers"].items())
+    g = f["layers"]
+    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
+    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+
 tmp = sys.argv[1]
 rng = np.random.default_rng(7)
 N = 40  # rows; the last 10 are the 25% the notebook takes the median of
@@ -317,12 +358,13 @@ with open(tmp + "/synth-expect.json", "w") as f:
 shutil.copy(tmp + "/run/trace.h5", tmp + "/nan.h5")
 with h5py.File(tmp + "/nan.h5", "r+") as f:
     f["scalars/loss"][4] = np.nan
-    names = sorted(f["layers"])
+    layers = layer_groups(f)
+    names = sorted(layers)
     fc = [n for n in names if n.endswith("mlp.c_fc")][0]
     proj = [n for n in names if n.endswith("attn.c_proj")][0]
-    f["layers/%s/forward" % fc][9] = np.nan
-    f["layers/%s/flags" % fc][9] = 1
-    f["layers/%s/flags" % proj][15] = 4
+    layers[fc].set("forward", 9, np.nan)
+    layers[fc].set("flags", 9, 1)
+    layers[proj].set("flags", 15, 4)
 PY
 STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/width_sweep.py" "$tmp/synth-steepest" "$tmp/synth-adamw" \
   >"$tmp/sweep.txt" 2>&1 || { fail "width_sweep.py on the synthetic sweep"; cat "$tmp/sweep.txt"; }
@@ -354,6 +396,26 @@ STAB_OUT="$tmp/plain" STAB_COORD_STAT=max "$py" "$src/notebooks-export/coord_che
 "$py" - "$tmp" <<'PY' || status=1
 import re, sys
 import h5py, numpy as np
+
+class _Column:
+    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
+    def __init__(self, g, i, kind):
+        self.g, self.i, self.attrs = g, i, {"kind": kind}
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
+    def set(self, metric, row, value):
+        self.g[metric][row, self.i] = value
+
+
+def layer_groups(f):
+    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
+    if int(f.attrs.get("format_version", 1)) < 4:
+        return dict(f["layers"].items())
+    g = f["layers"]
+    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
+    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
 tmp = sys.argv[1]
 text = open(tmp + "/gap.txt").read()
 bad = []
@@ -367,7 +429,7 @@ pts = {}
 for w in (16, 32, 64):
     t = h5py.File("%s/gap/width-%d/trace.h5" % (tmp, w), "r")
     row = list(t["step"][:]).index(4)
-    pts[w] = max(g["forward"][row] for g in t["layers"].values() if g.attrs["kind"] == "linear")
+    pts[w] = max(g["forward"][row] for g in layer_groups(t).values() if g.attrs["kind"] == "linear")
 slope = np.polyfit(np.log(list(pts)), np.log(list(pts.values())), 1)[0]
 m = re.search(r"^coord steepest\s+linear\s+forward\s+4\s+slope ([+-]\d\.\d{4})", text, re.M)
 if not m or abs(float(m.group(1)) - slope) > 1e-4:
@@ -467,6 +529,26 @@ STAB_OUT="$tmp/plain" STAB_ALARM=$alarm "$py" "$src/notebooks-export/trace.py" "
 "$py" - "$tmp" $alarm <<'PY' || status=1
 import re, sys
 import h5py, numpy as np
+
+class _Column:
+    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
+    def __init__(self, g, i, kind):
+        self.g, self.i, self.attrs = g, i, {"kind": kind}
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
+    def set(self, metric, row, value):
+        self.g[metric][row, self.i] = value
+
+
+def layer_groups(f):
+    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
+    if int(f.attrs.get("format_version", 1)) < 4:
+        return dict(f["layers"].items())
+    g = f["layers"]
+    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
+    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
 tmp, alarm = sys.argv[1], float(sys.argv[2])
 text = open(tmp + "/nan.txt").read()
 f = h5py.File(tmp + "/nan.h5", "r")
@@ -474,7 +556,7 @@ steps = f["step"][:]
 bad = []
 if "NaN steps (2): %d, %d\n" % (steps[4], steps[9]) not in text:
     bad.append("NaN steps at %d and %d not reported" % (steps[4], steps[9]))
-names = sorted(f["layers"])
+names = sorted(layer_groups(f))
 fc = [n for n in names if n.endswith("mlp.c_fc")][0]
 proj = [n for n in names if n.endswith("attn.c_proj")][0]
 for name, what, row in ((fc, "non-finite weight", 9), (proj, "sigma not converged", 15)):
@@ -486,7 +568,7 @@ for name, what, row in ((fc, "non-finite weight", 9), (proj, "sigma not converge
 lr = f["scalars/lr"][:]
 want = set()
 for name in names:
-    g = f["layers"][name]
+    g = layer_groups(f)[name]
     rows = []
     for m in ("forward", "dependency", "update"):
         v = g[m][:] / (lr if m == "update" else 1)
@@ -513,10 +595,30 @@ PY
 "$py" - "$tmp" <<'PY' || status=1
 import shutil, sys
 import h5py, numpy as np
+
+class _Column:
+    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
+    def __init__(self, g, i, kind):
+        self.g, self.i, self.attrs = g, i, {"kind": kind}
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
+    def set(self, metric, row, value):
+        self.g[metric][row, self.i] = value
+
+
+def layer_groups(f):
+    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
+    if int(f.attrs.get("format_version", 1)) < 4:
+        return dict(f["layers"].items())
+    g = f["layers"]
+    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
+    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
 tmp = sys.argv[1]
 shutil.copy(tmp + "/run/trace.h5", tmp + "/ratio.h5")
 with h5py.File(tmp + "/ratio.h5", "r+") as f:
-    for g in f["layers"].values():
+    for g in layer_groups(f).values():
         for m in ("forward", "dependency", "update"):
             v = g[m][:]
             r = np.full(len(v), np.nan)
@@ -533,6 +635,26 @@ STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/trace.py" "$tmp/ratio.h5" >"$
 "$py" - "$tmp" <<'PY' || status=1
 import re, sys
 import h5py, numpy as np
+
+class _Column:
+    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
+    def __init__(self, g, i, kind):
+        self.g, self.i, self.attrs = g, i, {"kind": kind}
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+    def __contains__(self, metric):
+        return metric in self.g and self.g[metric].ndim == 2
+    def set(self, metric, row, value):
+        self.g[metric][row, self.i] = value
+
+
+def layer_groups(f):
+    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
+    if int(f.attrs.get("format_version", 1)) < 4:
+        return dict(f["layers"].items())
+    g = f["layers"]
+    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
+    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
 tmp = sys.argv[1]
 text = open(tmp + "/ratio.txt").read()
 f = h5py.File(tmp + "/ratio.h5", "r")
@@ -547,7 +669,7 @@ for kind in ("linear", "attention", "gain", "lm_head"):
         def shown(g):  # the update's per unit of learning rate, over lr at its reference row
             r, v = g[m + "_ratio"][:], g[m][:]
             return r * lr[np.flatnonzero(np.isfinite(v) & (v > 0))[0]] / lr if m == "update" else r
-        groups = [(np.nanmax(shown(g)), name) for name, g in f["layers"].items()
+        groups = [(np.nanmax(shown(g)), name) for name, g in layer_groups(f).items()
                   if g.attrs["kind"] == kind and np.isfinite(g[m + "_ratio"][:]).any()]
         if not groups:
             continue

@@ -265,6 +265,25 @@ done
 if [ -n "$py5" ]; then
   "$py5" - "$tr" "$dir/t100.json" "$dir/t200.json" "$dir/t300.json" <<'PY' || fail "hdf5: the trace differs from --json"
 import h5py, json, math, sys
+
+class _Layer:
+    """A layer of a format 4 trace read as format 3's group: attrs from the datasets along the
+    layer dimension, [metric] its column of /layers/<metric>."""
+    def __init__(self, g, i):
+        self.g, self.i = g, i
+        self.attrs = {k: g[k].asstr()[i] if g[k].dtype.kind == "O" else g[k][i]
+                      for k in ("kind", "layout", "description", "d_in", "d_out", "param_count", "param_count_unique")}
+        s = g["shares_storage_with"].asstr()[i]
+        if s:
+            self.attrs["shares_storage_with"] = s.split()
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+
+
+def layer_groups(f):
+    """{layer name: its _Layer}"""
+    g = f["layers"]
+    return {name: _Layer(g, i) for i, name in enumerate(g["layer"].asstr()[:])}
 f = h5py.File(sys.argv[1], "r", swmr=True)
 assert list(f["step"][:]) == [100, 200, 300], f["step"][:]
 assert f.attrs["format"] in (b"stabmeter-trace", "stabmeter-trace")
@@ -272,9 +291,9 @@ assert all(math.isnan(x) for x in f["wall_time"][:])
 for row, path in enumerate(sys.argv[2:]):
     rep = json.load(open(path))
     assert rep["layers"], path
-    assert len(f["layers"]) == len(rep["layers"]), (len(f["layers"]), len(rep["layers"]))
+    assert len(layer_groups(f)) == len(rep["layers"]), (len(layer_groups(f)), len(rep["layers"]))
     for l in rep["layers"]:
-        g = f["layers"][l["name"]]  # the trace's names are the report's
+        g = layer_groups(f)[l["name"]]  # the trace's names are the report's
         kind = g.attrs["kind"].decode() if isinstance(g.attrs["kind"], bytes) else g.attrs["kind"]
         assert (kind, int(g.attrs["d_in"]), int(g.attrs["d_out"])) == (l["kind"], l["d_in"], l["d_out"]), l["name"]
         for key in ("forward", "dependency", "update", "sigma", "sigma_update", "rel_update", "forward_tight"):
@@ -344,7 +363,7 @@ got = [(l["name"], l["tensor"], l["kind"]) for l in json.load(open(sys.argv[1]))
 want = [("wte", "wte.weight", "embedding"), ("foo", "foo", "linear"), ("foo.weight", "foo.weight", "linear"),
         ("lm_head", "lm_head.weight", "linear"), ("wte.lm_head", "wte.weight", "lm_head")]
 assert got == want, got
-assert set(h5py.File(sys.argv[2], "r")["layers"]) == {n for n, _, _ in want}
+assert set(h5py.File(sys.argv[2], "r")["layers/layer"].asstr()[:]) == {n for n, _, _ in want}
 PY
 fi
 ok
@@ -370,16 +389,35 @@ if [ -n "$py5" ]; then
       fail "train $tie --hdf5: the step's source not said: $(cat "$t.h.err")"
     "$py5" - "$t/trace.h5" "$t.2.json" "$t.4.json" "$t/probe.h5" <<'PY' || fail "train $tie checkpoint: probe differs from the trainer's trace"
 import h5py, json, math, sys
+
+class _Layer:
+    """A layer of a format 4 trace read as format 3's group: attrs from the datasets along the
+    layer dimension, [metric] its column of /layers/<metric>."""
+    def __init__(self, g, i):
+        self.g, self.i = g, i
+        self.attrs = {k: g[k].asstr()[i] if g[k].dtype.kind == "O" else g[k][i]
+                      for k in ("kind", "layout", "description", "d_in", "d_out", "param_count", "param_count_unique")}
+        s = g["shares_storage_with"].asstr()[i]
+        if s:
+            self.attrs["shares_storage_with"] = s.split()
+    def __getitem__(self, metric):
+        return self.g[metric][:, self.i]
+
+
+def layer_groups(f):
+    """{layer name: its _Layer}"""
+    g = f["layers"]
+    return {name: _Layer(g, i) for i, name in enumerate(g["layer"].asstr()[:])}
 f = h5py.File(sys.argv[1], "r", swmr=True)
 bad = 0
 for path in sys.argv[2:4]:
     rep = json.load(open(path))
     got = {l["name"]: l for l in rep["layers"]}
-    if set(got) != set(f["layers"]) or len(got) != len(rep["layers"]):
-        print(path, "names:", sorted(got), "trace:", sorted(f["layers"])); bad += 1; continue
+    if set(got) != set(layer_groups(f)) or len(got) != len(rep["layers"]):
+        print(path, "names:", sorted(got), "trace:", sorted(layer_groups(f))); bad += 1; continue
     row = list(f["step"][:]).index(rep["step"])  # the step the checkpoint's metadata gives
     for name, l in got.items():
-        g = f["layers"][name]
+        g = layer_groups(f)[name]
         kind = g.attrs["kind"].decode() if isinstance(g.attrs["kind"], bytes) else g.attrs["kind"]
         if kind != l["kind"]:
             print(name, "kind", l["kind"], "trace", kind); bad += 1
@@ -392,18 +430,18 @@ for path in sys.argv[2:4]:
     assert rep["step_source"].startswith("the checkpoint's __metadata__ steps"), rep["step_source"]
 assert json.load(open(sys.argv[2]))["step"] == 2 and json.load(open(sys.argv[3]))["step"] == 4
 p = h5py.File(sys.argv[4], "r")
-if set(p["layers"]) != set(f["layers"]) or list(p["step"][:]) != [4]:
-    print("probe's trace", sorted(p["layers"]), list(p["step"][:])); bad += 1
+if set(layer_groups(p)) != set(layer_groups(f)) or list(p["step"][:]) != [4]:
+    print("probe's trace", sorted(layer_groups(p)), list(p["step"][:])); bad += 1
 # the storage the groups share (a tied head, the logits inside c_attn), as the trainer records it
 # from its own buffers: the probe registers the checkpoint's tensors by their place in the file
 def sharing(g):
     s = g.attrs.get("shares_storage_with")
     return (int(g.attrs["param_count"]), int(g.attrs["param_count_unique"]),
             sorted(x.decode() if isinstance(x, bytes) else x for x in (s if s is not None else [])))
-for name in set(p["layers"]) & set(f["layers"]):
-    if sharing(p["layers"][name]) != sharing(f["layers"][name]):
-        print(name, "probe's trace (param_count, unique, shares):", sharing(p["layers"][name]),
-              "trainer's:", sharing(f["layers"][name])); bad += 1
+for name in set(layer_groups(p)) & set(layer_groups(f)):
+    if sharing(layer_groups(p)[name]) != sharing(layer_groups(f)[name]):
+        print(name, "probe's trace (param_count, unique, shares):", sharing(layer_groups(p)[name]),
+              "trainer's:", sharing(layer_groups(f)[name])); bad += 1
 sys.exit(1 if bad else 0)
 PY
   done
@@ -560,7 +598,8 @@ f = h5py.File(sys.argv[1], "r", swmr=True)
 inv, sq = ({l["name"]: l for l in json.load(open(p))["layers"] if l["kind"] == "attention"} for p in sys.argv[2:4])
 assert inv and set(inv) == set(sq), (inv, sq)
 for name, l in inv.items():
-    want = f["layers"][name]["forward"][-1]
+    L = f["layers"]  # format 4: the layer's column of /layers/forward
+    want = L["forward"][-1, list(L["layer"].asstr()[:]).index(name)]
     assert abs(l["forward"] - want) <= 2e-3 * want, (name, l["forward"], want)
     dh = l["d_out"] // l["heads"]
     assert dh == 8 and abs(sq[name]["forward"] / l["forward"] - math.sqrt(dh)) < 1e-9, (name, sq[name]["forward"], l["forward"])

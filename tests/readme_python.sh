@@ -58,7 +58,7 @@ PY
 run_py loop.py >loop.out 2>loop.err || { cat loop.err; fail "the torch snippet failed"; }
 run_py - runs/torch/trace.h5 <<'PY' || exit 1
 import sys, h5py
-from python_trace_checks import check_trace
+from python_trace_checks import check_trace, layer_columns
 path = sys.argv[1]
 check_trace(path)
 with h5py.File(path, "r") as f:
@@ -66,7 +66,7 @@ with h5py.File(path, "r") as f:
     if steps != [1, 2, 3, 4, 5, 6]:
         sys.exit("FAIL (README's Python): the torch snippet's trace has steps %s, not 1..6" % steps)
     # before_step's snapshot gives every step its update metrics
-    upd = f["layers/transformer.h.0.mlp.c_fc/update"][:]
+    upd = layer_columns(f)["transformer.h.0.mlp.c_fc"][1]["update"]
     if not all(u == u and u > 0 for u in upd):
         sys.exit("FAIL (README's Python): mlp.c_fc's update in the torch snippet's trace: %s" % list(upd))
 PY

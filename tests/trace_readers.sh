@@ -4,7 +4,7 @@
 # appended to (--resume), on one still being written and then killed (read through SWMR, then
 # after h5clear -s), and on a format_version 1 trace written by an older stabmeter (main at
 # 04264e9, tests/corpus/trace-v1), which must still read and export as before and becomes
-# version 3 when appended to (its ratios filled in from its rows). Each reader that is not installed is skipped (Debian:
+# version 4 when appended to (rewritten in the (step, layer) layout, its ratios filled in from its rows). Each reader that is not installed is skipped (Debian:
 # python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin; quickstart.sh installs them);
 # exit 77 when none is.
 set -u
@@ -40,9 +40,10 @@ fi
 [ $have_ncdump -eq 1 ] || echo "SKIP (part): no ncdump (Debian: netcdf-bin)"
 
 # The checks of one trace by every installed Python reader: h5py sees the attributes, each
-# xarray engine opens the root and every group with step as the coordinate every variable of
-# the group shares, with the values h5py reads, units and long_name on each; param_count_unique
-# sums to the model's own parameter count when the run_config gives one.
+# xarray engine opens the root, /scalars and /layers with step (and layer, head) as the
+# coordinates: each metric a 2-D variable (step, layer), with the values h5py reads, units (or
+# units_<kind> where kinds differ) and long_name on each; param_count_unique sums to the
+# model's own parameter count when the run_config gives one.
 cat >"$dir/readers.py" <<'PY'
 import json, sys, warnings
 import h5py, numpy as np
@@ -55,26 +56,28 @@ def text(v):
     return v.decode() if isinstance(v, bytes) else str(v)
 
 f = h5py.File(path, "r", swmr=True)
-check(f.attrs["format_version"] == 3, "format_version %r" % f.attrs["format_version"])
-groups = ["scalars"] + ["layers/" + g for g in f["layers"]]
+check(f.attrs["format_version"] == 4, "format_version %r" % f.attrs["format_version"])
+groups = ["scalars", "layers"]
 want = {}  # group -> {variable: values}
 def visit(name, obj):
     if isinstance(obj, h5py.Dataset):
-        for a in ("units", "long_name"):
-            check(a in obj.attrs and text(obj.attrs[a]), "h5py: %s has no %s" % (name, a))
+        check("long_name" in obj.attrs and text(obj.attrs["long_name"]), "h5py: %s has no long_name" % name)
+        if obj.dtype.kind == "f" or name.endswith("step"):
+            check(any(a == "units" or a.startswith("units_") for a in obj.attrs), "h5py: %s has no units" % name)
 f.visititems(visit)
 check(f["step"].attrs.get("CLASS") == b"DIMENSION_SCALE", "/step is not a dimension scale")
-unique = 0
+L = f["layers"]
+layers = [text(n) for n in L["layer"][:]]
+check(L["layer"].attrs.get("CLASS") == b"DIMENSION_SCALE", "/layers/layer is not a dimension scale")
+check(all(text(d) for d in L["description"][:]), "a layer has no description")
+unique = int(L["param_count_unique"][:].sum())
+for w in L["shares_storage_with"][:]:
+    for other in text(w).split():
+        check(other in layers, "shares storage with a layer that is not there: %r" % other)
 for g in groups:
     grp = f[g]
     check("step" in grp and list(grp["step"][:]) == list(f["step"][:]), "%s has no copy of /step" % g)
-    want[g] = {k: d[:] for k, d in grp.items() if k != "step"}
-    if g.startswith("layers/"):
-        check(text(grp.attrs.get("description", "")) != "", "%s has no description" % g)
-        check("param_count_unique" in grp.attrs, "%s has no param_count_unique" % g)
-        unique += int(grp.attrs.get("param_count_unique", 0))
-        for other in grp.attrs.get("shares_storage_with", []):
-            check(text(other) in f["layers"], "%s shares storage with a group that is not there: %r" % (g, other))
+    want[g] = {k: d[:] for k, d in grp.items() if k not in ("step", "layer", "head")}
 config = json.loads(text(f.attrs["run_config"]))
 params = config.get("model", {}).get("parameters") if isinstance(config.get("model"), dict) else None
 if params is not None:
@@ -105,10 +108,17 @@ for engine in engines:
         check("step" in ds.coords, "%s: step is not a coordinate (coords %s)" % (where, list(ds.coords)))
         check(list(ds["step"].values) == list(steps), "%s: step values" % where)
         check(set(ds.data_vars) == set(want[g]), "%s: variables %s, h5py %s" % (where, sorted(ds.data_vars), sorted(want[g])))
+        if g == "layers":
+            check([text(x) for x in ds["layer"].values] == layers, "%s: layer is not the coordinate of the layers' names" % where)
         for k, v in ds.data_vars.items():
-            check(v.dims == ("step",), "%s/%s: dims %s" % (where, k, v.dims))
-            check("units" in v.attrs and "long_name" in v.attrs, "%s/%s: attrs %s" % (where, k, v.attrs))
-            if k in want[g]:
+            rows = v.dims[:1] == ("step",)
+            expected = ("step",) if g == "scalars" else ("step", "head") if k == "head_bound" else \
+                       ("head",) if k == "head_layer" else ("step", "layer") if rows else ("layer",)
+            check(v.dims == expected, "%s/%s: dims %s, expected %s" % (where, k, v.dims, expected))
+            check("long_name" in v.attrs, "%s/%s: attrs %s" % (where, k, v.attrs))
+            if rows:
+                check(any(a == "units" or a.startswith("units_") for a in v.attrs), "%s/%s: no units %s" % (where, k, v.attrs))
+            if k in want[g] and rows:
                 check(np.array_equal(v.values, want[g][k], equal_nan=True), "%s/%s: values differ from h5py's" % (where, k))
         ds.close()
 if bad:
@@ -127,7 +137,7 @@ read_all() {
     if [ "$rc" -eq 0 ]; then
       grep -q 'step = UNLIMITED' "$out_file" || fail "$1: ncdump names no step dimension"
       grep -q 'phony_dim' "$out_file" && fail "$1: ncdump makes up dimensions: $(grep -m1 phony_dim "$out_file")"
-      grep -q 'forward(step)' "$out_file" || fail "$1: ncdump: no forward(step) variable"
+      grep -q 'forward(step, layer)' "$out_file" || fail "$1: ncdump: no forward(step, layer) variable"
     fi
   fi
 }
@@ -212,7 +222,7 @@ while True:  # until the first flushed rows, as long as the writer runs
 fi
 
 # 4. format_version 1, as main wrote it before version 2: h5py, export and the notebooks' reader
-# read it as before; appended to, it becomes version 3 with its rows kept and their ratios.
+# read it as before; appended to, it becomes version 4 with its rows kept and their ratios.
 v1=$dir/v1.h5
 gzip -dc "$src/tests/corpus/trace-v1/trace_writer-main-04264e9.h5.gz" >"$v1" || fail "cannot unpack the v1 trace"
 expect "v1 trace: stabmeter-export" 0 '' "$build/harness/export" "$v1"
@@ -247,19 +257,28 @@ PY
 fi
 cp "$v1" "$dir/v1-appended.h5"
 expect "v1 trace: appended to" 0 '' "$build/tests/trace_writer" --append --first-step 6 --steps 3 "$dir/v1-appended.h5"
-read_all "v1 trace appended to (now version 3)" "$dir/v1-appended.h5"
+read_all "v1 trace appended to (now version 4)" "$dir/v1-appended.h5"
 if [ -n "$py" ]; then
   expect "v1 trace appended to: the old rows kept" 0 '' "$py" -c '
 import sys, h5py, numpy as np
 a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 assert list(b["step"][:]) == list(range(9)), list(b["step"][:])
+assert b.attrs["format_version"] == 4 and b.attrs["run_config"] == a.attrs["run_config"]
+L = b["layers"]
+names = [n.decode() for n in L["layer"][:]]
+heads = [(n.decode(), int(h)) for n, h in zip(L["head_layer"][:], L["head"][:])]
 for g in a["layers"]:
+    i = names.index(g)
     for k, d in a["layers"][g].items():
-        assert np.array_equal(d[:], b["layers"][g][k][:6], equal_nan=True), (g, k)
+        if k.startswith("head") and k.endswith("_bound"):
+            got = L["head_bound"][:6, heads.index((g, int(k[4:-6])))]
+        else:
+            got = L[k][:6, i]
+        assert np.array_equal(d[:], got, equal_nan=True), (g, k)
     for m in ("forward", "dependency", "update"):  # over the first finite value > 0 of the v1 rows
         v = a["layers"][g][m][:]
         ok = v[np.isfinite(v) & (v > 0)]
         want = v / ok[0] if len(ok) else np.full(len(v), np.nan)
-        assert np.array_equal(b["layers"][g][m + "_ratio"][:6], want, equal_nan=True), (g, m)' "$v1" "$dir/v1-appended.h5"
+        assert np.array_equal(L[m + "_ratio"][:6, i], want, equal_nan=True), (g, m)' "$v1" "$dir/v1-appended.h5"
 fi
 summary trace_readers

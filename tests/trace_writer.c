@@ -59,15 +59,16 @@ int main(int argc, char **argv) {
   /* Weights: a deterministic pattern, nudged every step so that update metrics exist. */
   enum { D = 32, V = 50, H = 2 };
   size_t n_layers = n_linear ? (size_t)n_linear : 4;
-  float *w = calloc(n_layers * 2 * V * D, sizeof *w);
+  const size_t per = n_linear ? (size_t)D * D : (size_t)2 * V * D; /* floats a layer's weights take */
+  float *w = calloc(n_layers * per, sizeof *w);
   stab_monitor *m = NULL;
   if (!w || stab_monitor_create(NULL, &m) != STAB_OK) return 1;
-  for (size_t i = 0; i < n_layers * 2 * V * D; i++) w[i] = (float)sin(0.37 * (double)i + 1.0) * 0.2f;
+  for (size_t i = 0; i < n_layers * per; i++) w[i] = (float)sin(0.37 * (double)i + 1.0) * 0.2f;
   for (size_t i = 0; i < n_layers; i++) {
     char name[32];
     stab_layer l;
     memset(&l, 0, sizeof l);
-    l.weight = w + i * 2 * V * D;
+    l.weight = w + i * per;
     if (n_linear) {
       snprintf(name, sizeof name, "h.%zu.fc", i);
       l.kind = STAB_KIND_LINEAR, l.d_in = D, l.d_out = D;
@@ -101,6 +102,7 @@ int main(int argc, char **argv) {
   p.run_config = "{\"model\": \"trace_writer\"}";
   p.append = append;
   stab_trace *t = NULL;
+  double t_open = monotonic_seconds();
   if (stab_trace_open(path, m, &p, &t) != STAB_OK) {
     fprintf(stderr, "trace_writer: %s\n", stab_last_error());
     return 1;
@@ -108,12 +110,13 @@ int main(int argc, char **argv) {
   double *ex = malloc(n_layers * sizeof *ex);
   if (!ex) return 1;
   double t0 = monotonic_seconds(), in_append = 0;
+  t_open = t0 - t_open;
   int rc = 0;
   if (bench && stab_monitor_measure(m, 0) != STAB_OK) rc = 1;
   for (long s = 0; s < steps && rc == 0; s++) {
     if (!bench) {
       if (stab_monitor_snapshot(m) != STAB_OK) rc = 1;
-      for (size_t i = 0; i < n_layers * 2 * V * D; i += 7) w[i] += 1e-3f * (float)((s + i) % 5);
+      for (size_t i = 0; i < n_layers * per; i += 7) w[i] += 1e-3f * (float)((s + i) % 5);
       if (stab_monitor_measure(m, 1) != STAB_OK) rc = 1;
     }
     double sc[2] = {1.0 / (double)(s + 1), 1e-3};
@@ -127,9 +130,6 @@ int main(int argc, char **argv) {
     }
   }
   if (rc) fprintf(stderr, "trace_writer: %s\n", stab_last_error());
-  if (bench)
-    printf("%zu layers, flush every %ld: %.1f us per append (%ld appends)\n", n_layers, flush_every,
-           1e6 * in_append / (double)steps, steps);
   if (expect && rc == 0) {
     FILE *f = fopen(expect, "w");
     if (!f) return 1;
@@ -151,10 +151,20 @@ int main(int argc, char **argv) {
     fprintf(f, "scalars/loss %.17g\n", 1.0 / (double)steps);
     fclose(f);
   }
+  double t_close = monotonic_seconds();
   if (stab_trace_close(t) != STAB_OK) {
     fprintf(stderr, "trace_writer: %s\n", stab_last_error());
     rc = 1;
   }
+  t_close = monotonic_seconds() - t_close;
+  /* One line a run, for bench/trace_layers.sh: seconds for the open, every append and the close
+   * (the last write of the rows still staged included), and the same per layer. */
+  if (bench)
+    printf("%zu layers, flush every %ld, %ld appends: open %.3f s, appends %.3f s (%.1f us each), close %.3f s; "
+           "per layer: open %.2f us, append %.3f us, close %.2f us\n",
+           n_layers, flush_every, steps, t_open, in_append, 1e6 * in_append / (double)steps, t_close,
+           1e6 * t_open / (double)n_layers, 1e6 * in_append / (double)steps / (double)n_layers,
+           1e6 * t_close / (double)n_layers);
   stab_monitor_free(m);
   free(ex);
   free(w);

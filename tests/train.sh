@@ -9,8 +9,21 @@ tmp=$(mktemp -d /tmp/check_train.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 status=0
 fail() { echo "FAIL: $*"; status=1; }
+# layer_values FILE /layers/LAYER/METRIC: one value a line of a layer's metric (format 4 keeps
+# it in the column LAYER of /layers/METRIC), read by stabmeter-export, which reads every format
+# and writes exact decimals; nothing when the trace has no such layer or metric.
+layer_values() {
+  l=${2#/layers/} && m=${l##*/} && l=${l%/*}
+  v=$(./harness/export --layers "$l" --metrics "$m" "$1" 2>/dev/null) || return 0
+  printf '%s\n' "$v" | awk -F, 'NR > 1 { print $5 }'
+}
 # rows FILE DATASET: the length of a trace dataset (h5dump, from hdf5-tools; -A 0: not its attributes)
-rows() { h5dump -A 0 -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p'; }
+rows() {
+  case $2 in
+  /layers/*) layer_values "$1" "$2" | awk 'END { if (NR) print NR }' ;;
+  *) h5dump -A 0 -H -d "$2" "$1" 2>/dev/null | sed -n 's/.*SIMPLE { ( \([0-9]*\) ).*/\1/p' ;;
+  esac
+}
 # first FILE DATASET: its first value
 first() { h5dump -A 0 -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
 expect() { # expected-status description command...
@@ -106,14 +119,15 @@ for line in open(sys.argv[2]):
     assert m, line
     step, layer, kind, metric = int(m[1]), m[2], m[3], m[4]
     value, ratio, ref = float(m[5]), float(m[6]), float(m[7])
-    g = f["layers"][layer]
-    col = g[metric][:]
+    L = f["layers"]  # format 4: one (step, layer) dataset per metric
+    i = [n.decode() for n in L["layer"][:]].index(layer)
+    col, ratios = L[metric][:, i], L[metric + "_ratio"][:, i]
     first = col[np.isfinite(col) & (col > 0)][0]
     row = steps.index(step)
     assert abs(ref / first - 1) < 1e-5, (line, first)
     assert abs(value / col[row] - 1) < 1e-5, (line, col[row])
-    assert abs(ratio / g[metric + "_ratio"][row] - 1) < 1e-5, (line, g[metric + "_ratio"][row])
-    assert ratio > 10 and g[metric + "_ratio"][row - 1] <= 10, (line, "not the first row over 10")
+    assert abs(ratio / ratios[row] - 1) < 1e-5, (line, ratios[row])
+    assert ratio > 10 and ratios[row - 1] <= 10, (line, "not the first row over 10")
     n += 1
 assert n >= 1
 PY
@@ -162,8 +176,8 @@ cmp -s "$tmp/afull/model.safetensors" "$tmp/full/model.safetensors" &&
 for d in /layers/transformer.h.0.mlp.c_fc/update /layers/lm_head/forward /scalars/loss \
          /layers/transformer.h.0.mlp.c_fc/update_ratio /layers/transformer.h.0.attn.c_proj/forward_ratio \
          /layers/transformer.h.0.attn.logits/forward_ratio /layers/lm_head/dependency_ratio; do
-  [ "$(h5dump -A 0 -d $d "$tmp/afull/trace.h5" | grep -A3 DATA)" = \
-    "$(h5dump -A 0 -d $d "$tmp/afull-trace.h5" | grep -A3 DATA)" ] ||
+  [ "$(layer_values "$tmp/afull/trace.h5" $d; h5dump -A 0 -d $d "$tmp/afull/trace.h5" 2>/dev/null | grep -A3 DATA)" = \
+    "$(layer_values "$tmp/afull-trace.h5" $d; h5dump -A 0 -d $d "$tmp/afull-trace.h5" 2>/dev/null | grep -A3 DATA)" ] ||
     fail "resumed trace $d differs from the straight run's"
 done
 expect 0 "adamw straight to step 8, elsewhere" $train $small --steps 8 --untied --alarm 1.5 --out "$tmp/astraight"
@@ -204,7 +218,12 @@ expect 2 "resume a missing file" $train $small --resume "$tmp/none.safetensors"
 # The attention scale. At a learning rate of 1e-30 the weights of step 1 are the init, the
 # same for both scales (same seed): the logit bound s d_h F_q F_k of 1/d_h is then that of
 # 1/sqrt(d_h) times 1/sqrt(d_h) = 1/4 (d_h = 32 / 2), and the loss differs (the model uses it).
-exact() { h5dump -A 0 -m %.17g -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p'; }
+exact() {
+  case $2 in
+  /layers/*) layer_values "$1" "$2" | head -n 1 ;;
+  *) h5dump -A 0 -m %.17g -d "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): \([0-9.e+-]*\).*/\1/p' ;;
+  esac
+}
 for sc in sqrt inverse; do
   expect 0 "--attn-scale $sc" $train $small --steps 1 --lr 1e-30 --optimizer steepest --attn-scale $sc \
     --out "$tmp/scale-$sc"
@@ -372,9 +391,10 @@ for (kind, metric), want in printed.items():
             step = h["step"][:]
             tail = step > step.max() - step.max() // 4
             vals = []
-            for g in h["layers"].values():
-                if g.attrs["kind"] == kind:
-                    v = g[metric][:][tail]
+            kinds = [k.decode() for k in h["layers/kind"][:]]  # format 4: (step, layer) per metric
+            for i, k in enumerate(kinds):
+                if k == kind:
+                    v = h["layers"][metric][:, i][tail]
                     vals += list(v[np.isfinite(v) & (v > 0)])
             means.append(np.exp(np.mean(np.log(vals))))
     slope = np.polyfit(np.log(widths), np.log(means), 1)[0]
