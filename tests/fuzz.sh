@@ -59,7 +59,7 @@ for r in $readers; do
   exe=$out/fuzz_$r
   # the reader and what it needs from the library, compiled in with the target
   csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/input_file.c
-        $src/lib/ckpt_convert.c $src/lib/stored_rows.c $src/lib/gguf_dequant.c $src/lib/utf8.c"
+        $src/lib/ckpt_convert.c $src/lib/stored_rows.c $src/lib/gguf_dequant.c $src/lib/utf8.c $src/lib/mapped_file.c"
   hdrs="$src/tests/fuzz/fuzz.h $src/lib/internal.h $src/include/stabmeter.h"
   extra=""
   if [ "$r" = trace ]; then
@@ -69,13 +69,13 @@ for r in $readers; do
     extra="-I$src/harness ${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
   elif [ "$r" = shard_index ]; then
     # the JSON files beside a Hugging Face checkpoint: a sharded model's index and config.json
-    csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_safetensors.c $src/lib/ckpt_sniff.c $src/lib/json.c $src/lib/ckpt_sharded.c
+    csrc="$csrc $src/lib/ckpt_safetensors.c $src/lib/ckpt_sniff.c $src/lib/json.c $src/lib/ckpt_sharded.c
           $src/lib/hf_config.c"
   elif [ "$r" = gguf_split ]; then
     # a split GGUF model's shards (llama.cpp's gguf-split), over the GGUF reader
-    csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_gguf.c $src/lib/ckpt_gguf_split.c"
+    csrc="$csrc $src/lib/ckpt_gguf.c $src/lib/ckpt_gguf_split.c"
   else
-    csrc="$csrc $src/lib/mapped_file.c $src/lib/ckpt_$r.c"
+    csrc="$csrc $src/lib/ckpt_$r.c"
   fi
   # shellcheck disable=SC2086
   if [ ! -x "$exe" ] || [ -n "$(find $csrc $hdrs -newer "$exe")" ]; then
