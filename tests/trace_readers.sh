@@ -2,9 +2,9 @@
 # trace_readers.sh — the trace as the tools people plot with read it: xarray with the h5netcdf
 # and the netcdf4 engines, h5py and ncdump, on a fresh trace from harness/train, on one it
 # appended to (--resume), on one still being written and then killed (read through SWMR, then
-# after h5clear -s), and on a format_version 1 trace written by an older stabmeter (main at
-# 04264e9, tests/corpus/trace-v1), which must still read and export as before and becomes
-# version 4 when appended to (rewritten in the (step, layer) layout, its ratios filled in from its rows). Each reader that is not installed is skipped (Debian:
+# after h5clear -s), and on format_version 1 and 3 traces written by older stabmeters (main at
+# 04264e9 and 09c36c8, tests/corpus/trace-v1 and trace-v3), which must still read and export as
+# before and become version 4 when appended to (rewritten in the (step, layer) layout, its ratios filled in from its rows). Each reader that is not installed is skipped (Debian:
 # python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin; quickstart.sh installs them);
 # exit 77 when none is.
 set -u
@@ -221,19 +221,22 @@ while True:  # until the first flushed rows, as long as the writer runs
   fi
 fi
 
-# 4. format_version 1, as main wrote it before version 2: h5py, export and the notebooks' reader
-# read it as before; appended to, it becomes version 4 with its rows kept and their ratios.
-v1=$dir/v1.h5
-gzip -dc "$src/tests/corpus/trace-v1/trace_writer-main-04264e9.h5.gz" >"$v1" || fail "cannot unpack the v1 trace"
-expect "v1 trace: stabmeter-export" 0 '' "$build/harness/export" "$v1"
-cp "$out_file" "$dir/v1.csv"
+# 4. format_version 1 (main at 04264e9, before version 2) and 3 (main at 09c36c8, the last of
+# the group-per-layer layout): h5py, export and the notebooks' reader read them as before;
+# appended to, each becomes version 4 with its rows kept and their ratios.
+for old in 1:trace-v1/trace_writer-main-04264e9.h5.gz 3:trace-v3/trace_writer-main-09c36c8.h5.gz; do
+v=${old%%:*}
+vf=$dir/v$v.h5
+gzip -dc "$src/tests/corpus/${old#*:}" >"$vf" || fail "cannot unpack the v$v trace"
+expect "v$v trace: stabmeter-export" 0 '' "$build/harness/export" "$vf"
+cp "$out_file" "$dir/v$v.csv"
 if [ -n "$py" ]; then
-  cat >"$dir/v1.py" <<'PY'
+  cat >"$dir/old.py" <<'PY'
 import csv, math, sys
 import h5py
-path, exported, nb = sys.argv[1:4]
+path, exported, nb, version = sys.argv[1:5]
 f = h5py.File(path, "r")
-assert f.attrs["format_version"] == 1, f.attrs["format_version"]
+assert f.attrs["format_version"] == int(version), f.attrs["format_version"]
 steps = list(f["step"][:])
 assert steps == list(range(6)), steps
 rows = list(csv.DictReader(open(exported)))
@@ -241,6 +244,8 @@ got = {(int(r["step"]), r["layer"], r["metric"]): float(r["value"]) for r in row
 n = 0
 for g in f["layers"]:
     for k, d in f["layers"][g].items():
+        if k == "step":  # format 2 on: the group's copy of /step, no metric
+            continue
         for i, s in enumerate(steps):
             v, e = d[i], got.get((s, g, k))
             assert e is not None, (g, k, s)
@@ -250,16 +255,16 @@ sys.path.insert(0, nb)
 import stabtrace
 t = stabtrace.read_trace(path)
 assert len(t.layers) == len(f["layers"]) and "step" not in t.scalars, (len(t.layers), list(t.scalars))
-print("v1: %d values exported as h5py reads them; stabtrace reads %d layers" % (n, len(t.layers)))
+print("v%s: %d values exported as h5py reads them; stabtrace reads %d layers" % (version, n, len(t.layers)))
 PY
-  expect "v1 trace: h5py, and export's CSV holds its values" 0 '' "$py" "$dir/v1.py" "$v1" "$dir/v1.csv" "$src/notebooks-export"
+  expect "v$v trace: h5py, and export's CSV holds its values" 0 '' "$py" "$dir/old.py" "$vf" "$dir/v$v.csv" "$src/notebooks-export" "$v"
   [ "$rc" -eq 0 ] || sed 's/^/    /' "$err_file" | tail -n 5
 fi
-cp "$v1" "$dir/v1-appended.h5"
-expect "v1 trace: appended to" 0 '' "$build/tests/trace_writer" --append --first-step 6 --steps 3 "$dir/v1-appended.h5"
-read_all "v1 trace appended to (now version 4)" "$dir/v1-appended.h5"
+cp "$vf" "$dir/v$v-appended.h5"
+expect "v$v trace: appended to" 0 '' "$build/tests/trace_writer" --append --first-step 6 --steps 3 "$dir/v$v-appended.h5"
+read_all "v$v trace appended to (now version 4)" "$dir/v$v-appended.h5"
 if [ -n "$py" ]; then
-  expect "v1 trace appended to: the old rows kept" 0 '' "$py" -c '
+  expect "v$v trace appended to: the old rows kept" 0 '' "$py" -c '
 import sys, h5py, numpy as np
 a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 assert list(b["step"][:]) == list(range(9)), list(b["step"][:])
@@ -270,15 +275,18 @@ heads = [(n.decode(), int(h)) for n, h in zip(L["head_layer"][:], L["head"][:])]
 for g in a["layers"]:
     i = names.index(g)
     for k, d in a["layers"][g].items():
+        if k == "step":
+            continue
         if k.startswith("head") and k.endswith("_bound"):
             got = L["head_bound"][:6, heads.index((g, int(k[4:-6])))]
         else:
             got = L[k][:6, i]
         assert np.array_equal(d[:], got, equal_nan=True), (g, k)
-    for m in ("forward", "dependency", "update"):  # over the first finite value > 0 of the v1 rows
+    for m in ("forward", "dependency", "update"):  # over the first finite value > 0 of the old rows
         v = a["layers"][g][m][:]
         ok = v[np.isfinite(v) & (v > 0)]
         want = v / ok[0] if len(ok) else np.full(len(v), np.nan)
-        assert np.array_equal(L[m + "_ratio"][:6, i], want, equal_nan=True), (g, m)' "$v1" "$dir/v1-appended.h5"
+        assert np.array_equal(L[m + "_ratio"][:6, i], want, equal_nan=True), (g, m)' "$vf" "$dir/v$v-appended.h5"
 fi
+done
 summary trace_readers
