@@ -27,9 +27,9 @@ extern "C" {
 #endif
 
 #define STAB_VERSION_MAJOR 0
-#define STAB_VERSION_MINOR 8
-#define STAB_VERSION_PATCH 1
-#define STAB_VERSION_STRING "0.8.1"
+#define STAB_VERSION_MINOR 9
+#define STAB_VERSION_PATCH 0
+#define STAB_VERSION_STRING "0.9.0"
 
 /* The version of the library actually linked, "MAJOR.MINOR.PATCH". */
 const char *stab_version(void);
