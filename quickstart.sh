@@ -119,6 +119,6 @@ case "${1:-}" in
     for a in "$@"; do case "$a" in --resume|--resume=*|--replace) replace=() ;; esac; done
     ./harness/train --out runs/demo "${replace[@]}" "$@"
     echo "Look at it: h5ls -r runs/demo/trace.h5 | head, or in Python:"
-    echo "  import h5py; f = h5py.File('runs/demo/trace.h5', 'r', swmr=True); print(f['layers'].keys())"
+    echo "  import h5py; f = h5py.File('runs/demo/trace.h5', 'r', swmr=True); print(f['layers/layer'].asstr()[:])"
     ;;
 esac
