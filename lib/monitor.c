@@ -55,7 +55,37 @@ struct stab_monitor {
   size_t max_rows, max_cols; /* the largest spectral block's sides so far */
   int snapshot_ready;
   size_t bytes;
+  size_t *by_name;    /* (name_cap) open-addressed index of the layers by name: i + 1, 0 empty,
+                         so that registering n layers costs O(n), not n^2 / 2 name compares */
+  size_t name_cap;    /* a power of two, at least twice count once any layer is registered */
 };
+
+/* FNV-1a of a layer's name: the name index's hash. */
+static size_t name_hash(const char *name) {
+  uint64_t h = 0xcbf29ce484222325u;
+  for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 0x100000001b3u;
+  return (size_t)h;
+}
+
+/* The slot of name in the index: the one holding it, or the empty one where it would go. */
+static size_t *name_slot(const stab_monitor *m, const char *name) {
+  size_t mask = m->name_cap - 1, k = name_hash(name) & mask;
+  while (m->by_name[k] && strcmp(m->layers[m->by_name[k] - 1].layer.name, name) != 0) k = (k + 1) & mask;
+  return &m->by_name[k];
+}
+
+/* Room in the index for one layer more, at most half full (rebuilt twice as large). */
+static stab_status name_room(stab_monitor *m, const char *who) {
+  if (2 * (m->count + 1) <= m->name_cap) return STAB_OK;
+  size_t cap = m->name_cap ? 2 * m->name_cap : 64;
+  size_t *grown = calloc(cap, sizeof *grown);
+  if (!grown) return stabi_fail(STAB_ENOMEM, "%s: out of memory for the layer table", who);
+  free(m->by_name);
+  m->by_name = grown;
+  m->name_cap = cap;
+  for (size_t i = 0; i < m->count; i++) *name_slot(m, m->layers[i].layer.name) = i + 1;
+  return STAB_OK;
+}
 
 stab_monitor_params stab_monitor_default_params(void) {
   stab_monitor_params p;
@@ -104,6 +134,7 @@ void stab_monitor_free(stab_monitor *m) {
   for (size_t i = 0; i < m->count; i++) free_entry(&m->layers[i]);
   free(m->layers);
   free(m->order);
+  free(m->by_name);
   for (int s = 0; s < m->threads; s++) {
     stab_spectral_workspace_free(m->slots[s].ws);
     free(m->slots[s].work);
@@ -124,11 +155,11 @@ const stab_layer *stab_monitor_layer(const stab_monitor *m, size_t index) {
 
 stab_status stab_monitor_find(const stab_monitor *m, const char *name, size_t *index) {
   if (!m || !name) return stabi_fail(STAB_EINVAL, "stab_monitor_find: %s is NULL", !m ? "monitor" : "name");
-  for (size_t i = 0; i < m->count; i++)
-    if (strcmp(m->layers[i].layer.name, name) == 0) {
-      if (index) *index = i;
-      return STAB_OK;
-    }
+  size_t i = m->count ? *name_slot(m, name) : 0;
+  if (i) {
+    if (index) *index = i - 1;
+    return STAB_OK;
+  }
   return stabi_fail(STAB_ENOTFOUND, "stab_monitor_find: no layer named '%s'", name);
 }
 
@@ -197,9 +228,9 @@ static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *i
   if (!layer->name || !layer->name[0]) return stabi_fail(STAB_EINVAL, "%s: a layer needs a name", who);
   stab_status st = stabi_check_name(who, layer->name);
   if (st != STAB_OK) return st;
-  for (size_t i = 0; i < m->count; i++)
-    if (strcmp(m->layers[i].layer.name, layer->name) == 0)
-      return stabi_fail(STAB_EEXIST, "%s: a layer named '%s' is already registered", who, layer->name);
+  if ((st = name_room(m, who)) != STAB_OK) return st;
+  if (*name_slot(m, layer->name))
+    return stabi_fail(STAB_EEXIST, "%s: a layer named '%s' is already registered", who, layer->name);
   entry e;
   memset(&e, 0, sizeof e);
   st = stabi_layer_shape(layer, who, &e.shape);
@@ -264,6 +295,7 @@ static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *i
   stabi_layer_measure_clear(&e.metrics);
   stabi_layer_measure_clear(&e.reference);
   m->layers[m->count] = e;
+  *name_slot(m, e.layer.name) = m->count + 1;
   insert_in_order(m, m->count);
   if (index) *index = m->count;
   m->count++;

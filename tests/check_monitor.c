@@ -292,6 +292,41 @@ START_TEST(test_register_and_lookup) {
 }
 END_TEST
 
+/* Thousands of layers (a mixture of experts): every one is found by its name, and every name
+ * registered again is refused, through the monitor's name index as it grows. */
+START_TEST(test_many_names) {
+  enum { N = 3000 };
+  float b[4] = {1, 2, 3, 4};
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  char name[32];
+  for (size_t i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "blk.%zu.ffn_down.%zu", i / 64, i % 64);
+    stab_layer l = {.name = name, .kind = STAB_KIND_BIAS, .d_in = 4, .d_out = 4, .weight = b};
+    size_t idx = 0;
+    TU_ASSERT_OK(stab_monitor_add_layer(m, &l, &idx));
+    ck_assert_uint_eq(idx, i);
+  }
+  for (size_t i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "blk.%zu.ffn_down.%zu", i / 64, i % 64);
+    size_t idx = 0;
+    TU_ASSERT_OK(stab_monitor_find(m, name, &idx));
+    ck_assert_uint_eq(idx, i);
+    ck_assert_str_eq(stab_monitor_layer(m, idx)->name, name);
+    stab_layer again = {.name = name, .kind = STAB_KIND_BIAS, .d_in = 4, .d_out = 4, .weight = b};
+    TU_ASSERT_STATUS(stab_monitor_add_layer(m, &again, NULL), STAB_EEXIST);
+  }
+  size_t idx;
+  TU_ASSERT_STATUS(stab_monitor_find(m, "blk.0.ffn_down", &idx), STAB_ENOTFOUND);
+  ck_assert_uint_eq(stab_monitor_layer_count(m), N);
+  stab_monitor_free(m);
+  /* an empty monitor finds nothing */
+  TU_ASSERT_OK(stab_monitor_create(NULL, &m));
+  TU_ASSERT_STATUS(stab_monitor_find(m, "x", &idx), STAB_ENOTFOUND);
+  stab_monitor_free(m);
+}
+END_TEST
+
 /* ---- measurements vs stab_layer_metrics ---------------------------------------------- */
 
 /* Loop index 0: EXACT spectral + EXACT tight (to rounding); 1: defaults (LANCZOS, CENTRED). */
@@ -1057,6 +1092,7 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_tied_table);
   tcase_add_test(tc, test_nan_isolation);
   tcase_add_test(tc, test_layers_in_parallel);
+  tcase_add_test(tc, test_many_names);
   suite_add_tcase(s, tc);
   return s;
 }
