@@ -60,7 +60,7 @@ for k in 1 2; do
 done
 wait "$pid1"; rc1=$?
 wait "$pid2"; rc2=$?
-if one_winner "two trains" "$run/trace.h5" $rc1 "$dir/t1.err" $rc2 "$dir/t2.err"; then
+if one_winner "two trains" "$run" $rc1 "$dir/t1.err" $rc2 "$dir/t2.err"; then
   [ "$(rows "$run/trace.h5")" = 200 ] && pass || fail "two trains: the trace has $(rows "$run/trace.h5") rows, not 200"
   h5dump -a /run_config "$run/trace.h5" 2>/dev/null | grep -q "\"seed\": $w," && pass ||
     fail "two trains: the trace is not the winner's (seed $w): $(h5dump -a /run_config "$run/trace.h5" 2>&1 | grep seed)"

@@ -10,6 +10,8 @@
 # its own ratio datasets. Skipped (exit 77) when no python3 has the packages.
 set -u
 src=${srcdir:-.}
+# the Python checks below read traces of every format through tests/trace_layers.py
+STAB_TESTS_DIR=$(cd "$src/tests" && pwd); export STAB_TESTS_DIR
 run="$src/notebooks-export/run.sh"
 # The notebooks are Python; the C they read (the trainer, the trace writer) is the plain build's,
 # and its sanitized run is tests/train.sh's and check_trace's. The sanitizer build and the
@@ -67,27 +69,9 @@ writer=
 "$py" - "$tmp" <<'PY' || status=1
 import json, re, subprocess, sys
 import h5py, nbformat, numpy as np
-
-
-class _Column:
-    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
-    def __init__(self, g, i, kind):
-        self.g, self.i, self.attrs = g, i, {"kind": kind}
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-    def __contains__(self, metric):
-        return metric in self.g and self.g[metric].ndim == 2
-    def set(self, metric, row, value):
-        self.g[metric][row, self.i] = value
-
-
-def layer_groups(f):
-    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
-    if int(f.attrs.get("format_version", 1)) < 4:
-        return dict(f["layers"].items())
-    g = f["layers"]
-    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
-    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 from matplotlib import image
 
 tmp = sys.argv[1]
@@ -302,26 +286,9 @@ PY
 "$py" - "$tmp" <<'PY' || status=1
 import json, os, shutil, sys
 import h5py, numpy as np
-
-class _Column:
-    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
-    def __init__(self, g, i, kind):
-        self.g, self.i, self.attrs = g, i, {"kind": kind}
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-    def __contains__(self, metric):
-        return metric in self.g and self.g[metric].ndim == 2
-    def set(self, metric, row, value):
-        self.g[metric][row, self.i] = value
-
-
-def layer_groups(f):
-    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
-    if int(f.attrs.get("format_version", 1)) < 4:
-        return dict(f["layers"].items())
-    g = f["layers"]
-    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
-    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 
 tmp = sys.argv[1]
 rng = np.random.default_rng(7)
@@ -396,26 +363,9 @@ STAB_OUT="$tmp/plain" STAB_COORD_STAT=max "$py" "$src/notebooks-export/coord_che
 "$py" - "$tmp" <<'PY' || status=1
 import re, sys
 import h5py, numpy as np
-
-class _Column:
-    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
-    def __init__(self, g, i, kind):
-        self.g, self.i, self.attrs = g, i, {"kind": kind}
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-    def __contains__(self, metric):
-        return metric in self.g and self.g[metric].ndim == 2
-    def set(self, metric, row, value):
-        self.g[metric][row, self.i] = value
-
-
-def layer_groups(f):
-    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
-    if int(f.attrs.get("format_version", 1)) < 4:
-        return dict(f["layers"].items())
-    g = f["layers"]
-    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
-    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 tmp = sys.argv[1]
 text = open(tmp + "/gap.txt").read()
 bad = []
@@ -529,26 +479,9 @@ STAB_OUT="$tmp/plain" STAB_ALARM=$alarm "$py" "$src/notebooks-export/trace.py" "
 "$py" - "$tmp" $alarm <<'PY' || status=1
 import re, sys
 import h5py, numpy as np
-
-class _Column:
-    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
-    def __init__(self, g, i, kind):
-        self.g, self.i, self.attrs = g, i, {"kind": kind}
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-    def __contains__(self, metric):
-        return metric in self.g and self.g[metric].ndim == 2
-    def set(self, metric, row, value):
-        self.g[metric][row, self.i] = value
-
-
-def layer_groups(f):
-    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
-    if int(f.attrs.get("format_version", 1)) < 4:
-        return dict(f["layers"].items())
-    g = f["layers"]
-    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
-    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 tmp, alarm = sys.argv[1], float(sys.argv[2])
 text = open(tmp + "/nan.txt").read()
 f = h5py.File(tmp + "/nan.h5", "r")
@@ -595,26 +528,9 @@ PY
 "$py" - "$tmp" <<'PY' || status=1
 import shutil, sys
 import h5py, numpy as np
-
-class _Column:
-    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
-    def __init__(self, g, i, kind):
-        self.g, self.i, self.attrs = g, i, {"kind": kind}
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-    def __contains__(self, metric):
-        return metric in self.g and self.g[metric].ndim == 2
-    def set(self, metric, row, value):
-        self.g[metric][row, self.i] = value
-
-
-def layer_groups(f):
-    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
-    if int(f.attrs.get("format_version", 1)) < 4:
-        return dict(f["layers"].items())
-    g = f["layers"]
-    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
-    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 tmp = sys.argv[1]
 shutil.copy(tmp + "/run/trace.h5", tmp + "/ratio.h5")
 with h5py.File(tmp + "/ratio.h5", "r+") as f:
@@ -635,26 +551,9 @@ STAB_OUT="$tmp/plain" "$py" "$src/notebooks-export/trace.py" "$tmp/ratio.h5" >"$
 "$py" - "$tmp" <<'PY' || status=1
 import re, sys
 import h5py, numpy as np
-
-class _Column:
-    """A layer of a format 4 trace read as format 3's group: attrs["kind"], g[metric][rows]."""
-    def __init__(self, g, i, kind):
-        self.g, self.i, self.attrs = g, i, {"kind": kind}
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-    def __contains__(self, metric):
-        return metric in self.g and self.g[metric].ndim == 2
-    def set(self, metric, row, value):
-        self.g[metric][row, self.i] = value
-
-
-def layer_groups(f):
-    """{layer: its group (formats 1-3), or its columns of /layers' (step, layer) datasets (4)}"""
-    if int(f.attrs.get("format_version", 1)) < 4:
-        return dict(f["layers"].items())
-    g = f["layers"]
-    names, kinds = g["layer"].asstr()[:], g["kind"].asstr()[:]
-    return {name: _Column(g, i, kind) for i, (name, kind) in enumerate(zip(names, kinds))}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 tmp = sys.argv[1]
 text = open(tmp + "/ratio.txt").read()
 f = h5py.File(tmp + "/ratio.h5", "r")

@@ -9,6 +9,8 @@
 set -u
 top=$(pwd)
 src=${srcdir:-.}
+# the Python checks below read traces of every format through tests/trace_layers.py
+STAB_TESTS_DIR=$(cd "$src/tests" && pwd); export STAB_TESTS_DIR
 probe=$top/harness/probe
 gen=$top/tests/st_gen
 dir=$(mktemp -d "${TMPDIR:-/tmp}/probe_sh.XXXXXX") || exit 1
@@ -265,25 +267,9 @@ done
 if [ -n "$py5" ]; then
   "$py5" - "$tr" "$dir/t100.json" "$dir/t200.json" "$dir/t300.json" <<'PY' || fail "hdf5: the trace differs from --json"
 import h5py, json, math, sys
-
-class _Layer:
-    """A layer of a format 4 trace read as format 3's group: attrs from the datasets along the
-    layer dimension, [metric] its column of /layers/<metric>."""
-    def __init__(self, g, i):
-        self.g, self.i = g, i
-        self.attrs = {k: g[k].asstr()[i] if g[k].dtype.kind == "O" else g[k][i]
-                      for k in ("kind", "layout", "description", "d_in", "d_out", "param_count", "param_count_unique")}
-        s = g["shares_storage_with"].asstr()[i]
-        if s:
-            self.attrs["shares_storage_with"] = s.split()
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-
-
-def layer_groups(f):
-    """{layer name: its _Layer}"""
-    g = f["layers"]
-    return {name: _Layer(g, i) for i, name in enumerate(g["layer"].asstr()[:])}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 f = h5py.File(sys.argv[1], "r", swmr=True)
 assert list(f["step"][:]) == [100, 200, 300], f["step"][:]
 assert f.attrs["format"] in (b"stabmeter-trace", "stabmeter-trace")
@@ -389,25 +375,9 @@ if [ -n "$py5" ]; then
       fail "train $tie --hdf5: the step's source not said: $(cat "$t.h.err")"
     "$py5" - "$t/trace.h5" "$t.2.json" "$t.4.json" "$t/probe.h5" <<'PY' || fail "train $tie checkpoint: probe differs from the trainer's trace"
 import h5py, json, math, sys
-
-class _Layer:
-    """A layer of a format 4 trace read as format 3's group: attrs from the datasets along the
-    layer dimension, [metric] its column of /layers/<metric>."""
-    def __init__(self, g, i):
-        self.g, self.i = g, i
-        self.attrs = {k: g[k].asstr()[i] if g[k].dtype.kind == "O" else g[k][i]
-                      for k in ("kind", "layout", "description", "d_in", "d_out", "param_count", "param_count_unique")}
-        s = g["shares_storage_with"].asstr()[i]
-        if s:
-            self.attrs["shares_storage_with"] = s.split()
-    def __getitem__(self, metric):
-        return self.g[metric][:, self.i]
-
-
-def layer_groups(f):
-    """{layer name: its _Layer}"""
-    g = f["layers"]
-    return {name: _Layer(g, i) for i, name in enumerate(g["layer"].asstr()[:])}
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.environ["STAB_TESTS_DIR"])
+from trace_layers import layer_groups
 f = h5py.File(sys.argv[1], "r", swmr=True)
 bad = 0
 for path in sys.argv[2:4]:
