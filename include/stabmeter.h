@@ -1788,10 +1788,12 @@ stab_status stab_probe_set_result(stab_probe *p, size_t i, const stab_metrics *m
 /* The reference of the ratios to init: INIT, a checkpoint of the same model at initialisation
  * (or any earlier one), in any format stab_probe_open reads. INIT is opened and described as the
  * checkpoint is (same params: its own metadata, heads and attn_scale; not --prev, not the
- * filters), and each row is matched to INIT's row of the same name, kind, tensor name, d_in,
- * d_out and heads (--prev's match by name and shape; a GGUF file against safetensors does not
- * match here). Rows without a counterpart get NaN ratios: a
- * warning through note_fn with their count and first names. stabmeter-probe calls it with
+ * filters), and each row is matched to INIT's row of the same kind, expert, d_in, d_out, heads
+ * and experts that reads the tensor --prev takes as its counterpart (the same name, or between
+ * a GGUF file and safetensors the name stab_name_map_to_hf / _to_gguf gives; a Gemma norm's
+ * counterpart read plus one, as the GGUF file stores it). Rows without a counterpart get NaN
+ * ratios: a warning through note_fn with their count and first names, counted as the report's
+ * table counts layers (a layer of experts once). stabmeter-probe calls it with
  * --init INIT, or with --prev OLDER when there is no --init (the ratio to the earlier
  * checkpoint). Once per probe, before stab_probe_measure_init.
  * Errors: NULL p or path STAB_EINVAL; a second call STAB_ESTATE; INIT's errors as

@@ -387,6 +387,26 @@ static const stab_ckpt_tensor *converted_find(const stabi_ckpt *cur, const stabi
   return t;
 }
 
+/* 1 when cur and ref are a GGUF file and a safetensors (either way round): their tensors are
+ * matched through the name map. */
+static int across_formats(const stabi_ckpt *cur, const stabi_ckpt *ref) {
+  return (cur->gg != NULL) != (ref->gg != NULL) && (is_safetensors(cur) || is_safetensors(ref));
+}
+
+/* The counterpart in ref of tensor name of cur: the tensor of the same name, or across formats
+ * (across_formats) the tensor of the mapped name (converted_find), what the converter did to it
+ * into *how (all 0 for the same name). The one matching of --prev's update and of the ratios'
+ * reference (--init, or the --prev file). NULL when there is none; the name looked for in
+ * tried ("" when the name has no mapping). */
+static const stab_ckpt_tensor *counterpart_tensor(const stabi_ckpt *cur, const stabi_ckpt *ref, const char *name,
+                                                  stab_name_transform *how, char *tried, size_t cap) {
+  memset(how, 0, sizeof *how);
+  if (across_formats(cur, ref))
+    return converted_find(cur, ref, gguf_arch(cur->gg ? cur->gg : ref->gg), name, how, tried, cap);
+  snprintf(tried, cap, "%s", name);
+  return ck_find(ref, name);
+}
+
 /* The key heads of a GGUF model: <arch>.attention.head_count_kv, else head_count (no
  * grouped-query attention); query heads: head_count. 0 when missing or invalid. */
 static size_t gguf_heads(const stab_gguf *g, const char *arch, int key_heads) {
@@ -413,11 +433,11 @@ static const char *find_converted(const stabi_ckpt *cur, const stabi_ckpt *prev,
   const char *arch = gguf_arch(g);
   char tried[512], btried[512];
   stab_name_transform how, bhow;
-  const stab_ckpt_tensor *pt = converted_find(cur, prev, arch, r->t->name, &how, tried, sizeof tried);
+  const stab_ckpt_tensor *pt = counterpart_tensor(cur, prev, r->t->name, &how, tried, sizeof tried);
   if (!pt && !tried[0]) return "not found (no counterpart name: the tensor is not in the name map)";
   if (!pt) return no_update_because(r, "not found (looked for '%s')", tried, NULL);
   const stab_ckpt_tensor *pbias = NULL;
-  if (r->bias && !(pbias = converted_find(cur, prev, arch, r->bias->name, &bhow, btried, sizeof btried)))
+  if (r->bias && !(pbias = counterpart_tensor(cur, prev, r->bias->name, &bhow, btried, sizeof btried)))
     return no_update_because(r, "its bias is not found (looked for '%s')", btried[0] ? btried : r->bias->name, NULL);
   /* the HF side is in-major when it has Conv1D's layout: the row's own, or the rule's for it */
   stab_model_config hf_rules = stab_model_default_config();
@@ -455,8 +475,11 @@ static const char *find_converted(const stabi_ckpt *cur, const stabi_ckpt *prev,
  * not (for the row's message). Attention rows have no update (the articles define none for
  * the logit bound). */
 static const char *find_counterpart(const stabi_ckpt *cur, const stabi_ckpt *prev, stabi_probe_row *r) {
-  if ((cur->gg != NULL) != (prev->gg != NULL) && (is_safetensors(cur) || is_safetensors(prev))) return find_converted(cur, prev, r);
-  const stab_ckpt_tensor *pt = ck_find(prev, r->t->name), *pbias = r->bias ? ck_find(prev, r->bias->name) : NULL;
+  if (across_formats(cur, prev)) return find_converted(cur, prev, r);
+  char tried[512];
+  stab_name_transform how;
+  const stab_ckpt_tensor *pt = counterpart_tensor(cur, prev, r->t->name, &how, tried, sizeof tried);
+  const stab_ckpt_tensor *pbias = r->bias ? counterpart_tensor(cur, prev, r->bias->name, &how, tried, sizeof tried) : NULL;
   if (!pt) return "not found";
   /* a slice of a 3-D expert tensor: the same expert's slice of the reference's */
   if (stabi_is_expert(r) && r->t->ndim == 2 && pt->ndim == 3) {
@@ -525,6 +548,26 @@ static stab_status filter_rows(const stab_probe *p, stabi_probe_row *rows, size_
   return STAB_OK;
 }
 
+/* Rows without a counterpart counted as the report's table shows them: a layer of experts is
+ * one layer (without one when it or one of its experts, the rows after it, has none), an
+ * expert no layer of its own. asked[i]: row i is matched at all, miss[i]: it found none. The
+ * layers asked, those missing and the first three of their names (a list of cap bytes). */
+static void count_layers(const stabi_probe_row *rows, size_t n, const char *asked, const char *miss, size_t *n_asked,
+                         size_t *n_missing, char *first, size_t cap) {
+  *n_asked = *n_missing = 0;
+  first[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    if (stabi_is_expert(&rows[i])) continue;
+    int a = asked[i], m = asked[i] && miss[i];
+    for (size_t j = i + 1; j < n && stabi_is_expert(&rows[j]); j++) a |= asked[j], m |= asked[j] && miss[j];
+    if (!a) continue;
+    ++*n_asked;
+    if (!m) continue;
+    size_t len = strlen(first);
+    if (++*n_missing <= 3) snprintf(first + len, cap - len, "%s%s", len ? ", " : "", rows[i].name);
+  }
+}
+
 /* --prev: finds each row's counterpart in the reference checkpoint. None at all means the two
  * files are not two checkpoints of one model (or the wrong file was given): 2 and a message
  * naming both (STAB_ENOTFOUND). Some missing: a warning with their count and first names; those
@@ -532,7 +575,7 @@ static stab_status filter_rows(const stab_probe *p, stabi_probe_row *rows, size_
 static stab_status match_reference(const stab_probe *p, const stabi_ckpt *cur, const stabi_ckpt *prev,
                                    stabi_probe_row *rows, size_t n) {
   const char *reference = p->reference, *checkpoint = p->checkpoint;
-  size_t asked = 0, found = 0, missing_name = 0;
+  size_t missing_rows = 0, missing_name = 0;
   char first[256] = "";
   /* a GGUF file against a safetensors: only through a name map of the GGUF's architecture */
   const stab_gguf *g = cur->gg && is_safetensors(prev) ? cur->gg : prev->gg && is_safetensors(cur) ? prev->gg : NULL;
@@ -542,28 +585,32 @@ static stab_status match_reference(const stab_probe *p, const stabi_ckpt *cur, c
                       "matched", reference, cur->gg ? checkpoint : reference, cur->gg ? reference : checkpoint,
                       gguf_arch(g) ? gguf_arch(g) : "(none: no general.architecture)");
   }
+  char *asked = calloc(n ? n : 1, 1), *miss = calloc(n ? n : 1, 1);
+  if (!asked || !miss) {
+    free(asked), free(miss);
+    return stabi_fail(STAB_ENOMEM, "--prev %s: out of memory", reference);
+  }
   for (size_t i = 0; i < n; i++) {
     stabi_probe_row *r = &rows[i];
+    /* a layer of experts: its experts' rows are matched (count_layers counts it with them) */
     if (r->error || r->kind == STAB_KIND_ATTENTION || stabi_is_expert_layer(r)) continue;
-    asked++;
-    if (!(r->no_update = find_counterpart(cur, prev, r))) {
-      found++;
-      continue;
-    }
+    asked[i] = 1;
+    if (!(r->no_update = find_counterpart(cur, prev, r))) continue;
+    miss[i] = 1, missing_rows++;
     missing_name += !strncmp(r->no_update, "not found", 9);
-    size_t len = strlen(first);
-    if (asked - found <= 3)
-      snprintf(first + len, sizeof first - len, "%s%s", len ? ", " : "", r->name);
   }
-  if (asked && !found) {
+  size_t n_asked, n_missing;
+  count_layers(rows, n, asked, miss, &n_asked, &n_missing, first, sizeof first);
+  free(asked), free(miss);
+  if (n_asked && n_missing == n_asked) {
     return stabi_fail(STAB_ENOTFOUND, "--prev %s: none of the %zu layers of %s has a counterpart there (%s): not "
-              "an earlier checkpoint of the same model", reference, asked, checkpoint,
-              missing_name == asked ? (g ? "no tensor of the converted name" : "no tensor of the same name")
+              "an earlier checkpoint of the same model", reference, n_asked, checkpoint,
+              missing_name == missing_rows ? (g ? "no tensor of the converted name" : "no tensor of the same name")
                                     : (g ? "no tensor of the converted name and shape" : "no tensor of the same name and shape"));
   }
-  if (found < asked)
+  if (n_missing)
     note(p, "warning: --prev %s: %zu of %zu layers have no counterpart there, so no update: %s%s", reference,
-         asked - found, asked, first, asked - found > 3 ? ", ..." : "");
+         n_missing, n_asked, first, n_missing > 3 ? ", ..." : "");
   return STAB_OK;
 }
 
@@ -732,61 +779,83 @@ stab_status stab_probe_open(const char *path, const stab_probe_params *params, s
 
 /* ---- the ratios' reference (--init) --------------------------------------------------- */
 
-/* Rows by name, then kind: for finding a row's counterpart among another probe's rows. */
+/* Rows by the tensor they read, then kind and expert: for finding a row's counterpart among
+ * another probe's rows. tensor: the row's own tensor name, or for a key the name of its
+ * counterpart there (counterpart_tensor). */
 typedef struct {
   const stabi_probe_row *rows;
   size_t i;
+  const char *tensor;
 } row_ref;
-static int by_name_kind(const void *pa, const void *pb) {
+static size_t expert_no(const stabi_probe_row *r) { return r->e ? r->e->expert : STAB_MODEL_NO_EXPERT; }
+static int by_tensor_kind(const void *pa, const void *pb) {
   const row_ref *a = pa, *b = pb;
   const stabi_probe_row *x = &a->rows[a->i], *y = &b->rows[b->i];
-  int c = strcmp(x->name, y->name);
-  return c ? c : (int)x->kind - (int)y->kind;
+  int c = strcmp(a->tensor, b->tensor);
+  if (c) return c;
+  if (x->kind != y->kind) return (int)x->kind - (int)y->kind;
+  return expert_no(x) < expert_no(y) ? -1 : expert_no(x) > expert_no(y);
 }
 
-/* Each row's counterpart among the init probe's rows: the same name and kind, read from a
- * tensor of the same name (--prev's match: a tied head is not an untied model's lm_head), and
- * the same d_in, d_out and heads (its shape). A row without one gets no ratio. */
+/* Each row's counterpart among the init probe's rows: the row of the same kind (and expert)
+ * reading the tensor --prev's update would be measured against (counterpart_tensor: the same
+ * name, or across GGUF and safetensors the converted one; a tied head is not an untied model's
+ * lm_head), with the same d_in, d_out, heads and experts (its shape). A row without one gets
+ * no ratio; one whose counterpart the converter stored plus an offset (Gemma's norms) has the
+ * counterpart read with it, as --prev's update does. The warning counts layers as the table
+ * shows them (count_layers). */
 static stab_status match_init(stab_probe *p, const char *path) {
-  const stab_probe *q = p->init;
+  stab_probe *q = p->init;
   row_ref *ix = malloc((q->n ? q->n : 1) * sizeof *ix);
-  if (!ix) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  char *asked = calloc(p->n ? p->n : 1, 1), *miss = calloc(p->n ? p->n : 1, 1);
+  if (!ix || !asked || !miss) {
+    free(ix), free(asked), free(miss);
+    return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
+  }
   size_t k = 0;
   for (size_t i = 0; i < q->n; i++)
-    if (!q->rows[i].error) ix[k++] = (row_ref){q->rows, i};
-  qsort(ix, k, sizeof *ix, by_name_kind);
-  size_t asked = 0, found = 0;
-  char first[256] = "";
+    if (!q->rows[i].error) ix[k++] = (row_ref){q->rows, i, q->rows[i].t->name};
+  qsort(ix, k, sizeof *ix, by_tensor_kind);
   const int same_as_prev = p->reference && !strcmp(p->reference, path);
   for (size_t i = 0; i < p->n; i++) {
     stabi_probe_row *r = &p->rows[i];
     r->init_row = SIZE_MAX;
     if (r->error) continue;
-    asked++;
+    char tried[512];
+    stab_name_transform how;
+    const stab_ckpt_tensor *ct = counterpart_tensor(&p->cur, &q->cur, r->t->name, &how, tried, sizeof tried);
     /* the key compares this probe's row against the other's: a one-row array of its own */
-    row_ref key = {p->rows, i};
-    const row_ref *hit = k ? bsearch(&key, ix, k, sizeof *ix, by_name_kind) : NULL;
-    const stabi_probe_row *c = hit ? &q->rows[hit->i] : NULL;
-    if (c && c->d_in == r->d_in && c->d_out == r->d_out && c->heads == r->heads && !strcmp(c->t->name, r->t->name)) {
+    row_ref key = {p->rows, i, ct ? ct->name : ""};
+    const row_ref *hit = ct && k ? bsearch(&key, ix, k, sizeof *ix, by_tensor_kind) : NULL;
+    stabi_probe_row *c = hit ? &q->rows[hit->i] : NULL;
+    size_t ce = c && c->e ? c->e->n_expert : 0, re = r->e ? r->e->n_expert : 0;
+    if (c && c->d_in == r->d_in && c->d_out == r->d_out && c->heads == r->heads && ce == re) {
       r->init_row = hit->i;
-      found++;
+      /* the GGUF value is the HF one plus the offset: the counterpart read on this side */
+      c->self_offset = p->cur.gg ? how.gguf_offset : -how.gguf_offset;
+      asked[i] = 1;
       continue;
     }
-    /* the --prev file as the reference: its warning named the layers it lacks already */
-    if (same_as_prev && r->no_update) {
-      asked--;
-      continue;
-    }
-    size_t len = strlen(first);
-    if (asked - found <= 3) snprintf(first + len, sizeof first - len, "%s%s", len ? ", " : "", r->name);
+    /* the --prev file as the reference: its warning named the layers it lacks already (a
+     * layer of experts, when one of its experts has no update) */
+    int named = r->no_update != NULL;
+    for (size_t j = i + 1; stabi_is_expert_layer(r) && j < p->n && stabi_is_expert(&p->rows[j]); j++)
+      named |= p->rows[j].no_update != NULL;
+    asked[i] = !(same_as_prev && named);
+    miss[i] = 1;
   }
   free(ix);
-  if (asked && !found && !same_as_prev)
+  size_t n_asked, n_missing;
+  char first[256];
+  count_layers(p->rows, p->n, asked, miss, &n_asked, &n_missing, first, sizeof first);
+  free(asked), free(miss);
+  if (n_asked && n_missing == n_asked && !same_as_prev)
     return stabi_fail(STAB_ENOTFOUND, "%s: none of the %zu layers of %s has a counterpart there (a layer of the same "
-                      "name, kind, tensor and shape): not a checkpoint of the same model", path, asked, p->checkpoint);
-  if (found < asked)
-    note(p, "warning: %s: %zu of %zu layers have no counterpart there, so no ratio: %s%s", path, asked - found, asked,
-         first, asked - found > 3 ? ", ..." : "");
+                      "kind and shape reading the tensor of the %s name): not a checkpoint of the same model", path,
+                      n_asked, p->checkpoint, across_formats(&p->cur, &q->cur) ? "converted" : "same");
+  if (n_missing)
+    note(p, "warning: %s: %zu of %zu layers have no counterpart there, so no ratio: %s%s", path, n_missing, n_asked,
+         first, n_missing > 3 ? ", ..." : "");
   return STAB_OK;
 }
 

@@ -56,6 +56,8 @@ typedef struct {
   double scale;               /* attention: stab_layer.scale, from the checkpoint's attn_scale
                                  (0: the library's 1/sqrt(d_h)) */
   size_t init_row;            /* with an init reference: the counterpart's row there, or SIZE_MAX */
+  float self_offset;          /* a row of an init reference: added to its values when measured (the
+                                 counterpart of a GGUF file's Gemma norm, stored plus one there) */
   stab_probe_ratio ratio;     /* against it (stabi_probe_ratios), NaN without one */
   stab_kind kind;
   stab_layout layout;

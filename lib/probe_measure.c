@@ -169,6 +169,19 @@ static const float *prev_as_f32(const stabi_probe_row *r, const stab_ckpt_tensor
   return dst;
 }
 
+/* The n = t->count values at w plus off, in out (an init reference's row read as the
+ * checkpoint's converter stored its counterpart: row.self_offset). NULL when out of memory. */
+static const float *offset_copy(const stab_ckpt_tensor *t, const float *w, float off, f32buf *out) {
+  const size_t n = (size_t)t->count;
+  if (n > out->cap) {
+    float *p = realloc(out->buf, (n ? n : 1) * sizeof *p);
+    if (!p) return stabi_fail(STAB_ENOMEM, "out of memory offsetting '%s' (%zu floats)", t->name, n), NULL;
+    out->buf = p, out->cap = n;
+  }
+  for (size_t i = 0; i < n; i++) out->buf[i] = w[i] + off;
+  return out->buf;
+}
+
 /* Measures one row into r->m (r->measured = 1): STAB_OK, or the failure (stab_last_error). Its mapped
  * pages are handed back afterwards unless keep_mapped (a tied head comes next). The update is
  * against r->prev_t (find_counterpart), when set. Safe to run for different rows at once: each
@@ -178,8 +191,9 @@ static stab_status measure_row(stabi_probe_row *r, const stab_metrics_params *mp
   if (r->tk != r->t) stab_ckpt_prefetch(r->tk);
   /* F16 and BF16 go to the library as they are mapped (it converts a few rows at a time);
    * only quantized, unaligned or big-endian tensors are converted whole */
-  const stab_dtype dt = layer_dtype(r->t, r->bias, r->tk);
+  const stab_dtype dt = r->self_offset != 0.0f ? STAB_DTYPE_F32 : layer_dtype(r->t, r->bias, r->tk);
   const float *w = weights_as(r->t, dt, &rb->w, keep_mapped);
+  if (w && r->self_offset != 0.0f) w = offset_copy(r->t, w, r->self_offset, &rb->pwx);
   const float *b = r->bias ? weights_as(r->bias, dt, &rb->b, keep_mapped) : NULL;
   const float *wk = r->tk == r->t ? w : r->tk ? weights_as(r->tk, dt, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return STAB_EFORMAT;
@@ -245,7 +259,9 @@ static double expert_metric(const stab_metrics *m, int k) {
 
 /* Each layer of experts' metrics: per metric, its worst expert's value and index (a NaN from
  * non-finite weights, or update, is the worst there is, as in the summary), from the rows of its
- * experts, which follow it; passes summed, flags joined. Measured when every expert was. */
+ * experts, which follow it; passes summed, flags joined. Measured when every expert was. An
+ * expert without an update (no counterpart in --prev) leaves the layer's update unknown (NaN):
+ * the worst of the others is not the layer's. */
 void stabi_probe_expert_layers(stab_probe *p) {
   if (!p->experts_stale) return;
   p->experts_stale = 0;
@@ -259,10 +275,11 @@ void stabi_probe_expert_layers(stab_probe *p) {
     m.sigma_rel_err = m.sigma_update = m.sigma_update_rel_err = NAN;
     m.forward_tight = m.dependency_tight = m.update_tight = m.spread = NAN;
     m.passes = m.update_passes = m.flags = 0;
-    int all = 1, broken[N_EXPERT_METRICS] = {0};
+    int all = 1, broken[N_EXPERT_METRICS] = {0}, no_update = 0;
     size_t j = i + 1;
     for (; j < n && stabi_is_expert(&rows[j]); j++) {
       const stabi_probe_row *x = &rows[j];
+      no_update |= x->no_update != NULL;
       if (!x->measured) {
         all = 0;
         continue;
@@ -288,6 +305,10 @@ void stabi_probe_expert_layers(stab_probe *p) {
         default: m.rel_update = v; break;
         }
       }
+    }
+    if (no_update) { /* an expert without a counterpart: the worst update is not known */
+      m.update = m.rel_update = m.sigma_update = m.sigma_update_rel_err = NAN;
+      g->worst[EXPERT_UPDATE] = g->worst[EXPERT_REL_UPDATE] = STAB_MODEL_NO_EXPERT;
     }
     g->m = m;
     g->measured = all && j > i + 1;

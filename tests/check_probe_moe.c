@@ -312,6 +312,36 @@ START_TEST(test_hf_mixtral_experts) {
   ck_assert_ptr_nonnull(strstr(rt, "\"kind\": \"linear\""));
   ck_assert_uint_eq((size_t)num(rt, "d_out"), E);
   free(report);
+  /* --prev without expert 2: the warning counts layers as the report shows them (the router and
+   * the layer of experts: 2), the layer of experts the one without an update, and no ratio
+   * warning (the --prev file is the ratios' reference, its layers named already) */
+  char prev_path[600], err_path[600], cmd[4096], err[4096] = "";
+  snprintf(prev_path, sizeof prev_path, "%s", tu_path_in(tmpdir, "mixtral.prev.safetensors"));
+  snprintf(err_path, sizeof err_path, "%s", tu_path_in(tmpdir, "err.txt"));
+  for (size_t x = 0; x < E; x++) t[x + 1].data = prev + ((x + 2) % E) * ROWS * COLS;
+  ck_assert_int_eq(stw_write(prev_path, t, E, NULL), 0); /* the last, expert 1, left out */
+  const char *bd = getenv("builddir");
+  snprintf(cmd, sizeof cmd, "%s/harness/probe --quiet --json --exact --prev '%s' '%s' 2>'%s'", bd ? bd : ".", prev_path,
+           path, err_path);
+  FILE *pp = popen(cmd, "r");
+  static char out[1 << 18];
+  size_t len = fread(out, 1, sizeof out - 1, pp);
+  out[len] = '\0';
+  ck_assert_int_eq(pclose(pp), 0);
+  FILE *ef = fopen(err_path, "r");
+  ck_assert_ptr_nonnull(ef);
+  err[fread(err, 1, sizeof err - 1, ef)] = '\0';
+  fclose(ef);
+  ck_assert_msg(strstr(err, "warning: --prev ") &&
+                    strstr(err, ": 1 of 2 layers have no counterpart there, so no update: "
+                                "model.layers.0.block_sparse_moe.experts.w1\n"),
+                "the update warning: %s", err);
+  ck_assert_msg(!strstr(err, "no ratio"), "a ratio warning: %s", err);
+  const char *gl = layer(out, "model.layers.0.block_sparse_moe.experts.w1"), *gr = layer(out, "model.layers.0.block_sparse_moe.gate");
+  ck_assert_ptr_nonnull(gl);
+  ck_assert_ptr_nonnull(gr);
+  ck_assert_msg(isnan(num(gl, "update")) && isfinite(num(gr, "update")), "updates: layer of experts %g, router %g",
+                num(gl, "update"), num(gr, "update"));
   free(w), free(prev), free(router);
   tu_tmpdir_remove(tmpdir);
 }

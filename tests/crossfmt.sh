@@ -88,23 +88,111 @@ PY
   fi
 }
 
+# ratios JSON ERR [OWN]: a cross-format --prev of the same weights, its reference the ratios' too:
+# no "no counterpart" warning on ERR (the probe's stderr), every layer's forward_ratio and
+# dependency_ratio present and 1 (to 1e-5: the same weights, rows reordered), each ratio its
+# value over its *_init, and (OWN: the reference file probed alone, --json) each weight's
+# forward_init the forward of the reference's own row of its reference_tensor.
+ratios() {
+  if python3 - "$@" >"$dir/ratios.out" 2>&1 <<'PY'
+import json, math, sys
+rep = json.load(open(sys.argv[1]))
+err = open(sys.argv[2]).read()
+bad = []
+if "no counterpart" in err:
+    bad.append("warning: " + err.strip().splitlines()[0])
+own = {}
+if len(sys.argv) > 3 and sys.argv[3]:
+    for l in json.load(open(sys.argv[3]))["layers"]:
+        own[(l["tensor"], l["kind"])] = l
+if not rep["layers"]:
+    bad.append("no layers")
+for l in rep["layers"]:
+    for m in ("forward", "dependency"):
+        v, r, i = l[m], l.get(m + "_ratio"), l.get(m + "_init")
+        if v is None:
+            continue
+        if r is None or i is None:
+            bad.append("%s: %s_ratio %r, %s_init %r" % (l["name"], m, r, m, i)); continue
+        if abs(r - 1) > 1e-5:
+            bad.append("%s: %s_ratio %.17g, want 1 (the same weights)" % (l["name"], m, r))
+        if abs(r - v / i) > 1e-12 * abs(r):
+            bad.append("%s: %s_ratio %.17g, %s / %s_init %.17g" % (l["name"], m, r, m, m, v / i))
+    if own and l.get("reference_tensor") is not None and l.get("forward_init") is not None:
+        o = own.get((l["reference_tensor"], l["kind"]))
+        if o is None:
+            bad.append("%s: %s is no row of the reference alone" % (l["name"], l["reference_tensor"]))
+        elif l["forward_init"] != o["forward"]:
+            bad.append("%s: forward_init %.17g, the reference's own row %.17g" % (l["name"], l["forward_init"], o["forward"]))
+for b in bad[:20]:
+    print(b)
+sys.exit(1 if bad else 0)
+PY
+  then
+    pass
+  else
+    fail "ratios of $1"
+    sed 's/^/    /' "$dir/ratios.out" | head -n 20
+  fi
+}
+
+# missing JSON ERR N: the "no ratio" warning on ERR counts N layers, and N layers of the report
+# have no forward_ratio: the warning counts what the table shows
+missing() {
+  if python3 - "$@" >"$dir/missing.out" 2>&1 <<'PY'
+import json, re, sys
+rep = json.load(open(sys.argv[1]))
+err = open(sys.argv[2]).read()
+want = int(sys.argv[3])
+m = re.search(r"(\d+) of (\d+) layers have no counterpart there, so no ratio", err)
+bad = []
+rows = [l for l in rep["layers"] if l["forward"] is not None]
+none = [l["name"] for l in rows if l.get("forward_ratio") is None]
+if not m:
+    bad.append("no 'no ratio' warning: %r" % err)
+else:
+    if int(m.group(1)) != len(none) or int(m.group(1)) != want:
+        bad.append("warning counts %s, the report has %d layers without a ratio (%s), want %d" % (m.group(1), len(none), ", ".join(none[:5]), want))
+    if int(m.group(2)) != len(rows):
+        bad.append("warning says %s layers, the report has %d" % (m.group(2), len(rows)))
+for b in bad:
+    print(b)
+sys.exit(1 if bad else 0)
+PY
+  then
+    pass
+  else
+    fail "the 'no ratio' count of $1"
+    sed 's/^/    /' "$dir/missing.out" | head -n 10
+  fi
+}
+
 # ---- a Llama model: F32 both ways, exactly 0 ----------------------------------------------
 expect "gguf_convert --make llama" 0 '' "$conv" --make llama "$dir/l.safetensors"
 expect "convert to F32" 0 '' "$conv" "$dir/l.safetensors" "$dir/l.f32.gguf" F32
 expect "probe F32 GGUF --prev safetensors" 0 '' "$probe" --quiet --json --exact "$dir/l.f32.gguf" --prev "$dir/l.safetensors"
 cp "$out_file" "$dir/a.json"
 check "$dir/a.json" zero "" "llama F32, GGUF against safetensors"
+cp "$err_file" "$dir/a.err"
+expect "probe the safetensors alone" 0 '' "$probe" --quiet --json --exact "$dir/l.safetensors"
+cp "$out_file" "$dir/l.own.json"
+expect "probe the F32 GGUF alone" 0 '' "$probe" --quiet --json --exact "$dir/l.f32.gguf"
+cp "$out_file" "$dir/l.f32.own.json"
+ratios "$dir/a.json" "$dir/a.err" "$dir/l.own.json"
 expect "probe safetensors --prev F32 GGUF" 0 '' "$probe" --quiet --json --exact "$dir/l.safetensors" --prev "$dir/l.f32.gguf"
 cp "$out_file" "$dir/b.json"
 check "$dir/b.json" zero "" "llama F32, safetensors against GGUF"
+ratios "$dir/b.json" "$err_file" "$dir/l.f32.own.json"
 # the same model as a Hugging Face directory of 3 shards: one checkpoint, either way round
 expect "shard the llama model" 0 '' python3 "$src/tests/shard_split.py" "$dir/l.safetensors" "$dir/lsh" 3
 expect "probe F32 GGUF --prev the sharded directory" 0 '' "$probe" --quiet --json --exact "$dir/l.f32.gguf" --prev "$dir/lsh"
 cp "$out_file" "$dir/c.json"
 check "$dir/c.json" zero "" "llama F32, GGUF against its sharded directory"
+ratios "$dir/c.json" "$err_file" "$dir/l.own.json"
 expect "probe the sharded directory --prev F32 GGUF" 0 '' "$probe" --quiet --json --exact "$dir/lsh" --prev "$dir/l.f32.gguf"
 cp "$out_file" "$dir/d.json"
 check "$dir/d.json" zero "" "llama F32, sharded directory against GGUF"
+ratios "$dir/d.json" "$err_file" "$dir/l.f32.own.json"
 # the table says what each update is against, with its type
 expect "probe table" 0 '' "$probe" --quiet "$dir/l.f32.gguf" --prev "$dir/l.safetensors"
 if grep -q '^blk.0.attn_q .* vs model.layers.0.self_attn.q_proj.weight F32' "$out_file"; then pass; else
@@ -127,9 +215,11 @@ expect "convert as gemma" 0 '' "$conv" --arch gemma "$dir/l.safetensors" "$dir/g
 expect "probe gemma GGUF" 0 '' "$probe" --quiet --json --exact "$dir/gm.f32.gguf" --prev "$dir/l.safetensors"
 cp "$out_file" "$dir/gm.json"
 check "$dir/gm.json" zero "" "gemma F32 (norms stored plus one)"
+ratios "$dir/gm.json" "$err_file" # the reference's norms read plus one: ratio 1
 expect "probe safetensors --prev gemma GGUF" 0 '' "$probe" --quiet --json --exact "$dir/l.safetensors" --prev "$dir/gm.f32.gguf"
 cp "$out_file" "$dir/gm2.json"
 check "$dir/gm2.json" f32-rounding "" "gemma F32, the other way"
+ratios "$dir/gm2.json" "$err_file"
 
 # ---- quantized: each layer's error against the reference -----------------------------------
 # Llama: 21 layers (embedding, 2 x 9, output_norm, lm_head) and each row of 256 or 512 is whole
@@ -215,6 +305,12 @@ expect "a tensor renamed" 0 "warning: .* 1 of 21 layers have no counterpart" \
   "$probe" --quiet "$dir/l.safetensors" --prev "$dir/renamed.gguf"
 if grep -q "model.layers.1.mlp.up_proj: no update: not found (looked for 'blk.1.ffn_up.weight')" "$out_file"; then pass; else
   fail "the layer without a counterpart does not say which name was looked for"; grep -A3 "not measured" "$out_file"; fi
+# the renamed file as the ratios' reference (--init) across formats: one layer without a ratio,
+# counted as the report counts it
+expect "--init the renamed GGUF" 0 "warning: .*renamed.gguf: 1 of 23 layers have no counterpart there, so no ratio: model.layers.1.mlp.up_proj\$" \
+  "$probe" --quiet --json "$dir/l.safetensors" --prev "$dir/l.f32.gguf" --init "$dir/renamed.gguf"
+cp "$out_file" "$dir/ri.json"
+missing "$dir/ri.json" "$err_file" 1
 
 # no head counts in the GGUF metadata: q and k cannot be put back in order, so no update for
 # them (said), the other layers measured
