@@ -317,6 +317,9 @@ int probe_ranks_finish(probe_ranks *job, int rc) {
   }
   free(job->captured);
   job->captured = NULL;
+  /* digests a rank took before another's failure stopped every rank short of comparing them */
+  free(job->digests), free(job->what);
+  job->digests = NULL, job->what = NULL, job->ndigests = 0;
   MPI_Finalize();
   return rc;
 }

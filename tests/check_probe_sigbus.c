@@ -171,7 +171,11 @@ END_TEST
 START_TEST(test_unguarded_sigbus_still_kills) {
   float *a = write_checkpoint(0);
   int status = read_truncated_in_child(0);
-  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS, "child status %d: want death by SIGBUS", status);
+  /* in the sanitizer build the handler before the library's is ASan's: it reports the fault and
+   * ends the process with its exit code (1), which is the chaining this checks */
+  int sanitizer_ended = getenv("STAB_SANITIZED") && WIFEXITED(status) && WEXITSTATUS(status) == 1;
+  ck_assert_msg((WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS) || sanitizer_ended,
+                "child status %d: want death by SIGBUS", status);
   unlink(path);
   free(a);
 }

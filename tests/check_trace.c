@@ -1814,6 +1814,16 @@ START_TEST(test_forked_child) {
   close(errs[0]);
   int status = 0;
   ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  /* LeakSanitizer, in the sanitizer build, says at the child's exit that the threads it
+   * inherited the memory of are not running: its own line, not the library's */
+  if (getenv("STAB_SANITIZED") && got > 0) {
+    int only_lsan = 1;
+    for (char *line = noise, *end; *line && only_lsan; line = end + 1) {
+      if (!(end = strchr(line, '\n'))) end = line + strlen(line) - 1;
+      only_lsan = line[0] == '=' && strstr(line, "False leaks are possible.") && strstr(line, "False leaks are possible.") < end;
+    }
+    if (only_lsan) got = 0;
+  }
   ck_assert_msg(got == 0, "the child printed: %.300s", noise);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status 0x%x (signal %d, exit %d)", status,
                 WIFSIGNALED(status) ? WTERMSIG(status) : 0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);

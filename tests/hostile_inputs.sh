@@ -117,6 +117,8 @@ for at in $(grep -obUa 'out_major' "$dir/t.h5" | cut -d: -f1); do
     pass
   elif [ "$rc" -eq 0 ] || { [ "$rc" -eq 2 ] && grep -q "heap.h5" "$err_file"; }; then
     pass
+  elif [ -n "${STAB_SANITIZED:-}" ] && grep -q "ERROR: AddressSanitizer" "$err_file" && grep -q "libhdf5" "$err_file"; then
+    pass # HDF5's own copy of the damaged size, caught by ASan's interceptor inside libhdf5 (as below)
   else
     fail "the global heap's size at byte $at made 17: exit $rc: $(head -c 300 "$err_file")"
   fi
