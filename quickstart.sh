@@ -13,19 +13,19 @@ packages=(build-essential autoconf automake libtool autoconf-archive pkg-config
           clang libclang-rt-14-dev)
 # harness/bench times ARPACK (dsaupd) as the anchor of the cold estimate.
 packages+=(libarpack2-dev)
-# The README's pandas and gnuplot snippets are run by the tests (tests/readme_snippet.sh).
+# The README's pandas and gnuplot snippets are run by the tests (tests/docs/readme_snippet.sh).
 packages+=(python3-pandas gnuplot-nox)
-# tests/trace_readers.sh opens traces with xarray (both engines) and ncdump.
+# tests/programs/trace_readers.sh opens traces with xarray (both engines) and ncdump.
 packages+=(python3-xarray python3-h5netcdf python3-netcdf4 netcdf-bin)
 # the man pages, made from each program's --help (Makefile.am)
 packages+=(help2man)
-# notebooks-export/ (make notebooks, tests/notebooks.sh)
+# notebooks-export/ (make notebooks, tests/programs/notebooks.sh)
 packages+=(python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel)
 # bench/probe_vs_svds.sh (the whole checkpoint against scipy's svds) and its test
 packages+=(python3-scipy)
-# the MPI layer (configure --with-mpi: libstabmeter_mpi) and its tests under mpirun (tests/mpi.sh)
+# the MPI layer (configure --with-mpi: libstabmeter_mpi) and its tests under mpirun (tests/programs/mpi.sh)
 packages+=(libopenmpi-dev openmpi-bin)
-# the Python package's tests (tests/python_api.sh: stabmeter.torch) and bench/torch_overhead.py
+# the Python package's tests (tests/python/python_api.sh: stabmeter.torch) and bench/torch_overhead.py
 packages+=(python3-torch)
 
 install_missing() {
@@ -61,7 +61,7 @@ build() {
 count_logs() {
   local log n f e
   passed=0 failed=0
-  for log in "$1"/tests/*.log; do
+  for log in "$1"/tests/*/*.log; do
     [ -f "$log" ] || continue
     while read -r n f e; do
       passed=$((passed + n - f - e)); failed=$((failed + f + e))
@@ -92,7 +92,7 @@ run_tests() {
     if ! FUZZ_SECONDS=0 STAB_DISTCHECK=1 make -j"$(nproc)" distcheck >distcheck.log 2>&1; then
       tail -n 40 distcheck.log
       local log
-      for log in stabmeter-*/_build/sub/tests/*.log; do [ -f "$log" ] && show_if_failed "$log"; done
+      for log in stabmeter-*/_build/sub/tests/*/*.log; do [ -f "$log" ] && show_if_failed "$log"; done
       echo "make distcheck failed"; failed=$((failed + 1))
     fi
   fi

@@ -1,7 +1,7 @@
 /* pass_ceiling.c — how fast one pass of the spectral engine could ever go on this machine,
  * against the reference read that harness/bench's bandwidth target compares it with.
  *
- * A pass (y = W^T (W x), lib/gram_pass.c) does per element of W, per vector, two FMAs: in f32
+ * A pass (y = W^T (W x), lib/engine/gram_pass.c) does per element of W, per vector, two FMAs: in f32
  * runs (the default kernels) or in f64 after two f32 -> f64 conversions (the precise path).
  * This program times the library's own kernels (the file is included, so the static kernels
  * are reachable), each arithmetic for 1, 2 and 4 vectors, with 1 and 2 threads, three ways,
@@ -9,16 +9,16 @@
  *   - in cache: every thread passes over its own 16 x COLS block (256 KiB at 4096 columns,
  *     inside L2) again and again: the arithmetic's ceiling, with no memory traffic at all;
  *   - from memory: a pass over ROWS x COLS split between the threads as a pass splits it;
- *   - the wide read of that same ROWS x COLS matrix (harness/stream_read.c, the reference
+ *   - the wide read of that same ROWS x COLS matrix (bench/stream_read.c, the reference
  *     read's read loop; harness/bench also times sgemv and keeps the faster).
  * If the in-cache ceiling is below the target fraction of the read, no arrangement of the
  * memory traffic can bring a pass to the target: only less arithmetic per element could.
  *
  * Built and run by bench/pass_ceiling.sh; not part of the library. */
-#include "../lib/gram_pass.c"
+#include "../lib/engine/gram_pass.c"
 
 #include "../harness/clock.h"
-#include "../harness/stream_read.h"
+#include "stream_read.h"
 
 #include <stdio.h>
 #ifdef _OPENMP

@@ -5,10 +5,10 @@
 # both alike), each keeping its fastest time, and the peak RSS of each. Also the largest
 # difference between the two runs' sigmas, relative. Usage: bench/probe_speed.sh CHECKPOINT
 # [REPEAT] [more probe options]; run from the top of a built tree. A GPT-2-124M-shaped file:
-#   ./tests/st_gen /tmp/big gpt2-124m F32 && bench/probe_speed.sh /tmp/big.safetensors
+#   ./tests/support/st_gen /tmp/big gpt2-124m F32 && bench/probe_speed.sh /tmp/big.safetensors
 #
 # bench/probe_speed.sh --model tinyllama|llama7b [DIR]: a generated Llama-shaped model of random
-# BF16 weights (tests/hf_gen: TinyLlama-1.1B's shapes, 2.2 GB, or Llama-2-7B's, 13.5 GB, in
+# BF16 weights (tests/support/hf_gen: TinyLlama-1.1B's shapes, 2.2 GB, or Llama-2-7B's, 13.5 GB, in
 # DIR, default /tmp/stabmeter-MODEL, written unless a complete one of that preset is there):
 # probed once, as a directory when the probe takes one, else shard by shard (times summed,
 # memory the largest), with its peak anonymous memory (RssAnon of /proc/PID/status, sampled
@@ -27,14 +27,14 @@ if [ "${1:-}" = --model ]; then
   dir=${3:-/tmp/stabmeter-$model}
   probe=./harness/probe
   [ -x "$probe" ] || { echo "probe_speed.sh: build first (./quickstart.sh test, or make)" >&2; exit 2; }
-  make -s tests/hf_gen bench/svd_baseline >&2 || exit 1
+  make -s tests/support/hf_gen bench/svd_baseline >&2 || exit 1
   # a complete model (the index is written last) of this preset, else (re)generate it
   if [ -f "$dir/model.safetensors.index.json" ] && grep -q "\"hf_gen $model seed 1 shards 3\"" "$dir/config.json" 2>/dev/null; then
     echo "probe_speed.sh: reusing $dir" >&2
   else
     echo "probe_speed.sh: writing $model into $dir" >&2
     t0=$(date +%s.%N)
-    ./tests/hf_gen "$dir" "$model" >&2 || exit 1
+    ./tests/support/hf_gen "$dir" "$model" >&2 || exit 1
     echo "probe_speed.sh: written in $(echo "$(date +%s.%N) - $t0" | bc) s" >&2
   fi
   tmp=$(mktemp -d /tmp/stab_probe_speed.XXXXXX)

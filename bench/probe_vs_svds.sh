@@ -4,7 +4,7 @@
 # layers at each tolerance of a ladder, and a loop of numpy.linalg.svd(W, compute_uv=False), both
 # on f32 copies; every sigma's actual error against an f64 SVD (cached beside the checkpoint).
 # bench/probe_vs_svds.py does the work; this script finds Debian's python3 with scipy, builds
-# what it needs and writes the checkpoint (tests/hf_gen, 2.2 GB) unless a complete one is there.
+# what it needs and writes the checkpoint (tests/support/hf_gen, 2.2 GB) unless a complete one is there.
 # Run from the top of a built tree; --help for the options.
 set -eu
 usage() {
@@ -12,7 +12,7 @@ usage() {
 usage: bench/probe_vs_svds.sh [--dir DIR] [--fresh] [--no-full-svd] [--json FILE] [--ladder T1,T2,...]
   --dir DIR      the checkpoint directory (default /tmp/stabmeter-tinyllama, shared with
                  bench/probe_speed.sh --model tinyllama): any complete safetensors model there
-                 is probed as it is, else tests/hf_gen writes the TinyLlama-shaped one (2.2 GB)
+                 is probed as it is, else tests/support/hf_gen writes the TinyLlama-shaped one (2.2 GB)
   --fresh        recompute the f64 reference SVDs (several minutes, run at nice 10)
   --no-full-svd  skip the full-SVD loop (the longest part, a few minutes)
   --json FILE    also write every figure to FILE
@@ -49,8 +49,8 @@ if [ -f "$dir/model.safetensors.index.json" ] || [ -f "$dir/model.safetensors" ]
   echo "probe_vs_svds.sh: reusing $dir" >&2
 else
   echo "probe_vs_svds.sh: writing a TinyLlama-shaped checkpoint, 2.2 GB, into $dir (--dir puts it elsewhere; remove it after)" >&2
-  make -s tests/hf_gen >&2 || exit 1
-  ./tests/hf_gen "$dir" tinyllama >&2 || exit 1
+  make -s tests/support/hf_gen >&2 || exit 1
+  ./tests/support/hf_gen "$dir" tinyllama >&2 || exit 1
 fi
 # This VM's OpenBLAS misdetects the CPU (Prescott kernels): numpy's and scipy's products and
 # LAPACK would run far below their speed, which would flatter the probe.

@@ -3,7 +3,7 @@ GPT on the CPU (width 256, 4 blocks, 4 heads, context 64, batch 8, AdamW), its s
 and without the monitor (snapshot before optimizer.step(), measure and trace row after), in
 short alternating rounds of one run, and their ratio.
 
-    STABMETER_LIBRARY=lib/.libs/libstabmeter.so.3 PYTHONPATH=python:tests \\
+    STABMETER_LIBRARY=lib/.libs/libstabmeter.so.3 PYTHONPATH=python:tests/python \\
         /usr/bin/python3 bench/torch_overhead.py [--rounds 24] [--steps 5]
 
 Prints one JSON line: the median step times in ms; the ratio (target <= 1.10), the median over
@@ -26,7 +26,7 @@ import torch
 import stabmeter
 import stabmeter.torch as st
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from python_gpt import GPT, batches  # noqa: E402
 
 

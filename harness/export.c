@@ -402,7 +402,7 @@ static int export_rows(trace *t, const options *o, char **names, size_t n_names,
 /* HDF5 1.10.8 trusts the sizes it finds in a file's global heap, where the attributes'
  * variable-length strings live and which has no checksum: one damaged byte there can make it
  * loop for ever, or copy a wild number of bytes and crash (fuzz_trace finds both within
- * minutes; tests/hostile_inputs.sh replays such files). Export cannot mend HDF5, so it contains
+ * minutes; tests/programs/hostile_inputs.sh replays such files). Export cannot mend HDF5, so it contains
  * it: the reading of the structure (attributes, groups, dataset headers: well under a second for
  * any trace) is bounded to OPEN_LIMIT_SECONDS, and a crash while reading the trace, structure or
  * rows, is reported as what it is, a damaged file (exit 2), with the temporary output removed.

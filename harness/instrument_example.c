@@ -6,7 +6,7 @@
  * place. The task: x ~ N(0, I) in R^16, label = argmax_k |<x, t_k>| for 4 fixed random
  * directions t_k, which no linear classifier can learn (|.| is symmetric in x) but the MLP can.
  *
- * Every line that monitoring adds ends with the comment "stabmeter" (tests/instrument.sh counts
+ * Every line that monitoring adds ends with the comment "stabmeter" (tests/programs/instrument.sh counts
  * them, deletes them, and checks that what is left is the plain trainer, printing the same
  * losses). The only build change is pkg-config:
  *   cc -O2 -o train instrument_example.c -lm $(pkg-config --cflags --libs stabmeter)

@@ -16,7 +16,7 @@
 
 #include "stabmeter.h"
 
-/* The writer's metric datasets in its order (lib/trace.c); a layer's other datasets (attention
+/* The writer's metric datasets in its order (lib/trace/trace.c); a layer's other datasets (attention
  * head bounds, layer extras) follow them in name order. */
 static const char *const metric_order[] = {
     "forward",       "dependency",   "update",       "forward_tight", "dependency_tight",
@@ -380,7 +380,7 @@ out:
 
 /* ---- format 4: a (step, layer) dataset per metric ----------------------------------------- */
 
-/* The datasets of /layers that describe the layers, not rows of them (lib/trace.c). */
+/* The datasets of /layers that describe the layers, not rows of them (lib/trace/trace.c). */
 static int is_static_v4(const char *name) {
   static const char *const names[] = {"step", "layer", "kind", "layout", "description", "shares_storage_with",
                                       "d_in", "d_out", "param_count", "param_count_unique", "head", "head_layer"};
@@ -547,7 +547,7 @@ static int check_metrics(trace *t, const trace_filter *o) {
 }
 
 /* 1 when another process holds a write lock on the file open at fd: the trace's writer runs
- * (lib/trace.c locks the whole file while it writes, an open-file-description lock). */
+ * (lib/trace/trace.c locks the whole file while it writes, an open-file-description lock). */
 static int writer_running(int fd) {
   struct flock fl;
   memset(&fl, 0, sizeof fl);

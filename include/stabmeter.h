@@ -631,7 +631,7 @@ typedef enum {
                              2.0315): fast, approximate. After 5 steps a singular value s
                              of the input with s / ||G||_F >= 1e-2 maps into [0.68, 1.14],
                              any into [0, 1.21) (the scalar iteration in f64; checked in
-                             tests/check_steepest.c); the singular vectors are kept up to
+                             tests/unit/check_steepest.c); the singular vectors are kept up to
                              f32 rounding */
   STAB_MSIGN_CUBIC = 1    /* the classic X <- 1.5 X - 0.5 X X^T X: converges to U V^T
                              (quadratically once near), slowly for tiny singular values */
@@ -779,7 +779,7 @@ stab_status stab_output_check(const char *path, stab_output_mode mode, const cha
  *
  * One writer at a time. An open trace holds a lock (fcntl, open-file-description, whole file)
  * on its file until closed or its writer dies, and every stab_trace_open keeps one protocol
- * (lib/trace.c has it in full, with every interleaving of two writers): a new trace is
+ * (lib/trace/trace.c has it in full, with every interleaving of two writers): a new trace is
  * published only where nothing is (renameat2 RENAME_NOREPLACE, or link), a finished trace is
  * replaced only by a writer holding its lock, and a trace is appended to only after its lock is
  * taken, each time checking that the path still names the file locked. So of two writers

@@ -1,6 +1,6 @@
 #!/bin/sh
 # run.sh — runs run_notebooks.py (see it for the arguments) with a python3 that has what the
-# notebooks need; `make notebooks` and tests/notebooks.sh both come through here. With
+# notebooks need; `make notebooks` and tests/programs/notebooks.sh both come through here. With
 # --which-python it only prints that python3. Exit 77, naming the Debian packages to install,
 # when no python3 has them (pyenv's or a venv's python3 may come first on PATH; Debian's
 # /usr/bin/python3 is tried last).

@@ -1,6 +1,6 @@
 """What each tensor of a model is, by the library's kind rules (stab_model_describe), for
 tensors the caller holds in memory: a PyTorch model's parameters or a state dict. The rules
-live in lib/model_rules.c alone; this only builds the stab_ckpt_tensor views they read."""
+live in lib/model/kind_rules.c alone; this only builds the stab_ckpt_tensor views they read."""
 
 import ctypes
 

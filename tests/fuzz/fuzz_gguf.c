@@ -1,4 +1,4 @@
-/* fuzz_gguf.c — libFuzzer target for the GGUF reader (lib/ckpt_gguf.c): opens the input, and
+/* fuzz_gguf.c — libFuzzer target for the GGUF reader (lib/checkpoint/gguf.c): opens the input, and
  * when the reader accepts it, checks the header against the raw bytes, every tensor (read in
  * full when it is F32, F16, BF16 or a quantized type the library decodes), name lookups and
  * every metadata pair. */

@@ -1,5 +1,5 @@
-/* fuzz_gguf_split.c — libFuzzer target for a split GGUF model (lib/ckpt_gguf_split.c over
- * lib/ckpt_gguf.c): the input is a little-endian uint32 n, n bytes of shard 1, the rest shard 2,
+/* fuzz_gguf_split.c — libFuzzer target for a split GGUF model (lib/checkpoint/gguf_split.c over
+ * lib/checkpoint/gguf.c): the input is a little-endian uint32 n, n bytes of shard 1, the rest shard 2,
  * written as m-00001-of-00002.gguf and m-00002-of-00002.gguf in a directory of the process's own;
  * shard 1 is opened and, when it says it is one of a split (split.count > 1), its model. An
  * accepted model must hold exactly its shards' tensors, each found by name in its own shard's
@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "internal.h"
+#include "checkpoint/checkpoint_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,4 +1,4 @@
-/* fuzz_llmc.c — libFuzzer target for the llm.c checkpoint reader (lib/ckpt_llmc.c): opens the
+/* fuzz_llmc.c — libFuzzer target for the llm.c checkpoint reader (lib/checkpoint/llmc.c): opens the
  * input, and when the reader accepts it, checks the configuration against the header's ints,
  * the file size against the parameter count, the views and their names, and reads every view
  * in full. */

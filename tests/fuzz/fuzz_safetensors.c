@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — libFuzzer target for the safetensors reader (lib/ckpt_safetensors.c):
+/* fuzz_safetensors.c — libFuzzer target for the safetensors reader (lib/checkpoint/safetensors.c):
  * opens the input, and when the reader accepts it, checks the format's rules against the raw
  * bytes (tensors tile the data section in order), every name and metadata lookup, and reads
  * every tensor in full. */

@@ -1,6 +1,6 @@
 /* fuzz_shard_index.c — libFuzzer target for the JSON files beside a Hugging Face checkpoint: the
- * input is read as a sharded model's index (stab_shard_index_open, lib/ckpt_sharded.c) and as a
- * config.json (stab_hf_config_read, lib/hf_config.c), both over lib/json.c. An accepted index must
+ * input is read as a sharded model's index (stab_shard_index_open, lib/checkpoint/sharded.c) and as a
+ * config.json (stab_hf_config_read, lib/checkpoint/hf_config.c), both over lib/core/json.c. An accepted index must
  * keep every promise of stabmeter.h (tensor names unique, sorted, found by find; shard names plain
  * file names, sorted, unique; each tensor's shard in range); an accepted config's values must be in
  * their documented ranges; a refusal is STAB_EFORMAT (or STAB_ENOMEM) naming the file, with the

@@ -1,4 +1,4 @@
-/* fuzz_sniff.c — libFuzzer target for the format sniff (lib/ckpt_sniff.c): sniffs the input and
+/* fuzz_sniff.c — libFuzzer target for the format sniff (lib/checkpoint/sniff.c): sniffs the input and
  * checks that the kind agrees with bytes the target tests on its own (the magic of each readable
  * kind, zip, HDF5, text without NUL bytes), that the status is STAB_OK exactly for the kinds the
  * readers read, and that a refusal names the file. Reads past the input are the sanitizers'. */

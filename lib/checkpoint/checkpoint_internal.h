@@ -1,0 +1,57 @@
+/* checkpoint_internal.h — what the checkpoint readers (lib/checkpoint/) share beyond the public
+ * header: a split GGUF model's shards, and the decoders of GGUF's block-quantized types.
+ * Never installed. */
+#ifndef STABMETER_CHECKPOINT_INTERNAL_H
+#define STABMETER_CHECKPOINT_INTERNAL_H
+
+#include "engine/engine.h"
+
+/* ---- a split GGUF model (ckpt_gguf_split.c) ---- */
+
+/* The bytes of a GGUF file as mapped (0 for NULL). */
+uint64_t stabi_gguf_file_size(const stab_gguf *g);
+
+/* llama.cpp's gguf-split files, every shard of one model: PREFIX-0000k-of-0000N.gguf. */
+typedef struct stabi_gguf_split stabi_gguf_split;
+/* g's place in a split model: metadata split.no (0-based) into *no and split.count into *count;
+ * a file without them is shard 0 of 1. Inconsistent values are STAB_EFORMAT naming path. */
+stab_status stabi_gguf_split_info(const stab_gguf *g, const char *path, size_t *no, size_t *count);
+/* Every shard of the split model whose shard `first` (opened from path, split.count > 1) is: the
+ * siblings by name, each checked (its split.no and split.count, split.tensors.count the same in
+ * all and equal to the tensors they hold, no tensor twice). On success *out owns first; on
+ * failure first is still the caller's. A missing shard is STAB_ENOTFOUND naming it. */
+stab_status stabi_gguf_split_open(const char *path, stab_gguf *first, stabi_gguf_split **out);
+/* The first shard (PREFIX-00001-of-NNNNN.gguf) of the one split model in dir, malloc'ed into
+ * *first; STAB_ENOTFOUND (no error recorded) when dir holds none, or holds safetensors; two
+ * models there are STAB_EINVAL. */
+stab_status stabi_gguf_split_first_in(const char *dir, char **first);
+void stabi_gguf_split_close(stabi_gguf_split *s);
+size_t stabi_gguf_split_count(const stabi_gguf_split *s);
+const stab_ckpt_tensor *stabi_gguf_split_tensor(const stabi_gguf_split *s, size_t i);
+stab_status stabi_gguf_split_find(const stabi_gguf_split *s, const char *name, size_t *index);
+size_t stabi_gguf_split_shard_count(const stabi_gguf_split *s);
+const stab_gguf *stabi_gguf_split_shard(const stabi_gguf_split *s, size_t k);
+const char *stabi_gguf_split_shard_path(const stabi_gguf_split *s, size_t k);
+size_t stabi_gguf_split_shard_of(const stabi_gguf_split *s, size_t i);
+/* Shard k's first byte in the model as one sequence of bytes (the earlier shards' sizes). */
+uint64_t stabi_gguf_split_base(const stabi_gguf_split *s, size_t k);
+
+/* ---- GGUF block-quantized tensors (gguf_dequant.c) ---- */
+
+/* One ggml block layout: its GGML name, elements and bytes per block, and the decoder that
+ * writes a block's `block` elements as f32, exactly as ggml's dequantize_row does. */
+typedef struct {
+  const char *name;
+  uint32_t block, bytes;
+  void (*decode)(const unsigned char *blk, float *out);
+} stabi_quant_type;
+
+/* The layout named dtype_name ("Q4_K", ...), or NULL when it is not one decoded here. */
+const stabi_quant_type *stabi_quant_find(const char *dtype_name);
+/* Elements [first, first + n) of t, stored as q (the range already checked against t->count),
+ * into out: decodes each block the range touches. STAB_EFORMAT when t->count is not whole
+ * blocks. */
+stab_status stabi_dequant(const stab_ckpt_tensor *t, const stabi_quant_type *q, uint64_t first, size_t n,
+                          float *out);
+
+#endif /* STABMETER_CHECKPOINT_INTERNAL_H */
