@@ -60,7 +60,7 @@ for r in $readers; do
   # the reader and what it needs from the library, compiled in with the target
   csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/status.c $src/lib/input_file.c
         $src/lib/ckpt_convert.c $src/lib/stored_rows.c $src/lib/gguf_dequant.c $src/lib/utf8.c $src/lib/mapped_file.c"
-  hdrs="$src/tests/fuzz/fuzz.h $src/lib/internal.h $src/include/stabmeter.h"
+  hdrs="$src/tests/fuzz/fuzz.h $src/lib/internal.h $src/include/stabmeter.h $src/include/stabmeter/*.h"
   extra=""
   if [ "$r" = trace ]; then
     # export's trace reader, on the system's HDF5 (not instrumented: the reader's branches steer)
