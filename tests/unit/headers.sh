@@ -25,6 +25,16 @@ for h in stabmeter.h $subs; do
   n=$((n + 1))
 done
 echo "C: $n headers compile alone, each included twice ($cc $cflags)"
+# The MPI layer's header, over the umbrella, with the MPI compiler when there is one.
+if command -v mpicc >/dev/null 2>&1; then
+  printf '#include <stabmeter_mpi.h>\n#include <stabmeter_mpi.h>\n' >"$tmp/mpi.c"
+  # shellcheck disable=SC2086
+  mpicc $cflags -I"$inc" -c "$tmp/mpi.c" -o "$tmp/mpi.o" 2>"$tmp/cc.log" ||
+    { cat "$tmp/cc.log"; fail "<stabmeter_mpi.h> does not compile alone (mpicc $cflags)"; }
+  echo "C: <stabmeter_mpi.h> compiles alone (mpicc)"
+else
+  echo "SKIP (stabmeter_mpi.h): mpicc not found"
+fi
 
 # The umbrella is what programs written against one header include: it must bring every concern.
 for h in $subs; do
