@@ -60,7 +60,7 @@ for r in $readers; do
   # the reader and what it needs from the library, compiled in with the target
   csrc="$src/tests/fuzz/fuzz_$r.c $src/tests/fuzz/fuzz_common.c $src/lib/core/status.c $src/lib/core/input_file.c
         $src/lib/checkpoint/convert.c $src/lib/engine/stored_rows.c $src/lib/checkpoint/gguf_dequant.c $src/lib/core/utf8.c $src/lib/core/mapped_file.c"
-  hdrs="$src/tests/fuzz/fuzz.h $src/lib/core/core.h $src/include/stabmeter.h"
+  hdrs="$src/tests/fuzz/fuzz.h $src/lib/core/core.h $src/include/stabmeter.h $src/include/stabmeter/*.h"
   extra=""
   if [ "$r" = trace ]; then
     # export's trace reader, on the system's HDF5 (not instrumented: the reader's branches steer)
