@@ -52,7 +52,7 @@ static void usage(void) {
   printf("Usage: %s [OPTION]... TRACE\n"
          "Writes a stabmeter trace (HDF5) as CSV or JSON lines, in long form (one value per row)\n"
          "or wide (one step per row). The datasets and what they measure are described in\n"
-         "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n"
+         "docs/manual/metrics.md (installed as " STAB_DOCDIR "/docs/manual/metrics.md).\n"
          "\n"
          "Options:\n"
          "      --format FORMAT  csv (default) or jsonl.\n"

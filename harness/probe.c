@@ -58,7 +58,7 @@ static void usage(void) {
          "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
          "reported as embedding and as the tied lm_head, padding rows left out). Definitions and units:\n"
-         "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n\n"
+         "docs/manual/metrics.md (installed as " STAB_DOCDIR "/docs/manual/metrics.md).\n\n"
          "Options:\n"
          "  --prev OLDER        also the update metrics against OLDER (tensors matched by name and\n"
          "                      shape); exit 2 when no tensor matches, a warning naming the layers\n"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# docs.sh — docs/metrics.md, the definitions users read, against what the programs record: every
+# docs.sh — docs/manual/metrics.md, the definitions users read, against what the programs record: every
 # dataset and attribute name of real traces (one from harness/train, one from probe --hdf5) and
 # every key of real probe reports appears in it as a `name`, every kind and layout value too, its
 # links to its own headings resolve, and no distributed source file sends users to SPEC.md (a
@@ -9,7 +9,7 @@
 set -u
 top=$(pwd)
 src=${srcdir:-.}
-doc=$src/docs/metrics.md
+doc=$src/docs/manual/metrics.md
 for tool in h5dump python3; do
   if ! command -v $tool >/dev/null 2>&1; then
     echo "SKIP: $tool is not installed"
@@ -97,7 +97,7 @@ for path in reports:
 
 missing = sorted(n for n in wanted if "`%s`" % n not in doc and "`/%s`" % n not in doc)
 for n in missing:
-    print("not in docs/metrics.md as `%s`: %s" % (n, wanted[n]))
+    print("not in docs/manual/metrics.md as `%s`: %s" % (n, wanted[n]))
 print("%d names checked" % len(wanted))
 sys.exit(1 if missing or len(wanted) < 40 else 0)
 PY
@@ -118,7 +118,7 @@ for a in bad:
     print("link to #%s: no such heading" % a)
 sys.exit(1 if bad else 0)
 PY
-if [ $? -eq 0 ]; then pass; else fail "broken links inside docs/metrics.md:"; sed 's/^/    /' "$dir/links.out"; fi
+if [ $? -eq 0 ]; then pass; else fail "broken links inside docs/manual/metrics.md:"; sed 's/^/    /' "$dir/links.out"; fi
 
 # ---- nothing points at SPEC.md ------------------------------------------------------------
 # The sources a tarball ships and users read (--help texts, headers, comments, notebooks, the
@@ -134,7 +134,7 @@ echo "$src/Makefile.am" >>"$dir/files"
 if [ "$(wc -l <"$dir/files")" -lt 20 ]; then
   fail "found only $(wc -l <"$dir/files") source files under $src"
 elif xargs grep -nw 'SPEC' <"$dir/files" >"$dir/spec.out"; then
-  fail "files that still point at SPEC.md (say docs/metrics.md):"
+  fail "files that still point at SPEC.md (say docs/manual/metrics.md):"
   sed 's/^/    /' "$dir/spec.out"
 else
   pass

@@ -26,17 +26,16 @@ grep -v '/\* stabmeter \*/$' "$src" >"$tmp/plain.c"
 if grep -n 'stab_\|STAB_\|stabmeter\.h' "$tmp/plain.c"; then fail "stabmeter code outside the marked lines"; fi
 echo "lines added for stabmeter: $added"
 
-# Every line the manual (docs/instrumenting.md) shows as added is one of them.
-readme=$srcdir/docs/instrumenting.md
-if [ -f "$readme" ]; then
-  sed -n '/<!-- instrument: added lines -->/,/<!-- \/instrument -->/p' "$readme" |
-    sed -e '/^```/d' -e '/^<!--/d' -e '/^ *$/d' -e '/^ *\/\//d' -e 's/^ *//' -e 's/ *$//' >"$tmp/readme_lines"
-  [ -s "$tmp/readme_lines" ] || fail "docs/instrumenting.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
-  grep '/\* stabmeter \*/$' "$src" | sed -e 's| */\* stabmeter \*/$||' -e 's/^ *//' >"$tmp/marked_lines"
-  while IFS= read -r line; do
-    grep -qxF -- "$line" "$tmp/marked_lines" || fail "docs/instrumenting.md shows a line the example does not add: $line"
-  done <"$tmp/readme_lines"
-fi
+# Every line the manual (docs/manual/instrumenting.md) shows as added is one of them.
+readme=$srcdir/docs/manual/instrumenting.md
+[ -f "$readme" ] || fail "no $readme (moved? this test reads its added lines)"
+sed -n '/<!-- instrument: added lines -->/,/<!-- \/instrument -->/p' "$readme" |
+  sed -e '/^```/d' -e '/^<!--/d' -e '/^ *$/d' -e '/^ *\/\//d' -e 's/^ *//' -e 's/ *$//' >"$tmp/readme_lines"
+[ -s "$tmp/readme_lines" ] || fail "docs/manual/instrumenting.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
+grep '/\* stabmeter \*/$' "$src" | sed -e 's| */\* stabmeter \*/$||' -e 's/^ *//' >"$tmp/marked_lines"
+while IFS= read -r line; do
+  grep -qxF -- "$line" "$tmp/marked_lines" || fail "docs/manual/instrumenting.md shows a line the example does not add: $line"
+done <"$tmp/readme_lines"
 
 # The library as `make install` lays it out, under a stage instead of the prefix. MAKEFLAGS
 # would tie this make to the jobserver of the make running the tests.
