@@ -53,6 +53,13 @@ grep -q "^$version " "$news" || fail "the installed NEWS has no entry for the in
 libdir=$(dirname "$(dirname "$pc")")
 export_prog=$(find "$tmp/stage" -name stabmeter-export -type f | head -n 1)
 [ -n "$export_prog" ] || fail "make install put no stabmeter-export in the stage"
+# --help sends users to the installed definitions (docs/manual/metrics.md under $(docdir)): that
+# file is where it says.
+probe_prog=$(find "$tmp/stage" -name stabmeter-probe -type f | head -n 1)
+[ -n "$probe_prog" ] || fail "make install put no stabmeter-probe in the stage"
+named=$(LD_LIBRARY_PATH=$libdir "$probe_prog" --help | sed -n 's/.*(installed as \([^)]*metrics\.md\)).*/\1/p' | head -n 1)
+[ -n "$named" ] && [ -f "$tmp/stage$named" ] ||
+  fail "stabmeter-probe --help names the definitions as '$named', which make install did not put there"
 PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$tmp/stage
 export PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 flags=$(pkg-config --cflags --libs stabmeter) || fail "pkg-config does not find stabmeter in the stage"
