@@ -1394,7 +1394,7 @@ out:
 /* --accuracy N: N matrices in families with different spectra, each method's sigma at the
  * default settings against dgesvd in f64 of the same f32 numbers: how often the actual error
  * exceeds the reported one (the claim the estimate makes) and tol, the worst ratio of the two,
- * the mean passes. The figures behind docs/performance.md's "accuracy of the estimate". */
+ * the mean passes. The figures behind docs/lab/performance.md's "accuracy of the estimate". */
 typedef enum { FAM_GAUSS, FAM_SPIKED, FAM_LOWRANK, FAM_NEAR_PAIR, FAM_WIDE_TALL, FAM_COUNT } family;
 static const struct {
   const char *name, *what;

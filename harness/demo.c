@@ -44,7 +44,7 @@ static int new_tensor(tensor *t, synth_rng *rng, const char *name, size_t count,
   return 0;
 }
 
-#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/manual/metrics.md is installed */
 #define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
 #endif
 
@@ -53,15 +53,15 @@ static void usage(void) {
          "Builds a synthetic GPT-2-shaped model (llm.c layout: fused qkv, biases, RMSNorm gains,\n"
          "untied LM head), measures every layer's forward, dependency and update stability before\n"
          "and after one random step, and prints them as a table with the time the measurements\n"
-         "took. The metrics are defined in docs/metrics.md (installed as\n"
-         STAB_DOCDIR "/metrics.md).\n"
+         "took. The metrics are defined in docs/manual/metrics.md (installed as\n"
+         STAB_DOCDIR "/docs/manual/metrics.md).\n"
          "\n"
          "Options:\n"
          "      --width D      model width, 1..8192, divisible by --heads (default 256)\n"
          "      --depth L      blocks, 1..256 (default 4)\n"
          "      --heads H      attention heads (default 4)\n"
          "      --vocab V      vocabulary, 2..1000000 (default 256)\n"
-         "      --init KIND    articles (the per-kind init of docs/metrics.md, default) or\n"
+         "      --init KIND    articles (the per-kind init of metrics.md, default) or\n"
          "                     gpt2 (std 0.02 everywhere)\n"
          "      --step X       relative size of the random step, ||dW||_F/||W||_F, in [0, 1)\n"
          "                     (default 1e-3)\n"

@@ -1,4 +1,4 @@
-/* export.c — a stabmeter trace (HDF5; its datasets are described in docs/metrics.md) as CSV or
+/* export.c — a stabmeter trace (HDF5; its datasets are described in docs/manual/metrics.md) as CSV or
  * JSON lines, in long form (one value a row) or wide (one step a row, one column per
  * layer.metric), for tools that do not read HDF5: gnuplot, spreadsheets, pandas without h5py. The trace is
  * opened for SWMR reading, so a trace whose writer is still running (or was killed) exports the
@@ -44,7 +44,7 @@ static int oom(void) {
 
 /* ---- options --------------------------------------------------------------------------- */
 
-#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/manual/metrics.md is installed */
 #define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
 #endif
 
@@ -52,7 +52,7 @@ static void usage(void) {
   printf("Usage: %s [OPTION]... TRACE\n"
          "Writes a stabmeter trace (HDF5) as CSV or JSON lines, in long form (one value per row)\n"
          "or wide (one step per row). The datasets and what they measure are described in\n"
-         "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n"
+         "docs/manual/metrics.md (installed as " STAB_DOCDIR "/docs/manual/metrics.md).\n"
          "\n"
          "Options:\n"
          "      --format FORMAT  csv (default) or jsonl.\n"

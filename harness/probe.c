@@ -4,7 +4,7 @@
  * the report, the input guard against a file shrinking under its mapping) does the work; the
  * program parses the options, shows progress, decides the step of a trace, splits the rows among
  * the ranks of an MPI job, and prints the library's table or JSON. Definitions in
- * docs/metrics.md. */
+ * docs/manual/metrics.md. */
 #include "cli.h"
 #include "clock.h"
 #include "probe_ranks.h"
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* Where the definitions are: the repository's docs/metrics.md, installed under the doc
+/* Where the definitions are: the repository's docs/manual/metrics.md, installed under the doc
  * directory (the build sets STAB_DOCDIR to $(docdir)). */
 #ifndef STAB_DOCDIR
 #define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
@@ -58,7 +58,7 @@ static void usage(void) {
          "other quantized types listed as unsupported), or llm.c GPT-2 (magic 20240326, f32 or bf16;\n"
          "fused qkv split into q, k, v plus each block's attention logit bound h.N.attn.logits; wte\n"
          "reported as embedding and as the tied lm_head, padding rows left out). Definitions and units:\n"
-         "docs/metrics.md (installed as " STAB_DOCDIR "/metrics.md).\n\n"
+         "docs/manual/metrics.md (installed as " STAB_DOCDIR "/docs/manual/metrics.md).\n\n"
          "Options:\n"
          "  --prev OLDER        also the update metrics against OLDER (tensors matched by name and\n"
          "                      shape); exit 2 when no tensor matches, a warning naming the layers\n"

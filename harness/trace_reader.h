@@ -1,4 +1,4 @@
-/* trace_reader.h — a stabmeter trace (HDF5; its datasets are described in docs/metrics.md) as
+/* trace_reader.h — a stabmeter trace (HDF5; its datasets are described in docs/manual/metrics.md) as
  * harness/export reads it: the file opened (regular files only, by stab_input_open), every
  * dataset of the schema checked and opened, then the rows read a block at a time. Shared with
  * the trace reader's fuzz target. Harness code: nothing is printed; a failure's message is in

@@ -1,7 +1,7 @@
 /* stabmeter.h — per-layer stability metrics of neural-network weights.
  *
  * The three metrics of every layer (forward, dependency and update stability, each
- * defined in docs/metrics.md, installed as $(docdir)/metrics.md) computed from f32 weights
+ * defined in docs/manual/metrics.md, installed as $(docdir)/metrics.md) computed from f32 weights
  * in memory: pure functions for one layer,
  * and a monitor that a trainer creates once, registers its layers with, and asks for
  * the metrics every step without any allocation. Around them: the trace, an HDF5 file of every

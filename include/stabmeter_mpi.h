@@ -3,7 +3,7 @@
  * of a linear layer), the same Lanczos as one process holding the whole matrix, and a split
  * linear layer's every metric (stab_mpi_linear_*); replicated weights, split tables and vectors.
  * Link with pkg-config stabmeter_mpi (libstabmeter_mpi and MPI); libstabmeter never needs MPI.
- * Built by ./configure --with-mpi. docs/mpi.md has the design and its costs. */
+ * Built by ./configure --with-mpi. docs/manual/mpi.md has the design and its costs. */
 #ifndef STABMETER_MPI_H
 #define STABMETER_MPI_H
 
@@ -59,7 +59,7 @@ stab_status stab_mpi_sharded_create(MPI_Comm comm, const stab_mpi_shard *shard,
  * rank's shard: STAB_OK with out->nonfinite = 1 and sigma NaN on every rank. A bad w or ld on
  * any rank: STAB_EINVAL or STAB_EDIM on every rank, the message naming the rank. Per pass,
  * one MPI_Allreduce of 3 doubles (the scales) and one of 4 n + 1 int64 at most (both or all
- * vectors of the block in one call), summed exactly in fixed point: docs/mpi.md.
+ * vectors of the block in one call), summed exactly in fixed point: docs/manual/mpi.md.
  * Not thread-safe on one handle. */
 stab_status stab_mpi_sharded_sigma(stab_mpi_sharded *s, const float *w, size_t ld,
                                    stab_sigma_result *out);

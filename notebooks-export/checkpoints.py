@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Checkpoints side by side
 #
-# The probe's per-layer metrics (docs/metrics.md, "The probe's JSON report") for a series of
+# The probe's per-layer metrics (docs/manual/metrics.md, "The probe's JSON report") for a series of
 # checkpoints, or two:
 # `harness/probe --json` runs on each checkpoint, with `--prev` the one before it so that the
 # update stability is the change between consecutive checkpoints (the first has none). Reports

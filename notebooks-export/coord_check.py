@@ -89,7 +89,7 @@ for opt in optimizers:
                         if np.isfinite(v):
                             pts[w] = float(v)
                 if not pts:
-                    continue  # a metric this kind lacks (docs/metrics.md)
+                    continue  # a metric this kind lacks (docs/manual/metrics.md)
                 ws = sorted(pts)
                 key = (opt, kind, metric, label)
                 points[key] = pts

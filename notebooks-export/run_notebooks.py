@@ -39,7 +39,7 @@ def missing_default_input(name):
     if name == "lr_transfer" and not os.environ.get("STAB_LR_SWEEP", "").strip():
         dirs = ["runs/lr-steepest", "runs/lr-adamw"]
         if not any(os.path.isdir(d) for d in dirs):
-            return "no learning-rate sweep at %s (give LR_SWEEP=\"DIR ...\", see docs/notebooks.md)" % " ".join(dirs)
+            return "no learning-rate sweep at %s (give LR_SWEEP=\"DIR ...\", see docs/manual/notebooks.md)" % " ".join(dirs)
     if name == "checkpoints" and not os.environ.get("STAB_CHECKPOINTS", "").strip():
         d = os.path.dirname(trace) or "."
         if not os.path.exists(os.path.join(d, "model.safetensors")):

@@ -1,5 +1,5 @@
 """stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces
-(docs/metrics.md, "The trace file") and probe reports ("The probe's JSON report"), their inputs,
+(docs/manual/metrics.md, "The trace file") and probe reports ("The probe's JSON report"), their inputs,
 and the plotting conventions (kind colours, axis labels with units, titles naming the run)."""
 
 import glob
@@ -208,7 +208,7 @@ def trace_from_file(f, path, metrics=None):
     except ValueError as e:
         raise InputError("trace %s: run_config is not JSON (%s)" % (path, e)) from None
     steps = np.asarray(f["step"][:], dtype=np.int64)
-    n = len(steps)  # docs/metrics.md: every dataset is index-aligned with /step; it sets the row count
+    n = len(steps)  # docs/manual/metrics.md: every dataset is index-aligned with /step; it sets the row count
     wall = _fit(f["wall_time"][:], n) if "wall_time" in f else np.full(n, np.nan)
     # From format_version 2 every group holds a copy of /step, "step" (netCDF readers' coordinate): not a series.
     step_copy = int(f.attrs.get("format_version", 1)) >= 2
@@ -236,7 +236,7 @@ _LAYER_ATTRS = ("kind", "layout", "description", "shares_storage_with", "d_in", 
 
 
 def _layers_v4(g, n, metrics):
-    """Format 4 (docs/trace.md): one (step, layer) dataset per metric, the layer names in
+    """Format 4 (docs/manual/trace.md): one (step, layer) dataset per metric, the layer names in
     /layers/layer, attention heads' bounds in head_bound (step, head), each head's layer and
     number in head_layer and head. Read as format 3's groups: a Layer per name, its column of each
     metric, head<h>_bound for its heads, its attributes from the datasets along the layer dimension."""
@@ -585,7 +585,7 @@ def probe_program():
 
 
 def load_report(text, where):
-    """A probe report from JSON text, checked against the shape docs/metrics.md gives it."""
+    """A probe report from JSON text, checked against the shape docs/manual/metrics.md gives it."""
     try:
         r = json.loads(text)
     except ValueError as e:
@@ -678,7 +678,7 @@ def legend_below(fig, cell, handles, labels, ncol=1):
 
 
 def undefined_panel(ax, kind, metric):
-    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (docs/metrics.md)" % (metric, kind),
+    ax.text(0.5, 0.5, "%s stability is not defined\nfor %s layers (docs/manual/metrics.md)" % (metric, kind),
             ha="center", va="center", transform=ax.transAxes, color="0.4", fontsize=9)
     ax.set_xticks([])
     ax.set_yticks([])

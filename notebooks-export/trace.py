@@ -1,7 +1,7 @@
 # %% [markdown]
 # # One training run, layer by layer
 #
-# Every layer's forward, dependency and update stability (docs/metrics.md) at every measured step of one
+# Every layer's forward, dependency and update stability (docs/manual/metrics.md) at every measured step of one
 # stabmeter trace, under the training loss: first every layer's **ratio to init** (its value over
 # its value at the first measured step, so 1 is where it started whatever its kind's natural
 # scale), then one row of panels per layer kind with the values themselves, on log axes.
@@ -102,7 +102,7 @@ print_worst("The worst layers of each kind by ratio to init (value over its valu
 # Under the loss, a row of ratios to init: every layer's metric over its value at the first
 # measured step (1 = where it started), in its kind's colour, each kind's largest drawn bold and
 # named. Then a row per layer kind present, a column per stability, the values themselves. A
-# well-parametrised model keeps each of them Θ(1) (docs/metrics.md); the update stability
+# well-parametrised model keeps each of them Θ(1) (docs/manual/metrics.md); the update stability
 # follows the learning-rate schedule.
 
 # %%

@@ -53,7 +53,7 @@ typedef struct {
 
 /* ---- options --------------------------------------------------------------------- */
 
-#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/metrics.md is installed */
+#ifndef STAB_DOCDIR /* set by Makefile.am: where docs/manual/metrics.md is installed */
 #define STAB_DOCDIR "/usr/local/share/doc/stabmeter"
 #endif
 
@@ -61,8 +61,8 @@ static void usage(void) {
   printf("Usage: %s [OPTION]...\n"
          "Trains a byte-level decoder-only transformer (GPT-2 layout) on a built-in corpus or a\n"
          "file, and measures every layer's forward, dependency and update stability as it trains.\n"
-         "The metrics and the trace's datasets are defined in docs/metrics.md (installed as\n"
-         STAB_DOCDIR "/metrics.md). Progress on stderr, results on stdout.\n"
+         "The metrics and the trace's datasets are defined in docs/manual/metrics.md (installed\n"
+         "as " STAB_DOCDIR "/docs/manual/metrics.md). Progress on stderr, results on stdout.\n"
          "\n"
          "Model:\n"
          "      --width D              width, 1..8192 (default 128)\n"

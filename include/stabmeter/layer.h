@@ -17,7 +17,7 @@ extern "C" {
 /* ---------------------------------------------------------------------------------- */
 /* Layer kinds and layouts                                                             */
 
-/* Which kind a tensor is (docs/metrics.md has each kind's metrics):
+/* Which kind a tensor is (docs/manual/metrics.md has each kind's metrics):
  *  - a weight matrix with its bias: one linear layer (the bias in .bias, not a layer of its own);
  *  - a norm: RMSNorm has a gain; LayerNorm has a gain (its weight, kind gain) and a bias (its
  *    beta, kind bias: a bias with no weight matrix to pair with, the gain being no linear layer);
@@ -78,7 +78,7 @@ typedef enum {
 } stab_tight_method;
 
 /* Every number measured for one layer. Fields that do not apply to the kind are NaN
- * (counts 0). See docs/metrics.md for each definition. */
+ * (counts 0). See docs/manual/metrics.md for each definition. */
 typedef struct {
   double forward;          /* forward stability (lm_head: headline log V + 2 d R) */
   double dependency;       /* dependency stability; NaN for embedding, bias, attention */

@@ -215,7 +215,7 @@ typedef struct {
 
 stab_probe_report_options stab_probe_default_report_options(void);
 
-/* The probe report as JSON (format "stabmeter-probe", format_version 2: docs/metrics.md),
+/* The probe report as JSON (format "stabmeter-probe", format_version 2: docs/manual/metrics.md),
  * exactly the text stabmeter-probe --json prints, ending in a newline: *text (NUL-terminated,
  * free() it) and *len bytes. options NULL: the defaults. Errors: NULL p, text or len
  * STAB_EINVAL; STAB_ENOMEM. */

@@ -65,7 +65,7 @@ typedef struct {
   double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix.
                        Lanczos and power: the residual bound, true of the eigenvalue nearest
                        the Ritz value, which is the top one unless the Krylov space has not
-                       seen it yet (its record over families of matrices: docs/performance.md) */
+                       seen it yet (its record over families of matrices: docs/lab/performance.md) */
   int passes;       /* passes made: products of W^T W with the current vector (power) or block
                        of 4 vectors (Lanczos), one read of the matrix each (in this version a
                        Lanczos pass still reads it twice, two vectors at a time) */

@@ -18,7 +18,7 @@ extern "C" {
 /* Steepest descent per kind (the articles' parametrisation)                           */
 
 /* The articles' initial standard deviation of a layer's weights, so that forward stability
- * starts at ~1 (docs/metrics.md): linear sqrt(d_out/d_in) / (sqrt(d_in) + sqrt(d_out));
+ * starts at ~1 (docs/manual/metrics.md): linear sqrt(d_out/d_in) / (sqrt(d_in) + sqrt(d_out));
  * embedding 1; lm_head 1/d_in (d_in = d, the width); gain 1 (a constant: every gamma_i = 1,
  * not a std); bias 0. d_in and d_out in the kind's math, as stab_monitor_layer gives them back:
  * a table's are embedding (V, d), lm_head (d, V). NaN for an unknown kind (attention has no

@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* ---------------------------------------------------------------------------------- */
-/* The trace: every measured step of a monitor, in an HDF5 file (docs/metrics.md)       */
+/* The trace: every measured step of a monitor, in an HDF5 file (docs/manual/metrics.md)       */
 
 /* The file (format_version 4). Every dataset indexed by step is float64 unless said, chunked
  * and extendable along the steps, row i of each belonging to /step[i]; a value that does not
@@ -150,7 +150,7 @@ extern "C" {
  * Cost. Opening, appending and closing cost time linear in the layers: the file has the same
  * objects whatever the layer count (about 35 datasets), a flush writes each [step, layer]
  * dataset's new rows in one hyperslab, and an append copies one value per layer and metric
- * into the stage (docs/trace.md gives the figures, bench/trace_layers.sh measures them). */
+ * into the stage (docs/manual/trace.md gives the figures, bench/trace_layers.sh measures them). */
 
 typedef struct stab_trace stab_trace;
 

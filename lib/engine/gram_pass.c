@@ -54,7 +54,7 @@ typedef double (*chunk32_fn)(const float *a, const float *b, size_t r0, size_t r
  *     the chunk's first row (fixed by the shape; a tile holds whole runs), so the thread count
  *     never moves a run. Single rows past the last block, and columns past the last whole
  *     vector, are accumulated in f64.
- * Both are inside the 256 terms a run may hold (docs/metrics.md): for a row of n columns,
+ * Both are inside the 256 terms a run may hold (docs/manual/metrics.md): for a row of n columns,
  * |d - d~| <= (RUN_TERMS + 2) u32 sum_j |r_ij x_j| + O(n u64) with u32 = 2^-24 (the bound
  * tests/unit/check_gram_pass holds them to). Measured, sigma moved by at most 2.5e-8 relative
  * (2.4e-10 on a Gaussian 4096 x 4096): unchanged at the default tolerance, and far below
@@ -747,7 +747,7 @@ AVX512 void add16(double *acc, __m512 t, double up) {
  * rows. While a run accumulates from L2, the next run's rows are prefetched into L2, so that
  * memory keeps streaming while the arithmetic runs (without, the two took turns). The run,
  * fixed by the chunk's first row, is a run of the accumulation's f32 sums (STABI_RUN_ROWS
- * terms, within the 256 of docs/metrics.md). */
+ * terms, within the 256 of docs/manual/metrics.md). */
 AVX512 double chunk32_avx512_body(const float *a, const float *b, size_t r0, size_t r1,
                                   size_t cols, size_t ld, const float *x32, const double *xup,
                                   const double *x, double *acc, const int nv, double quad, const int BF) {

@@ -23,7 +23,7 @@
  * on s2 and its rises had collapsed). On Gaussians the residual bound overshoots the actual
  * error 10-100x (the Ritz vector mixes eigenvectors whose eigenvalues are all near lambda_max).
  * What holds is measured: harness/bench --accuracy counts, per family of matrices, how often
- * the actual error exceeds the reported one (docs/performance.md).
+ * the actual error exceeds the reported one (docs/lab/performance.md).
  * Cost: at tol 1e-3, a Gaussian 4096^2 takes 23-32 passes depending on the matrix (block 2
  * with the same bound: 24-41), each one pass over A carrying the four vectors
  * (block_product); a warm start after a 1e-3 update 1 pass.

@@ -1,4 +1,4 @@
-/* layer_metrics.c — the three metrics of one layer of each kind (docs/metrics.md, per kind),
+/* layer_metrics.c — the three metrics of one layer of each kind (docs/manual/metrics.md, per kind),
  * from its weights and optionally its update. Shared by stab_layer_metrics (one call, its own
  * workspace) and the monitor (borrowed workspace, warm-start vectors kept between steps). */
 #include "metrics/metrics.h"

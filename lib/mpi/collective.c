@@ -22,7 +22,7 @@
  * takes a third, rare exchange: which elements saw NaN or which infinities (MPI_BOR), so that
  * the result is what IEEE addition would give (NaN, or the infinity). Maxima: each double
  * mapped to an int64 of the same order (NaN above everything), one MPI_MAX: exact.
- * docs/mpi.md weighs the cost. */
+ * docs/manual/mpi.md weighs the cost. */
 #include "mpi/mpi_internal.h"
 
 #include <math.h>

@@ -120,7 +120,7 @@ static const stab_kind summary_kinds[] = {STAB_KIND_LINEAR, STAB_KIND_EMBEDDING,
 static const char *const summary_metrics[] = {"forward", "dependency", "update"};
 enum { N_SUMMARY_KINDS = sizeof summary_kinds / sizeof summary_kinds[0], N_SUMMARY_METRICS = 3 };
 
-/* The unit of a row's forward, dependency and update (docs/metrics.md): the LM head bounds a
+/* The unit of a row's forward, dependency and update (docs/manual/metrics.md): the LM head bounds a
  * loss, in nats; every other kind is an RMS ratio (the attention row bounds a logit). */
 static const char *unit_of(stab_kind kind) { return kind == STAB_KIND_LM_HEAD ? "nats" : "1"; }
 
@@ -538,7 +538,7 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
     }
   if (count)
     fprintf(out, "\nunits: forward, dependency, update: RMS ratio (1), nats for lm_head rows; sigma: spectral norm of the "
-           "stored matrix (1); rel_err: relative (1). Definitions: docs/metrics.md\n");
+           "stored matrix (1); rel_err: relative (1). Definitions: docs/manual/metrics.md\n");
   any = 0;
   for (size_t i = 0; i < n; i++)
     if (rows[i].error || rows[i].no_update) {

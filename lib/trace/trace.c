@@ -1,5 +1,5 @@
 /* trace.c — the HDF5 trace writer: every measured step of a monitor appended as one row of
- * extendable datasets (docs/trace.md), one per metric, indexed by step and layer, so that the
+ * extendable datasets (docs/manual/trace.md), one per metric, indexed by step and layer, so that the
  * file's objects, and what opening, flushing and closing it costs, grow with the metrics and
  * not with the layers. Written in SWMR mode so that a reader can follow the file while training
  * runs and a killed writer loses nothing it had flushed. /step and the layer names are dimension
@@ -118,7 +118,7 @@ static void metric_values(const stab_metrics *m, double *v) {
 /* ---- what each dataset means, in words ------------------------------------------------ */
 
 /* The units and long_name attributes of every dataset the library knows (CF conventions: "1" is
- * dimensionless; the LM head's values bound a loss, in nats), after docs/metrics.md. The first
+ * dimensionless; the LM head's values bound a loss, in nats), after docs/manual/metrics.md. The first
  * row whose name matches and whose kind is the layer's, or ANY, applies; kind-specific rows
  * come first. A dataset with a declared name this table lacks (a scalar or a layer extra the
  * trainer made up) gets its name as long_name and no units: we do not know them. */

@@ -1,15 +1,16 @@
 #!/bin/sh
-# docs.sh — docs/metrics.md, the definitions users read, against what the programs record: every
+# docs.sh — docs/manual/metrics.md, the definitions users read, against what the programs record: every
 # dataset and attribute name of real traces (one from harness/train, one from probe --hdf5) and
 # every key of real probe reports appears in it as a `name`, every kind and layout value too, its
-# links to its own headings resolve, and no distributed source file sends users to SPEC.md (a
+# links to its own headings resolve, every link of the README and of docs/ (manual and lab notes)
+# names a file and heading that exist, and no distributed source file sends users to SPEC.md (a
 # file the repository has never shipped). The names come from the files, read by h5dump, not
 # from a list kept here, so a new dataset or key fails this test until it is documented.
 # Skipped (exit 77) when h5dump (Debian hdf5-tools) or python3 is missing.
 set -u
 top=$(pwd)
 src=${srcdir:-.}
-doc=$src/docs/metrics.md
+doc=$src/docs/manual/metrics.md
 for tool in h5dump python3; do
   if ! command -v $tool >/dev/null 2>&1; then
     echo "SKIP: $tool is not installed"
@@ -97,7 +98,7 @@ for path in reports:
 
 missing = sorted(n for n in wanted if "`%s`" % n not in doc and "`/%s`" % n not in doc)
 for n in missing:
-    print("not in docs/metrics.md as `%s`: %s" % (n, wanted[n]))
+    print("not in docs/manual/metrics.md as `%s`: %s" % (n, wanted[n]))
 print("%d names checked" % len(wanted))
 sys.exit(1 if missing or len(wanted) < 40 else 0)
 PY
@@ -118,7 +119,36 @@ for a in bad:
     print("link to #%s: no such heading" % a)
 sys.exit(1 if bad else 0)
 PY
-if [ $? -eq 0 ]; then pass; else fail "broken links inside docs/metrics.md:"; sed 's/^/    /' "$dir/links.out"; fi
+if [ $? -eq 0 ]; then pass; else fail "broken links inside docs/manual/metrics.md:"; sed 's/^/    /' "$dir/links.out"; fi
+
+# ---- links between the documents --------------------------------------------------------
+# The README and every page of docs/ (the manual and the lab notes) link to each other by
+# relative paths: each link names a file of the source tree, and each #anchor a heading there.
+python3 - "$src" >"$dir/doclinks.out" 2>&1 <<'PY'
+import glob, os, re, sys
+root = sys.argv[1]
+pages = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True))
+def prose(path):  # the text outside code fences
+    return re.sub(r"^```.*?^```", "", open(path, encoding="utf-8").read(), flags=re.M | re.S)
+def anchors(path):
+    return {re.sub(r"[^\w\- ]", "", h.lower().replace("`", "")).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} +(.+?) *$", prose(path), re.M)}
+bad = links = 0
+for page in pages:
+    for link in re.findall(r"\]\(([^)\s]+)\)", prose(page)):
+        if re.match(r"[a-z]+:", link):
+            continue
+        links += 1
+        path, _, anchor = link.partition("#")
+        target = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if not os.path.exists(target):
+            print("%s: %s: no such file" % (os.path.relpath(page, root), link)); bad += 1
+        elif anchor and target.endswith(".md") and anchor not in anchors(target):
+            print("%s: %s: no such heading" % (os.path.relpath(page, root), link)); bad += 1
+print("%d pages, %d links" % (len(pages), links))
+sys.exit(1 if bad or len(pages) < 10 or links < 50 else 0)
+PY
+if [ $? -eq 0 ]; then pass; else fail "broken links between the documents:"; sed 's/^/    /' "$dir/doclinks.out"; fi
 
 # ---- nothing points at SPEC.md ------------------------------------------------------------
 # The sources a tarball ships and users read (--help texts, headers, comments, notebooks, the
@@ -134,7 +164,7 @@ echo "$src/Makefile.am" >>"$dir/files"
 if [ "$(wc -l <"$dir/files")" -lt 20 ]; then
   fail "found only $(wc -l <"$dir/files") source files under $src"
 elif xargs grep -nw 'SPEC' <"$dir/files" >"$dir/spec.out"; then
-  fail "files that still point at SPEC.md (say docs/metrics.md):"
+  fail "files that still point at SPEC.md (say docs/manual/metrics.md):"
   sed 's/^/    /' "$dir/spec.out"
 else
   pass

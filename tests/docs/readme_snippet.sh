@@ -1,13 +1,13 @@
 #!/bin/sh
 # readme_snippet.sh NAME — runs the manual's snippet NAME (h5py, xarray, pandas or gnuplot), taken from
-# README.md or docs/*.md itself between <!-- snippet: NAME --> and <!-- /snippet -->, against a short trace
+# README.md or the manual (docs/manual/*.md) itself between <!-- snippet: NAME --> and <!-- /snippet -->, against a short trace
 # written by harness/train, after the README's export commands (snippet "export"), and checks
 # what it prints or draws against the trace's values, so that the README cannot rot.
 # Exit 77 (skipped) with the Debian package to install when the tool is missing.
 set -u
 name=$1
 srcdir=${srcdir:-.}
-manual="$srcdir/README.md $srcdir/docs/*.md"
+manual="$srcdir/README.md $srcdir/docs/manual/*.md"
 builddir=$(pwd)
 fail() { echo "FAIL ($name snippet): $*"; exit 1; }
 
@@ -36,8 +36,8 @@ snippet() {
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/readme_$name.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
-snippet "$name" >"$tmp/snippet" && [ -s "$tmp/snippet" ] || fail "neither README.md nor docs/*.md has snippet '$name'"
-snippet export >"$tmp/export.sh" && [ -s "$tmp/export.sh" ] || fail "neither README.md nor docs/*.md has snippet 'export'"
+snippet "$name" >"$tmp/snippet" && [ -s "$tmp/snippet" ] || fail "neither README.md nor docs/manual/*.md has snippet '$name'"
+snippet export >"$tmp/export.sh" && [ -s "$tmp/export.sh" ] || fail "neither README.md nor docs/manual/*.md has snippet 'export'"
 
 # The README's commands run from a build directory: harness/train and harness/export there.
 mkdir -p "$tmp/harness" "$tmp/runs/demo"

@@ -38,8 +38,8 @@ for p in demo bench train probe export; do
     elif ! grep -q '^Usage: ' "$out_file"; then fail "$name $h: no 'Usage:' line on stdout"
     elif [ -s "$err_file" ]; then fail "$name $h: wrote to stderr"
     elif ! grep -q "$name" "$out_file"; then fail "$name $h: usage does not name $name"
-    elif ! grep -Eq 'docs/metrics.md|metrics\.md' "$out_file" && [ "$p" != demo ] && [ "$p" != bench ] &&
-         [ "$p" != export ]; then fail "$name $h: usage does not point at docs/metrics.md"
+    elif ! grep -Eq 'docs/manual/metrics.md|metrics\.md' "$out_file" && [ "$p" != demo ] && [ "$p" != bench ] &&
+         [ "$p" != export ]; then fail "$name $h: usage does not point at docs/manual/metrics.md"
     elif grep -q 'SPEC\.md' "$out_file"; then fail "$name $h: usage points at SPEC.md (not shipped)"
     elif ! grep -Eq 'Exit status|exit status|exits? 0' "$out_file"; then fail "$name $h: usage does not give the exit codes"
     else pass; fi

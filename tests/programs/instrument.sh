@@ -26,17 +26,16 @@ grep -v '/\* stabmeter \*/$' "$src" >"$tmp/plain.c"
 if grep -n 'stab_\|STAB_\|stabmeter\.h' "$tmp/plain.c"; then fail "stabmeter code outside the marked lines"; fi
 echo "lines added for stabmeter: $added"
 
-# Every line the manual (docs/instrumenting.md) shows as added is one of them.
-readme=$srcdir/docs/instrumenting.md
-if [ -f "$readme" ]; then
-  sed -n '/<!-- instrument: added lines -->/,/<!-- \/instrument -->/p' "$readme" |
-    sed -e '/^```/d' -e '/^<!--/d' -e '/^ *$/d' -e '/^ *\/\//d' -e 's/^ *//' -e 's/ *$//' >"$tmp/readme_lines"
-  [ -s "$tmp/readme_lines" ] || fail "docs/instrumenting.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
-  grep '/\* stabmeter \*/$' "$src" | sed -e 's| */\* stabmeter \*/$||' -e 's/^ *//' >"$tmp/marked_lines"
-  while IFS= read -r line; do
-    grep -qxF -- "$line" "$tmp/marked_lines" || fail "docs/instrumenting.md shows a line the example does not add: $line"
-  done <"$tmp/readme_lines"
-fi
+# Every line the manual (docs/manual/instrumenting.md) shows as added is one of them.
+readme=$srcdir/docs/manual/instrumenting.md
+[ -f "$readme" ] || fail "no $readme (moved? this test reads its added lines)"
+sed -n '/<!-- instrument: added lines -->/,/<!-- \/instrument -->/p' "$readme" |
+  sed -e '/^```/d' -e '/^<!--/d' -e '/^ *$/d' -e '/^ *\/\//d' -e 's/^ *//' -e 's/ *$//' >"$tmp/readme_lines"
+[ -s "$tmp/readme_lines" ] || fail "docs/manual/instrumenting.md has no block between <!-- instrument: added lines --> and <!-- /instrument -->"
+grep '/\* stabmeter \*/$' "$src" | sed -e 's| */\* stabmeter \*/$||' -e 's/^ *//' >"$tmp/marked_lines"
+while IFS= read -r line; do
+  grep -qxF -- "$line" "$tmp/marked_lines" || fail "docs/manual/instrumenting.md shows a line the example does not add: $line"
+done <"$tmp/readme_lines"
 
 # The library as `make install` lays it out, under a stage instead of the prefix. MAKEFLAGS
 # would tie this make to the jobserver of the make running the tests.
@@ -54,6 +53,13 @@ grep -q "^$version " "$news" || fail "the installed NEWS has no entry for the in
 libdir=$(dirname "$(dirname "$pc")")
 export_prog=$(find "$tmp/stage" -name stabmeter-export -type f | head -n 1)
 [ -n "$export_prog" ] || fail "make install put no stabmeter-export in the stage"
+# --help sends users to the installed definitions (docs/manual/metrics.md under $(docdir)): that
+# file is where it says.
+probe_prog=$(find "$tmp/stage" -name stabmeter-probe -type f | head -n 1)
+[ -n "$probe_prog" ] || fail "make install put no stabmeter-probe in the stage"
+named=$(LD_LIBRARY_PATH=$libdir "$probe_prog" --help | sed -n 's/.*(installed as \([^)]*metrics\.md\)).*/\1/p' | head -n 1)
+[ -n "$named" ] && [ -f "$tmp/stage$named" ] ||
+  fail "stabmeter-probe --help names the definitions as '$named', which make install did not put there"
 PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$tmp/stage
 export PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 flags=$(pkg-config --cflags --libs stabmeter) || fail "pkg-config does not find stabmeter in the stage"

@@ -769,7 +769,7 @@ assert shown.keys() == want.keys(), (shown.keys(), want.keys())
 for k, (layer, v) in want.items():
     assert shown[k][0] == layer and abs(shown[k][1] - v) <= 1e-4 * abs(v), (k, shown[k], layer, v)
 assert "\nunits: forward, dependency, update: RMS ratio (1), nats for lm_head rows; sigma: " in table, table
-assert "Definitions: docs/metrics.md" in table
+assert "Definitions: docs/manual/metrics.md" in table
 PY
   ok
 fi

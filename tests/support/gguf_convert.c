@@ -27,7 +27,7 @@
  * Usage: gguf_convert --reference IN.safetensors CONVERTED.gguf
  *   One line per weight of IN that has a counterpart in CONVERTED:
  *     GGUF_NAME HF_NAME KIND UPDATE DW_F W_GGUF_F W_HF_F
- *   UPDATE the update metric of dW = W_gguf - W_hf in docs/metrics.md's definition for the
+ *   UPDATE the update metric of dW = W_gguf - W_hf in docs/manual/metrics.md's definition for the
  *   kind (linear sqrt(d_in/d_out) sigma(dW) plus the bias's RMS, sigma by LAPACK dgesvd in f64;
  *   embedding max_i RMS(dE_i); lm_head 2 d max_i RMS(dw_i); gain max |dg|; bias RMS(db)), and
  *   the Frobenius norms of dW, W_gguf and W_hf; a tied model's head (no output.weight) gets a

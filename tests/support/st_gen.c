@@ -168,7 +168,7 @@ static double head_sigma(const float *m, size_t ld, int in_major, size_t first, 
   return sqrt(jacobi_max(g, dh));
 }
 
-/* The attention logit bound per head (docs/metrics.md), s d_h F_q F_k with F = sqrt(d/d_h)
+/* The attention logit bound per head (docs/manual/metrics.md), s d_h F_q F_k with F = sqrt(d/d_h)
  * sigma, s = 1/sqrt(d_h): lines "<name> <h> <bound>" in heads_out, and the max as a .ref line of
  * kind attention. */
 static void attention_ref(FILE *ref, FILE *heads_out, const char *name, const float *q, const float *k, size_t ld,

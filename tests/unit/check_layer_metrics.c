@@ -1,5 +1,5 @@
 /* check_layer_metrics.c — stab_layer_metrics for every layer kind against the definitions of
- * docs/metrics.md computed independently (LAPACKE sigma, brute-force norms and diameters), and
+ * docs/manual/metrics.md computed independently (LAPACKE sigma, brute-force norms and diameters), and
  * each definition checked by brute force on sampled inputs: no RMS-1 input ever exceeds a
  * reported bound, and the top singular direction attains the exact ones. */
 #include <stdio.h>

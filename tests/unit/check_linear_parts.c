@@ -1,5 +1,5 @@
 /* check_linear_parts.c — stab_linear_metrics_assemble: a linear layer's metrics from its
- * whole-layer parts, against the closed forms of docs/metrics.md on chosen numbers, against
+ * whole-layer parts, against the closed forms of docs/manual/metrics.md on chosen numbers, against
  * stab_layer_metrics on the same layer (its parts measured independently: stab_sigma, sums of
  * squares in f64), and its flags, NaN and errors. */
 #include <stdlib.h>

@@ -582,7 +582,7 @@ END_TEST
 /* A trainer registering by name: the entries' layers measure what the hand-written layers of
  * stabmeter.h's examples measure (a linear with its bias, GPT-2's fused in-major attention),
  * and a GQA head's layer reads its group's key head. */
-/* The flow docs/instrumenting.md shows a trainer ("Registering layers by name"): its HF GPT-2
+/* The flow docs/manual/instrumenting.md shows a trainer ("Registering layers by name"): its HF GPT-2
  * parameters described as stab_ckpt_tensors over its own buffers, every measured entry
  * registered in a monitor through stab_model_entry_layer, one measurement. Every entry must be
  * accepted (names unique, sizes consistent), and each layer's metrics must be those of the

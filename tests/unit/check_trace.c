@@ -1,5 +1,5 @@
 /* check_trace.c — the HDF5 trace writer, every file read back with the HDF5 C API: the schema
- * of docs/metrics.md (datasets, types, chunking, unlimited extents, attributes, /step the dimension
+ * of docs/manual/metrics.md (datasets, types, chunking, unlimited extents, attributes, /step the dimension
  * scale of every dataset, units, which layers share storage), values equal bit for
  * bit to the monitor's metrics, staging and flushing, resume with a matching and a mismatched
  * monitor, a writer killed with SIGKILL, and write failures (no directory, a full disk). */
@@ -1986,7 +1986,7 @@ START_TEST(test_arguments) {
   const char *path = tmp_path("args.h5");
   stab_trace_params p = stab_trace_default_params();
   ck_assert_int_eq(p.flush_every, 0);
-  ck_assert(p.flush_seconds == 1.0); /* the default a kill -9 loses at most of (docs/trace.md) */
+  ck_assert(p.flush_seconds == 1.0); /* the default a kill -9 loses at most of (docs/manual/trace.md) */
   ck_assert_int_eq(p.on_error, STAB_TRACE_STOP);
   ck_assert_int_eq(p.append, 0);
   TU_ASSERT_STATUS(stab_trace_open(path, m, NULL, NULL), STAB_EINVAL);
