@@ -156,7 +156,7 @@ if [ $? -eq 0 ]; then pass; else fail "broken links between the documents:"; sed
 find "$src/docs" "$src/include" "$src/lib" "$src/harness" "$src/notebooks-export" "$src/tests" \
   \( -path "$src/tests/fuzz-build" -o -path "$src/tests/corpus" \) -prune -o -type f \
   \( -name '*.c' -o -name '*.h' -o -name '*.py' -o -name '*.sh' -o -name '*.md' \) -print |
-  grep -v -e '/tests/docs\.sh$' -e '/tests/cli\.sh$' >"$dir/files"
+  grep -v -e '/tests/docs/docs\.sh$' -e '/tests/programs/cli\.sh$' >"$dir/files"
 echo "$src/README.md" >>"$dir/files"
 echo "$src/quickstart.sh" >>"$dir/files"
 echo "$src/configure.ac" >>"$dir/files"
