@@ -9,7 +9,7 @@
 # FUZZ_READERS). By hand, from the build directory, once make check has built the helpers:
 #   tests/fuzz/fuzz.sh NAME...              (in a VPATH build: srcdir=SRC SRC/tests/fuzz/fuzz.sh NAME...)
 # Environment:
-#   FUZZ_SECONDS  fuzzing time per target after the replay (default 25; 0: replay only)
+#   FUZZ_SECONDS  fuzzing time per target after the replay (default 10; 0: replay only)
 #   FUZZ_TRACE_SECONDS  the same for the trace reader's target (default 0: see below)
 #   FUZZ_CORPUS   keep each target's grown corpus in FUZZ_CORPUS/NAME across runs (default: a
 #                 temporary directory, so every run starts from the seeds)
@@ -25,7 +25,7 @@ readers=${*:-${FUZZ_READERS:-}}
 [ -n "$readers" ] || { echo "usage: tests/fuzz/fuzz.sh NAME... (or FUZZ_READERS='NAME...'), e.g. safetensors llmc" >&2; exit 2; }
 top=$(pwd)
 src=${srcdir:-.}
-seconds=${FUZZ_SECONDS:-25}
+seconds=${FUZZ_SECONDS:-10}
 rss=${FUZZ_RSS_MB:-1024}
 cc=${FUZZ_CC:-clang}
 out=$top/tests/fuzz-build
