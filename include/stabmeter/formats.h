@@ -1,7 +1,9 @@
 /* stabmeter/formats.h — the checkpoint readers, one per format: a safetensors file, a Hugging
  * Face model (one file or sharded) and its config.json, an llm.c GPT-2 checkpoint, a GGUF file.
  * Each maps its file, validates the whole index when it opens it ("Checkpoint readers" in
- * stabmeter/checkpoint.h) and hands out stab_ckpt_tensor views. Part of <stabmeter.h>. */
+ * stabmeter/checkpoint.h) and hands out stab_ckpt_tensor views. Beside the safetensors reader,
+ * its writer (stab_safetensors_write), which writes only what the reader takes. Part of
+ * <stabmeter.h>. */
 #ifndef STABMETER_FORMATS_H
 #define STABMETER_FORMATS_H
 
