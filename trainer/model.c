@@ -2,8 +2,9 @@
  * sizes) in the order of the forward pass, each followed by its backward, then the model
  * that strings them together. Matrix products go to cblas_sgemm; every reduction over a
  * row (norms, softmax) accumulates in f64 so that the finite-difference check of the tests
- * sees the f32 rounding of the stored values only. The kernels are shared with the split model
- * of model_tp.c (model_kernels.h). */
+ * sees the f32 rounding of the stored values only. The kernels and the forward pass are shared
+ * with the split model of model_tp.c (model_kernels.h): the pass takes the widths a process
+ * holds and how a block's row-parallel outputs are made. */
 #include "model.h"
 #include "model_kernels.h"
 #include "synth.h"
@@ -327,31 +328,11 @@ void model_init_params(model *m, uint64_t seed, int gpt2) {
 
 /* ---- activations ----------------------------------------------------------------- */
 
-/* Every forward buffer; the same layout holds their gradients in dacts. */
-typedef struct {
-  float *encoded;  /* (B, T, D) */
-  float *ln1;      /* (L, B, T, D) */
-  float *ln1_rstd; /* (L, B, T) */
-  float *qkv;      /* (L, B, T, 3D) */
-  float *atty;     /* (L, B, T, D) attention output before c_proj */
-  float *att;      /* (L, B, H, T, T) softmax weights */
-  float *res2;     /* (L, B, T, D) residual after attention */
-  float *ln2;      /* (L, B, T, D) */
-  float *ln2_rstd; /* (L, B, T) */
-  float *fch;      /* (L, B, T, 4D) */
-  float *fch_gelu; /* (L, B, T, 4D) */
-  float *res3;     /* (L, B, T, D) residual after the block */
-  float *lnf;      /* (B, T, D) */
-  float *lnf_rstd; /* (B, T) */
-  float *logits;   /* (B, T, V) */
-  float *probs;    /* (B, T, V) */
-} acts;
-
-/* Lays the buffers out from base (NULL: only counts); returns the floats needed. */
-static size_t acts_layout(const model *m, float *base, size_t B, size_t T, acts *a) {
-  size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, H = m->c.heads, N = B * T;
-  size_t sizes[] = {N * D,     L * N * D, L * N,     L * N * 3 * D, L * N * D, L * B * H * T * T,
-                    L * N * D, L * N * D, L * N,     L * N * 4 * D, L * N * 4 * D, L * N * D,
+size_t model_acts_layout(const model_config *c, size_t Dl, size_t Hl, size_t Fl, float *base, size_t B, size_t T,
+                         model_acts *a) {
+  size_t V = c->vocab, D = c->width, L = c->depth, N = B * T;
+  size_t sizes[] = {N * D,     L * N * D, L * N,     L * N * 3 * Dl, L * N * Dl, L * B * Hl * T * T,
+                    L * N * D, L * N * D, L * N,     L * N * Fl,     L * N * Fl, L * N * D,
                     N * D,     N,         N * V,     N * V};
   float **ptrs[] = {&a->encoded, &a->ln1,     &a->ln1_rstd, &a->qkv, &a->atty,     &a->att,
                     &a->res2,    &a->ln2,     &a->ln2_rstd, &a->fch, &a->fch_gelu, &a->res3,
@@ -364,10 +345,15 @@ static size_t acts_layout(const model *m, float *base, size_t B, size_t T, acts 
   return total;
 }
 
+/* The whole model's buffers: every width whole. */
+static size_t acts_layout(const model *m, float *base, size_t B, size_t T, model_acts *a) {
+  return model_acts_layout(&m->c, m->c.width, m->c.heads, 4 * m->c.width, base, B, T, a);
+}
+
 int model_reserve(model *m, size_t B, size_t T) {
   if (!B || !T || T > m->c.context || B > (1u << 20)) return -1;
   if (B <= m->B && T <= m->T) return 0;
-  acts a;
+  model_acts a;
   size_t n = acts_layout(m, NULL, B, T, &a);
   float *x = malloc(n * sizeof(float)), *dx = malloc(n * sizeof(float));
   float *s = malloc(T * T * sizeof(float));
@@ -384,41 +370,56 @@ int model_reserve(model *m, size_t B, size_t T) {
 
 /* ---- the model ------------------------------------------------------------------- */
 
-float model_forward(model *m, const int32_t *tokens, const int32_t *targets, size_t b,
-                    size_t t) {
-  if (!b || !t || model_reserve(m, b, t) != 0) return NAN;
-  size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, H = m->c.heads, N = b * t;
-  size_t ND = m->B * m->T * D, NB = m->B * m->T; /* per-layer strides of the buffers */
-  if (!tokens_in_range(tokens, targets, N, V)) return NAN;
-  memcpy(m->tokens, tokens, N * sizeof *tokens);
-  if (targets) memcpy(m->targets, targets, N * sizeof *targets);
-  m->b = b, m->t = t;
-  acts a;
-  acts_layout(m, m->acts, m->B, m->T, &a);
+float model_forward_pass(const model *m, float *acts, size_t B, size_t T, size_t Dl, size_t Hl, size_t Fl,
+                         const int32_t *tokens, const int32_t *targets, size_t b, size_t t, model_row_out row_out,
+                         void *ctx) {
+  size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, N = b * t;
+  size_t NB = B * T, ND = NB * D; /* per-layer strides of the buffers */
+  model_acts a;
+  model_acts_layout(&m->c, Dl, Hl, Fl, acts, B, T, &a);
   float *p = m->params;
   encoder_forward(a.encoded, tokens, model_wte(m, p), model_wpe(m, p), b, t, D);
   for (size_t l = 0; l < L; l++) {
     model_block w = model_block_at(m, p, l);
     const float *residual = l ? a.res3 + (l - 1) * ND : a.encoded;
-    float *ln1 = a.ln1 + l * ND, *ln1r = a.ln1_rstd + l * NB, *qkv = a.qkv + l * 3 * ND;
-    float *atty = a.atty + l * ND, *att = a.att + l * m->B * H * m->T * m->T;
+    float *ln1 = a.ln1 + l * ND, *ln1r = a.ln1_rstd + l * NB, *qkv = a.qkv + l * NB * 3 * Dl;
+    float *atty = a.atty + l * NB * Dl, *att = a.att + l * B * Hl * T * T;
     float *res2 = a.res2 + l * ND, *ln2 = a.ln2 + l * ND, *ln2r = a.ln2_rstd + l * NB;
-    float *fch = a.fch + l * 4 * ND, *fchg = a.fch_gelu + l * 4 * ND, *res3 = a.res3 + l * ND;
+    float *fch = a.fch + l * NB * Fl, *fchg = a.fch_gelu + l * NB * Fl, *res3 = a.res3 + l * ND;
     rmsnorm_forward(ln1, ln1r, residual, w.ln1w, N, D);
-    matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, D, 3 * D, 0.0f);
-    attention_forward(atty, att, qkv, b, t, D, H, model_attn_scale(&m->c));
-    memcpy(res2, residual, N * D * sizeof(float));
-    matmul_forward(res2, atty, w.attprojw, w.attprojb, N, D, D, 1.0f);
+    matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, D, 3 * Dl, 0.0f); /* a split model: its heads */
+    attention_forward(atty, att, qkv, b, t, Dl, Hl, model_attn_scale(&m->c));
+    if (row_out(ctx, res2, residual, atty, w.attprojw, w.attprojb, N, Dl, D)) return NAN;
     rmsnorm_forward(ln2, ln2r, res2, w.ln2w, N, D);
-    matmul_forward(fch, ln2, w.fcw, w.fcb, N, D, 4 * D, 0.0f);
-    gelu_forward(fchg, fch, N * 4 * D);
-    memcpy(res3, res2, N * D * sizeof(float));
-    matmul_forward(res3, fchg, w.fcprojw, w.fcprojb, N, 4 * D, D, 1.0f);
+    matmul_forward(fch, ln2, w.fcw, w.fcb, N, D, Fl, 0.0f); /* a split model: its columns */
+    gelu_forward(fchg, fch, N * Fl);
+    if (row_out(ctx, res3, res2, fchg, w.fcprojw, w.fcprojb, N, Fl, D)) return NAN;
   }
   rmsnorm_forward(a.lnf, a.lnf_rstd, a.res3 + (L - 1) * ND, model_lnf(m, p), N, D);
   matmul_forward(a.logits, a.lnf, model_head(m, p), NULL, N, D, V, 0.0f);
-  m->loss = (float)crossentropy_forward(a.probs, a.logits, targets, N, V);
-  if (!targets) m->loss = NAN;
+  double loss = crossentropy_forward(a.probs, a.logits, targets, N, V);
+  return targets ? (float)loss : NAN;
+}
+
+/* The whole model's output of a block's attention or MLP: out = residual + inp W^T + bias. */
+static int whole_row_out(void *ctx, float *out, const float *residual, const float *inp, const float *w,
+                         const float *bias, size_t N, size_t C, size_t D) {
+  (void)ctx;
+  memcpy(out, residual, N * D * sizeof(float));
+  matmul_forward(out, inp, w, bias, N, C, D, 1.0f);
+  return 0;
+}
+
+float model_forward(model *m, const int32_t *tokens, const int32_t *targets, size_t b,
+                    size_t t) {
+  if (!b || !t || model_reserve(m, b, t) != 0) return NAN;
+  size_t N = b * t;
+  if (!tokens_in_range(tokens, targets, N, m->c.vocab)) return NAN;
+  memcpy(m->tokens, tokens, N * sizeof *tokens);
+  if (targets) memcpy(m->targets, targets, N * sizeof *targets);
+  m->b = b, m->t = t;
+  m->loss = model_forward_pass(m, m->acts, m->B, m->T, m->c.width, m->c.heads, 4 * m->c.width, tokens, targets, b,
+                               t, whole_row_out, NULL);
   return m->loss;
 }
 
@@ -429,7 +430,7 @@ void model_backward(model *m) {
   size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, H = m->c.heads;
   size_t b = m->b, t = m->t, N = b * t;
   size_t ND = m->B * m->T * D, NB = m->B * m->T;
-  acts a, da;
+  model_acts a, da;
   acts_layout(m, m->acts, m->B, m->T, &a);
   acts_layout(m, m->dacts, m->B, m->T, &da);
   memset(m->dacts, 0, m->n_acts * sizeof(float));
@@ -464,13 +465,13 @@ void model_backward(model *m) {
 }
 
 const float *model_logits(const model *m) {
-  acts a;
+  model_acts a;
   acts_layout(m, m->acts, m->B, m->T, &a);
   return a.logits;
 }
 
 const float *model_residual(const model *m, int l) {
-  acts a;
+  model_acts a;
   acts_layout(m, m->acts, m->B, m->T, &a);
   return l < 0 ? a.encoded : a.res3 + (size_t)l * m->B * m->T * m->c.width;
 }

@@ -1,13 +1,15 @@
-/* model_kernels.h — the transformer's kernels of model.c (output first, then inputs, then sizes),
- * shared by the whole model (model.c) and the model split across tensor-parallel ranks
- * (model_tp.c), so that both compute each piece with the same code. Shapes as in model.h's
- * letters; N = b t rows. Backward kernels accumulate (+=) into their outputs.
+/* model_kernels.h — the transformer's kernels of model.c (output first, then inputs, then sizes)
+ * and its forward pass, shared by the whole model (model.c) and the model split across
+ * tensor-parallel ranks (model_tp.c), so that both compute each piece with the same code.
+ * Shapes as in model.h's letters; N = b t rows. Backward kernels accumulate (+=) into their outputs.
  * Harness code. */
 #ifndef STAB_HARNESS_MODEL_KERNELS_H
 #define STAB_HARNESS_MODEL_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "model.h"
 
 /* 1 when every one of the n tokens (and targets, when not NULL) is in [0, V), else 0. */
 int tokens_in_range(const int32_t *tokens, const int32_t *targets, size_t n, size_t V);
@@ -48,5 +50,48 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 double crossentropy_forward(float *probs, const float *logits, const int32_t *targets, size_t N, size_t V);
 /* dlogits (N, V) = (probs - onehot(target)) / N. */
 void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, size_t N, size_t V);
+
+/* ---- the forward pass, whole or split --------------------------------------------- */
+
+/* Every forward buffer; the same layout holds their gradients. Dl, Hl and Fl are the widths a
+ * process holds of the attention (D), its heads (H) and the MLP (4D): whole in one process,
+ * 1/P of each on a rank of a tensor-parallel run (model_tp.h). */
+typedef struct {
+  float *encoded;  /* (B, T, D) */
+  float *ln1;      /* (L, B, T, D) */
+  float *ln1_rstd; /* (L, B, T) */
+  float *qkv;      /* (L, B, T, 3 Dl) q, k, v of this process's heads */
+  float *atty;     /* (L, B, T, Dl) attention output before c_proj */
+  float *att;      /* (L, B, Hl, T, T) softmax weights */
+  float *res2;     /* (L, B, T, D) residual after attention */
+  float *ln2;      /* (L, B, T, D) */
+  float *ln2_rstd; /* (L, B, T) */
+  float *fch;      /* (L, B, T, Fl) */
+  float *fch_gelu; /* (L, B, T, Fl) */
+  float *res3;     /* (L, B, T, D) residual after the block */
+  float *lnf;      /* (B, T, D) */
+  float *lnf_rstd; /* (B, T) */
+  float *logits;   /* (B, T, V) */
+  float *probs;    /* (B, T, V) */
+} model_acts;
+
+/* Lays the buffers of config c at widths Dl, Hl, Fl out from base (NULL: only counts) for B
+ * sequences of T positions; returns the floats needed. */
+size_t model_acts_layout(const model_config *c, size_t Dl, size_t Hl, size_t Fl, float *base, size_t B, size_t T,
+                         model_acts *a);
+
+/* The output of a block's attention or MLP (c_proj, mlp.c_proj): out (N, D) = residual + inp W^T
+ * + bias, inp (N, C), w (D, C). In one process one product; on a rank of a split model the
+ * rank's columns' product summed over the ranks (collective). 0, or 1 when it failed. */
+typedef int (*model_row_out)(void *ctx, float *out, const float *residual, const float *inp, const float *w,
+                             const float *bias, size_t N, size_t C, size_t D);
+
+/* The forward pass of m's parameters (whole, or a rank's slices at widths Dl, Hl, Fl) over
+ * tokens (b, t) into the buffers at acts (laid out for B, T >= b, t), each block's two
+ * row-parallel outputs by row_out(ctx, ...). Returns the mean loss over targets, NaN without
+ * targets or when row_out failed. One copy of the pass for model.c and model_tp.c. */
+float model_forward_pass(const model *m, float *acts, size_t B, size_t T, size_t Dl, size_t Hl, size_t Fl,
+                         const int32_t *tokens, const int32_t *targets, size_t b, size_t t, model_row_out row_out,
+                         void *ctx);
 
 #endif /* STAB_HARNESS_MODEL_KERNELS_H */

@@ -1,7 +1,8 @@
 /* model_tp.c — the split transformer of model_tp.h: the cut of each tensor, the slices in and
- * out of the whole model's layout, and the forward and backward passes, which string model.c's
- * kernels (model_kernels.h) together with a sum over the ranks after each row-parallel layer
- * and before each column-parallel one's input gradient. Built with --with-mpi. */
+ * out of the whole model's layout, the forward pass (model.c's, at this rank's widths, with a
+ * sum over the ranks after each row-parallel layer) and the backward pass, which strings
+ * model.c's kernels (model_kernels.h) together with a sum before each column-parallel layer's
+ * input gradient. Built with --with-mpi. */
 #include "model_tp.h"
 #include "model_kernels.h"
 
@@ -130,46 +131,14 @@ size_t model_tp_replicated(const model_tp *tp, const float *local, float *out) {
 
 /* ---- activations: model.c's buffers at this rank's widths ------------------------ */
 
-typedef struct {
-  float *encoded;  /* (B, T, D) */
-  float *ln1;      /* (L, B, T, D) */
-  float *ln1_rstd; /* (L, B, T) */
-  float *qkv;      /* (L, B, T, 3 Dl) this rank's q, k, v */
-  float *atty;     /* (L, B, T, Dl) its heads' outputs */
-  float *att;      /* (L, B, Hl, T, T) */
-  float *res2;     /* (L, B, T, D) */
-  float *ln2;      /* (L, B, T, D) */
-  float *ln2_rstd; /* (L, B, T) */
-  float *fch;      /* (L, B, T, Fl) */
-  float *fch_gelu; /* (L, B, T, Fl) */
-  float *res3;     /* (L, B, T, D) */
-  float *lnf;      /* (B, T, D) */
-  float *lnf_rstd; /* (B, T) */
-  float *logits;   /* (B, T, V) */
-  float *probs;    /* (B, T, V) */
-} tp_acts;
-
-static size_t acts_layout(const model_tp *tp, float *base, size_t B, size_t T, tp_acts *a) {
-  size_t V = tp->local.c.vocab, D = tp->local.c.width, L = tp->local.c.depth, N = B * T;
-  size_t sizes[] = {N * D,           L * N * D,  L * N,           L * N * 3 * tp->Dl,   L * N * tp->Dl,
-                    L * B * tp->Hl * T * T, L * N * D, L * N * D,  L * N,                L * N * tp->Fl,
-                    L * N * tp->Fl,  L * N * D,  N * D,            N,                    N * V,
-                    N * V};
-  float **ptrs[] = {&a->encoded, &a->ln1,  &a->ln1_rstd, &a->qkv,      &a->atty, &a->att,
-                    &a->res2,    &a->ln2,  &a->ln2_rstd, &a->fch,      &a->fch_gelu, &a->res3,
-                    &a->lnf,     &a->lnf_rstd, &a->logits, &a->probs};
-  size_t total = 0;
-  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
-    *ptrs[i] = base ? base + total : NULL;
-    total += sizes[i];
-  }
-  return total;
+static size_t acts_layout(const model_tp *tp, float *base, size_t B, size_t T, model_acts *a) {
+  return model_acts_layout(&tp->local.c, tp->Dl, tp->Hl, tp->Fl, base, B, T, a);
 }
 
 static int reserve(model_tp *tp, size_t B, size_t T) {
   if (!B || !T || T > tp->local.c.context || B > (1u << 20)) return -1;
   if (B <= tp->B && T <= tp->T) return 0;
-  tp_acts a;
+  model_acts a;
   size_t n = acts_layout(tp, NULL, B, T, &a), D = tp->local.c.width;
   float *x = malloc(n * sizeof(float)), *dx = malloc(n * sizeof(float)), *s = malloc(T * T * sizeof(float));
   float *part = malloc(B * T * D * sizeof(float));
@@ -193,43 +162,28 @@ static void add_row_parallel(float *out, const float *residual, const float *sum
 
 /* ---- the split model --------------------------------------------------------------- */
 
+/* A rank's output of a block's attention or MLP, row-parallel: its columns' product, summed over
+ * the ranks, plus the residual and the (replicated) bias. Collective. */
+static int split_row_out(void *ctx, float *out, const float *residual, const float *inp, const float *w,
+                         const float *bias, size_t N, size_t C, size_t D) {
+  model_tp *tp = ctx;
+  matmul_forward(tp->partial, inp, w, NULL, N, C, D, 0.0f);
+  if (train_world_sum(tp->w, tp->partial, N * D)) return 1;
+  add_row_parallel(out, residual, tp->partial, bias, N, D);
+  return 0;
+}
+
 float model_tp_forward(model_tp *tp, const int32_t *tokens, const int32_t *targets, size_t b, size_t t) {
   model *m = &tp->local;
   if (!b || !t || reserve(tp, b, t) != 0) return NAN;
-  size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, N = b * t;
-  size_t Dl = tp->Dl, Hl = tp->Hl, Fl = tp->Fl, NB = tp->B * tp->T, ND = NB * D;
-  if (!tokens_in_range(tokens, targets, N, V)) return NAN;
+  size_t N = b * t;
+  if (!tokens_in_range(tokens, targets, N, m->c.vocab)) return NAN;
   memcpy(tp->tokens, tokens, N * sizeof *tokens);
   if (targets) memcpy(tp->targets, targets, N * sizeof *targets);
   tp->b = b, tp->t = t;
-  tp_acts a;
-  acts_layout(tp, tp->acts, tp->B, tp->T, &a);
-  float *p = m->params;
-  encoder_forward(a.encoded, tokens, model_wte(m, p), model_wpe(m, p), b, t, D);
-  for (size_t l = 0; l < L; l++) {
-    model_block w = model_block_at(m, p, l);
-    const float *residual = l ? a.res3 + (l - 1) * ND : a.encoded;
-    float *ln1 = a.ln1 + l * ND, *ln1r = a.ln1_rstd + l * NB, *qkv = a.qkv + l * NB * 3 * Dl;
-    float *atty = a.atty + l * NB * Dl, *att = a.att + l * tp->B * Hl * tp->T * tp->T;
-    float *res2 = a.res2 + l * ND, *ln2 = a.ln2 + l * ND, *ln2r = a.ln2_rstd + l * NB;
-    float *fch = a.fch + l * NB * Fl, *fchg = a.fch_gelu + l * NB * Fl, *res3 = a.res3 + l * ND;
-    rmsnorm_forward(ln1, ln1r, residual, w.ln1w, N, D);
-    matmul_forward(qkv, ln1, w.qkvw, w.qkvb, N, D, 3 * Dl, 0.0f); /* column-parallel: its heads */
-    attention_forward(atty, att, qkv, b, t, Dl, Hl, model_attn_scale(&m->c));
-    matmul_forward(tp->partial, atty, w.attprojw, NULL, N, Dl, D, 0.0f); /* row-parallel */
-    if (train_world_sum(tp->w, tp->partial, N * D)) return tp->loss = m->loss = NAN;
-    add_row_parallel(res2, residual, tp->partial, w.attprojb, N, D);
-    rmsnorm_forward(ln2, ln2r, res2, w.ln2w, N, D);
-    matmul_forward(fch, ln2, w.fcw, w.fcb, N, D, Fl, 0.0f); /* column-parallel */
-    gelu_forward(fchg, fch, N * Fl);
-    matmul_forward(tp->partial, fchg, w.fcprojw, NULL, N, Fl, D, 0.0f); /* row-parallel */
-    if (train_world_sum(tp->w, tp->partial, N * D)) return tp->loss = m->loss = NAN;
-    add_row_parallel(res3, res2, tp->partial, w.fcprojb, N, D);
-  }
-  rmsnorm_forward(a.lnf, a.lnf_rstd, a.res3 + (L - 1) * ND, model_lnf(m, p), N, D);
-  matmul_forward(a.logits, a.lnf, model_head(m, p), NULL, N, D, V, 0.0f);
-  double loss = crossentropy_forward(a.probs, a.logits, targets, N, V);
-  tp->loss = m->loss = targets ? (float)loss : NAN;
+  /* the whole model's pass at this rank's widths, its row-parallel outputs summed over the ranks */
+  tp->loss = m->loss = model_forward_pass(m, tp->acts, tp->B, tp->T, tp->Dl, tp->Hl, tp->Fl, tokens, targets, b, t,
+                                          split_row_out, tp);
   return tp->loss;
 }
 
@@ -238,7 +192,7 @@ int model_tp_backward(model_tp *tp) {
   if (!tp->b || isnan(tp->loss)) return 0;
   size_t V = m->c.vocab, D = m->c.width, L = m->c.depth, b = tp->b, t = tp->t, N = b * t;
   size_t Dl = tp->Dl, Hl = tp->Hl, Fl = tp->Fl, NB = tp->B * tp->T, ND = NB * D;
-  tp_acts a, da;
+  model_acts a, da;
   acts_layout(tp, tp->acts, tp->B, tp->T, &a);
   acts_layout(tp, tp->dacts, tp->B, tp->T, &da);
   memset(tp->dacts, 0, tp->n_acts * sizeof(float));
@@ -276,7 +230,7 @@ int model_tp_backward(model_tp *tp) {
 }
 
 const float *model_tp_residual(const model_tp *tp, int l) {
-  tp_acts a;
+  model_acts a;
   acts_layout(tp, tp->acts, tp->B, tp->T, &a);
   return l < 0 ? a.encoded : a.res3 + (size_t)l * tp->B * tp->T * tp->local.c.width;
 }

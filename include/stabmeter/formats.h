@@ -1,7 +1,9 @@
 /* stabmeter/formats.h — the checkpoint readers, one per format: a safetensors file, a Hugging
  * Face model (one file or sharded) and its config.json, an llm.c GPT-2 checkpoint, a GGUF file.
  * Each maps its file, validates the whole index when it opens it ("Checkpoint readers" in
- * stabmeter/checkpoint.h) and hands out stab_ckpt_tensor views. Part of <stabmeter.h>. */
+ * stabmeter/checkpoint.h) and hands out stab_ckpt_tensor views. Beside the safetensors reader,
+ * its writer (stab_safetensors_write), which writes only what the reader takes. Part of
+ * <stabmeter.h>. */
 #ifndef STABMETER_FORMATS_H
 #define STABMETER_FORMATS_H
 
@@ -48,6 +50,35 @@ stab_status stab_safetensors_metadata(const stab_safetensors *f, size_t index, c
 
 /* Bytes of the file (as mapped). */
 uint64_t stab_safetensors_file_size(const stab_safetensors *f);
+
+/* One tensor for stab_safetensors_write. */
+typedef struct {
+  const char *name;   /* UTF-8, non-empty, not "__metadata__", at most 65536 bytes, unique in the file */
+  const char *dtype;  /* as the format spells it: "F32", "F16", "BF16", "F64", "I64", "I32", "I16",
+                         "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2" */
+  size_t ndim;        /* 0 (a scalar) to STAB_CKPT_MAX_DIMS */
+  uint64_t shape[STAB_CKPT_MAX_DIMS]; /* row-major, outermost first; the first ndim are used */
+  const void *data;   /* product(shape) elements of dtype, in the file's byte order (little-
+                         endian: written as they are); read only; may be NULL when empty */
+} stab_safetensors_entry;
+
+/* Writes a safetensors file at path: the header {"__metadata__":{...},"name":{"dtype",
+ * "shape","data_offsets"},...} without blanks, keys in the order given (the metadata, when
+ * n_metadata > 0, first), padded with spaces to a multiple of 8 bytes, then the tensors' data
+ * contiguous in the order given (data_offsets follow from it). metadata: n_metadata pairs,
+ * metadata[2i] the key and metadata[2i + 1] its value, each UTF-8 (at most 65536 bytes), keys
+ * unique. Strings are escaped as JSON needs ('"', '\', control characters).
+ * The file is written to "<path>.tmp" and renamed over path: path holds the old file or the
+ * whole new one, never a part (the .tmp is removed on failure). Nothing is synced to disk.
+ * Whatever stab_safetensors_open would refuse is refused before any file is created: a file
+ * written here opens and reads back the same bytes.
+ * Errors (the message names path, and the tensor or key): STAB_EINVAL (NULL path, or NULL
+ * arrays with counts > 0; a NULL, empty, duplicate or invalid UTF-8 name or metadata key, an
+ * unknown dtype, more than STAB_CKPT_MAX_DIMS dimensions, a size overflowing 64 bits, NULL data
+ * for a non-empty tensor, a header over 100 MiB), STAB_EIO (cannot create, write or rename the
+ * file: the system's reason), STAB_ENOMEM. Thread-safe for distinct paths. */
+stab_status stab_safetensors_write(const char *path, const char *const *metadata, size_t n_metadata,
+                                   const stab_safetensors_entry *tensors, size_t n_tensors);
 
 /* ---------------------------------------------------------------------------------- */
 /* A Hugging Face model: one safetensors file or sharded                              */

@@ -6,6 +6,12 @@
 
 #include "engine/engine.h"
 
+/* ---- safetensors (safetensors.c, for safetensors_write.c) ---- */
+
+/* Bytes per element of the safetensors dtype spelled name ("F32", "BF16", ...), or 0 when the
+ * format has no such dtype: the writer refuses what the reader would. */
+size_t stabi_safetensors_dtype_size(const char *name);
+
 /* ---- a split GGUF model (ckpt_gguf_split.c) ---- */
 
 /* The bytes of a GGUF file as mapped (0 for NULL). */

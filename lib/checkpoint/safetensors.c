@@ -46,6 +46,12 @@ static const struct {
     {"BOOL", 1, STAB_DTYPE_OTHER}, {"F8_E4M3", 1, STAB_DTYPE_OTHER}, {"F8_E5M2", 1, STAB_DTYPE_OTHER},
 };
 
+size_t stabi_safetensors_dtype_size(const char *name) {
+  for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++)
+    if (!strcmp(dtypes[k].name, name)) return dtypes[k].size;
+  return 0;
+}
+
 /* ---- the JSON cursor --------------------------------------------------------------- */
 /* The header's schema is fixed (an object of objects of strings and integer arrays), so
  * the parser is recursive descent over exactly that schema, at most three levels deep by
