@@ -107,7 +107,7 @@ extern "C" {
  *
  * One writer at a time. An open trace holds a lock (fcntl, open-file-description, whole file)
  * on its file until closed or its writer dies, and every stab_trace_open keeps one protocol
- * (lib/trace/trace.c has it in full, with every interleaving of two writers): a new trace is
+ * (lib/trace/lock.c has it in full, with every interleaving of two writers): a new trace is
  * published only where nothing is (renameat2 RENAME_NOREPLACE, or link), a finished trace is
  * replaced only by a writer holding its lock, and a trace is appended to only after its lock is
  * taken, each time checking that the path still names the file locked. So of two writers

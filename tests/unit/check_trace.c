@@ -632,7 +632,7 @@ static void write_rows(stab_trace *t, stab_monitor *m, model *md, tu_rng *r, row
 
 enum { ROWS = 7 };
 
-/* The writer's rows per chunk (lib/trace/trace.c): a flush crossing it needs new room on the disk. */
+/* The writer's rows per chunk (CHUNK_ROWS, lib/trace/trace_internal.h): a flush crossing it needs new room on the disk. */
 enum { CHUNK_ROWS_TEST = 256 };
 
 /* flush_every 1, 3 (rows staged between flushes) and 100 (nothing flushed before close). */
