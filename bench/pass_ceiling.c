@@ -3,8 +3,8 @@
  *
  * A pass (y = W^T (W x), lib/engine/gram_pass.c) does per element of W, per vector, two FMAs: in f32
  * runs (the default kernels) or in f64 after two f32 -> f64 conversions (the precise path).
- * This program times the library's own kernels (the file is included, so the static kernels
- * are reachable), each arithmetic for 1, 2 and 4 vectors, with 1 and 2 threads, three ways,
+ * This program times the library's own kernels (stabi_gram_kernel_chosen(), linked from the
+ * library's internal build), each arithmetic for 1, 2 and 4 vectors, with 1 and 2 threads, three ways,
  * all interleaved and each the best of its repeats:
  *   - in cache: every thread passes over its own 16 x COLS block (256 KiB at 4096 columns,
  *     inside L2) again and again: the arithmetic's ceiling, with no memory traffic at all;
@@ -14,13 +14,15 @@
  * If the in-cache ceiling is below the target fraction of the read, no arrangement of the
  * memory traffic can bring a pass to the target: only less arithmetic per element could.
  *
- * Built and run by bench/pass_ceiling.sh; not part of the library. */
-#include "../lib/engine/gram_pass.c"
+ * Built (make bench/pass_ceiling) and run by bench/pass_ceiling.sh; not part of the library. */
+#include "engine/engine.h"
 
-#include "../harness/clock.h"
+#include "clock.h"
 #include "stream_read.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h> /* its own threads: gram_pass.c no longer uses OpenMP */
 #endif
@@ -44,7 +46,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: pass_ceiling [ROWS >= 32] [COLS >= 8] [REPEATS >= 1]\n");
     return 2;
   }
-  const struct kernel *kn = kernel();
+  const stabi_gram_kernel *kn = stabi_gram_kernel_chosen();
   float *w = malloc(rows * cols * sizeof *w);
   float *hot = malloc(2 * SMALL * cols * sizeof *hot); /* one small block a thread */
   double *x = malloc(4 * cols * sizeof *x), *acc = malloc(2 * 4 * cols * sizeof *acc);
@@ -95,8 +97,8 @@ int main(int argc, char **argv) {
               else
                 for (int h = 0; h < (what == 0 ? hot_reps / nt : 1); h++) {
                   memset(my_acc, 0, (size_t)nv * cols * sizeof *my_acc);
-                  s += f64 ? kn->fn(a, NULL, a0, a1, cols, cols, x, my_acc, nv, 0.0)
-                           : kn->fn32(a, NULL, a0, a1, cols, cols, x32, xup, x, my_acc, nv, 0.0);
+                  s += f64 ? kn->chunk(a, NULL, a0, a1, cols, cols, x, my_acc, nv, 0.0)
+                           : kn->chunk32(a, NULL, a0, a1, cols, cols, x32, xup, x, my_acc, nv, 0.0);
                 }
             }
             double t = monotonic_seconds() - t0;

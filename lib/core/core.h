@@ -52,9 +52,6 @@ stab_status stabi_check_matrix(const char *who, const char *what, const float *a
 stab_status stabi_spectral_check(const stab_spectral_params *p, const char *who);
 /* Lanczos basis vectors of validated parameters: krylov_dim rounded up to even, at least 4. */
 size_t stabi_krylov_basis(const stab_spectral_params *p);
-/* A layer name (not NULL) is valid UTF-8, else STAB_EINVAL naming the byte offset: names go
- * into messages, JSON reports and HDF5 UTF-8 strings, and the message does not echo the bytes. */
-stab_status stabi_check_name(const char *who, const char *name);
 /* Offset of the first byte of s[0..n) that does not start a valid UTF-8 sequence (see
  * stab_utf8_decode), or (size_t)-1 when all n bytes are valid. */
 size_t stabi_utf8_invalid_at(const char *s, size_t n);

@@ -1,5 +1,5 @@
 /* status.c — error codes, the last-error message of each thread, the optional message
- * handler, version and kind names. */
+ * handler, and the version. */
 #include "core/core.h"
 
 #include <stdarg.h>
@@ -60,16 +60,4 @@ void stabi_warn(const char *fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   message_fn(message_user, buf);
-}
-
-const char *stab_kind_name(stab_kind kind) {
-  switch (kind) {
-  case STAB_KIND_LINEAR: return "linear";
-  case STAB_KIND_EMBEDDING: return "embedding";
-  case STAB_KIND_LM_HEAD: return "lm_head";
-  case STAB_KIND_GAIN: return "gain";
-  case STAB_KIND_BIAS: return "bias";
-  case STAB_KIND_ATTENTION: return "attention";
-  }
-  return NULL;
 }

@@ -1,11 +1,11 @@
 /* validate.c — the checks of the arguments every public entry point shares: a matrix (its
- * pointer, shape and row stride), spectral parameters, and a name. One place for each, so that
- * two functions given the same matrix cannot disagree about whether it is valid (stab_sigma
- * once accepted a stride that stab_layer_metrics refused, then read past the buffer). */
+ * pointer, shape and row stride) and spectral parameters (a layer's own checks, its name among
+ * them, are lib/metrics/layer.c's). One place for each, so that two functions given the same
+ * matrix cannot disagree about whether it is valid (stab_sigma once accepted a stride that
+ * stab_layer_metrics refused, then read past the buffer). */
 #include "core/core.h"
 
 #include <stdint.h>
-#include <string.h>
 
 stab_status stabi_check_extent(const char *who, const char *what, size_t rows, size_t cols,
                                size_t *ld, size_t *span) {
@@ -57,12 +57,4 @@ size_t stabi_krylov_basis(const stab_spectral_params *p) {
    * even cannot overflow */
   size_t k = ((size_t)p->krylov_dim + 1) & ~(size_t)1;
   return k < 4 ? 4 : k;
-}
-
-stab_status stabi_check_name(const char *who, const char *name) {
-  size_t n = strlen(name), bad = stabi_utf8_invalid_at(name, n);
-  if (bad != (size_t)-1)
-    return stabi_fail(STAB_EINVAL, "%s: layer name is not valid UTF-8 (byte %zu of %zu is 0x%02x)",
-                      who, bad, n, (unsigned)(unsigned char)name[bad]);
-  return STAB_OK;
 }

@@ -56,7 +56,7 @@ typedef struct {
   int slots;
 } stabi_tiles;
 
-/* The SIMD pass kernels' runs of rows (gram_pass.c: the accumulation's f32 sums span up to
+/* The SIMD pass kernels' runs of rows (gram_simd.h: the accumulation's f32 sums span up to
  * this many rows, from a chunk's or a tile's first row); a multiple of 8, the row blocks of
  * every pass kernel. */
 #define STABI_RUN_ROWS 32
@@ -107,10 +107,53 @@ size_t stabi_chunk_count(size_t rows);
  * row scaled by them into per-chunk f64 accumulators while the row is in cache. Y holds nv x
  * cols doubles; partial holds stabi_chunk_count(rows) * nv * cols (at least 2 * cols), and X
  * overlaps neither (the f32 copy of X is kept in one of them during the pass). f64 = 0: products
- * and partial sums in f32 runs added into f64 (gram_pass.c says how long; the caller's tol is
+ * and partial sums in f32 runs added into f64 (gram_kernels.h says how long; the caller's tol is
  * then at least STAB_SPECTRAL_F32_TOL_MIN); 1: all in f64. Returns x_0^T G x_0. */
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
                         double *partial, const stabi_tiles *tiles, int threads, int nv, int f64);
+
+/* ---- the pass kernels (gram_pass.c picks one; gram_avx2.c, gram_avx512.c) ----
+ * What stabi_gram_apply runs on each chunk of rows, exposed for bench/pass_ceiling, which times
+ * them without the pass around them. */
+
+/* Rows [r0, r1) of one chunk: for nv vectors x_v (x + v cols), acc_v += sum_i d_iv r_i with
+ * d_iv = <r_i, x_v> and r_i = a_i - b_i (acc holds nv x cols doubles, zeroed by the caller);
+ * returns quad + sum_i d_i0^2, added row by row. A chunk stored as 16-bit numbers arrives as
+ * successive tiles of whole 8-row blocks, each call carrying acc and quad on from the last,
+ * so the sums are the very ones a single call over the f32 rows makes. Every build has the
+ * same shape: blocks of 8 rows, then single rows. nv is 1, 2 or 4: a further vector reuses each
+ * loaded element, so it costs far less than a pass (the f64 SIMD builds take 4 vectors as two
+ * passes of 2 over the chunk's rows, which are then in cache: the precise path is not the fast
+ * one). All in f64. */
+typedef double (*stabi_chunk_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                                 size_t ld, const double *x, double *acc, int nv, double quad);
+
+/* The same with f32 runs (gram_kernels.h says how long); x32 is x / xup[v] rounded to f32 once
+ * per pass (nv x cols floats), xup[v] a power of two. */
+typedef double (*stabi_chunk32_fn)(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
+                                   size_t ld, const float *x32, const double *xup, const double *x,
+                                   double *acc, int nv, double quad);
+
+typedef void (*stabi_dot4x4_fn)(const double *const x[4], const double *const y[4], size_t n, double s[4][4]);
+typedef void (*stabi_sub4_fn)(const double *const q[4], const double c[4][4], double *const z[4], size_t nz,
+                              size_t n);
+
+/* One build of the kernels: AVX-512, AVX2+FMA or portable C. */
+typedef struct {
+  const char *name;            /* "avx512", "avx2", "generic": stab_spectral_kernel() */
+  stabi_chunk_fn chunk;        /* f64, F32 rows (A, or A - B) */
+  stabi_chunk_fn chunk_bf16;   /* f64, A stored as BF16 and no B, read as it is stored (b is
+                                  ignored); NULL: such rows go through the f32 tiles */
+  stabi_chunk32_fn chunk32;    /* f32 runs, F32 rows */
+  stabi_chunk32_fn chunk32_bf16;
+  stabi_dot4x4_fn dot4x4;      /* stabi_dot4x4 */
+  stabi_sub4_fn sub4;          /* stabi_sub4 */
+} stabi_gram_kernel;
+
+/* The best build this processor runs, or the one named by the environment's STAB_KERNEL (for
+ * comparisons; a name it cannot run falls back to the best). Chosen once; every thread gets
+ * the same. */
+const stabi_gram_kernel *stabi_gram_kernel_chosen(void);
 
 /* s[a][b] = <x_a, y_b> for four f64 vectors each side, n long, in f64 (with this processor's
  * kernel: FMA in the SIMD builds): the blocks of the rows-side Gram matrix spectral.c forms for

@@ -1,12 +1,12 @@
-/* metrics.h — one layer's metrics and the monitor's internals (lib/metrics/): a layer's
- * resolved storage, which registered layers share stored numbers, and measuring one layer.
- * Never installed. */
+/* metrics.h — one layer's metrics and the monitor's internals (lib/metrics/): what a layer is
+ * (its descriptor checked and resolved to its storage), which registered layers share stored
+ * numbers, and measuring one layer. Never installed. */
 #ifndef STABMETER_METRICS_H
 #define STABMETER_METRICS_H
 
 #include "engine/engine.h"
 
-/* ---- one layer's metrics (layer_metrics.c) ---- */
+/* ---- a layer: its descriptor checked and resolved (layer.c; stab_kind_name too) ---- */
 
 /* Where a layer's numbers sit in memory, resolved and validated from its descriptor. */
 typedef struct {
@@ -23,6 +23,13 @@ typedef struct {
 
 /* Validates a layer (who names the caller in messages) and resolves its storage. */
 stab_status stabi_layer_shape(const stab_layer *l, const char *who, stabi_shape *out);
+/* A layer name (not NULL) is valid UTF-8, else STAB_EINVAL naming the byte offset: names go
+ * into messages, JSON reports and HDF5 UTF-8 strings, and the message does not echo the bytes. */
+stab_status stabi_check_name(const char *who, const char *name);
+/* The layer's name for messages: "(unnamed)" when it has none. */
+static inline const char *stabi_layer_name(const stab_layer *l) { return l->name ? l->name : "(unnamed)"; }
+
+/* ---- one layer's metrics (layer_metrics.c) ---- */
 
 /* ---- which registered layers share stored numbers (monitor.c, shared_storage.c) ---- */
 

@@ -30,7 +30,7 @@ for k in avx2 generic; do
   done
 done
 
-# bench/pass_ceiling.sh includes lib/engine/gram_pass.c to time its kernels: it must still build
+# bench/pass_ceiling.sh times the library's own kernels (linked from its internal build): it must still build
 # against them and print its twelve rows (1 and 2 threads, 1, 2 and 4 vectors, f32 and f64).
 # Tiny sizes: a check that it runs, not a timing.
 echo "== bench/pass_ceiling.sh 64 64 1"

@@ -98,7 +98,7 @@ static double pass(const test_matrix *m, size_t rows, size_t cols, const double 
 }
 
 /* The f32 runs' bound on |y~_j - y_j|, in units of u32 = 2^-24 times
- * s_j = sum_i |r_ij| sum_k |r_ik x_k| (gram_pass.c: a dot's lane sums at most 64 products, the
+ * s_j = sum_i |r_ij| sum_k |r_ik x_k| (gram_kernels.h: a dot's lane sums at most 64 products, the
  * accumulation STABI_RUN_ROWS = 32 rows in the SIMD builds, 8 in the portable one; x, each dot and
  * each A - B are rounded to f32 once):
  *   dot:          (64 + 1) u32 sum_k |r_ik x_k|, and 1 more for A - B;
