@@ -10,8 +10,18 @@
  * F32, F16 and BF16 in host byte order. Pointers to 16-bit data travel as const float * in
  * stab_layer; inside the library they are const void * and offsets are in elements. */
 
-/* Bytes per element: 4 (F32), 2 (F16, BF16); 0 for a dtype not read natively. */
-size_t stabi_dtype_size(stab_dtype dtype);
+/* Bytes per element: 4 (F32), 2 (F16, BF16); 0 for a dtype not read natively. Inline, as the
+ * header's other helpers are, so that nothing here calls back into a file that includes it. */
+static inline size_t stabi_dtype_size(stab_dtype dtype) {
+  switch (dtype) {
+  case STAB_DTYPE_F32: return 4;
+  case STAB_DTYPE_F16:
+  case STAB_DTYPE_BF16: return 2;
+  case STAB_DTYPE_OTHER:
+  case STAB_DTYPE_QUANT: break;
+  }
+  return 0;
+}
 /* "F32", "F16", "BF16", "OTHER", "QUANT"; NULL if unknown. */
 const char *stabi_dtype_name(stab_dtype dtype);
 
@@ -29,12 +39,7 @@ void stabi_tile_f32(const void *p, stab_dtype dtype, size_t ld, size_t r0, size_
                     float *tile);
 
 /* Row i (stride ld) of p as f32: in place for F32, else converted into buf (cols floats). */
-static inline const float *stabi_row_f32(const void *p, stab_dtype dtype, size_t ld, size_t i, size_t cols,
-                                         float *buf) {
-  if (dtype == STAB_DTYPE_F32) return (const float *)p + i * ld;
-  stabi_to_f32(stabi_elem_ptr(p, dtype, i * ld), dtype, cols, buf);
-  return buf;
-}
+const float *stabi_row_f32(const void *p, stab_dtype dtype, size_t ld, size_t i, size_t cols, float *buf);
 
 /* A stored matrix A, or A - B: each with its own dtype (a BF16 checkpoint against an F32 one),
  * one row stride ld in elements. b NULL: B = 0. */
@@ -226,11 +231,7 @@ typedef struct {
 
 /* Stored row t of the set (item t when items are rows; coordinate t of every item when they
  * are columns) as f32: *a, and *b (NULL when the set has no b). */
-static inline void stabi_set_row(const stabi_set *s, size_t t, const float **a, const float **b) {
-  const size_t len = s->items_are_rows ? s->coords : s->items;
-  *a = stabi_row_f32(s->a, s->at, s->ld, t, len, s->ra);
-  *b = s->b ? stabi_row_f32(s->b, s->bt, s->ld, t, len, s->rb) : NULL;
-}
+void stabi_set_row(const stabi_set *s, size_t t, const float **a, const float **b);
 
 /* For one contiguous item r = a - b (b may be NULL) of n numbers: sum_t (r_t - c_t)^2 into
  * *centred (c may be NULL: then c = 0) and sum_t r_t^2 as the result. Eight running sums in

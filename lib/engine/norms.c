@@ -75,6 +75,12 @@ static double lanes_total(const double *l) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+void stabi_set_row(const stabi_set *s, size_t t, const float **a, const float **b) {
+  const size_t len = s->items_are_rows ? s->coords : s->items;
+  *a = stabi_row_f32(s->a, s->at, s->ld, t, len, s->ra);
+  *b = s->b ? stabi_row_f32(s->b, s->bt, s->ld, t, len, s->rb) : NULL;
+}
+
 double stabi_item_sumsq(const float *a, const float *b, const double *c, size_t n,
                         double *centred) {
   double z[LANES] = {0.0}, q[LANES] = {0.0};

@@ -11,17 +11,6 @@
 #define HAVE_F16C_KERNEL 1
 #endif
 
-size_t stabi_dtype_size(stab_dtype dtype) {
-  switch (dtype) {
-  case STAB_DTYPE_F32: return 4;
-  case STAB_DTYPE_F16:
-  case STAB_DTYPE_BF16: return 2;
-  case STAB_DTYPE_OTHER:
-  case STAB_DTYPE_QUANT: break;
-  }
-  return 0;
-}
-
 const char *stabi_dtype_name(stab_dtype dtype) {
   switch (dtype) {
   case STAB_DTYPE_F32: return "F32";
@@ -119,4 +108,10 @@ void stabi_tile_f32(const void *p, stab_dtype dtype, size_t ld, size_t r0, size_
                     float *tile) {
   for (size_t i = 0; i < nrows; i++)
     stabi_to_f32(stabi_elem_ptr(p, dtype, (r0 + i) * ld), dtype, cols, tile + i * cols);
+}
+
+const float *stabi_row_f32(const void *p, stab_dtype dtype, size_t ld, size_t i, size_t cols, float *buf) {
+  if (dtype == STAB_DTYPE_F32) return (const float *)p + i * ld;
+  stabi_to_f32(stabi_elem_ptr(p, dtype, i * ld), dtype, cols, buf);
+  return buf;
 }
