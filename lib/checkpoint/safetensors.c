@@ -312,13 +312,6 @@ static int cmp_offset(const void *a, const void *b) {
   return nx < ny ? -1 : nx > ny;
 }
 
-typedef struct {
-  const char *name;
-  size_t index;
-} name_ref;
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name);
-}
 static int cmp_meta(const void *a, const void *b) {
   return strcmp(((const meta_entry *)a)->key, ((const meta_entry *)b)->key);
 }
@@ -435,13 +428,13 @@ static stab_status check_layout(stab_safetensors *f, uint64_t data_size) {
                       "the format allows no holes", f->file.path, (unsigned long long)pos,
                       (unsigned long long)data_size, (unsigned long long)pos);
   if (f->count) {
-    name_ref *r = malloc(f->count * sizeof *r);
+    stabi_name_ref *r = malloc(f->count * sizeof *r);
     if (!r || !(f->by_name = malloc(f->count * sizeof *f->by_name))) {
       free(r);
       return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", f->file.path);
     }
-    for (size_t i = 0; i < f->count; i++) r[i] = (name_ref){f->tensors[i].name, i};
-    qsort(r, f->count, sizeof *r, cmp_name);
+    for (size_t i = 0; i < f->count; i++) r[i] = (stabi_name_ref){f->tensors[i].name, i};
+    qsort(r, f->count, sizeof *r, stabi_cmp_name_ref);
     for (size_t i = 0; i < f->count; i++) f->by_name[i] = r[i].index;
     free(r);
     for (size_t i = 1; i < f->count; i++)
