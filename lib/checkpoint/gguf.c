@@ -1,4 +1,4 @@
-/* ckpt_gguf.c — the GGUF reader (llama.cpp's format, v2 and v3): maps the file read-only,
+/* gguf.c — the GGUF reader (llama.cpp's format, v2 and v3): maps the file read-only,
  * walks its metadata and tensor infos with a cursor that checks every length against the
  * bytes left before using it, and validates every tensor's byte range before handing out
  * any tensor. Every failure names the file, the field and its byte offset. */

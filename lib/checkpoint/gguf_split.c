@@ -1,10 +1,10 @@
-/* ckpt_gguf_split.c — a GGUF model split by llama.cpp's gguf-split as one checkpoint: the files
+/* gguf_split.c — a GGUF model split by llama.cpp's gguf-split as one checkpoint: the files
  * PREFIX-00001-of-0000N.gguf ... PREFIX-0000N-of-0000N.gguf, each a valid GGUF file whose
  * metadata says split.no (0-based), split.count and split.tensors.count (the whole model's
  * tensors); the model's own metadata is the first shard's. From any shard (or a directory
  * holding one such set) every shard is opened, checked against the others, and its tensors
  * listed shard after shard, so the model is decided from all of them, as a sharded Hugging
- * Face model is (ckpt_sharded.c). A missing shard is an error naming the file. */
+ * Face model is (sharded.c). A missing shard is an error naming the file. */
 #include "checkpoint/checkpoint_internal.h"
 
 #include <dirent.h>

@@ -1,4 +1,4 @@
-/* ckpt_safetensors.c — the safetensors reader: maps the file read-only, parses its JSON
+/* safetensors.c — the safetensors reader: maps the file read-only, parses its JSON
  * header with a small strict parser of its own and validates every rule of the format
  * before any tensor is handed out. Every failure names the file and the field or the
  * header byte at fault; every allocation is bounded by the header's size. */

@@ -1,4 +1,4 @@
-/* ckpt_sharded.c — a Hugging Face model as one checkpoint: a directory with model.safetensors,
+/* sharded.c — a Hugging Face model as one checkpoint: a directory with model.safetensors,
  * or a sharded model's index (model.safetensors.index.json: tensor name -> shard file) and its
  * shards. Each shard is opened and validated by the safetensors reader (headers only: no tensor
  * data is read), and the index is checked against what the shards hold, tensor by tensor, so a

@@ -1,4 +1,4 @@
-/* probe_measure.c — the probe's rows measured (stab_probe_measure): each layer read where it is
+/* measure.c — the probe's rows measured (stab_probe_measure): each layer read where it is
  * mapped (F32, F16, BF16) or converted to f32 block by block (quantized, unaligned), its pages
  * handed back after it, the reference's counterpart put back in the checkpoint's own order
  * (across formats), two layers at a time; the layers of experts as their worst expert; another

@@ -1,4 +1,4 @@
-/* probe_report.c — the probe's report as text: the JSON stabmeter-probe --json prints
+/* report.c — the probe's report as text: the JSON stabmeter-probe --json prints
  * (stab_probe_json) and its table (stab_probe_table), rows in the checkpoint's order or sorted
  * by a metric, the largest value per kind and metric, the rows not measured and why. Written
  * into a memory stream, so that the program prints it and a binding parses it, the same bytes. */
