@@ -48,7 +48,7 @@ const char *stab_version(void);
 #include "stabmeter/layer.h"      /* stab_layer (kinds, layouts, dtypes); one layer's metrics, whole or split */
 #include "stabmeter/monitor.h"    /* the per-step monitor: create once, register layers, measure each step */
 #include "stabmeter/trace.h"      /* every measured step of a monitor in an HDF5 file: the schema, writing */
-#include "stabmeter/checkpoint.h" /* a checkpoint tensor (stab_ckpt_tensor), read as f32; what a file is */
+#include "stabmeter/checkpoint.h" /* any checkpoint opened whole (stab_checkpoint); a tensor, read as f32; what a file is */
 #include "stabmeter/probe.h"      /* a checkpoint's every layer measured, and the report */
 #include "stabmeter/model.h"      /* the kind rules: which layers a model's tensors make; GGUF <-> HF names */
 #include "stabmeter/formats.h"    /* the readers: safetensors, sharded HF models, config.json, llm.c, GGUF */

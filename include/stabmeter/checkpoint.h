@@ -1,8 +1,10 @@
 /* stabmeter/checkpoint.h — a checkpoint's tensors as every reader hands them out
  * (stab_ckpt_tensor: a view into a read-only mapping, read as f32 whatever its stored type) and
- * what a file is before any reader parses it (stab_ckpt_sniff). The reader of each format is in
- * stabmeter/formats.h; most callers open a checkpoint through the probe (stabmeter/probe.h).
- * Part of <stabmeter.h>. */
+ * what a file is before any reader parses it (stab_ckpt_sniff), and a checkpoint of any format
+ * behind one handle (stab_checkpoint: open any path the probe takes, list, find and read its
+ * tensors) — the entry point for a caller that reads weights. The reader of each format is in
+ * stabmeter/formats.h; a caller that wants the metrics of every layer opens the checkpoint
+ * through the probe (stabmeter/probe.h). Part of <stabmeter.h>. */
 #ifndef STABMETER_CHECKPOINT_H
 #define STABMETER_CHECKPOINT_H
 
@@ -151,6 +153,78 @@ stab_status stab_ckpt_sniff(const char *path, stab_file_kind *kind);
 /* What a kind is, as a noun phrase for a message ("a PyTorch checkpoint (zip)"); "?" for a
  * value outside the enum. Static storage. */
 const char *stab_file_kind_name(stab_file_kind kind);
+
+
+/* ---------------------------------------------------------------------------------- */
+/* A checkpoint of any format                                                          */
+/*
+ * One handle over every format the library reads, the recommended way to read a checkpoint's
+ * weights: the format is decided from the path (a folder, an index, the file's first bytes)
+ * in one place, the right reader opens it, and the tensors are then listed, found and read
+ * alike. Behind the handle are the readers of stabmeter/formats.h, with their validation,
+ * their limits and their messages ("Checkpoint readers", above); a model in several files is
+ * one checkpoint whose tensors are those of all its files. The handle is read-only after
+ * open: any number of threads may use it at once. Its tensors are views into its readers'
+ * mappings, valid until stab_checkpoint_close.
+ */
+typedef struct stab_checkpoint stab_checkpoint;
+
+/* Opens the checkpoint at path, whatever its format:
+ *  - a folder: a Hugging Face model (model.safetensors, else its index, every shard; see
+ *    stab_sharded_open), or the one split GGUF model in it (PREFIX-0000k-of-0000N.gguf, every
+ *    shard);
+ *  - a sharded model's index (NAME.index.json, or any file whose bytes are one): every shard;
+ *  - a file, by its first bytes (stab_ckpt_sniff): safetensors, GGUF or an llm.c GPT-2
+ *    checkpoint. A GGUF file that is one shard of a split model (metadata split.count > 1)
+ *    opens every shard of it; its metadata is the first shard's. A binary file of no format
+ *    the sniff knows, named *.gguf or *.safetensors, is given to that format's reader, whose
+ *    message then names the field at fault.
+ * On success *out is the handle (stab_checkpoint_close frees it), else NULL.
+ * Errors: NULL path or out STAB_EINVAL, an empty path STAB_EINVAL; a file of another kind (a
+ * PyTorch checkpoint, a trace, text, a compressed file, ...) STAB_EFORMAT with the sniff's
+ * message naming what it is and what to do; a path that cannot be opened or read STAB_EIO;
+ * a malformed file or model, one of its readers' errors (STAB_EFORMAT, STAB_ERANGE, STAB_EIO,
+ * ...); a shard of a split GGUF model missing STAB_ENOTFOUND naming it; a folder holding two
+ * split GGUF models STAB_EINVAL; STAB_ENOMEM. Thread-safe. */
+stab_status stab_checkpoint_open(const char *path, stab_checkpoint **out);
+
+/* Unmaps every file and frees. NULL is a no-op. */
+void stab_checkpoint_close(stab_checkpoint *c);
+
+/* The format of the tensors: STAB_FILE_SAFETENSORS (one file, or a Hugging Face model of
+ * several), STAB_FILE_GGUF (one file, or a split model) or STAB_FILE_LLMC; STAB_FILE_UNKNOWN
+ * for NULL. Its own metadata is read through its reader (stab_checkpoint_safetensors, ...,
+ * in stabmeter/formats.h). */
+stab_file_kind stab_checkpoint_format(const stab_checkpoint *c);
+
+/* What opening found that the caller should tell the user, as one line starting "note: " or
+ * "warning: " (a shard of a split GGUF model read as the whole model; a sharded model's index
+ * whose total_size disagrees with its tensors, stab_sharded_warning), or NULL. Owned by c. */
+const char *stab_checkpoint_note(const stab_checkpoint *c);
+
+/* The tensors: for one file, in its reader's order; for a model in several files, file by
+ * file. The pointer is NULL past the end (and for a NULL handle, whose count is 0). */
+size_t stab_checkpoint_count(const stab_checkpoint *c);
+const stab_ckpt_tensor *stab_checkpoint_tensor(const stab_checkpoint *c, size_t index);
+
+/* Index of the tensor of exactly that name into *index, or STAB_ENOTFOUND. NULL arguments
+ * STAB_EINVAL. */
+stab_status stab_checkpoint_find(const stab_checkpoint *c, const char *name, size_t *index);
+
+/* Elements [first, first + n) of tensor index (flat, row-major: a row of a 2-D tensor is
+ * shape[1] elements, so rows r0 .. r1 are first = r0 * shape[1], n = (r1 - r0) * shape[1]) as
+ * f32 into out, exactly as stab_ckpt_read_f32 reads them (its conversions, its errors, the
+ * input guard). Errors: NULL c or out STAB_EINVAL; index past the end STAB_ERANGE; else those
+ * of stab_ckpt_read_f32. */
+stab_status stab_checkpoint_read_f32(const stab_checkpoint *c, size_t index, uint64_t first, size_t n, float *out);
+
+/* The files the checkpoint spans: 1 for one file, a model's shards in their order (for a
+ * Hugging Face model, its index's; for a split GGUF model, PREFIX-00001 first); their paths
+ * (the path as given for one file, NULL past the end), and the file tensor index lies in
+ * (SIZE_MAX past the end). */
+size_t stab_checkpoint_file_count(const stab_checkpoint *c);
+const char *stab_checkpoint_file_path(const stab_checkpoint *c, size_t file);
+size_t stab_checkpoint_file_of(const stab_checkpoint *c, size_t index);
 
 #ifdef __cplusplus
 }

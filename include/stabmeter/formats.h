@@ -299,6 +299,18 @@ const char *stab_gguf_value_type_name(stab_gguf_type type);
  * no error recorded; never blocks: see stab_input_open). */
 int stab_gguf_is(const char *path);
 
+/* ---------------------------------------------------------------------------------- */
+/* The reader behind a checkpoint handle                                              */
+
+/* For the metadata of a checkpoint opened with stab_checkpoint_open (stabmeter/checkpoint.h):
+ * its safetensors file (a Hugging Face model of several: its first shard, whose __metadata__
+ * transformers writes in every shard), its GGUF file (a split model: its first shard, which
+ * holds the model's metadata) or its llm.c checkpoint; NULL when the checkpoint is of another
+ * format, or c is NULL. Owned by c. */
+const stab_safetensors *stab_checkpoint_safetensors(const stab_checkpoint *c);
+const stab_gguf *stab_checkpoint_gguf(const stab_checkpoint *c);
+const stab_llmc *stab_checkpoint_llmc(const stab_checkpoint *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,10 +1,13 @@
 /* checkpoint_internal.h — what the checkpoint readers (lib/checkpoint/) share beyond the public
- * header: a split GGUF model's shards, and the decoders of GGUF's block-quantized types.
- * Never installed. */
+ * header: the tensors' order by name, a split GGUF model's shards, the decoders of GGUF's
+ * block-quantized types; and what the probe asks of a checkpoint handle beyond the public
+ * stab_checkpoint_* (where a tensor's bytes lie among its files). Never installed. */
 #ifndef STABMETER_CHECKPOINT_INTERNAL_H
 #define STABMETER_CHECKPOINT_INTERNAL_H
 
 #include "engine/engine.h"
+
+#include <string.h>
 
 /* ---- safetensors (safetensors.c, for safetensors_write.c) ---- */
 
@@ -12,7 +15,19 @@
  * format has no such dtype: the writer refuses what the reader would. */
 size_t stabi_safetensors_dtype_size(const char *name);
 
-/* ---- a split GGUF model (ckpt_gguf_split.c) ---- */
+/* ---- the tensors by name (safetensors.c, gguf.c) ---- */
+
+/* A tensor's name and its index in the file, sorted by name (stabi_cmp_name_ref, for qsort) to
+ * find tensors by name and to catch a name given twice. */
+typedef struct {
+  const char *name;
+  size_t index;
+} stabi_name_ref;
+static inline int stabi_cmp_name_ref(const void *a, const void *b) {
+  return strcmp(((const stabi_name_ref *)a)->name, ((const stabi_name_ref *)b)->name);
+}
+
+/* ---- a split GGUF model (gguf_split.c) ---- */
 
 /* The bytes of a GGUF file as mapped (0 for NULL). */
 uint64_t stabi_gguf_file_size(const stab_gguf *g);
@@ -41,6 +56,22 @@ const char *stabi_gguf_split_shard_path(const stabi_gguf_split *s, size_t k);
 size_t stabi_gguf_split_shard_of(const stabi_gguf_split *s, size_t i);
 /* Shard k's first byte in the model as one sequence of bytes (the earlier shards' sizes). */
 uint64_t stabi_gguf_split_base(const stabi_gguf_split *s, size_t k);
+
+/* ---- a checkpoint handle: its files (checkpoint.c) ---- */
+
+/* A sharded safetensors model's folder (where its config.json is; stab_sharded_directory), or
+ * NULL for a checkpoint of one file or a split GGUF model. */
+const char *stabi_checkpoint_directory(const stab_checkpoint *c);
+/* The file t's bytes are in and their offset there (found by address, a tensor's mapping being
+ * its file's: a view into a 3-D experts tensor too); t's own offset and the path as given when
+ * no file's mapping holds it. */
+const char *stabi_checkpoint_file_at(const stab_checkpoint *c, const stab_ckpt_tensor *t, uint64_t *offset);
+/* Where t's bytes sit in the checkpoint as one sequence of bytes: its offset in its file, after
+ * the earlier files' bytes for a model of several (their offsets restart in every file). */
+uint64_t stabi_checkpoint_place(const stab_checkpoint *c, const stab_ckpt_tensor *t);
+/* The mapped bytes [*lo, *lo + *len) the tensors of file k span: 1, or 0 when they span none
+ * (no tensor with data, or only block types this library does not know). */
+int stabi_checkpoint_file_span(const stab_checkpoint *c, size_t k, const void **lo, size_t *len);
 
 /* ---- GGUF block-quantized tensors (gguf_dequant.c) ---- */
 

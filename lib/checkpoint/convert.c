@@ -1,4 +1,4 @@
-/* ckpt_convert.c — checkpoint element types to f32: exact F16 and BF16 conversion by bit
+/* convert.c — checkpoint element types to f32: exact F16 and BF16 conversion by bit
  * manipulation, GGUF's quantized blocks by gguf_dequant.c, a range of a tensor at a time so
  * that callers convert block by block. */
 #include "checkpoint/checkpoint_internal.h"

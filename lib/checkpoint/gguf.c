@@ -1,4 +1,4 @@
-/* ckpt_gguf.c — the GGUF reader (llama.cpp's format, v2 and v3): maps the file read-only,
+/* gguf.c — the GGUF reader (llama.cpp's format, v2 and v3): maps the file read-only,
  * walks its metadata and tensor infos with a cursor that checks every length against the
  * bytes left before using it, and validates every tensor's byte range before handing out
  * any tensor. Every failure names the file, the field and its byte offset. */
@@ -249,26 +249,19 @@ static stab_status read_value(cursor *c, stab_gguf_kv *kv) {
   return STAB_OK;
 }
 
-typedef struct {
-  const char *name;
-  size_t index;
-} name_ref;
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name);
-}
 
 /* by_name[] of n names (get(i)), sorted; the first duplicate's two indices in *dup_a, *dup_b. */
 static stab_status sort_names(const char *path, const char *const *names, size_t n, size_t **by_name, size_t *dup_a,
                               size_t *dup_b) {
   *dup_a = *dup_b = (size_t)-1;
   if (!n) return STAB_OK;
-  name_ref *r = malloc(n * sizeof *r);
+  stabi_name_ref *r = malloc(n * sizeof *r);
   if (!r || !(*by_name = malloc(n * sizeof **by_name))) {
     free(r);
     return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", path);
   }
-  for (size_t i = 0; i < n; i++) r[i] = (name_ref){names[i], i};
-  qsort(r, n, sizeof *r, cmp_name);
+  for (size_t i = 0; i < n; i++) r[i] = (stabi_name_ref){names[i], i};
+  qsort(r, n, sizeof *r, stabi_cmp_name_ref);
   for (size_t i = 0; i < n; i++) (*by_name)[i] = r[i].index;
   for (size_t i = 1; i < n && *dup_a == (size_t)-1; i++)
     if (!strcmp(r[i].name, r[i - 1].name)) {

@@ -1,10 +1,10 @@
-/* ckpt_gguf_split.c — a GGUF model split by llama.cpp's gguf-split as one checkpoint: the files
+/* gguf_split.c — a GGUF model split by llama.cpp's gguf-split as one checkpoint: the files
  * PREFIX-00001-of-0000N.gguf ... PREFIX-0000N-of-0000N.gguf, each a valid GGUF file whose
  * metadata says split.no (0-based), split.count and split.tensors.count (the whole model's
  * tensors); the model's own metadata is the first shard's. From any shard (or a directory
  * holding one such set) every shard is opened, checked against the others, and its tensors
  * listed shard after shard, so the model is decided from all of them, as a sharded Hugging
- * Face model is (ckpt_sharded.c). A missing shard is an error naming the file. */
+ * Face model is (sharded.c). A missing shard is an error naming the file. */
 #include "checkpoint/checkpoint_internal.h"
 
 #include <dirent.h>
@@ -60,12 +60,6 @@ stab_status stabi_gguf_split_info(const stab_gguf *g, const char *path, size_t *
 }
 
 /* The tensors of the whole model, one shard after another. */
-typedef struct {
-  const char *name;
-  size_t index;
-} name_ref;
-static int cmp_ref(const void *a, const void *b) { return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name); }
-
 static stab_status list_tensors(stabi_gguf_split *s) {
   size_t total = 0;
   for (size_t k = 0; k < s->nshards; k++) total += stab_gguf_count(s->shards[k]);
@@ -80,10 +74,10 @@ static stab_status list_tensors(stabi_gguf_split *s) {
       s->shard_of[s->count] = k, s->by_name[s->count] = s->count;
       s->count++;
     }
-  name_ref *refs = malloc((s->count ? s->count : 1) * sizeof *refs);
+  stabi_name_ref *refs = malloc((s->count ? s->count : 1) * sizeof *refs);
   if (!refs) return stabi_fail(STAB_ENOMEM, "%s: out of memory for %zu tensors", s->paths[0], total);
   for (size_t i = 0; i < s->count; i++) refs[i].name = s->tensors[i]->name, refs[i].index = i;
-  qsort(refs, s->count, sizeof *refs, cmp_ref);
+  qsort(refs, s->count, sizeof *refs, stabi_cmp_name_ref);
   for (size_t i = 0; i < s->count; i++) s->by_name[i] = refs[i].index;
   free(refs);
   for (size_t i = 1; i < s->count; i++) {

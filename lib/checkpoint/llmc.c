@@ -1,4 +1,4 @@
-/* ckpt_llmc.c — the llm.c GPT-2 checkpoint reader: a 256-int32 header, then the parameters
+/* llmc.c — the llm.c GPT-2 checkpoint reader: a 256-int32 header, then the parameters
  * in llm.c's order, f32 (version 3) or bf16 (version 5). Its fused per-block tensors are
  * handed out split by layer, qkv into q, k and v, and the padded vocabulary rows of wte are
  * left out, all as views into the read-only mapping. */

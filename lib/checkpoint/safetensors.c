@@ -1,4 +1,4 @@
-/* ckpt_safetensors.c — the safetensors reader: maps the file read-only, parses its JSON
+/* safetensors.c — the safetensors reader: maps the file read-only, parses its JSON
  * header with a small strict parser of its own and validates every rule of the format
  * before any tensor is handed out. Every failure names the file and the field or the
  * header byte at fault; every allocation is bounded by the header's size. */
@@ -93,19 +93,6 @@ static int accept(cursor *c, char ch) {
   return 0;
 }
 
-static stab_status read_hex4(cursor *c, unsigned *out) {
-  if (c->n - c->i < 4) return bad(c, "%s", "truncated \\u escape");
-  unsigned v = 0;
-  for (int k = 0; k < 4; k++) {
-    int h = stabi_hex_digit(c->p[c->i + k]);
-    if (h < 0) return bad(c, "%s", "bad hex digit in \\u escape");
-    v = v * 16 + (unsigned)h;
-  }
-  c->i += 4;
-  *out = v;
-  return STAB_OK;
-}
-
 /* A JSON string, decoded into a new NUL-terminated buffer (*out, caller frees). The decoded
  * text is never longer than the raw one, so the buffer is bounded by the header. \u0000 is
  * refused: names are C strings. */
@@ -114,72 +101,32 @@ static stab_status parse_string(cursor *c, char **out, const char *what) {
   skip_ws(c);
   if (c->i >= c->n) return bad(c, "header ends where %s was expected", what);
   if (c->p[c->i] != '"') return bad(c, "expected %s (a string)", what);
-  size_t start = ++c->i, end = start;
+  size_t start = ++c->i, end = start, len;
   while (end < c->n && c->p[end] != '"') end += (c->p[end] == '\\' && end + 1 < c->n) ? 2 : 1;
   if (end >= c->n) return bad(c, "unterminated string (%s)", what);
   if (end - start > NAME_MAX_BYTES) return bad(c, "%s is longer than 65536 bytes", what);
   char *s = malloc(end - start + 1);
   if (!s) return stabi_fail(STAB_ENOMEM, "%s: out of memory for a header string", c->path);
-  size_t o = 0;
-  while (c->i < end) {
-    unsigned char ch = (unsigned char)c->p[c->i];
-    if (ch < 0x20) {
-      free(s);
-      return bad(c, "control character in %s (must be escaped)", what);
-    }
-    if (ch != '\\') {
-      size_t len = (size_t)stab_utf8_decode(c->p + c->i, end - c->i, NULL);
-      if (!len) {
-        free(s);
-        return bad(c, "invalid UTF-8 in %s", what);
-      }
-      memcpy(s + o, c->p + c->i, len);
-      o += len;
-      c->i += len;
-      continue;
-    }
-    char e = c->p[c->i + 1];
-    c->i += 2;
-    switch (e) {
-    case '"': s[o++] = '"'; break;
-    case '\\': s[o++] = '\\'; break;
-    case '/': s[o++] = '/'; break;
-    case 'b': s[o++] = '\b'; break;
-    case 'f': s[o++] = '\f'; break;
-    case 'n': s[o++] = '\n'; break;
-    case 'r': s[o++] = '\r'; break;
-    case 't': s[o++] = '\t'; break;
-    case 'u': {
-      unsigned u, lo;
-      stab_status st = read_hex4(c, &u);
-      if (st == STAB_OK && u >= 0xd800 && u <= 0xdbff) {
-        /* a high surrogate must be followed by \u and a low one */
-        if (c->i + 2 > end || c->p[c->i] != '\\' || c->p[c->i + 1] != 'u') st = bad(c, "%s", "unpaired surrogate in \\u escape");
-        else {
-          c->i += 2;
-          if ((st = read_hex4(c, &lo)) == STAB_OK && !(lo >= 0xdc00 && lo <= 0xdfff))
-            st = bad(c, "%s", "unpaired surrogate in \\u escape");
-          u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
-        }
-      } else if (st == STAB_OK && u >= 0xdc00 && u <= 0xdfff) {
-        st = bad(c, "%s", "unpaired surrogate in \\u escape");
-      } else if (st == STAB_OK && u == 0) {
-        st = bad(c, "\\u0000 in %s (names are C strings)", what);
-      }
-      if (st != STAB_OK) {
-        free(s);
-        return st;
-      }
-      o += stabi_utf8_encode(s + o, u); /* at most 4 bytes for the 6 or 12 read */
-      break;
-    }
-    default:
-      c->i -= 2;
-      free(s);
-      return bad(c, "invalid escape in %s", what);
-    }
+  /* the decoding is the JSON parser's (lib/core/json.c); the words are the header's */
+  stab_status st = STAB_OK;
+  switch (stabi_json_unescape(c->p, c->n, &c->i, end, s, &len)) {
+  case STABI_JSTR_OK: break;
+  case STABI_JSTR_CONTROL: st = bad(c, "control character in %s (must be escaped)", what); break;
+  case STABI_JSTR_UTF8: st = bad(c, "invalid UTF-8 in %s", what); break;
+  case STABI_JSTR_ESCAPE: st = bad(c, "invalid escape in %s", what); break;
+  case STABI_JSTR_HEX_SHORT: st = bad(c, "%s", "truncated \\u escape"); break;
+  /* a low half cut short by the string's end runs into its closing quote */
+  case STABI_JSTR_LOW_CUT:
+    st = bad(c, "%s", c->n - c->i < 4 ? "truncated \\u escape" : "bad hex digit in \\u escape");
+    break;
+  case STABI_JSTR_HEX_DIGIT: case STABI_JSTR_LOW_DIGIT: st = bad(c, "%s", "bad hex digit in \\u escape"); break;
+  case STABI_JSTR_UNPAIRED: st = bad(c, "%s", "unpaired surrogate in \\u escape"); break;
+  case STABI_JSTR_NUL: st = bad(c, "\\u0000 in %s (names are C strings)", what); break;
   }
-  s[o] = '\0';
+  if (st != STAB_OK) {
+    free(s);
+    return st;
+  }
   c->i = end + 1;
   *out = s;
   return STAB_OK;
@@ -318,13 +265,6 @@ static int cmp_offset(const void *a, const void *b) {
   return nx < ny ? -1 : nx > ny;
 }
 
-typedef struct {
-  const char *name;
-  size_t index;
-} name_ref;
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name);
-}
 static int cmp_meta(const void *a, const void *b) {
   return strcmp(((const meta_entry *)a)->key, ((const meta_entry *)b)->key);
 }
@@ -441,13 +381,13 @@ static stab_status check_layout(stab_safetensors *f, uint64_t data_size) {
                       "the format allows no holes", f->file.path, (unsigned long long)pos,
                       (unsigned long long)data_size, (unsigned long long)pos);
   if (f->count) {
-    name_ref *r = malloc(f->count * sizeof *r);
+    stabi_name_ref *r = malloc(f->count * sizeof *r);
     if (!r || !(f->by_name = malloc(f->count * sizeof *f->by_name))) {
       free(r);
       return stabi_fail(STAB_ENOMEM, "%s: out of memory for the name index", f->file.path);
     }
-    for (size_t i = 0; i < f->count; i++) r[i] = (name_ref){f->tensors[i].name, i};
-    qsort(r, f->count, sizeof *r, cmp_name);
+    for (size_t i = 0; i < f->count; i++) r[i] = (stabi_name_ref){f->tensors[i].name, i};
+    qsort(r, f->count, sizeof *r, stabi_cmp_name_ref);
     for (size_t i = 0; i < f->count; i++) f->by_name[i] = r[i].index;
     free(r);
     for (size_t i = 1; i < f->count; i++)

@@ -1,4 +1,4 @@
-/* ckpt_sharded.c — a Hugging Face model as one checkpoint: a directory with model.safetensors,
+/* sharded.c — a Hugging Face model as one checkpoint: a directory with model.safetensors,
  * or a sharded model's index (model.safetensors.index.json: tensor name -> shard file) and its
  * shards. Each shard is opened and validated by the safetensors reader (headers only: no tensor
  * data is read), and the index is checked against what the shards hold, tensor by tensor, so a
@@ -69,11 +69,6 @@ static char *dir_of(const char *path) {
 
 /* ---- the index ------------------------------------------------------------------------ */
 
-typedef struct {
-  const char *key;
-  size_t index;
-} name_ref;
-static int cmp_ref(const void *a, const void *b) { return strcmp(((const name_ref *)a)->key, ((const name_ref *)b)->key); }
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Why a shard name is not a plain file name of the index's directory, or NULL. */
@@ -112,7 +107,7 @@ stab_status stab_shard_index_open(const char *path, stab_shard_index **out) {
   if (!path || !out) return stabi_fail(STAB_EINVAL, "stab_shard_index_open: NULL path or output");
   stab_shard_index *ix = calloc(1, sizeof *ix);
   stabi_json root = {0};
-  name_ref *refs = NULL;
+  stabi_name_ref *refs = NULL;
   stab_status st = STAB_OK;
   if (!ix || !(ix->path = strdup(path))) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
@@ -150,13 +145,13 @@ stab_status stab_shard_index_open(const char *path, stab_shard_index **out) {
       st = stabi_fail(STAB_EFORMAT, "%s: byte %zu: an empty tensor name", path, v->at);
       goto out;
     }
-    refs[i] = (name_ref){v->s, i};
+    refs[i] = (stabi_name_ref){v->s, i};
   }
   /* the distinct shards, sorted: shard numbers are zero-padded, so this is their order */
-  qsort(refs, n, sizeof *refs, cmp_ref);
+  qsort(refs, n, sizeof *refs, stabi_cmp_name_ref);
   for (size_t i = 0; i < n; i++) {
-    if (!ix->nshards || strcmp(refs[i].key, ix->shards[ix->nshards - 1])) {
-      if (!(ix->shards[ix->nshards] = strdup(refs[i].key))) {
+    if (!ix->nshards || strcmp(refs[i].name, ix->shards[ix->nshards - 1])) {
+      if (!(ix->shards[ix->nshards] = strdup(refs[i].name))) {
         st = stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
         goto out;
       }
@@ -165,8 +160,8 @@ stab_status stab_shard_index_open(const char *path, stab_shard_index **out) {
     ix->shard_of[refs[i].index] = ix->nshards - 1;
   }
   /* the tensors, sorted by name (their keys are unique: the parser refuses a key twice) */
-  for (size_t i = 0; i < n; i++) refs[i] = (name_ref){map->keys[i], i};
-  qsort(refs, n, sizeof *refs, cmp_ref);
+  for (size_t i = 0; i < n; i++) refs[i] = (stabi_name_ref){map->keys[i], i};
+  qsort(refs, n, sizeof *refs, stabi_cmp_name_ref);
   size_t *shard_by_key = malloc((n ? n : 1) * sizeof *shard_by_key);
   if (!shard_by_key) {
     st = stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
@@ -406,10 +401,10 @@ stab_status stab_sharded_open(const char *path, stab_sharded **out) {
       f->tensors[f->count] = stab_safetensors_tensor(f->shards[k], i);
       f->shard_of[f->count++] = k;
     }
-  name_ref *refs = malloc((f->count ? f->count : 1) * sizeof *refs);
+  stabi_name_ref *refs = malloc((f->count ? f->count : 1) * sizeof *refs);
   if (!refs) goto oom;
-  for (size_t i = 0; i < f->count; i++) refs[i] = (name_ref){f->tensors[i]->name, i};
-  qsort(refs, f->count, sizeof *refs, cmp_ref);
+  for (size_t i = 0; i < f->count; i++) refs[i] = (stabi_name_ref){f->tensors[i]->name, i};
+  qsort(refs, f->count, sizeof *refs, stabi_cmp_name_ref);
   for (size_t i = 0; i < f->count; i++) f->by_name[i] = refs[i].index;
   free(refs);
   if (f->index) {

@@ -1,4 +1,4 @@
-/* ckpt_sniff.c — what a file is, from its first bytes and its size, before a reader parses it:
+/* sniff.c — what a file is, from its first bytes and its size, before a reader parses it:
  * so that a PyTorch checkpoint, a trace or a text file given to the probe is named as what it
  * is, with what to do about it, instead of failing a reader's check of a format it never had.
  * Nothing here decompresses, unpickles or follows an offset: every test looks at bytes already

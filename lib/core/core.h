@@ -99,6 +99,32 @@ unsigned long stabi_guard_trips(void);
 
 /* ---- JSON files beside a checkpoint: config.json, a sharded model's index (json.c) ---- */
 
+/* What is wrong with a JSON string's text (stabi_json_unescape); each parser words its own
+ * message and says where from the offset it is given. */
+typedef enum {
+  STABI_JSTR_OK = 0,
+  STABI_JSTR_CONTROL,    /* a raw byte below 0x20 (must be escaped) */
+  STABI_JSTR_UTF8,       /* invalid UTF-8 */
+  STABI_JSTR_ESCAPE,     /* a backslash and a byte that is no escape */
+  STABI_JSTR_HEX_SHORT,  /* \u with fewer than 4 bytes left in the whole text */
+  STABI_JSTR_HEX_DIGIT,  /* \u and a byte among the next 4 that is no hex digit */
+  STABI_JSTR_LOW_CUT,    /* a high surrogate's \u low half with fewer than 4 bytes left in the
+                            string (offset: after that \u) */
+  STABI_JSTR_LOW_DIGIT,  /* a high surrogate's \u low half with a byte that is no hex digit */
+  STABI_JSTR_UNPAIRED,   /* a surrogate without its pair */
+  STABI_JSTR_NUL         /* \u0000: names and paths are C strings */
+} stabi_jstr_fault;
+
+/* The one JSON string decoder, of the config/index parser (json.c) and the safetensors header's
+ * (lib/checkpoint/safetensors.c): the string's bytes text[*at, end) (after its opening quote, up
+ * to its closing one; text holds n bytes in all, end < n) decoded into out (end - *at + 1 bytes:
+ * the decoded text is never longer than the raw one), escapes and \u surrogate pairs decoded,
+ * valid UTF-8 required, NUL-terminated, its length into *len. STABI_JSTR_OK with *at at end; or
+ * the fault, *at the byte offset where it lies (a bad escape: its backslash; a \u escape's
+ * digits: where they start; a surrogate unpaired or \u0000: after its digits; a raw byte: it). */
+stabi_jstr_fault stabi_json_unescape(const char *text, size_t n, size_t *at, size_t end, char *out, size_t *len);
+
+
 typedef enum {
   STABI_JSON_NULL, STABI_JSON_FALSE, STABI_JSON_TRUE, STABI_JSON_NUMBER, STABI_JSON_STRING,
   STABI_JSON_ARRAY, STABI_JSON_OBJECT

@@ -1,6 +1,7 @@
 /* json.c — a small strict JSON parser (RFC 8259) into a tree, for the JSON files that sit beside a
  * checkpoint: a Hugging Face config.json and a sharded model's index. The safetensors header keeps
  * its own parser, fixed to that header's schema; these files are free-form, so they get a tree.
+ * Both decode strings with stabi_json_unescape, here.
  * Strict RFC 8259, but for the words NaN, Infinity and -Infinity, which Python's json module
  * writes for such floats and so appear in real config.json files.
  * Every failure names the file and the byte offset; every allocation is bounded by a small
@@ -32,17 +33,74 @@ static void skip_ws(cursor *c) {
     c->i++;
 }
 
-static int read_hex4(cursor *c, unsigned *out) {
-  if (c->n - c->i < 4) return 0;
+/* Four hex digits at text[*at] (fewer than 4 bytes left: STABI_JSTR_HEX_SHORT; a byte that is
+ * no hex digit: STABI_JSTR_HEX_DIGIT, *at unmoved), *at past them. */
+static stabi_jstr_fault read_hex4(const char *text, size_t n, size_t *at, unsigned *out) {
+  if (n - *at < 4) return STABI_JSTR_HEX_SHORT;
   unsigned v = 0;
   for (int k = 0; k < 4; k++) {
-    int h = stabi_hex_digit(c->p[c->i + k]);
-    if (h < 0) return 0;
+    int h = stabi_hex_digit(text[*at + k]);
+    if (h < 0) return STABI_JSTR_HEX_DIGIT;
     v = v * 16 + (unsigned)h;
   }
-  c->i += 4;
+  *at += 4;
   *out = v;
-  return 1;
+  return STABI_JSTR_OK;
+}
+
+stabi_jstr_fault stabi_json_unescape(const char *text, size_t n, size_t *at, size_t end, char *out, size_t *len) {
+  size_t i = *at, o = 0;
+  stabi_jstr_fault f = STABI_JSTR_OK;
+  while (i < end && !f) {
+    unsigned char ch = (unsigned char)text[i];
+    if (ch < 0x20) {
+      f = STABI_JSTR_CONTROL;
+      break;
+    }
+    if (ch != '\\') {
+      size_t k = (size_t)stab_utf8_decode(text + i, end - i, NULL);
+      if (!k) {
+        f = STABI_JSTR_UTF8;
+        break;
+      }
+      memcpy(out + o, text + i, k);
+      o += k, i += k;
+      continue;
+    }
+    char e = text[i + 1];
+    i += 2;
+    unsigned u, lo;
+    switch (e) {
+    case '"': out[o++] = '"'; break;
+    case '\\': out[o++] = '\\'; break;
+    case '/': out[o++] = '/'; break;
+    case 'b': out[o++] = '\b'; break;
+    case 'f': out[o++] = '\f'; break;
+    case 'n': out[o++] = '\n'; break;
+    case 'r': out[o++] = '\r'; break;
+    case 't': out[o++] = '\t'; break;
+    case 'u':
+      if ((f = read_hex4(text, n, &i, &u)) != STABI_JSTR_OK) break;
+      if (u >= 0xd800 && u <= 0xdbff) {
+        /* a high surrogate must be followed by \u and a low one */
+        if (i + 2 > end || text[i] != '\\' || text[i + 1] != 'u') f = STABI_JSTR_UNPAIRED;
+        else if ((i += 2) + 4 > end) f = STABI_JSTR_LOW_CUT;
+        else if (read_hex4(text, n, &i, &lo) != STABI_JSTR_OK) f = STABI_JSTR_LOW_DIGIT;
+        else if (lo < 0xdc00 || lo > 0xdfff) f = STABI_JSTR_UNPAIRED;
+        else u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
+      } else if (u >= 0xdc00 && u <= 0xdfff) {
+        f = STABI_JSTR_UNPAIRED;
+      } else if (u == 0) {
+        f = STABI_JSTR_NUL;
+      }
+      if (!f) o += stabi_utf8_encode(out + o, u); /* at most 4 bytes for the 6 or 12 read */
+      break;
+    default: i -= 2, f = STABI_JSTR_ESCAPE;
+    }
+  }
+  out[o] = '\0';
+  *at = i, *len = o;
+  return f;
 }
 
 /* A string at the cursor (its opening quote), decoded into a new NUL-terminated buffer: valid
@@ -50,60 +108,27 @@ static int read_hex4(cursor *c, unsigned *out) {
  * text is never longer than the raw one. */
 static stab_status parse_string(cursor *c, char **out) {
   *out = NULL;
-  size_t start = ++c->i, end = start;
+  size_t start = ++c->i, end = start, len;
   while (end < c->n && c->p[end] != '"') end += (c->p[end] == '\\' && end + 1 < c->n) ? 2 : 1;
   if (end >= c->n) return bad(c, "unterminated string");
   char *s = malloc(end - start + 1);
   if (!s) return stabi_fail(STAB_ENOMEM, "%s: out of memory for a string", c->path);
-  size_t o = 0;
   const char *why = NULL;
-  while (c->i < end && !why) {
-    unsigned char ch = (unsigned char)c->p[c->i];
-    if (ch < 0x20) {
-      why = "control character in a string (must be escaped)";
-      break;
-    }
-    if (ch != '\\') {
-      size_t len = (size_t)stab_utf8_decode(c->p + c->i, end - c->i, NULL);
-      if (!len) {
-        why = "invalid UTF-8 in a string";
-        break;
-      }
-      memcpy(s + o, c->p + c->i, len);
-      o += len, c->i += len;
-      continue;
-    }
-    char e = c->p[c->i + 1];
-    c->i += 2;
-    unsigned u, lo;
-    switch (e) {
-    case '"': s[o++] = '"'; break;
-    case '\\': s[o++] = '\\'; break;
-    case '/': s[o++] = '/'; break;
-    case 'b': s[o++] = '\b'; break;
-    case 'f': s[o++] = '\f'; break;
-    case 'n': s[o++] = '\n'; break;
-    case 'r': s[o++] = '\r'; break;
-    case 't': s[o++] = '\t'; break;
-    case 'u':
-      if (!read_hex4(c, &u) || c->i > end) why = "bad \\u escape";
-      else if (u >= 0xd800 && u <= 0xdbff) {
-        /* a high surrogate must be followed by \u and a low one */
-        if (c->i + 6 > end || c->p[c->i] != '\\' || c->p[c->i + 1] != 'u') why = "unpaired surrogate in \\u escape";
-        else if ((c->i += 2, !read_hex4(c, &lo)) || lo < 0xdc00 || lo > 0xdfff) why = "unpaired surrogate in \\u escape";
-        else u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
-      } else if (u >= 0xdc00 && u <= 0xdfff) why = "unpaired surrogate in \\u escape";
-      else if (u == 0) why = "\\u0000 in a string";
-      if (!why) o += stabi_utf8_encode(s + o, u); /* at most 4 bytes for the 6 or 12 read */
-      break;
-    default: c->i -= 2, why = "invalid escape in a string";
-    }
+  switch (stabi_json_unescape(c->p, c->n, &c->i, end, s, &len)) {
+  case STABI_JSTR_OK: break;
+  case STABI_JSTR_CONTROL: why = "control character in a string (must be escaped)"; break;
+  case STABI_JSTR_UTF8: why = "invalid UTF-8 in a string"; break;
+  case STABI_JSTR_ESCAPE: why = "invalid escape in a string"; break;
+  case STABI_JSTR_HEX_SHORT: case STABI_JSTR_HEX_DIGIT: why = "bad \\u escape"; break;
+  /* a low half cut short is said where its \u starts */
+  case STABI_JSTR_LOW_CUT: c->i -= 2, why = "unpaired surrogate in \\u escape"; break;
+  case STABI_JSTR_LOW_DIGIT: case STABI_JSTR_UNPAIRED: why = "unpaired surrogate in \\u escape"; break;
+  case STABI_JSTR_NUL: why = "\\u0000 in a string"; break;
   }
   if (why) {
     free(s);
     return bad(c, why);
   }
-  s[o] = '\0';
   c->i = end + 1;
   *out = s;
   return STAB_OK;

@@ -1,4 +1,4 @@
-/* model_rules.c — what each tensor of a model is: the kind rules of stabmeter.h applied to a
+/* kind_rules.c — what each tensor of a model is: the kind rules of stabmeter.h applied to a
  * list of named tensors (kind, layout, sizes, folded biases, query/key pairs, the tied head,
  * the trace names), so that the probe, a trainer registering by name and bindings share them. */
 #include "core/core.h"

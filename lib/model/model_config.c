@@ -1,6 +1,6 @@
 /* model_config.c — what a checkpoint's own metadata says of its model (head counts, the
  * producer's layout), as the plain values of stab_model_config that the kind rules take. */
-#include "core/core.h"
+#include "model/model_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -72,17 +72,23 @@ stab_status stab_model_config_from_hf(const stab_hf_config *hf, stab_model_confi
   return STAB_OK;
 }
 
+int stabi_model_trainer_file(const stab_safetensors *f) {
+  /* the trainer writes "stabmeter-train VERSION" (trainer/train.c) */
+  for (size_t i = 0; i < stab_safetensors_metadata_count(f); i++) {
+    const char *k, *v;
+    stab_safetensors_metadata(f, i, &k, &v);
+    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) return 1;
+  }
+  return 0;
+}
+
 stab_status stab_model_config_from_safetensors(const stab_safetensors *f, stab_model_config *cfg) {
   static const char *const head_keys[] = {"heads", "num_attention_heads", "n_head", NULL};
   if (!f || !cfg) return stabi_fail(STAB_EINVAL, "stab_model_config_from_safetensors: NULL argument");
   cfg->naming = STAB_NAMING_HF;
-  size_t n = stab_safetensors_metadata_count(f);
-  for (size_t i = 0; i < n; i++) {
-    const char *k, *v;
-    stab_safetensors_metadata(f, i, &k, &v);
-    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) cfg->out_major = 1;
-  }
+  if (stabi_model_trainer_file(f)) cfg->out_major = 1;
   if (cfg->heads) return STAB_OK;
+  size_t n = stab_safetensors_metadata_count(f);
   for (size_t i = 0; i < n; i++) {
     const char *k, *v;
     stab_safetensors_metadata(f, i, &k, &v);

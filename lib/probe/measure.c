@@ -1,4 +1,4 @@
-/* probe_measure.c — the probe's rows measured (stab_probe_measure): each layer read where it is
+/* measure.c — the probe's rows measured (stab_probe_measure): each layer read where it is
  * mapped (F32, F16, BF16) or converted to f32 block by block (quantized, unaligned), its pages
  * handed back after it, the reference's counterpart put back in the checkpoint's own order
  * (across formats), two layers at a time; the layers of experts as their worst expert; another
@@ -516,16 +516,16 @@ stab_status stab_probe_ratio_at(stab_probe *p, size_t i, stab_probe_ratio *out) 
 typedef struct {
   void *base;
   size_t bytes;
-  const stabi_ckpt *ck; /* the places are its (ck_place: the shards one after another) */
+  const stab_checkpoint *ck; /* the places are its (stabi_checkpoint_place: the files one after another) */
 } file_space;
 
-static int file_space_reserve(file_space *fs, const stabi_ckpt *ck, const stabi_probe_row *rows, size_t n) {
+static int file_space_reserve(file_space *fs, const stab_checkpoint *ck, const stabi_probe_row *rows, size_t n) {
   uint64_t end = 0;
   fs->ck = ck;
   for (size_t i = 0; i < n; i++) {
     const stab_ckpt_tensor *ts[] = {rows[i].t, rows[i].bias, rows[i].tk};
     for (size_t k = 0; k < 3; k++)
-      if (ts[k] && stabi_ck_place(ck, ts[k]) + ts[k]->count > end) end = stabi_ck_place(ck, ts[k]) + ts[k]->count;
+      if (ts[k] && stabi_checkpoint_place(ck, ts[k]) + ts[k]->count > end) end = stabi_checkpoint_place(ck, ts[k]) + ts[k]->count;
   }
   fs->bytes = (size_t)(end ? end : 1) * sizeof(float);
   fs->base = mmap(NULL, fs->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -533,7 +533,7 @@ static int file_space_reserve(file_space *fs, const stabi_ckpt *ck, const stabi_
 }
 
 static const float *file_address(const file_space *fs, const stab_ckpt_tensor *t, size_t elem_offset) {
-  return t ? (const float *)fs->base + stabi_ck_place(fs->ck, t) + elem_offset : NULL;
+  return t ? (const float *)fs->base + stabi_checkpoint_place(fs->ck, t) + elem_offset : NULL;
 }
 
 /* A monitor with the rows as its layers carries the metrics to stab_trace_append, under the
@@ -545,7 +545,7 @@ stab_status stab_probe_trace_append(stab_probe *p, const char *path, int64_t ste
   const stabi_probe_row *rows = p->rows;
   const size_t n = p->n;
   file_space fs;
-  if (!file_space_reserve(&fs, &p->cur, rows, n))
+  if (!file_space_reserve(&fs, p->cur.ck, rows, n))
     return stabi_fail(STAB_ENOMEM, "%s: cannot reserve address space for the trace's layers: %s", path, strerror(errno));
   stab_monitor_params mp = stab_monitor_default_params();
   mp.update_mode = STAB_UPDATE_NONE;

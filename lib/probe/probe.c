@@ -1,8 +1,9 @@
-/* probe.c — a checkpoint opened and described for the probe (stab_probe_open): the reader by
- * the file's first bytes, config.json beside it, the library's kind rules over its tensors, the
- * rows filtered and matched to an older checkpoint's tensors (by name, or across GGUF and
- * safetensors by llama.cpp's names), the step its metadata or name gives, the rows as the
- * caller sees them. Measuring is probe_measure.c's, the report probe_report.c's. */
+/* probe.c — a checkpoint opened and described for the probe (stab_probe_open): opened through
+ * its handle (lib/checkpoint/checkpoint.c decides the format), config.json beside it, the
+ * library's kind rules over its tensors, the rows filtered and matched to an older
+ * checkpoint's tensors (by name, or across GGUF and safetensors by llama.cpp's names), the
+ * step its metadata or name gives, the rows as the caller sees them. Measuring is measure.c's,
+ * the report report.c's. */
 #include "probe/probe_internal.h"
 
 #include <errno.h>
@@ -32,59 +33,20 @@ static int file_event(const stab_probe *p, stab_probe_file_event ev, const char 
   return p->params.file_fn ? p->params.file_fn(p->params.user, ev, path, lo, len) : 0;
 }
 
-static int ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && !strcmp(s + n - k, suffix);
-}
+/* ---- the checkpoint: its handle, and what the probe reads beside it ------------------- */
 
-/* ---- checkpoints: safetensors, GGUF or llm.c, by the file's first bytes ------------- */
-
-
-size_t stabi_ck_count(const stabi_ckpt *c) {
-  if (c->gs) return stabi_gguf_split_count(c->gs);
-  return c->sh ? stab_sharded_count(c->sh) : c->st ? stab_safetensors_count(c->st)
-         : c->gg ? stab_gguf_count(c->gg) : stab_llmc_count(c->lc);
-}
-const stab_ckpt_tensor *stabi_ck_tensor(const stabi_ckpt *c, size_t i) {
-  if (c->gs) return stabi_gguf_split_tensor(c->gs, i);
-  return c->sh ? stab_sharded_tensor(c->sh, i) : c->st ? stab_safetensors_tensor(c->st, i)
-         : c->gg ? stab_gguf_tensor(c->gg, i) : stab_llmc_tensor(c->lc, i);
-}
-static const stab_ckpt_tensor *ck_find(const stabi_ckpt *c, const char *name) {
+/* The tensor of that name in c, or NULL. */
+static const stab_ckpt_tensor *ck_find(const stabi_probe_ckpt *c, const char *name) {
   size_t i;
-  stab_status st = c->gs ? stabi_gguf_split_find(c->gs, name, &i)
-                   : c->sh ? stab_sharded_find(c->sh, name, &i)
-                   : c->st ? stab_safetensors_find(c->st, name, &i)
-                   : c->gg ? stab_gguf_find(c->gg, name, &i)
-                           : stab_llmc_find(c->lc, name, &i);
-  return st == STAB_OK ? stabi_ck_tensor(c, i) : NULL;
+  return stab_checkpoint_find(c->ck, name, &i) == STAB_OK ? stab_checkpoint_tensor(c->ck, i) : NULL;
 }
-size_t stabi_ck_meta_count(const stabi_ckpt *c) {
-  return c->sh ? stab_sharded_metadata_count(c->sh) : c->st ? stab_safetensors_metadata_count(c->st) : 0;
-}
-void stabi_ck_meta(const stabi_ckpt *c, size_t i, const char **k, const char **v) {
-  if (c->sh) stab_sharded_metadata(c->sh, i, k, v);
-  else stab_safetensors_metadata(c->st, i, k, v);
-}
-uint64_t stabi_ck_place(const stabi_ckpt *c, const stab_ckpt_tensor *t) {
-  size_t i;
-  if (c->gs && stabi_gguf_split_find(c->gs, t->name, &i) == STAB_OK)
-    return stabi_gguf_split_base(c->gs, stabi_gguf_split_shard_of(c->gs, i)) + t->offset;
-  if (!c->sh || stab_sharded_find(c->sh, t->name, &i) != STAB_OK) return t->offset;
-  uint64_t base = 0;
-  for (size_t k = 0; k < stab_sharded_shard_of(c->sh, i); k++)
-    base += stab_safetensors_file_size(stab_sharded_shard(c->sh, k));
-  return base + t->offset;
-}
-static void ck_close(stabi_ckpt *c) {
-  stab_safetensors_close(c->st);
-  if (c->gs) stabi_gguf_split_close(c->gs); /* its shards, c->gg among them */
-  else stab_gguf_close(c->gg);
-  stab_llmc_close(c->lc);
-  stab_sharded_close(c->sh);
+static void ck_close(stabi_probe_ckpt *c) {
+  stab_checkpoint_close(c->ck);
   stab_shard_index_close(c->siblings);
-  c->st = NULL, c->gg = NULL, c->gs = NULL, c->lc = NULL, c->sh = NULL, c->siblings = NULL;
+  c->ck = NULL, c->siblings = NULL;
 }
+/* c's GGUF file (a split model's first shard, which holds its metadata), or NULL. */
+static const stab_gguf *gguf_of(const stabi_probe_ckpt *c) { return stab_checkpoint_gguf(c->ck); }
 
 /* The metrics of a row not measured: NaN, counts 0. */
 static stab_metrics unmeasured(void) {
@@ -94,7 +56,7 @@ static stab_metrics unmeasured(void) {
   return m;
 }
 /* 1 when c is safetensors: one file, or a sharded model of them. */
-static int is_safetensors(const stabi_ckpt *c) { return c->st || c->sh; }
+static int is_safetensors(const stabi_probe_ckpt *c) { return stab_checkpoint_format(c->ck) == STAB_FILE_SAFETENSORS; }
 
 /* ---- the model: the library's kind rules over the checkpoint's tensors --------------- */
 
@@ -119,27 +81,27 @@ static int whole_number(const char *s, unsigned long long lo, unsigned long long
  * Sets p->out_major_file. */
 static stab_status describe(stab_probe *p) {
   char heads_error[320];
-  const stabi_ckpt *f = &p->cur;
+  const stabi_probe_ckpt *f = &p->cur;
   const stab_probe_params *o = &p->params;
   stab_model_config cfg = stab_model_default_config();
-  size_t nt = stabi_ck_count(f);
+  size_t nt = stab_checkpoint_count(f->ck);
   const stab_ckpt_tensor **ts = malloc((nt ? nt : 1) * sizeof *ts);
   if (!ts) return stabi_fail(STAB_ENOMEM, "%s: out of memory describing %zu tensors", p->checkpoint, nt);
-  for (size_t i = 0; i < nt; i++) ts[i] = stabi_ck_tensor(f, i);
+  for (size_t i = 0; i < nt; i++) ts[i] = stab_checkpoint_tensor(f->ck, i);
   cfg.kinds = o->kinds, cfg.nkinds = o->nkinds;
   cfg.layouts = o->layouts, cfg.nlayouts = o->nlayouts;
   if (o->heads) cfg.heads = o->heads, cfg.heads_source = "--heads";
   stab_status st = STAB_OK;
-  if (f->lc) {
+  if (stab_checkpoint_llmc(f->ck)) {
     /* llm.c's header says its head count (--heads does not change it) */
     cfg.naming = STAB_NAMING_LLMC;
-    cfg.heads = stab_llmc_config_of(f->lc)->heads, cfg.heads_source = "the llm.c header";
-  } else if (f->gg) {
-    st = stab_model_config_from_gguf(f->gg, &cfg);
+    cfg.heads = stab_llmc_config_of(stab_checkpoint_llmc(f->ck))->heads, cfg.heads_source = "the llm.c header";
+  } else if (gguf_of(f)) {
+    st = stab_model_config_from_gguf(gguf_of(f), &cfg);
   } else {
     /* a sharded model's metadata is its first shard's; config.json (read and checked when the
      * checkpoint was opened) after __metadata__, and its tie_word_embeddings */
-    st = stab_model_config_from_safetensors(f->sh ? stab_sharded_shard(f->sh, 0) : f->st, &cfg);
+    st = stab_model_config_from_safetensors(stab_checkpoint_safetensors(f->ck), &cfg);
     if (st == STAB_OK) st = stab_model_config_from_hf(&f->cfg, &cfg);
     else cfg.tie = f->cfg.tie_word_embeddings;
   }
@@ -152,11 +114,12 @@ static stab_status describe(stab_probe *p) {
    * is 1/d_h times q.k, not 1/sqrt(d_h) */
   stab_attn_scale scale = STAB_ATTN_SCALE_SQRT;
   if (is_safetensors(f) &&
-      stab_model_attn_scale_from_safetensors(f->sh ? stab_sharded_shard(f->sh, 0) : f->st, &scale) != STAB_OK) {
+      stab_model_attn_scale_from_safetensors(stab_checkpoint_safetensors(f->ck), &scale) != STAB_OK) {
     char why[320];
     snprintf(why, sizeof why, "%s", stab_last_error());
     free(ts);
-    return stabi_fail(STAB_EFORMAT, "%s: %s", f->sh ? stab_sharded_shard_path(f->sh, 0) : p->checkpoint, why);
+    return stabi_fail(STAB_EFORMAT, "%s: %s",
+                      stabi_checkpoint_directory(f->ck) ? stab_checkpoint_file_path(f->ck, 0) : p->checkpoint, why);
   }
   /* one shard of a model given alone: the names of the other shards' tensors (for the head) */
   size_t n_other = 0;
@@ -205,31 +168,14 @@ static stab_status describe(stab_probe *p) {
 
 /* ---- opening -------------------------------------------------------------------- */
 
-/* Tells the caller the mapped bytes the tensors of one file span. 0, or non-zero: stop. */
-static int mapped_file(const stab_probe *p, const char *path, const stab_ckpt_tensor *(*tensor)(const void *, size_t),
-                       const void *reader, size_t count) {
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  for (size_t i = 0; i < count; i++) {
-    const stab_ckpt_tensor *t = tensor(reader, i);
-    const uint64_t nb = stab_ckpt_nbytes(t);
-    if (!nb) continue; /* empty, or a block type never read */
-    lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
-    hi = (uintptr_t)t->data + nb > hi ? (uintptr_t)t->data + nb : hi;
-  }
-  return hi > lo ? file_event(p, STAB_PROBE_FILE_MAPPED, path, (const void *)lo, hi - lo) : 0;
-}
-static const stab_ckpt_tensor *ckpt_tensor_of(const void *c, size_t i) { return stabi_ck_tensor(c, i); }
-static const stab_ckpt_tensor *shard_tensor_of(const void *s, size_t i) { return stab_safetensors_tensor(s, i); }
-static const stab_ckpt_tensor *gguf_tensor_of(const void *g, size_t i) { return stab_gguf_tensor(g, i); }
-
 /* config.json of the model: in a sharded model's directory, else beside the file. None there is
  * nothing; one there that is not a readable regular file (a FIFO would block) is ignored with a
  * word why; a malformed one, or one with a wrong value, is bad input: its values decide heads
  * and the tied head, and a guess would be a wrong measurement. */
-static stab_status read_config(const stab_probe *p, const char *path, stabi_ckpt *f) {
+static stab_status read_config(const stab_probe *p, const char *path, stabi_probe_ckpt *f) {
   char cfg[4096];
   const char *slash = strrchr(path, '/');
-  if (f->sh) snprintf(cfg, sizeof cfg, "%s/config.json", stab_sharded_directory(f->sh));
+  if (stabi_checkpoint_directory(f->ck)) snprintf(cfg, sizeof cfg, "%s/config.json", stabi_checkpoint_directory(f->ck));
   else snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
   struct stat sb;
   if (stat(cfg, &sb) != 0) {
@@ -248,7 +194,7 @@ static stab_status read_config(const stab_probe *p, const char *path, stabi_ckpt
 
 /* A single safetensors file that an index beside it lists as one of its shards: said, and kept
  * (f->siblings), so that the tied head is decided over the whole model. */
-static stab_status find_siblings(const stab_probe *p, const char *path, stabi_ckpt *f) {
+static stab_status find_siblings(const stab_probe *p, const char *path, stabi_probe_ckpt *f) {
   size_t k = 0;
   stab_status st = stab_shard_index_beside(path, &f->siblings, &k);
   if (st == STAB_OK) {
@@ -262,94 +208,37 @@ static stab_status find_siblings(const stab_probe *p, const char *path, stabi_ck
   return st == STAB_ENOMEM ? st : STAB_OK;
 }
 
-/* A GGUF file f->gg (opened from path) that is one shard of a split model (llama.cpp's
- * gguf-split: metadata split.count > 1): every shard, as one checkpoint whose metadata is the
- * first shard's. A missing shard is an error naming it: a part of a model measured as the
- * whole would report its rows as the model's and invent a tied head its other shards hold. */
-static stab_status open_split(const stab_probe *p, const char *path, stabi_ckpt *f) {
-  size_t no, n;
-  stab_status st = stabi_gguf_split_info(f->gg, path, &no, &n);
-  if (st != STAB_OK || n == 1) return st;
-  if ((st = stabi_gguf_split_open(path, f->gg, &f->gs)) != STAB_OK) return st;
-  f->gg = (stab_gguf *)stabi_gguf_split_shard(f->gs, 0);
-  note(p, "note: %s is shard %zu of %zu of a split GGUF model: reading all %zu (%s ... %s) as one checkpoint", path,
-       no + 1, n, n, stabi_gguf_split_shard_path(f->gs, 0), stabi_gguf_split_shard_path(f->gs, n - 1));
-  return STAB_OK;
-}
-
 /* Stops the opening: file_fn said so. */
 static stab_status stopped(const char *path) {
   return stabi_fail(STAB_ESTATE, "%s: opening stopped by the caller's file_fn", path);
 }
 
-static stab_status open_checkpoint(const stab_probe *p, const char *path, stabi_ckpt *f) {
-  /* A directory or a sharded model's index: every shard, as one checkpoint. Otherwise the
-   * format by the file's first bytes. A binary file of no known format named .gguf or
-   * .safetensors is one with a broken header: its reader says which field is wrong. Any other
-   * file is refused with what it is (a PyTorch checkpoint, a trace, text, ...). */
+/* The checkpoint at path, opened through its handle (which decides the format: a folder, an
+ * index, a file by its first bytes, a shard of a split GGUF model), the caller told of each
+ * file's mapped bytes and of what opening found; a single safetensors file's siblings
+ * (find_siblings) and the model's config.json (read_config). */
+static stab_status open_checkpoint(const stab_probe *p, const char *path, stabi_probe_ckpt *f) {
   f->cfg.tie_word_embeddings = -1;
-  struct stat sb;
-  stab_file_kind kind = STAB_FILE_UNKNOWN;
-  stab_status st = STAB_OK;
-  int sharded = (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || ends_with(path, ".index.json");
-  char *split_first = NULL; /* a directory of a split GGUF model: its first shard */
-  if (sharded && S_ISDIR(sb.st_mode)) {
-    st = stabi_gguf_split_first_in(path, &split_first);
-    if (st == STAB_OK) sharded = 0, kind = STAB_FILE_GGUF;
-    else if (st != STAB_ENOTFOUND) return st;
-    st = STAB_OK;
-  }
-  if (!sharded && !split_first) {
-    st = stab_ckpt_sniff(path, &kind);
-    if (kind == STAB_FILE_SHARD_INDEX) sharded = 1, st = STAB_OK;
-  }
-  if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".gguf")) kind = STAB_FILE_GGUF, st = STAB_OK;
-  if (st != STAB_OK && kind == STAB_FILE_UNKNOWN && ends_with(path, ".safetensors"))
-    kind = STAB_FILE_SAFETENSORS, st = STAB_OK;
   if (file_event(p, STAB_PROBE_FILE_OPENING, path, NULL, 0)) return stopped(path); /* parsed from the mapping */
-  if (st == STAB_OK)
-    st = sharded                  ? stab_sharded_open(path, &f->sh)
-         : kind == STAB_FILE_LLMC ? stab_llmc_open(path, &f->lc)
-         : kind == STAB_FILE_GGUF ? stab_gguf_open(split_first ? split_first : path, &f->gg)
-                                  : stab_safetensors_open(path, &f->st);
-  if (st == STAB_OK && f->gg) st = open_split(p, split_first ? split_first : path, f);
-  free(split_first);
+  stab_status st = stab_checkpoint_open(path, &f->ck);
   if (file_event(p, STAB_PROBE_FILE_OPENED, path, NULL, 0)) return stopped(path);
   if (st != STAB_OK) return st;
   /* from here on, the mapped bytes the tensors span, file by file */
-  if (f->sh) {
-    for (size_t k = 0; k < stab_sharded_shard_count(f->sh); k++) {
-      const stab_safetensors *s = stab_sharded_shard(f->sh, k);
-      if (mapped_file(p, stab_sharded_shard_path(f->sh, k), shard_tensor_of, s, stab_safetensors_count(s)))
-        return stopped(path);
-    }
-    if (stab_sharded_warning(f->sh)) note(p, "warning: %s", stab_sharded_warning(f->sh));
-  } else if (f->gs) {
-    for (size_t k = 0; k < stabi_gguf_split_shard_count(f->gs); k++) {
-      const stab_gguf *g = stabi_gguf_split_shard(f->gs, k);
-      if (mapped_file(p, stabi_gguf_split_shard_path(f->gs, k), gguf_tensor_of, g, stab_gguf_count(g)))
-        return stopped(path);
-    }
-  } else if (mapped_file(p, path, ckpt_tensor_of, f, stabi_ck_count(f))) {
-    return stopped(path);
+  for (size_t k = 0; k < stab_checkpoint_file_count(f->ck); k++) {
+    const void *lo;
+    size_t len;
+    if (stabi_checkpoint_file_span(f->ck, k, &lo, &len) &&
+        file_event(p, STAB_PROBE_FILE_MAPPED, stab_checkpoint_file_path(f->ck, k), lo, len))
+      return stopped(path);
   }
-  if (f->st && (st = find_siblings(p, path, f)) != STAB_OK) return st;
-  return f->st || f->sh ? read_config(p, path, f) : STAB_OK;
+  if (stab_checkpoint_note(f->ck)) note(p, "%s", stab_checkpoint_note(f->ck));
+  if (!is_safetensors(f)) return STAB_OK;
+  if (!stabi_checkpoint_directory(f->ck) && (st = find_siblings(p, path, f)) != STAB_OK) return st;
+  return read_config(p, path, f);
 }
 
 /* ---- the reference's counterparts ---------------------------------------------------- */
 
-
-/* 1 when c is a file of harness/train (its __metadata__ producer): GPT-2 names, nn.Linear
- * layouts throughout. */
-static int made_by_train(const stabi_ckpt *c) {
-  for (size_t i = 0; i < stabi_ck_meta_count(c); i++) {
-    const char *k, *v;
-    stabi_ck_meta(c, i, &k, &v);
-    if (!strcmp(k, "producer") && !strncmp(v, "stabmeter-train", 15)) return 1;
-  }
-  return 0;
-}
 
 /* The GGUF file's general.architecture, or NULL. */
 static const char *gguf_arch(const stab_gguf *g) {
@@ -370,13 +259,13 @@ static const char *no_update_because(stabi_probe_row *r, const char *fmt, const 
 /* The counterpart of tensor name (of cur, a GGUF or a safetensors) in prev, the other format,
  * by the library's name map (arch: the GGUF file's architecture), into *how; its name in
  * tried. NULL when the name has no mapping or the mapped name is not in prev. */
-static const stab_ckpt_tensor *converted_find(const stabi_ckpt *cur, const stabi_ckpt *prev, const char *arch, const char *name,
+static const stab_ckpt_tensor *converted_find(const stabi_probe_ckpt *cur, const stabi_probe_ckpt *prev, const char *arch, const char *name,
                                               stab_name_transform *how, char *tried, size_t cap) {
-  stab_status st = cur->gg ? stab_name_map_to_hf(arch, name, tried, cap, how)
+  stab_status st = gguf_of(cur) ? stab_name_map_to_hf(arch, name, tried, cap, how)
                            : stab_name_map_to_gguf(arch, name, tried, cap, how);
   if (st != STAB_OK) return tried[0] = '\0', NULL;
   const stab_ckpt_tensor *t = ck_find(prev, tried);
-  if (!t && cur->gg && !strcmp(arch, "gpt2")) { /* HF GPT-2 under GPT2LMHeadModel's transformer. */
+  if (!t && gguf_of(cur) && !strcmp(arch, "gpt2")) { /* HF GPT-2 under GPT2LMHeadModel's transformer. */
     char prefixed[600];
     snprintf(prefixed, sizeof prefixed, "transformer.%s", tried);
     if ((t = ck_find(prev, prefixed))) {
@@ -389,8 +278,8 @@ static const stab_ckpt_tensor *converted_find(const stabi_ckpt *cur, const stabi
 
 /* 1 when cur and ref are a GGUF file and a safetensors (either way round): their tensors are
  * matched through the name map. */
-static int across_formats(const stabi_ckpt *cur, const stabi_ckpt *ref) {
-  return (cur->gg != NULL) != (ref->gg != NULL) && (is_safetensors(cur) || is_safetensors(ref));
+static int across_formats(const stabi_probe_ckpt *cur, const stabi_probe_ckpt *ref) {
+  return (gguf_of(cur) != NULL) != (gguf_of(ref) != NULL) && (is_safetensors(cur) || is_safetensors(ref));
 }
 
 /* The counterpart in ref of tensor name of cur: the tensor of the same name, or across formats
@@ -398,11 +287,11 @@ static int across_formats(const stabi_ckpt *cur, const stabi_ckpt *ref) {
  * into *how (all 0 for the same name). The one matching of --prev's update and of the ratios'
  * reference (--init, or the --prev file). NULL when there is none; the name looked for in
  * tried ("" when the name has no mapping). */
-static const stab_ckpt_tensor *counterpart_tensor(const stabi_ckpt *cur, const stabi_ckpt *ref, const char *name,
+static const stab_ckpt_tensor *counterpart_tensor(const stabi_probe_ckpt *cur, const stabi_probe_ckpt *ref, const char *name,
                                                   stab_name_transform *how, char *tried, size_t cap) {
   memset(how, 0, sizeof *how);
   if (across_formats(cur, ref))
-    return converted_find(cur, ref, gguf_arch(cur->gg ? cur->gg : ref->gg), name, how, tried, cap);
+    return converted_find(cur, ref, gguf_arch(gguf_of(cur) ? gguf_of(cur) : gguf_of(ref)), name, how, tried, cap);
   snprintf(tried, cap, "%s", name);
   return ck_find(ref, name);
 }
@@ -427,9 +316,9 @@ static size_t gguf_heads(const stab_gguf *g, const char *arch, int key_heads) {
  * q and k rows are permuted within each head (heads from the GGUF metadata), Gemma's norms are
  * stored plus one. How to read it back is left in r (prev_heads ...), for prev_as_f32. NULL
  * when found, else why not. */
-static const char *find_converted(const stabi_ckpt *cur, const stabi_ckpt *prev, stabi_probe_row *r) {
-  const stab_gguf *g = cur->gg ? cur->gg : prev->gg;
-  const stabi_ckpt *hf = cur->gg ? prev : cur;
+static const char *find_converted(const stabi_probe_ckpt *cur, const stabi_probe_ckpt *prev, stabi_probe_row *r) {
+  const stab_gguf *g = gguf_of(cur) ? gguf_of(cur) : gguf_of(prev);
+  const stabi_probe_ckpt *hf = gguf_of(cur) ? prev : cur;
   const char *arch = gguf_arch(g);
   char tried[512], btried[512];
   stab_name_transform how, bhow;
@@ -439,10 +328,11 @@ static const char *find_converted(const stabi_ckpt *cur, const stabi_ckpt *prev,
   const stab_ckpt_tensor *pbias = NULL;
   if (r->bias && !(pbias = counterpart_tensor(cur, prev, r->bias->name, &bhow, btried, sizeof btried)))
     return no_update_because(r, "its bias is not found (looked for '%s')", btried[0] ? btried : r->bias->name, NULL);
-  /* the HF side is in-major when it has Conv1D's layout: the row's own, or the rule's for it */
+  /* the HF side is in-major when it has Conv1D's layout: the row's own, or the rule's for it
+   * (out-major throughout in a file of stabmeter-train, as its __metadata__ says) */
   stab_model_config hf_rules = stab_model_default_config();
-  hf_rules.out_major = made_by_train(hf);
-  int hf_in_major = cur->gg ? pt->ndim == 2 && stab_model_linear_layout(&hf_rules, pt->name, (size_t)pt->shape[0],
+  hf_rules.out_major = stabi_model_trainer_file(stab_checkpoint_safetensors(hf->ck));
+  int hf_in_major = gguf_of(cur) ? pt->ndim == 2 && stab_model_linear_layout(&hf_rules, pt->name, (size_t)pt->shape[0],
                                                                          (size_t)pt->shape[1]) == STAB_LAYOUT_IN_MAJOR
                             : r->layout == STAB_LAYOUT_IN_MAJOR && r->kind == STAB_KIND_LINEAR;
   int transposed = how.conv1d && hf_in_major && r->t->ndim == 2;
@@ -463,9 +353,9 @@ static const char *find_converted(const stabi_ckpt *cur, const stabi_ckpt *prev,
                                   "head counts)", tried, arch);
   }
   r->prev_t = pt, r->prev_bias = pbias;
-  r->prev_heads = heads, r->prev_to_gguf = cur->gg != NULL, r->prev_transposed = transposed;
+  r->prev_heads = heads, r->prev_to_gguf = gguf_of(cur) != NULL, r->prev_transposed = transposed;
   /* the GGUF value is the HF one plus the offset: the reference moved to the current's side */
-  r->prev_offset = cur->gg ? how.gguf_offset : -how.gguf_offset;
+  r->prev_offset = gguf_of(cur) ? how.gguf_offset : -how.gguf_offset;
   return NULL;
 }
 
@@ -474,7 +364,7 @@ static const char *find_converted(const stabi_ckpt *cur, const stabi_ckpt *prev,
  * GGUF file and a safetensors, the converted names (find_converted). NULL when found, else why
  * not (for the row's message). Attention rows have no update (the articles define none for
  * the logit bound). */
-static const char *find_counterpart(const stabi_ckpt *cur, const stabi_ckpt *prev, stabi_probe_row *r) {
+static const char *find_counterpart(const stabi_probe_ckpt *cur, const stabi_probe_ckpt *prev, stabi_probe_row *r) {
   if (across_formats(cur, prev)) return find_converted(cur, prev, r);
   char tried[512];
   stab_name_transform how;
@@ -572,17 +462,17 @@ static void count_layers(const stabi_probe_row *rows, size_t n, const char *aske
  * files are not two checkpoints of one model (or the wrong file was given): 2 and a message
  * naming both (STAB_ENOTFOUND). Some missing: a warning with their count and first names; those
  * layers have no update (their reason goes to the report's errors). */
-static stab_status match_reference(const stab_probe *p, const stabi_ckpt *cur, const stabi_ckpt *prev,
+static stab_status match_reference(const stab_probe *p, const stabi_probe_ckpt *cur, const stabi_probe_ckpt *prev,
                                    stabi_probe_row *rows, size_t n) {
   const char *reference = p->reference, *checkpoint = p->checkpoint;
   size_t missing_rows = 0, missing_name = 0;
   char first[256] = "";
   /* a GGUF file against a safetensors: only through a name map of the GGUF's architecture */
-  const stab_gguf *g = cur->gg && is_safetensors(prev) ? cur->gg : prev->gg && is_safetensors(cur) ? prev->gg : NULL;
+  const stab_gguf *g = gguf_of(cur) && is_safetensors(prev) ? gguf_of(cur) : gguf_of(prev) && is_safetensors(cur) ? gguf_of(prev) : NULL;
   if (g && !stab_name_map_knows(gguf_arch(g))) {
     return stabi_fail(STAB_ENOTFOUND, "--prev %s: %s is GGUF and %s safetensors, and the GGUF architecture '%s' has "
                       "no name map to Hugging Face names (llama, qwen2, gemma, phi3 and gpt2 have one): no tensor can be "
-                      "matched", reference, cur->gg ? checkpoint : reference, cur->gg ? reference : checkpoint,
+                      "matched", reference, gguf_of(cur) ? checkpoint : reference, gguf_of(cur) ? reference : checkpoint,
                       gguf_arch(g) ? gguf_arch(g) : "(none: no general.architecture)");
   }
   char *asked = calloc(n ? n : 1, 1), *miss = calloc(n ? n : 1, 1);
@@ -657,7 +547,7 @@ static int64_t step_from_name(const char *path) {
  * the step its trace records these weights at); GGUF training.iteration_count (llama.cpp's
  * training files; general.* has no step). llm.c's header has none. A key present with a value
  * that is not a whole number is -1 with why saying so. */
-static int64_t step_from_metadata(const stab_probe *p, const stabi_ckpt *f, const char **from, char *why, size_t cap) {
+static int64_t step_from_metadata(const stab_probe *p, const stabi_probe_ckpt *f, const char **from, char *why, size_t cap) {
   static const char *const keys[] = {"step", "global_step", "steps", NULL};
   static const char *const said[] = {"the checkpoint's __metadata__ step", "the checkpoint's __metadata__ global_step",
                                      "the checkpoint's __metadata__ steps (stabmeter-train's)"};
@@ -665,9 +555,10 @@ static int64_t step_from_metadata(const stab_probe *p, const stabi_ckpt *f, cons
   why[0] = '\0';
   for (size_t j = 0; keys[j]; j++) {
     if (!strcmp(keys[j], "steps") && !p->out_major_file) continue; /* another producer's "steps" may be the total */
-    for (size_t i = 0; i < stabi_ck_meta_count(f); i++) {
+    const stab_safetensors *s = stab_checkpoint_safetensors(f->ck); /* a sharded model's: its first shard's */
+    for (size_t i = 0; i < stab_safetensors_metadata_count(s); i++) {
       const char *k, *val;
-      stabi_ck_meta(f, i, &k, &val);
+      stab_safetensors_metadata(s, i, &k, &val);
       if (strcmp(k, keys[j])) continue;
       if (whole_number(val, 0, INT64_MAX, &v)) {
         *from = said[j];
@@ -677,9 +568,9 @@ static int64_t step_from_metadata(const stab_probe *p, const stabi_ckpt *f, cons
       return -1;
     }
   }
-  if (f->gg) {
+  if (gguf_of(f)) {
     uint64_t u;
-    stab_status st = stab_gguf_get_uint(f->gg, "training.iteration_count", &u);
+    stab_status st = stab_gguf_get_uint(gguf_of(f), "training.iteration_count", &u);
     if (st == STAB_OK && u <= INT64_MAX) {
       *from = "the checkpoint's GGUF training.iteration_count";
       return (int64_t)u;
@@ -696,11 +587,11 @@ stab_status stab_probe_steps_found(const stab_probe *p, stab_probe_steps *out) {
       step_from_metadata(p, &p->cur, &out->metadata_source, out->metadata_problem, sizeof out->metadata_problem);
   out->name_step = step_from_name(p->checkpoint);
   out->name_source = "the file name";
-  if (out->name_step < 0 && p->cur.sh) {
+  if (out->name_step < 0 && stabi_checkpoint_directory(p->cur.ck)) {
     /* a sharded model: its directory's name (the Hugging Face Trainer's checkpoint-500/), a
      * trailing '/' aside */
     char d[4096];
-    snprintf(d, sizeof d, "%s", stab_sharded_directory(p->cur.sh));
+    snprintf(d, sizeof d, "%s", stabi_checkpoint_directory(p->cur.ck));
     for (size_t k = strlen(d); k > 1 && d[k - 1] == '/'; k--) d[k - 1] = '\0';
     if ((out->name_step = step_from_name(d)) >= 0) out->name_source = "the directory's name";
   }
@@ -832,7 +723,7 @@ static stab_status match_init(stab_probe *p, const char *path) {
     if (c && c->d_in == r->d_in && c->d_out == r->d_out && c->heads == r->heads && ce == re) {
       r->init_row = hit->i;
       /* the GGUF value is the HF one plus the offset: the counterpart read on this side */
-      c->self_offset = p->cur.gg ? how.gguf_offset : -how.gguf_offset;
+      c->self_offset = gguf_of(&p->cur) ? how.gguf_offset : -how.gguf_offset;
       asked[i] = 1;
       continue;
     }
@@ -895,45 +786,6 @@ void stab_probe_free(stab_probe *p) {
 
 size_t stab_probe_count(const stab_probe *p) { return p ? p->n : 0; }
 
-/* The file t's bytes are in (of checkpoint c, opened from path) and their offset there: found
- * by address, a tensor's mapping being its file's (a view into a 3-D experts tensor too). */
-static const char *file_of(const stabi_ckpt *c, const char *path, const stab_ckpt_tensor *t, uint64_t *offset) {
-  if (c->gs) {
-    size_t i;
-    if (stabi_gguf_split_find(c->gs, t->name, &i) == STAB_OK) {
-      const stab_gguf *g = stabi_gguf_split_shard(c->gs, stabi_gguf_split_shard_of(c->gs, i));
-      const stab_ckpt_tensor *first = stab_gguf_tensor(g, 0);
-      const unsigned char *base = first->data - first->offset;
-      if (t->data >= base && t->data < base + stabi_gguf_file_size(g)) {
-        *offset = (uint64_t)(t->data - base);
-        return stabi_gguf_split_shard_path(c->gs, stabi_gguf_split_shard_of(c->gs, i));
-      }
-    }
-    /* a view into an experts tensor: by address, shard by shard */
-    for (size_t k = 0; k < stabi_gguf_split_shard_count(c->gs); k++) {
-      const stab_gguf *g = stabi_gguf_split_shard(c->gs, k);
-      const stab_ckpt_tensor *first = stab_gguf_tensor(g, 0);
-      if (!first) continue;
-      const unsigned char *base = first->data - first->offset;
-      if (t->data < base || t->data >= base + stabi_gguf_file_size(g)) continue;
-      *offset = (uint64_t)(t->data - base);
-      return stabi_gguf_split_shard_path(c->gs, k);
-    }
-  }
-  size_t files = c->sh ? stab_sharded_shard_count(c->sh) : 1;
-  for (size_t k = 0; k < files; k++) {
-    const stab_safetensors *s = c->sh ? stab_sharded_shard(c->sh, k) : c->st;
-    const stab_ckpt_tensor *first = s ? stab_safetensors_tensor(s, 0) : stabi_ck_tensor(c, 0);
-    if (!first) continue;
-    const unsigned char *base = first->data - first->offset;
-    if (s && (t->data < base || t->data >= base + stab_safetensors_file_size(s))) continue;
-    *offset = (uint64_t)(t->data - base);
-    return c->sh ? stab_sharded_shard_path(c->sh, k) : path;
-  }
-  *offset = t->offset;
-  return path;
-}
-
 /* A tensor's bytes per element, quantized types included (their blocks' bytes over their
  * elements). */
 static double bytes_per_element(const stab_ckpt_tensor *t) {
@@ -973,8 +825,7 @@ stab_status stab_probe_row_at(stab_probe *p, size_t i, stab_probe_row *out) {
       if (!ts[k] || !stab_ckpt_nbytes(ts[k])) continue;
       stab_probe_read *rd = &w.reads[w.nreads++];
       rd->tensor = ts[k]->name, rd->data = ts[k]->data, rd->bytes = stab_ckpt_nbytes(ts[k]);
-      rd->file = k < 3 ? file_of(&p->cur, p->checkpoint, ts[k], &rd->offset)
-                       : file_of(&p->prevc, p->reference, ts[k], &rd->offset);
+      rd->file = stabi_checkpoint_file_at(k < 3 ? p->cur.ck : p->prevc.ck, ts[k], &rd->offset);
     }
     w.work = stabi_probe_row_work(r) * bytes_per_element(r->t);
     if (r->prev_t) w.work += stabi_probe_row_work(r) * bytes_per_element(r->prev_t);

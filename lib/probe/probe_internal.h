@@ -1,35 +1,26 @@
-/* probe_internal.h — what the probe's files share (probe.c opens and describes, probe_measure.c
- * measures and writes the trace, probe_report.c writes the report): the checkpoint as one of
- * the readers, the rows, and the probe itself. Never installed. */
+/* probe_internal.h — what the probe's files share (probe.c opens and describes, measure.c
+ * measures and writes the trace, report.c writes the report): the checkpoint (a handle,
+ * lib/checkpoint/checkpoint.c), the rows, and the probe itself. probe.c calls into measure.c
+ * (the rows' work, the layers of experts), never the reverse. Never installed. */
 #ifndef STABMETER_PROBE_INTERNAL_H
 #define STABMETER_PROBE_INTERNAL_H
 
 #include "metrics/metrics.h"
 #include "checkpoint/checkpoint_internal.h"
+#include "model/model_internal.h"
 
 #include <stdint.h>
 
 #define MAX_HEADS STAB_MODEL_MAX_HEADS
 
-/* A checkpoint: one of safetensors, GGUF, llm.c, or every shard of a sharded model. */
+/* A checkpoint as the probe holds it: the handle (any format, every file of it), and what the
+ * probe reads beside it. */
 typedef struct {
-  stab_safetensors *st;
-  stab_gguf *gg;              /* with gs: its first shard (the model's metadata), gs's */
-  stabi_gguf_split *gs;       /* a split GGUF model: every shard, or NULL */
-  stab_llmc *lc;
-  stab_sharded *sh;           /* a directory or an index: every shard */
-  stab_shard_index *siblings; /* st is one shard of the model this index describes, or NULL */
+  stab_checkpoint *ck;
+  stab_shard_index *siblings; /* ck is one safetensors shard of the model this index describes,
+                                 or NULL */
   stab_hf_config cfg;         /* config.json of the model's directory (all 0 / -1: none) */
-} stabi_ckpt;
-
-size_t stabi_ck_count(const stabi_ckpt *c);
-const stab_ckpt_tensor *stabi_ck_tensor(const stabi_ckpt *c, size_t i);
-/* safetensors' __metadata__ (a sharded model's: its first shard's) */
-size_t stabi_ck_meta_count(const stabi_ckpt *c);
-void stabi_ck_meta(const stabi_ckpt *c, size_t i, const char **k, const char **v);
-/* Where t's bytes sit in the checkpoint as one sequence of bytes: its offset in its file, after
- * the earlier shards' bytes for a sharded model (their offsets restart in every shard). */
-uint64_t stabi_ck_place(const stabi_ckpt *c, const stab_ckpt_tensor *t);
+} stabi_probe_ckpt;
 
 /* The metrics a layer of experts reports as its worst expert's, in row.worst's order. */
 enum { EXPERT_FORWARD, EXPERT_DEPENDENCY, EXPERT_UPDATE, EXPERT_SIGMA, EXPERT_REL_UPDATE, N_EXPERT_METRICS };
@@ -83,7 +74,7 @@ struct stab_probe {
   stab_probe_params params;     /* the overrides and filters owned below */
   stab_model_override *overrides; /* kinds then layouts, globs copied */
   char **filters;
-  stabi_ckpt cur, prevc;
+  stabi_probe_ckpt cur, prevc;
   int has_prev;
   int out_major_file; /* the checkpoint is harness/train's: GPT-2 names, nn.Linear layouts */
   stab_model *model;

@@ -1,4 +1,4 @@
-/* probe_report.c — the probe's report as text: the JSON stabmeter-probe --json prints
+/* report.c — the probe's report as text: the JSON stabmeter-probe --json prints
  * (stab_probe_json) and its table (stab_probe_table), rows in the checkpoint's order or sorted
  * by a metric, the largest value per kind and metric, the rows not measured and why. Written
  * into a memory stream, so that the program prints it and a binding parses it, the same bytes. */
@@ -191,18 +191,21 @@ static size_t row_shape(const stabi_probe_row *r, uint64_t dims[3]) {
 
 /* The checkpoint's own metadata as a JSON object: safetensors' __metadata__ (strings), GGUF's
  * pairs (numbers, strings, booleans; an array as {"array": type, "length": n}), llm.c's header. */
-static void print_json_metadata(FILE *out, const stabi_ckpt *f) {
+static void print_json_metadata(FILE *out, const stab_checkpoint *ck) {
+  const stab_safetensors *st = stab_checkpoint_safetensors(ck); /* a sharded model's: its first shard's */
+  const stab_gguf *gg = stab_checkpoint_gguf(ck);
+  const stab_llmc *lc = stab_checkpoint_llmc(ck);
   fputs("{", out);
-  for (size_t i = 0; i < stabi_ck_meta_count(f); i++) {
+  for (size_t i = 0; i < stab_safetensors_metadata_count(st); i++) {
     const char *k, *v;
-    stabi_ck_meta(f, i, &k, &v);
+    stab_safetensors_metadata(st, i, &k, &v);
     fputs(i ? ", " : "", out);
     json_string(out, k);
     fputs(": ", out);
     json_string(out, v);
   }
-  for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
-    const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
+  for (size_t i = 0; gg && i < stab_gguf_metadata_count(gg); i++) {
+    const stab_gguf_kv *kv = stab_gguf_metadata(gg, i);
     fputs(i ? ", " : "", out);
     json_string(out, kv->key);
     fputs(": ", out);
@@ -221,8 +224,8 @@ static void print_json_metadata(FILE *out, const stabi_ckpt *f) {
     default: fprintf(out, "%llu", (unsigned long long)kv->u); break;
     }
   }
-  if (f->lc) {
-    const stab_llmc_config *c = stab_llmc_config_of(f->lc);
+  if (lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(lc);
     fprintf(out, "\"version\": %d, \"max_seq_len\": %zu, \"vocab_size\": %zu, \"padded_vocab_size\": %zu, "
            "\"num_layers\": %zu, \"num_heads\": %zu, \"channels\": %zu", c->version, c->max_t, c->vocab,
            c->padded_vocab, c->layers, c->heads, c->channels);
@@ -240,7 +243,7 @@ static void print_json(FILE *out, const stab_probe *p, const stab_probe_report_o
                        size_t count) {
   const stabi_probe_row *rows = p->rows;
   const size_t n = p->n;
-  const stabi_ckpt *ck = &p->cur;
+  const stab_checkpoint *ck = p->cur.ck;
   fprintf(out, "{\"format\": \"stabmeter-probe\", \"format_version\": 2, \"checkpoint\": ");
   json_string(out, p->checkpoint);
   fprintf(out, ", \"reference\": ");
@@ -412,25 +415,27 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
                         size_t count) {
   const stabi_probe_row *rows = p->rows;
   const size_t n = p->n;
-  const stabi_ckpt *f = &p->cur;
+  const stab_safetensors *st = stab_checkpoint_safetensors(p->cur.ck); /* a sharded model's: its first shard's */
+  const stab_gguf *gg = stab_checkpoint_gguf(p->cur.ck);
+  const stab_llmc *lc = stab_checkpoint_llmc(p->cur.ck);
   fprintf(out, "checkpoint %s%s%s\n", p->checkpoint, p->reference ? ", update against " : "",
          p->reference ? p->reference : "");
   if (p->init) fprintf(out, "ratios (fwd_ratio, dep_ratio) to %s\n", p->init->checkpoint);
-  for (size_t i = 0; i < stabi_ck_meta_count(f); i++) {
+  for (size_t i = 0; i < stab_safetensors_metadata_count(st); i++) {
     const char *k, *v;
     char sk[256], sv[1024];
-    stabi_ck_meta(f, i, &k, &v);
+    stab_safetensors_metadata(st, i, &k, &v);
     fprintf(out, "metadata %s = %s\n", shown(k, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
-  for (size_t i = 0; f->gg && i < stab_gguf_metadata_count(f->gg); i++) {
-    const stab_gguf_kv *kv = stab_gguf_metadata(f->gg, i);
+  for (size_t i = 0; gg && i < stab_gguf_metadata_count(gg); i++) {
+    const stab_gguf_kv *kv = stab_gguf_metadata(gg, i);
     char v[128];
     char sk[256], sv[512];
     gguf_value_text(kv, v, sizeof v);
     fprintf(out, "metadata %s = %s\n", shown(kv->key, sk, sizeof sk), shown(v, sv, sizeof sv));
   }
-  if (f->lc) {
-    const stab_llmc_config *c = stab_llmc_config_of(f->lc);
+  if (lc) {
+    const stab_llmc_config *c = stab_llmc_config_of(lc);
     fprintf(out, "llm.c checkpoint version %d (%s): max_seq_len %zu, vocab %zu (padded %zu, padding rows left out), "
            "layers %zu, heads %zu, channels %zu\n", c->version, c->version == 5 ? "bf16" : "f32", c->max_t, c->vocab,
            c->padded_vocab, c->layers, c->heads, c->channels);

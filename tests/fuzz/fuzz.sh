@@ -71,6 +71,9 @@ for r in $readers; do
     # the JSON files beside a Hugging Face checkpoint: a sharded model's index and config.json
     csrc="$csrc $src/lib/checkpoint/safetensors.c $src/lib/checkpoint/sniff.c $src/lib/core/json.c $src/lib/checkpoint/sharded.c
           $src/lib/checkpoint/hf_config.c"
+  elif [ "$r" = safetensors ]; then
+    # the header's strings are decoded by the JSON parser's string decoder
+    csrc="$csrc $src/lib/checkpoint/safetensors.c $src/lib/core/json.c"
   elif [ "$r" = gguf_split ]; then
     # a split GGUF model's shards (llama.cpp's gguf-split), over the GGUF reader
     csrc="$csrc $src/lib/checkpoint/gguf.c $src/lib/checkpoint/gguf_split.c"
