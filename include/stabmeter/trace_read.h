@@ -67,11 +67,11 @@ stab_trace_read_params stab_trace_read_default_params(void);
  * that HDF5 cannot read (damaged), or a pattern or name that selects nothing, STAB_EFORMAT;
  * STAB_ENOMEM ("out of memory"). Every message but the last starts with the path and names the
  * object at fault ("t.h5: /layers/fc has no attribute 'kind'"). On failure *out is NULL.
- * Thread safety: HDF5 (Debian's build) is not thread-safe, and the reader makes its HDF5 calls
- * unlocked: one thread at a time, with no other thread of the process calling HDF5 meanwhile,
- * the writer thread of a stab_trace opened with flush_every 0 included (read a trace being
- * written from another process, or write it with flush_every >= 1). HDF5's own printing of
- * errors is off during each call and restored after it. */
+ * Thread safety: one thread at a time per reader; readers and traces being written (their writer
+ * threads included) may be used from different threads at once: the library makes its HDF5
+ * calls one at a time, the reader's and the writer's alike (HDF5 need not be built thread-safe;
+ * a program whose own threads call HDF5 meanwhile must be built against a thread-safe HDF5).
+ * HDF5's own printing of errors is off during each call and restored after it. */
 stab_status stab_trace_read_open(const char *path, const stab_trace_read_params *params,
                                  stab_trace_reader **out);
 

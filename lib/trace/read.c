@@ -6,6 +6,7 @@
  * object by object against damaged files (every HDF5 call checked, every message naming the
  * object), then the lazily read attributes and the row reads. */
 #include "core/core.h"
+#include "trace/hdf5_lock.h"
 
 #include <hdf5.h>
 
@@ -132,8 +133,10 @@ static const char *h5_reason(void) {
   return buf;
 }
 
-/* HDF5 prints its error stack unless told not to: the messages are ours (its reason quoted in
- * them), so each public call silences it and gives the caller's setting back. */
+/* Each public call that reaches HDF5 runs between quiet_begin and quiet_end: under the process's
+ * HDF5 lock (hdf5_lock.h: a trace's writer thread may be writing), with HDF5's printing of its
+ * error stack off (the messages are ours, its reason quoted in them) and the caller's setting
+ * given back after. */
 typedef struct {
   H5E_auto2_t fn;
   void *data;
@@ -141,12 +144,16 @@ typedef struct {
 
 static quiet quiet_begin(void) {
   quiet q = {NULL, NULL};
+  stabi_hdf5_lock();
   H5Eget_auto2(H5E_DEFAULT, &q.fn, &q.data);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   return q;
 }
 
-static void quiet_end(const quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->fn, q->data); }
+static void quiet_end(const quiet *q) {
+  H5Eset_auto2(H5E_DEFAULT, q->fn, q->data);
+  stabi_hdf5_unlock();
+}
 
 static void trace_init(trace *t) {
   memset(t, 0, sizeof *t);

@@ -8,6 +8,7 @@
  * appended to are rewritten in this layout first (migrate). */
 #define _GNU_SOURCE /* F_OFD_SETLK, fallocate, renameat2 */
 #include "metrics/metrics.h"
+#include "trace/hdf5_lock.h"
 
 #include <hdf5.h>
 #include <hdf5_hl.h> /* H5DS: /step as a dimension scale */
@@ -55,10 +56,9 @@ enum { FLUSH_SECONDS_MAX = 86400 };
  * trace's writer thread writes while the caller opens or closes another trace. Held
  * around every HDF5 call of this file; fork waits for it (after_fork), so that a child never
  * starts with it held by a writer thread it does not have. */
-static pthread_mutex_t hdf5_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-static void hdf5_lock_take(void) { pthread_mutex_lock(&hdf5_lock); }
-static void hdf5_lock_give(void) { pthread_mutex_unlock(&hdf5_lock); }
+static void hdf5_lock_take(void) { stabi_hdf5_lock(); } /* shared with the reader: hdf5_lock.h */
+static void hdf5_lock_give(void) { stabi_hdf5_unlock(); }
 static void in_child(void);
 static void after_fork(void) { pthread_atfork(hdf5_lock_take, hdf5_lock_give, in_child); }
 

@@ -64,8 +64,9 @@ for r in $readers; do
   extra=""
   if [ "$r" = trace ]; then
     # the library's trace reader, on the system's HDF5 (not instrumented: the reader's branches steer)
-    csrc="$csrc $src/lib/trace/read.c"
-    extra="${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
+    csrc="$csrc $src/lib/trace/read.c $src/lib/trace/hdf5_lock.c"
+    hdrs="$hdrs $src/lib/trace/hdf5_lock.h"
+    extra="-pthread ${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
   elif [ "$r" = shard_index ]; then
     # the JSON files beside a Hugging Face checkpoint: a sharded model's index and config.json
     csrc="$csrc $src/lib/checkpoint/safetensors.c $src/lib/checkpoint/sniff.c $src/lib/core/json.c $src/lib/checkpoint/sharded.c
