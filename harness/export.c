@@ -2,12 +2,11 @@
  * JSON lines, in long form (one value a row) or wide (one step a row, one column per
  * layer.metric), for tools that do not read HDF5: gnuplot, spreadsheets, pandas without h5py. The trace is
  * opened for SWMR reading, so a trace whose writer is still running (or was killed) exports the
- * rows flushed so far (the reading is harness/trace_reader.c). Values are written so that they
- * read back as the same doubles. */
+ * rows flushed so far (the reading is the library's, stab_trace_read_*). Values are written so
+ * that they read back as the same doubles. */
 #include "stabmeter.h"
 
 #include "cli.h"
-#include "trace_reader.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -40,6 +39,67 @@ typedef struct {
 static int oom(void) {
   cli_error("out of memory");
   return CLI_FAILED;
+}
+
+/* The library's failure as export reports it: its message (naming the trace and the object at
+ * fault), and exit 1 for memory, 2 for the input. */
+static int read_failed(stab_status st) {
+  cli_error("%s", stab_last_error());
+  return st == STAB_ENOMEM ? CLI_FAILED : CLI_USAGE;
+}
+
+/* ---- the trace, a block of rows at a time ------------------------------------------------ */
+
+/* Rows read from every column at a time: the memory is BLOCK_ROWS x columns x 8 bytes (5.6 MB
+ * for the 682 columns of 40 linear layers), whatever the trace's length. */
+enum { BLOCK_ROWS = 1024 };
+
+typedef struct {
+  stab_trace_reader *r;
+  const char *path;
+  int64_t rows;
+  int wall;          /* wall_time is read */
+  size_t n_scalars, n_layers;
+  size_t n_values;   /* columns: wall_time (when read), the scalars, then every layer's metrics */
+  int64_t *steps;    /* BLOCK_ROWS */
+  double *v;         /* n_values x BLOCK_ROWS: column c's row i at v[c * BLOCK_ROWS + i] */
+} trace;
+
+/* Opens the trace at path as filter selects, and the block's memory. Returns the exit status. */
+static int trace_open(trace *t, const char *path, const stab_trace_read_params *filter) {
+  memset(t, 0, sizeof *t);
+  t->path = path;
+  stab_status st = stab_trace_read_open(path, filter, &t->r);
+  if (st != STAB_OK) return read_failed(st);
+  t->rows = stab_trace_read_rows(t->r);
+  t->wall = stab_trace_read_has_wall_time(t->r);
+  t->n_scalars = stab_trace_read_scalar_count(t->r);
+  t->n_layers = stab_trace_read_layer_count(t->r);
+  t->n_values = (size_t)t->wall + t->n_scalars;
+  for (size_t l = 0; l < t->n_layers; l++) t->n_values += stab_trace_read_metric_count(t->r, l);
+  if (!(t->steps = malloc(BLOCK_ROWS * sizeof *t->steps)) ||
+      !(t->v = malloc((t->n_values ? t->n_values : 1) * BLOCK_ROWS * sizeof *t->v)))
+    return oom();
+  return 0;
+}
+
+static void trace_close(trace *t) {
+  stab_trace_read_close(t->r);
+  free(t->steps);
+  free(t->v);
+  memset(t, 0, sizeof *t);
+}
+
+/* Rows [first, first + count) (count <= BLOCK_ROWS) of every column into the block. */
+static int trace_read_block(trace *t, int64_t first, size_t count) {
+  stab_status st = stab_trace_read_steps(t->r, first, count, t->steps);
+  double *v = t->v;
+  if (!st && t->wall) st = stab_trace_read_wall_time(t->r, first, count, v), v += BLOCK_ROWS;
+  for (size_t s = 0; s < t->n_scalars && !st; s++, v += BLOCK_ROWS) st = stab_trace_read_scalar(t->r, s, first, count, v);
+  for (size_t l = 0; l < t->n_layers && !st; l++)
+    for (size_t c = 0; c < stab_trace_read_metric_count(t->r, l) && !st; c++, v += BLOCK_ROWS)
+      st = stab_trace_read_metric(t->r, l, c, first, count, v);
+  return st ? read_failed(st) : 0;
 }
 
 /* ---- options --------------------------------------------------------------------------- */
@@ -255,31 +315,34 @@ static void json_member(FILE *f, int *first, const char *name, double v) {
   fprintf(f, ": %s", number(v, 1, buf, sizeof buf));
 }
 
-static void write_row(FILE *f, trace *t, out_format format, size_t r) {
+static void write_row(FILE *f, const trace *t, out_format format, size_t r) {
   int64_t step = t->steps[r];
+  const double *v = t->v + r; /* the next column's value of row r: v[0], then v += BLOCK_ROWS */
   if (format == FORMAT_CSV) {
-    if (t->wall.d >= 0) csv_row(f, step, "", "scalar", "wall_time", t->wall.v[r]);
-    for (size_t s = 0; s < t->n_scalars; s++) csv_row(f, step, "", "scalar", t->scalars[s].name, t->scalars[s].v[r]);
+    if (t->wall) csv_row(f, step, "", "scalar", "wall_time", *v), v += BLOCK_ROWS;
+    for (size_t s = 0; s < t->n_scalars; s++, v += BLOCK_ROWS)
+      csv_row(f, step, "", "scalar", stab_trace_read_scalar_name(t->r, s), *v);
     for (size_t l = 0; l < t->n_layers; l++)
-      for (size_t c = 0; c < t->layers[l].n_cols; c++)
-        csv_row(f, step, t->layers[l].group, t->layers[l].kind, t->layers[l].cols[c].name, t->layers[l].cols[c].v[r]);
+      for (size_t c = 0; c < stab_trace_read_metric_count(t->r, l); c++, v += BLOCK_ROWS)
+        csv_row(f, step, stab_trace_read_layer_name(t->r, l), stab_trace_read_layer_kind(t->r, l),
+                stab_trace_read_metric_name(t->r, l, c), *v);
     return;
   }
   char buf[40];
   int first = 1;
   fprintf(f, "{\"step\": %" PRId64, step);
-  if (t->wall.d >= 0) fprintf(f, ", \"wall_time\": %s", number(t->wall.v[r], 1, buf, sizeof buf));
+  if (t->wall) fprintf(f, ", \"wall_time\": %s", number(*v, 1, buf, sizeof buf)), v += BLOCK_ROWS;
   fputs(", \"scalars\": {", f);
-  for (size_t s = 0; s < t->n_scalars; s++) json_member(f, &first, t->scalars[s].name, t->scalars[s].v[r]);
+  for (size_t s = 0; s < t->n_scalars; s++, v += BLOCK_ROWS) json_member(f, &first, stab_trace_read_scalar_name(t->r, s), *v);
   fputs("}, \"layers\": {", f);
   for (size_t l = 0; l < t->n_layers; l++) {
-    const trace_layer *ly = &t->layers[l];
     if (l) fputs(", ", f);
-    json_string(f, ly->group);
+    json_string(f, stab_trace_read_layer_name(t->r, l));
     fputs(": {\"kind\": ", f);
-    json_string(f, ly->kind);
+    json_string(f, stab_trace_read_layer_kind(t->r, l));
     first = 0;
-    for (size_t c = 0; c < ly->n_cols; c++) json_member(f, &first, ly->cols[c].name, ly->cols[c].v[r]);
+    for (size_t c = 0; c < stab_trace_read_metric_count(t->r, l); c++, v += BLOCK_ROWS)
+      json_member(f, &first, stab_trace_read_metric_name(t->r, l, c), *v);
     fputc('}', f);
   }
   fputs("}}\n", f);
@@ -291,19 +354,17 @@ static void write_row(FILE *f, trace *t, out_format format, size_t r) {
  * then LAYER.METRIC per layer; n of them, each malloc'd (the caller frees them and the array),
  * or NULL when memory runs out. */
 static char **wide_names(const trace *t, size_t *n) {
-  size_t k = (t->wall.d >= 0) + t->n_scalars;
-  for (size_t l = 0; l < t->n_layers; l++) k += t->layers[l].n_cols;
-  char **names = calloc(k ? k : 1, sizeof *names);
+  char **names = calloc(t->n_values ? t->n_values : 1, sizeof *names);
   if (!names) return NULL;
   size_t i = 0;
   int ok = 1;
-  if (t->wall.d >= 0) ok = (names[i++] = strdup("wall_time")) != NULL;
-  for (size_t s = 0; s < t->n_scalars && ok; s++) ok = (names[i++] = strdup(t->scalars[s].name)) != NULL;
+  if (t->wall) ok = (names[i++] = strdup("wall_time")) != NULL;
+  for (size_t s = 0; s < t->n_scalars && ok; s++) ok = (names[i++] = strdup(stab_trace_read_scalar_name(t->r, s))) != NULL;
   for (size_t l = 0; l < t->n_layers && ok; l++)
-    for (size_t c = 0; c < t->layers[l].n_cols && ok; c++) {
-      size_t len = strlen(t->layers[l].group) + strlen(t->layers[l].cols[c].name) + 2;
-      if ((ok = (names[i] = malloc(len)) != NULL))
-        snprintf(names[i++], len, "%s.%s", t->layers[l].group, t->layers[l].cols[c].name);
+    for (size_t c = 0; c < stab_trace_read_metric_count(t->r, l) && ok; c++) {
+      const char *layer = stab_trace_read_layer_name(t->r, l), *metric = stab_trace_read_metric_name(t->r, l, c);
+      size_t len = strlen(layer) + strlen(metric) + 2;
+      if ((ok = (names[i] = malloc(len)) != NULL)) snprintf(names[i++], len, "%s.%s", layer, metric);
     }
   *n = i;
   if (!ok) {
@@ -364,10 +425,7 @@ static void wide_row(FILE *f, const trace *t, char **names, out_format format, s
     i++;                                                             \
   } while (0)
   fprintf(f, json ? "{\"step\": %" PRId64 : "%" PRId64, t->steps[r]);
-  if (t->wall.d >= 0) VALUE(t->wall.v[r]);
-  for (size_t s = 0; s < t->n_scalars; s++) VALUE(t->scalars[s].v[r]);
-  for (size_t l = 0; l < t->n_layers; l++)
-    for (size_t c = 0; c < t->layers[l].n_cols; c++) VALUE(t->layers[l].cols[c].v[r]);
+  for (size_t c = 0; c < t->n_values; c++) VALUE(t->v[c * BLOCK_ROWS + r]); /* wide_names' order */
 #undef VALUE
   fputs(json ? "}\n" : "\n", f);
 }
@@ -379,13 +437,10 @@ static void wide_row(FILE *f, const trace *t, char **names, out_format format, s
 static int export_rows(trace *t, const options *o, char **names, size_t n_names, FILE *f) {
   if (names) wide_header(f, names, n_names, o->format);
   else if (o->format == FORMAT_CSV) fputs("step,layer,kind,metric,value\n", f);
-  for (hsize_t first = 0; first < t->rows; first += TRACE_BLOCK_ROWS) {
-    hsize_t count = t->rows - first < TRACE_BLOCK_ROWS ? t->rows - first : TRACE_BLOCK_ROWS;
+  for (int64_t first = 0; first < t->rows; first += BLOCK_ROWS) {
+    size_t count = t->rows - first < BLOCK_ROWS ? (size_t)(t->rows - first) : BLOCK_ROWS;
     int rc = trace_read_block(t, first, count);
-    if (rc) {
-      cli_error("%s", t->msg);
-      return rc;
-    }
+    if (rc) return rc;
     for (size_t r = 0; r < count; r++) {
       int64_t s = t->steps[r];
       if ((o->has_lo && s < o->lo) || (o->has_hi && s > o->hi)) continue;
@@ -489,7 +544,7 @@ static int output_open(output *out, const char *path, const trace *t) {
   int exists = stat(path, &sb) == 0;
   /* The same file however it is reached (the path itself, a symbolic link, a hard link): writing
    * it would destroy the trace being read. */
-  if (exists && sb.st_dev == t->dev && sb.st_ino == t->ino) {
+  if (exists && stab_trace_read_is_file(t->r, path)) {
     cli_error("%s: is the trace being exported (%s): refusing to write over it; nothing written",
             path, t->path);
     return 2;
@@ -557,7 +612,7 @@ int main(int argc, char **argv) {
   options o;
   memset(&o, 0, sizeof o);
   trace t;
-  trace_init(&t);
+  memset(&t, 0, sizeof t);
   output out;
   memset(&out, 0, sizeof out);
   char **names = NULL; /* --wide: the columns */
@@ -567,14 +622,12 @@ int main(int argc, char **argv) {
     rc = rc < 0 ? CLI_OK : rc; /* -1: --help or --version done */
     goto out;
   }
-  const trace_filter filter = {o.layer_globs, o.n_layer_globs, o.metrics, o.n_metrics};
+  const stab_trace_read_params filter = {o.layer_globs, o.n_layer_globs, (const char *const *)o.metrics,
+                                         o.n_metrics};
   guard_reading(o.path);
   rc = trace_open(&t, o.path, &filter);
   alarm(0);
-  if (rc) {
-    cli_error("%s", t.msg);
-    goto out;
-  }
+  if (rc) goto out;
   if (o.wide) {
     if (!(names = wide_names(&t, &n_names))) {
       rc = oom();

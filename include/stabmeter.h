@@ -48,6 +48,7 @@ const char *stab_version(void);
 #include "stabmeter/layer.h"      /* stab_layer (kinds, layouts, dtypes); one layer's metrics, whole or split */
 #include "stabmeter/monitor.h"    /* the per-step monitor: create once, register layers, measure each step */
 #include "stabmeter/trace.h"      /* every measured step of a monitor in an HDF5 file: the schema, writing */
+#include "stabmeter/trace_read.h" /* a trace read back: steps, scalars, layers, each metric a column */
 #include "stabmeter/checkpoint.h" /* any checkpoint opened whole (stab_checkpoint); a tensor, read as f32; what a file is */
 #include "stabmeter/probe.h"      /* a checkpoint's every layer measured, and the report */
 #include "stabmeter/model.h"      /* the kind rules: which layers a model's tensors make; GGUF <-> HF names */

@@ -1,5 +1,6 @@
-"""stabtrace — what the notebooks in notebooks-export/ share: reading stabmeter traces
-(docs/manual/metrics.md, "The trace file") and probe reports ("The probe's JSON report"), their inputs,
+"""stabtrace — what the notebooks in notebooks-export/ share: stabmeter traces (docs/manual/metrics.md,
+"The trace file"), read by the stabmeter package's read_trace (the library's one trace reader),
+as the notebooks use them; probe reports ("The probe's JSON report"), their inputs,
 and the plotting conventions (kind colours, axis labels with units, titles naming the run)."""
 
 import glob
@@ -12,8 +13,31 @@ import subprocess
 import sys
 import time
 
-import h5py
 import numpy as np
+
+
+def _import_stabmeter():
+    """The stabmeter package: the installed one, or the one run.sh puts on the path; a notebook run
+    as a plain script from a build directory (python3 notebooks-export/trace.py ...) takes the
+    source tree's package over the library built there, as run.sh does."""
+    try:
+        import stabmeter
+        return stabmeter
+    except ImportError as e:
+        python = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+        la = os.path.join("lib", "libstabmeter.la")
+        if os.environ.get("STABMETER_LIBRARY") or not os.path.isfile(la) or not os.path.isdir(python):
+            raise ImportError("stabtrace: the stabmeter package does not import (%s): make install, or run "
+                              "from the build directory (see notebooks-export/run.sh)" % e) from None
+        with open(la) as f:
+            soname = re.search(r"^dlname='(.*)'$", f.read(), re.M)
+        os.environ["STABMETER_LIBRARY"] = os.path.abspath(os.path.join("lib", ".libs", soname.group(1) if soname else ""))
+        sys.path.insert(0, os.path.abspath(python))
+        import stabmeter
+        return stabmeter
+
+
+stabmeter = _import_stabmeter()
 
 METRICS = ("forward", "dependency", "update")
 # Each metric over its value at the layer's first measured step where it was finite and > 0: the
@@ -169,105 +193,43 @@ class Trace:
         return [l for l in self.layers if l.kind == kind]
 
 
-def _fit(values, n):
-    """A dataset's first n values as float64; NaN-padded when a writer was cut short."""
-    a = np.asarray(values, dtype=np.float64)[:n]
-    if len(a) < n:
-        a = np.concatenate([a, np.full(n - len(a), np.nan)])
-    return a
-
-
-def _attr(value):
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def open_trace_file(path):
-    """Opens a trace for reading, in SWMR mode (also a file still being written, or a killed
-    writer's), falling back to a plain open for files written without SWMR."""
+def _library_trace(path):
+    """The whole trace at `path` through the stabmeter package's read_trace (the library's one
+    trace reader, which stabmeter-export uses too): every format_version, a trace still being
+    written included. A missing file, or one that is not a readable trace, is an InputError."""
     if not os.path.exists(path):
         raise InputError("trace %s: no such file" % path)
     try:
-        return h5py.File(path, "r", swmr=True)
-    except OSError:
-        try:
-            return h5py.File(path, "r")
-        except OSError as e:
-            raise InputError("trace %s: not readable as HDF5 (%s)" % (path, e)) from None
+        return stabmeter.read_trace(path)
+    except stabmeter.Error as e:
+        raise InputError("trace %s" % e) from None  # the library's message starts with the path
 
 
-def trace_from_file(f, path, metrics=None):
-    """Reads an open trace file. `metrics` limits which per-layer series are read (None: all)."""
-    fmt = _attr(f.attrs.get("format", ""))
-    if fmt != "stabmeter-trace":
-        raise InputError("trace %s: attribute format is %r, not 'stabmeter-trace'" % (path, fmt))
-    for need in ("step", "layers"):
-        if need not in f:
-            raise InputError("trace %s: no /%s" % (path, need))
+def trace_from_library(t, metrics=None):
+    """A stabmeter.Trace as the notebooks use it: a Trace of Layers in kind order, then name.
+    `metrics` limits which per-layer series are kept (None: all)."""
     try:
-        config = json.loads(_attr(f.attrs.get("run_config", "{}")) or "{}")
+        config = json.loads(t.run_config or "{}")
     except ValueError as e:
-        raise InputError("trace %s: run_config is not JSON (%s)" % (path, e)) from None
-    steps = np.asarray(f["step"][:], dtype=np.int64)
-    n = len(steps)  # docs/manual/metrics.md: every dataset is index-aligned with /step; it sets the row count
-    wall = _fit(f["wall_time"][:], n) if "wall_time" in f else np.full(n, np.nan)
-    # From format_version 2 every group holds a copy of /step, "step" (netCDF readers' coordinate): not a series.
-    step_copy = int(f.attrs.get("format_version", 1)) >= 2
-    def is_series(k, d):
-        return isinstance(d, h5py.Dataset) and not (step_copy and k == "step")
-    scalars = {k: _fit(v[:], n) for k, v in f["scalars"].items() if is_series(k, v)} if "scalars" in f else {}
-    if int(f.attrs.get("format_version", 1)) >= 4:
-        layers = _layers_v4(f["layers"], n, metrics)
-    else:
-        layers = []
-        for name, g in f["layers"].items():
-            attrs = {k: _attr(v) for k, v in g.attrs.items()}
-            series = {k: _fit(d[:], n) for k, d in g.items()
-                      if is_series(k, d) and (metrics is None or k in metrics)}
-            layers.append(Layer(name, attrs.get("kind", "?"), attrs, series))
+        raise InputError("trace %s: run_config is not JSON (%s)" % (t.path, e)) from None
+    n = len(t.steps)
+    wall = t.wall_time if t.wall_time is not None else np.full(n, np.nan)
+    layers = []
+    for l in t.layers:
+        attrs = dict(l.attrs)
+        attrs.setdefault("name", l.name)
+        if isinstance(attrs.get("shares_storage_with"), str):
+            attrs["shares_storage_with"] = attrs["shares_storage_with"].split()
+        series = {k: v for k, v in l.metrics.items() if metrics is None or k in metrics}
+        layers.append(Layer(l.name, l.kind, attrs, series))
     order = {k: i for i, k in enumerate(KINDS)}
     layers.sort(key=lambda l: (order.get(l.kind, len(KINDS)), natural_key(l.name)))
-    return Trace(path, config, steps, wall, scalars, layers)
-
-
-# Format 4's datasets of /layers along the layer (and head) dimension: what format 3 kept in each
-# layer group's attributes; every other dataset is a metric, (step, layer).
-_LAYER_ATTRS = ("kind", "layout", "description", "shares_storage_with", "d_in", "d_out", "param_count",
-                "param_count_unique")
-
-
-def _layers_v4(g, n, metrics):
-    """Format 4 (docs/manual/trace.md): one (step, layer) dataset per metric, the layer names in
-    /layers/layer, attention heads' bounds in head_bound (step, head), each head's layer and
-    number in head_layer and head. Read as format 3's groups: a Layer per name, its column of each
-    metric, head<h>_bound for its heads, its attributes from the datasets along the layer dimension."""
-    names = [_attr(x) for x in g["layer"][:]]
-    attrs = [{"name": name} for name in names]
-    for k in _LAYER_ATTRS:
-        if k in g:
-            for a, v in zip(attrs, g[k][:]):
-                v = _attr(v)
-                a[k] = v.split() if k == "shares_storage_with" else int(v) if k not in ("kind", "layout", "description") else v
-    series = [dict() for _ in names]
-    for k, d in g.items():
-        if d.ndim != 2 or k == "head_bound" or not (metrics is None or k in metrics):
-            continue
-        values = d[:n]
-        for i, s in enumerate(series):
-            s[k] = _fit(values[:, i], n)
-    if "head_bound" in g:
-        hl, hn = [_attr(x) for x in g["head_layer"][:]], g["head"][:]
-        values, index = g["head_bound"][:n], {name: i for i, name in enumerate(names)}
-        for c, (name, h) in enumerate(zip(hl, hn)):
-            key = "head%d_bound" % h
-            if name in index and (metrics is None or key in metrics):
-                series[index[name]][key] = _fit(values[:, c], n)
-    return [Layer(name, a.get("kind", "?"), a, s) for name, a, s in zip(names, attrs, series)]
+    return Trace(t.path, config, t.steps, wall, dict(t.scalars), layers)
 
 
 def read_trace(path, metrics=None):
-    """The whole trace at `path` (see trace_from_file)."""
-    with open_trace_file(path) as f:
-        return trace_from_file(f, path, metrics)
+    """The whole trace at `path`: a Trace (see trace_from_library)."""
+    return trace_from_library(_library_trace(path), metrics)
 
 
 # How run_config fields read in a title: (section, key, format); section None is the top level.
@@ -685,38 +647,32 @@ def undefined_panel(ax, kind, metric):
 
 
 class LiveTrace:
-    """Follows a trace while a writer appends to it (SWMR): poll() refreshes and says how many
-    rows there are now; snapshot() reads them. Waits for the file to appear and be opened."""
+    """Follows a trace while a writer appends to it (SWMR): poll() reads it again and says how
+    many rows there are now; snapshot() gives them. Waits for the file to appear and be opened."""
 
     def __init__(self, path, metrics=("forward", "dependency", "update", "flags")):
-        self.path, self.metrics, self.f = path, metrics, None
+        self.path, self.metrics, self.last = path, metrics, None
 
     def open(self, deadline):
         while time.time() < deadline:
             if os.path.exists(self.path):
                 try:
-                    self.f = h5py.File(self.path, "r", swmr=True)
-                    if "step" in self.f and "layers" in self.f:
-                        return True
-                    self.f.close()
-                    self.f = None
-                except OSError:
+                    self.last = stabmeter.read_trace(self.path)
+                    return True
+                except stabmeter.Error:
                     pass  # the writer is still creating it
             time.sleep(0.2)
         return False
 
     def poll(self):
-        def refresh(obj):
-            if isinstance(obj, h5py.Dataset):
-                obj.refresh()
-        self.f["step"].refresh()
-        self.f.visititems(lambda name, obj: refresh(obj))
-        return self.f["step"].shape[0]
+        try:
+            self.last = stabmeter.read_trace(self.path)
+        except stabmeter.Error as e:  # a read racing the writer: the caller tries again
+            raise OSError(str(e)) from None
+        return len(self.last.steps)
 
     def snapshot(self):
-        return trace_from_file(self.f, self.path, self.metrics)
+        return trace_from_library(self.last, self.metrics)
 
     def close(self):
-        if self.f is not None:
-            self.f.close()
-            self.f = None
+        self.last = None

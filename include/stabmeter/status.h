@@ -28,8 +28,8 @@ typedef enum {
   STAB_ERANGE = -8,   /* a value is out of its valid range (e.g. heads not dividing d_out) */
   STAB_EIO = -9,      /* a file could not be created, opened, sized, mapped, read or written (the
                          message names the path, with HDF5's or errno's own text) */
-  STAB_EFORMAT = -10, /* a checkpoint file breaks its format's rules (the message names the file
-                         and the field or byte offset at fault) */
+  STAB_EFORMAT = -10, /* a checkpoint or trace file breaks its format's rules (the message names
+                         the file and the field, object or byte offset at fault) */
   STAB_EBUSY = -11    /* another process is writing that trace (it holds the trace's lock) or
                          changed it while this one was opening it; nothing of it was touched */
 } stab_status;

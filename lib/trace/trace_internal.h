@@ -16,6 +16,7 @@
 #define STABMETER_TRACE_INTERNAL_H
 
 #include "metrics/metrics.h"
+#include "trace/hdf5_lock.h"
 
 #include <hdf5.h>
 
@@ -167,9 +168,8 @@ void stabi_trace_chunk_of(size_t width, size_t *rows, size_t *values);
 
 /* ---- calling HDF5 (hdf5_util.c) ---- */
 
-/* One thread in HDF5 at a time, in the whole process: held around every HDF5 call. */
-void stabi_trace_hdf5_lock_take(void);
-void stabi_trace_hdf5_lock_give(void);
+/* One thread in HDF5 at a time, in the whole process (hdf5_lock.h, shared with the reader):
+ * held around every HDF5 call. */
 /* The caller's setting of HDF5's automatic error printing, off between quiet_begin and
  * quiet_end. */
 typedef struct {

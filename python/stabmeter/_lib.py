@@ -81,6 +81,15 @@ class TraceParams(Structure):
                 ("on_error", c_int), ("append", c_int), ("resume_step", c_int64)]
 
 
+class TraceReadParams(Structure):
+    _fields_ = [("layer_globs", POINTER(c_char_p)), ("n_layer_globs", c_size_t),
+                ("metrics", POINTER(c_char_p)), ("n_metrics", c_size_t)]
+
+
+class TraceAttr(Structure):
+    _fields_ = [("name", c_char_p), ("text", c_char_p), ("value", c_int64)]
+
+
 class CkptTensor(Structure):
     _fields_ = [("name", c_char_p), ("dtype_name", c_char_p), ("dtype", c_int), ("elem_size", c_size_t),
                 ("ndim", c_size_t), ("shape", c_uint64 * STAB_CKPT_MAX_DIMS), ("count", c_uint64),
@@ -161,6 +170,24 @@ _proto("stab_trace_open", c_int, c_char_p, c_void_p, POINTER(TraceParams), POINT
 _proto("stab_trace_append", c_int, c_void_p, c_int64, c_double, POINTER(c_double), POINTER(c_double))
 _proto("stab_trace_flush", c_int, c_void_p)
 _proto("stab_trace_close", c_int, c_void_p)
+_proto("stab_trace_read_open", c_int, c_char_p, POINTER(TraceReadParams), POINTER(c_void_p))
+_proto("stab_trace_read_close", None, c_void_p)
+_proto("stab_trace_read_format_version", c_int, c_void_p)
+_proto("stab_trace_read_rows", c_int64, c_void_p)
+_proto("stab_trace_read_run_config", c_int, c_void_p, POINTER(c_char_p))
+_proto("stab_trace_read_has_wall_time", c_int, c_void_p)
+_proto("stab_trace_read_scalar_count", c_size_t, c_void_p)
+_proto("stab_trace_read_scalar_name", c_char_p, c_void_p, c_size_t)
+_proto("stab_trace_read_layer_count", c_size_t, c_void_p)
+_proto("stab_trace_read_layer_name", c_char_p, c_void_p, c_size_t)
+_proto("stab_trace_read_layer_kind", c_char_p, c_void_p, c_size_t)
+_proto("stab_trace_read_metric_count", c_size_t, c_void_p, c_size_t)
+_proto("stab_trace_read_metric_name", c_char_p, c_void_p, c_size_t, c_size_t)
+_proto("stab_trace_read_layer_attrs", c_int, c_void_p, c_size_t, POINTER(POINTER(TraceAttr)), POINTER(c_size_t))
+_proto("stab_trace_read_steps", c_int, c_void_p, c_int64, c_size_t, c_void_p)
+_proto("stab_trace_read_wall_time", c_int, c_void_p, c_int64, c_size_t, c_void_p)
+_proto("stab_trace_read_scalar", c_int, c_void_p, c_size_t, c_int64, c_size_t, c_void_p)
+_proto("stab_trace_read_metric", c_int, c_void_p, c_size_t, c_size_t, c_int64, c_size_t, c_void_p)
 _proto("stab_model_describe", c_int, POINTER(POINTER(CkptTensor)), c_size_t, POINTER(ModelConfig),
        POINTER(c_void_p))
 _proto("stab_model_free", None, c_void_p)

@@ -1,7 +1,7 @@
 #!/bin/sh
-# fuzz.sh — the checkpoint readers and export's trace reader under libFuzzer, as a make check
+# fuzz.sh — the checkpoint readers and the library's trace reader under libFuzzer, as a make check
 # test. Builds one target per reader (tests/fuzz/fuzz_NAME.c with lib/checkpoint/NAME.c compiled in,
-# or for NAME = trace harness/trace_reader.c linked with HDF5, by clang with ASan and UBSan),
+# or for NAME = trace the library's trace reader lib/trace/read.c linked with HDF5, by clang with ASan and UBSan),
 # replays its seeds and regression inputs, then fuzzes it for FUZZ_SECONDS. Exit 0 / 1, or 77
 # (skipped) when clang or its libFuzzer runtime is missing.
 #
@@ -20,7 +20,7 @@
 set -u
 
 # The readers, one word each: NAME needs tests/fuzz/fuzz_NAME.c and lib/checkpoint/NAME.c (trace:
-# harness/trace_reader.c; FUZZ_HDF5_CFLAGS and FUZZ_HDF5_LIBS, from configure, say where HDF5 is).
+# lib/trace/read.c; FUZZ_HDF5_CFLAGS and FUZZ_HDF5_LIBS, from configure, say where HDF5 is).
 readers=${*:-${FUZZ_READERS:-}}
 [ -n "$readers" ] || { echo "usage: tests/fuzz/fuzz.sh NAME... (or FUZZ_READERS='NAME...'), e.g. safetensors llmc" >&2; exit 2; }
 top=$(pwd)
@@ -63,10 +63,10 @@ for r in $readers; do
   hdrs="$src/tests/fuzz/fuzz.h $src/lib/core/core.h $src/include/stabmeter.h $src/include/stabmeter/*.h"
   extra=""
   if [ "$r" = trace ]; then
-    # export's trace reader, on the system's HDF5 (not instrumented: the reader's branches steer)
-    csrc="$csrc $src/harness/trace_reader.c"
-    hdrs="$hdrs $src/harness/trace_reader.h"
-    extra="-I$src/harness ${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
+    # the library's trace reader, on the system's HDF5 (not instrumented: the reader's branches steer)
+    csrc="$csrc $src/lib/trace/read.c $src/lib/trace/hdf5_util.c"
+    hdrs="$hdrs $src/lib/trace/hdf5_lock.h $src/lib/trace/trace_internal.h"
+    extra="-pthread ${FUZZ_HDF5_CFLAGS:-} ${FUZZ_HDF5_LIBS:--lhdf5}"
   elif [ "$r" = shard_index ]; then
     # the JSON files beside a Hugging Face checkpoint: a sharded model's index and config.json
     csrc="$csrc $src/lib/checkpoint/safetensors.c $src/lib/checkpoint/sniff.c $src/lib/core/json.c $src/lib/checkpoint/sharded.c

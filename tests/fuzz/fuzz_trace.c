@@ -1,8 +1,9 @@
-/* fuzz_trace.c — libFuzzer target for the trace reader of stabmeter-export
- * (harness/trace_reader.c, on HDF5): the input is written to a file and opened exactly as export
- * opens a trace, then every row of every dataset is read. Whatever the bytes, the reader must
- * return within the time limit, never crash, and either accept the file or refuse it with status
- * 2 and a message naming it (1 only for memory). HDF5 itself is not instrumented for coverage:
+/* fuzz_trace.c — libFuzzer target for the library's trace reader (lib/trace/read.c, on HDF5),
+ * which stabmeter-export and the Python package's read_trace use: the input is written to a file
+ * and opened exactly as export opens a trace, then every row of every column is read, block by
+ * block as export reads them. Whatever the bytes, the reader must return within the time limit,
+ * never crash, and either accept the file or refuse it with a status and a message naming it
+ * (STAB_ENOMEM: "out of memory"). HDF5 itself is not instrumented for coverage:
  * the fuzzer steers by the reader's own branches. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -12,7 +13,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "trace_reader.h"
+#include "stabmeter.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -44,40 +45,60 @@ static const char *write_input(const uint8_t *data, size_t size) {
   return input_path;
 }
 
-/* A refusal as export reports it: 2 naming the file, or 1 for memory. */
-static void check_refusal(int rc, const trace *t, const char *path, const char *when) {
-  FUZZ_CHECK(rc == 1 || rc == 2, "%s: status %d, want 0, 1 or 2", when, rc);
-  if (rc == 2) FUZZ_CHECK(strstr(t->msg, path) != NULL, "%s: the message does not name the file: %s", when, t->msg);
-  else FUZZ_CHECK(strstr(t->msg, "out of memory") != NULL, "%s: status 1 but not out of memory: %s", when, t->msg);
-  FUZZ_CHECK(strchr(t->msg, '\n') == NULL, "%s: a message of more than one line: %s", when, t->msg);
+/* A refusal as the library reports it: STAB_ENOMEM, or an error whose message names the file. */
+static void check_refusal(stab_status st, const char *path, const char *when) {
+  const char *msg = stab_last_error();
+  FUZZ_CHECK(st == STAB_ENOMEM || st == STAB_EFORMAT || st == STAB_EIO, "%s: status %d (%s), want STAB_EFORMAT, STAB_EIO or STAB_ENOMEM", when,
+             (int)st, stab_strerror(st));
+  if (st != STAB_ENOMEM) FUZZ_CHECK(strstr(msg, path) != NULL, "%s: the message does not name the file: %s", when, msg);
+  else FUZZ_CHECK(strstr(msg, "out of memory") != NULL, "%s: STAB_ENOMEM but not out of memory: %s", when, msg);
+  FUZZ_CHECK(strchr(msg, '\n') == NULL, "%s: a message of more than one line: %s", when, msg);
 }
+
+/* Rows read at a time, as stabmeter-export reads them. */
+enum { BLOCK_ROWS = 1024 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = write_input(data, size);
-  trace t;
-  trace_init(&t);
-  const trace_filter every = {NULL, 0, NULL, 0};
-  int rc = trace_open(&t, path, &every);
-  if (rc) {
-    check_refusal(rc, &t, path, "open");
-  } else {
-    /* what the schema promises once open */
-    FUZZ_CHECK(t.step >= 0 && t.wall.d >= 0 && t.mem >= 0 && t.steps != NULL, "an accepted trace without /step");
-    for (size_t l = 0; l < t.n_layers; l++) {
-      FUZZ_CHECK(t.layers[l].group && t.layers[l].kind, "layer %zu without its name or kind", l);
-      FUZZ_CHECK(t.layers[l].n_cols >= 3, "layer '%s' accepted with %zu datasets, fewer than the 3 required",
-                 t.layers[l].group, t.layers[l].n_cols);
-    }
-    /* The first blocks only: a /step extent of 2^60 rows is valid HDF5 (unwritten chunks read
-     * as the fill value), and reading all of it would only time out. */
-    for (hsize_t first = 0; first < t.rows && first < 16 * TRACE_BLOCK_ROWS; first += TRACE_BLOCK_ROWS) {
-      hsize_t count = t.rows - first < TRACE_BLOCK_ROWS ? t.rows - first : TRACE_BLOCK_ROWS;
-      if ((rc = trace_read_block(&t, first, count))) {
-        check_refusal(rc, &t, path, "reading rows");
-        break;
-      }
-    }
+  stab_trace_reader *r = NULL;
+  stab_status st = stab_trace_read_open(path, NULL, &r);
+  if (st != STAB_OK) {
+    FUZZ_CHECK(r == NULL, "a failed open left a reader");
+    check_refusal(st, path, "open");
+    return 0;
   }
-  trace_close(&t);
+  /* what the schema promises once open */
+  const int64_t rows = stab_trace_read_rows(r);
+  FUZZ_CHECK(rows >= 0 && stab_trace_read_has_wall_time(r), "an accepted trace without /step or /wall_time");
+  for (size_t l = 0; l < stab_trace_read_layer_count(r); l++) {
+    const char *name = stab_trace_read_layer_name(r, l);
+    FUZZ_CHECK(name && stab_trace_read_layer_kind(r, l), "layer %zu without its name or kind", l);
+    FUZZ_CHECK(stab_trace_read_metric_count(r, l) >= 3, "layer '%s' accepted with %zu datasets, fewer than the 3 required",
+               name, stab_trace_read_metric_count(r, l));
+  }
+  /* The first blocks only: a /step extent of 2^60 rows is valid HDF5 (unwritten chunks read
+   * as the fill value), and reading all of it would only time out. */
+  static int64_t steps[BLOCK_ROWS];
+  static double v[BLOCK_ROWS];
+  for (int64_t first = 0; first < rows && first < 16 * BLOCK_ROWS && st == STAB_OK; first += BLOCK_ROWS) {
+    size_t count = rows - first < BLOCK_ROWS ? (size_t)(rows - first) : BLOCK_ROWS;
+    st = stab_trace_read_steps(r, first, count, steps);
+    if (st == STAB_OK) st = stab_trace_read_wall_time(r, first, count, v);
+    for (size_t s = 0; s < stab_trace_read_scalar_count(r) && st == STAB_OK; s++) st = stab_trace_read_scalar(r, s, first, count, v);
+    for (size_t l = 0; l < stab_trace_read_layer_count(r) && st == STAB_OK; l++)
+      for (size_t c = 0; c < stab_trace_read_metric_count(r, l) && st == STAB_OK; c++)
+        st = stab_trace_read_metric(r, l, c, first, count, v);
+    if (st != STAB_OK) check_refusal(st, path, "reading rows");
+  }
+  /* what read_trace reads besides the rows: run_config, the layers' attributes */
+  const char *json = NULL;
+  if (st == STAB_OK && (st = stab_trace_read_run_config(r, &json)) != STAB_OK) check_refusal(st, path, "run_config");
+  for (size_t l = 0; l < stab_trace_read_layer_count(r) && st == STAB_OK; l++) {
+    const stab_trace_attr *attrs = NULL;
+    size_t n = 0;
+    if ((st = stab_trace_read_layer_attrs(r, l, &attrs, &n)) != STAB_OK) check_refusal(st, path, "layer attributes");
+    for (size_t a = 0; a < n && st == STAB_OK; a++) FUZZ_CHECK(attrs[a].name != NULL, "an attribute without its name");
+  }
+  stab_trace_read_close(r);
   return 0;
 }

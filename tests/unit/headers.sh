@@ -67,6 +67,7 @@ int main() {
     reinterpret_cast<fn>(&stab_layer_metrics),  /* layer.h */
     reinterpret_cast<fn>(&stab_monitor_create), /* monitor.h */
     reinterpret_cast<fn>(&stab_trace_open),     /* trace.h */
+    reinterpret_cast<fn>(&stab_trace_read_open), /* trace_read.h */
     reinterpret_cast<fn>(&stab_ckpt_read_f32),  /* checkpoint.h */
     reinterpret_cast<fn>(&stab_probe_open),     /* probe.h */
     reinterpret_cast<fn>(&stab_model_describe), /* model.h */
@@ -86,8 +87,8 @@ if ! command -v nm >/dev/null 2>&1; then
   exit 0
 fi
 nm -u "$tmp/calls.o" | awk '{ print $NF }' >"$tmp/undefined"
-for f in stab_version stab_strerror stab_layer_metrics stab_monitor_create stab_trace_open stab_ckpt_read_f32 \
-  stab_probe_open stab_model_describe stab_gguf_open stab_spectral_norm stab_msign stab_output_check; do
+for f in stab_version stab_strerror stab_layer_metrics stab_monitor_create stab_trace_open stab_trace_read_open \
+  stab_ckpt_read_f32 stab_probe_open stab_model_describe stab_gguf_open stab_spectral_norm stab_msign stab_output_check; do
   grep -qx "$f" "$tmp/undefined" || { cat "$tmp/undefined"; fail "C++ asks for $f by another name (no extern \"C\"?)"; }
 done
 echo "C++: the functions keep their C names"

@@ -1,7 +1,14 @@
-/* trace_reader.c — a stabmeter trace opened, checked against the schema and read block by
- * block, for harness/export and its fuzz target (tests/fuzz/fuzz_trace.c). Nothing is printed:
- * every failure leaves its message in the trace. */
-#include "trace_reader.h"
+/* read.c — the one reader of stabmeter traces (include/stabmeter/trace_read.h): a trace of any
+ * format_version 1 to 4 opened, checked against the schema, its names listed and its columns read
+ * a range of rows at a time. stabmeter-export, the Python package's read_trace (and through it the
+ * notebooks) and the fuzz target tests/fuzz/fuzz_trace.c all read through it.
+ * One concern, reading a trace, past 800 lines: most of it is the schema of four formats checked
+ * object by object against damaged files (every HDF5 call checked, every message naming the
+ * object), then the lazily read attributes and the row reads. */
+#include "core/core.h"
+#include "trace/hdf5_lock.h"
+
+#include <hdf5.h>
 
 #include <ctype.h>
 #include <fcntl.h>
@@ -14,7 +21,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "stabmeter.h"
 
 /* The writer's metric datasets in its order (lib/trace/trace.c); a layer's other datasets (attention
  * head bounds, layer extras) follow them in name order. */
@@ -28,22 +34,87 @@ enum { N_ORDERED = sizeof metric_order / sizeof metric_order[0], N_REQUIRED = 3 
 /* Metadata read attempts while the writer runs: see open_file. */
 enum { LIVE_READ_ATTEMPTS = 24 };
 
+/* One column of the trace as the reader shows it. */
+typedef struct {
+  char *name; /* the dataset's name in its group: "forward", "head0_bound", "loss" ... (format 4:
+                 the metric, or head<h>_bound for column `at` of /layers/head_bound) */
+  hid_t d;    /* format 4's layer columns: a (step, layer) or (step, head) dataset of trace.wide */
+  hsize_t at; /* in d, when two-dimensional: the column (the layer's, or the head's) */
+  int shared; /* d is one of trace.wide: not closed with the column */
+} trace_column;
+
+typedef struct {
+  char *group;        /* the layer's name: its group under /layers before format 4 ('/' of the
+                         registered name already '.'), its value of /layers/layer since */
+  char *kind;
+  size_t index;       /* format 4: its position along the layer dimension */
+  trace_column *cols; /* the writer's metric order, then the others by name */
+  size_t n_cols;
+  stab_trace_attr *attrs; /* read by stab_trace_read_layer_attrs; the strings are the reader's */
+  size_t n_attrs;
+} trace_layer;
+
+struct stab_trace_reader {
+  char *path;
+  int fd;              /* the file as stab_input_open opened it, held while the trace is open */
+  dev_t dev;           /* and its identity, so that an output file can be told from it */
+  ino_t ino;
+  int live;            /* its writer was running at the open (it holds the write lock) */
+  hid_t file, step;
+  int swmr;            /* opened with SWMR_READ */
+  int64_t version;     /* format_version: 1, 2 (each group also holds a copy of /step, "step"), 3
+                          (ratios), 4 (one (step, layer) dataset per metric under /layers) */
+  hsize_t rows;        /* len(/step): the rows every dataset has (others may be longer) */
+  trace_column wall;   /* /wall_time; wall.d < 0 when not read */
+  trace_column *scalars; /* by name */
+  size_t n_scalars;
+  trace_layer *layers; /* by name, numbers in names compared as numbers */
+  size_t n_layers;
+  hid_t *wide;         /* format 4: the two-dimensional datasets of /layers open */
+  size_t n_wide;
+  char *run_config;    /* read by stab_trace_read_run_config */
+  int attrs_read;      /* every layer's attrs read */
+  char **strings;      /* what the attributes' text points to, freed at close */
+  size_t n_strings;
+};
+
+/* The reader is `trace` in what follows, the filter its params. */
+typedef stab_trace_reader trace;
+typedef stab_trace_read_params trace_filter;
+
 /* ---- messages -------------------------------------------------------------------------- */
 
-/* A trace that breaks the schema, a file that is not one, or one HDF5 cannot read: status 2,
- * the message "PATH: ..." in t->msg. */
-static int bad(trace *t, const char *fmt, ...) {
-  va_list ap;
-  int n = snprintf(t->msg, sizeof t->msg, "%s: ", t->path);
-  va_start(ap, fmt);
-  if (n >= 0 && (size_t)n < sizeof t->msg) vsnprintf(t->msg + n, sizeof t->msg - (size_t)n, fmt, ap);
-  va_end(ap);
-  return 2;
+/* A trace that breaks the schema, a file that is not one, or one HDF5 cannot read:
+ * STAB_EFORMAT, the message "PATH: ..." (for stab_last_error). */
+static stab_status bad_as(trace *t, stab_status status, const char *fmt, va_list ap) {
+  char msg[1024];
+  int n = snprintf(msg, sizeof msg, "%s: ", t->path);
+  if (n >= 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+  return stabi_fail(status, "%s", msg);
 }
 
-static int oom(trace *t) {
-  snprintf(t->msg, sizeof t->msg, "out of memory");
-  return 1;
+static stab_status bad(trace *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static stab_status bad(trace *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  stab_status rc = bad_as(t, STAB_EFORMAT, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* A read of rows that failed: STAB_EIO, the message as bad's. */
+static stab_status bad_read(trace *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static stab_status bad_read(trace *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  stab_status rc = bad_as(t, STAB_EIO, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static stab_status oom(trace *t) {
+  (void)t;
+  return stabi_fail(STAB_ENOMEM, "out of memory");
 }
 
 static herr_t deepest_cb(unsigned n, const H5E_error2_t *e, void *data) {
@@ -54,7 +125,7 @@ static herr_t deepest_cb(unsigned n, const H5E_error2_t *e, void *data) {
 
 /* The innermost message of HDF5's error stack: why the last call failed. */
 static const char *h5_reason(void) {
-  static char buf[200];
+  static _Thread_local char buf[200];
   snprintf(buf, sizeof buf, "no HDF5 message");
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, deepest_cb, buf);
   for (char *c = buf; *c; c++)
@@ -62,9 +133,31 @@ static const char *h5_reason(void) {
   return buf;
 }
 
-void trace_init(trace *t) {
+/* Each public call that reaches HDF5 runs between quiet_begin and quiet_end: under the process's
+ * HDF5 lock (hdf5_lock.h: a trace's writer thread may be writing), with HDF5's printing of its
+ * error stack off (the messages are ours, its reason quoted in them) and the caller's setting
+ * given back after. */
+typedef struct {
+  H5E_auto2_t fn;
+  void *data;
+} quiet;
+
+static quiet quiet_begin(void) {
+  quiet q = {NULL, NULL};
+  stabi_trace_hdf5_lock_take();
+  H5Eget_auto2(H5E_DEFAULT, &q.fn, &q.data);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  return q;
+}
+
+static void quiet_end(const quiet *q) {
+  H5Eset_auto2(H5E_DEFAULT, q->fn, q->data);
+  stabi_trace_hdf5_lock_give();
+}
+
+static void trace_init(trace *t) {
   memset(t, 0, sizeof *t);
-  t->file = t->step = t->mem = t->wall.d = H5I_INVALID_HID;
+  t->file = t->step = t->wall.d = H5I_INVALID_HID;
   t->fd = -1;
 }
 
@@ -172,10 +265,11 @@ static void free_names(char **names, size_t n) {
 
 /* ---- reading the schema ------------------------------------------------------------------ */
 
-/* A string attribute of obj (fixed-length or variable-length) into buf. */
-static int string_attr(trace *t, hid_t obj, const char *where, const char *name, char *buf, size_t len) {
+/* A string attribute of obj (fixed-length or variable-length) into *out (malloc'd). */
+static int string_attr_dup(trace *t, hid_t obj, const char *where, const char *name, char **out) {
   int rc = 0;
   hid_t a = H5I_INVALID_HID, type = H5I_INVALID_HID, mem = H5I_INVALID_HID;
+  *out = NULL;
   if (H5Aexists(obj, name) <= 0) return bad(t, "%s has no attribute '%s'", where, name);
   if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (type = H5Aget_type(a)) < 0) {
     rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
@@ -196,7 +290,7 @@ static int string_attr(trace *t, hid_t obj, const char *where, const char *name,
       rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
       goto out;
     }
-    snprintf(buf, len, "%s", s ? s : "");
+    if (!(*out = strdup(s ? s : ""))) rc = oom(t);
     H5free_memory(s);
   } else {
     size_t size = H5Tget_size(type);
@@ -211,13 +305,21 @@ static int string_attr(trace *t, hid_t obj, const char *where, const char *name,
       rc = bad(t, "cannot read the attribute '%s' of %s: %s", name, where, h5_reason());
       goto out;
     }
-    snprintf(buf, len, "%s", s);
-    free(s);
+    *out = s;
   }
 out:
   if (mem >= 0) H5Tclose(mem);
   if (type >= 0) H5Tclose(type);
   if (a >= 0) H5Aclose(a);
+  return rc;
+}
+
+/* The same into buf (len bytes: a longer value is cut). */
+static int string_attr(trace *t, hid_t obj, const char *where, const char *name, char *buf, size_t len) {
+  char *s = NULL;
+  int rc = string_attr_dup(t, obj, where, name, &s);
+  if (!rc) snprintf(buf, len, "%s", s);
+  free(s);
   return rc;
 }
 
@@ -265,8 +367,7 @@ static int new_column(trace *t, hid_t g, const char *where, const char *name, tr
   hsize_t n;
   snprintf(path, sizeof path, "%s/%s", where, name);
   c->d = H5I_INVALID_HID;
-  if (!(c->name = strdup(name)) || !(c->v = malloc(TRACE_BLOCK_ROWS * sizeof *c->v)))
-    return oom(t);
+  if (!(c->name = strdup(name))) return oom(t);
   return open_1d(t, g, name, path, H5T_FLOAT, t->rows, 1, &c->d, &n);
 }
 
@@ -433,7 +534,7 @@ static int open_wide(trace *t, hid_t g, const char *name, hsize_t width, hid_t *
 }
 
 /* Format 4: each layer's columns are its column of every (step, layer) dataset of /layers, and
- * head<h>_bound its heads' columns of head_bound, so that the export reads as format 3's. */
+ * head<h>_bound its heads' columns of head_bound, so that format 4 reads as format 3's. */
 static int open_layers_v4(trace *t, const trace_filter *o) {
   hid_t g = H5I_INVALID_HID;
   char **names = NULL, **layer = NULL, **kind = NULL, **hl = NULL;
@@ -483,6 +584,7 @@ static int open_layers_v4(trace *t, const trace_filter *o) {
     }
     if (!layer_wanted(o, layer[i])) continue;
     trace_layer *l = &t->layers[t->n_layers++];
+    l->index = i;
     if (!(l->group = strdup(layer[i])) || !(l->kind = strdup(kind[i])) || !(l->cols = calloc(n + nh + 1, sizeof *l->cols)))
       rc = oom(t);
   }
@@ -495,8 +597,7 @@ static int open_layers_v4(trace *t, const trace_filter *o) {
     if ((rc = open_wide(t, g, names[k], heads ? nh : nl, &d))) break;
     for (size_t li = 0; li < t->n_layers && !rc; li++) {
       trace_layer *l = &t->layers[li];
-      size_t i = 0;
-      while (i < nl && strcmp(layer[i], l->group)) i++;
+      const size_t i = l->index;
       for (size_t c = 0; c < (heads ? nh : 1) && !rc; c++) {
         char hname[48];
         if (heads) {
@@ -506,8 +607,7 @@ static int open_layers_v4(trace *t, const trace_filter *o) {
         }
         trace_column *col = &l->cols[l->n_cols++];
         col->d = d, col->shared = 1, col->at = heads ? c : i;
-        if (!(col->name = strdup(heads ? hname : names[k])) || !(col->v = malloc(TRACE_BLOCK_ROWS * sizeof *col->v)))
-          rc = oom(t);
+        if (!(col->name = strdup(heads ? hname : names[k]))) rc = oom(t);
       }
     }
   }
@@ -560,12 +660,9 @@ static int writer_running(int fd) {
 }
 
 static int open_file(trace *t, const char *path) {
-  t->path = path;
   /* H5Fopen of a FIFO would block for ever, of /dev/zero read on without end: regular files only */
-  if (stab_input_open(path, 0, &t->fd, NULL) != STAB_OK) {
-    snprintf(t->msg, sizeof t->msg, "%s", stab_last_error());
-    return 2;
-  }
+  stab_status st = stab_input_open(path, 0, &t->fd, NULL);
+  if (st != STAB_OK) return st;
   struct stat sb;
   if (fstat(t->fd, &sb) == 0) t->dev = sb.st_dev, t->ino = sb.st_ino;
   /* A checksum that does not match is retried, with a sleep doubling from 1 ns each time, in
@@ -596,7 +693,7 @@ static int open_file(trace *t, const char *path) {
 }
 
 /* Rows never written read as the fill value, so a /step whose extent says 2^60 rows is valid
- * HDF5 and would be exported without end. Unless a filter compresses it, each row of /step
+ * HDF5 and would be read without end. Unless a filter compresses it, each row of /step
  * takes at least its 8 bytes of the file (as it is now: a running writer grows it). */
 static int check_rows_fit(trace *t) {
   hid_t dcpl = H5Dget_create_plist(t->step);
@@ -615,14 +712,13 @@ static int check_rows_fit(trace *t) {
   return 0;
 }
 
-int trace_open(trace *t, const char *path, const trace_filter *o) {
+/* Opens t (from trace_init, its path set) as stab_trace_read_open describes. */
+static int open_trace(trace *t, const trace_filter *o) {
   char format[64];
   int64_t version;
   hsize_t n;
   int rc;
-  /* The messages are ours: HDF5 prints nothing, its reason is quoted in them. */
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  if ((rc = open_file(t, path))) return rc;
+  if ((rc = open_file(t, t->path))) return rc;
   if ((rc = string_attr(t, t->file, "the root group", "format", format, sizeof format))) return rc;
   if (strcmp(format, "stabmeter-trace"))
     return bad(t, "the attribute format of the root group is '%s', not 'stabmeter-trace'", format);
@@ -640,81 +736,377 @@ int trace_open(trace *t, const char *path, const trace_filter *o) {
   if (!metric_wanted(o, "wall_time")) {
     H5Dclose(t->wall.d);
     t->wall.d = H5I_INVALID_HID;
-  } else if (!(t->wall.name = strdup("wall_time")) || !(t->wall.v = malloc(TRACE_BLOCK_ROWS * sizeof *t->wall.v))) {
+  } else if (!(t->wall.name = strdup("wall_time"))) {
     return oom(t);
   }
   if ((rc = open_scalars(t, o)) || (rc = (t->version >= 4 ? open_layers_v4 : open_layers)(t, o))) return rc;
-  if ((rc = check_metrics(t, o))) return rc;
-  const hsize_t block = TRACE_BLOCK_ROWS;
-  if (!(t->steps = malloc(TRACE_BLOCK_ROWS * sizeof *t->steps)) || (t->mem = H5Screate_simple(1, &block, NULL)) < 0)
-    return oom(t);
-  return 0;
+  return check_metrics(t, o);
 }
 
 static void free_column(trace_column *c) {
   if (c->d >= 0 && !c->shared) H5Dclose(c->d);
   free(c->name);
-  free(c->v);
 }
 
-void trace_close(trace *t) {
+/* Closes and frees everything t holds, leaving it as trace_init does. */
+static void close_trace(trace *t) {
   for (size_t i = 0; i < t->n_scalars; i++) free_column(&t->scalars[i]);
   for (size_t l = 0; l < t->n_layers; l++) {
     for (size_t c = 0; c < t->layers[l].n_cols; c++) free_column(&t->layers[l].cols[c]);
     free(t->layers[l].cols);
     free(t->layers[l].group);
     free(t->layers[l].kind);
+    free(t->layers[l].attrs);
   }
   free_column(&t->wall);
   free(t->scalars);
   free(t->layers);
-  free(t->steps);
   for (size_t k = 0; k < t->n_wide; k++) H5Dclose(t->wide[k]);
   free(t->wide);
-  if (t->mem >= 0) H5Sclose(t->mem);
   if (t->step >= 0) H5Dclose(t->step);
   if (t->file >= 0) H5Fclose(t->file);
   if (t->fd >= 0) close(t->fd);
+  for (size_t i = 0; i < t->n_strings; i++) free(t->strings[i]);
+  free(t->strings);
+  free(t->run_config);
+  free(t->path);
   trace_init(t);
+}
+
+stab_trace_read_params stab_trace_read_default_params(void) {
+  stab_trace_read_params p;
+  memset(&p, 0, sizeof p);
+  return p;
+}
+
+stab_status stab_trace_read_open(const char *path, const stab_trace_read_params *params,
+                                 stab_trace_reader **out) {
+  if (out) *out = NULL;
+  if (!path || !out) return stabi_fail(STAB_EINVAL, "stab_trace_read_open: NULL %s", path ? "out" : "path");
+  const stab_trace_read_params every = stab_trace_read_default_params();
+  const trace_filter *o = params ? params : &every;
+  if ((o->n_layer_globs && !o->layer_globs) || (o->n_metrics && !o->metrics))
+    return stabi_fail(STAB_EINVAL, "stab_trace_read_open: %s is NULL with a count of %zu",
+                      o->n_metrics && !o->metrics ? "metrics" : "layer_globs",
+                      o->n_metrics && !o->metrics ? o->n_metrics : o->n_layer_globs);
+  for (size_t i = 0; i < o->n_layer_globs; i++)
+    if (!o->layer_globs[i]) return stabi_fail(STAB_EINVAL, "stab_trace_read_open: layer_globs[%zu] is NULL", i);
+  for (size_t i = 0; i < o->n_metrics; i++)
+    if (!o->metrics[i]) return stabi_fail(STAB_EINVAL, "stab_trace_read_open: metrics[%zu] is NULL", i);
+  trace *t = malloc(sizeof *t);
+  if (!t) return stabi_fail(STAB_ENOMEM, "out of memory");
+  trace_init(t);
+  if (!(t->path = strdup(path))) {
+    free(t);
+    return stabi_fail(STAB_ENOMEM, "out of memory");
+  }
+  quiet q = quiet_begin();
+  int rc = open_trace(t, o);
+  if (rc) close_trace(t);
+  quiet_end(&q);
+  if (rc) {
+    free(t);
+    return (stab_status)rc;
+  }
+  *out = t;
+  return STAB_OK;
+}
+
+void stab_trace_read_close(stab_trace_reader *r) {
+  if (!r) return;
+  quiet q = quiet_begin();
+  close_trace(r);
+  quiet_end(&q);
+  free(r);
+}
+
+/* ---- what the trace holds ------------------------------------------------------------------ */
+
+int stab_trace_read_format_version(const stab_trace_reader *r) { return r ? (int)r->version : 0; }
+
+int64_t stab_trace_read_rows(const stab_trace_reader *r) { return r ? (int64_t)r->rows : 0; }
+
+int stab_trace_read_live(const stab_trace_reader *r) { return r ? r->live : 0; }
+
+int stab_trace_read_is_file(const stab_trace_reader *r, const char *path) {
+  struct stat sb;
+  return r && path && r->fd >= 0 && stat(path, &sb) == 0 && sb.st_dev == r->dev && sb.st_ino == r->ino;
+}
+
+int stab_trace_read_has_wall_time(const stab_trace_reader *r) { return r && r->wall.d >= 0; }
+
+size_t stab_trace_read_scalar_count(const stab_trace_reader *r) { return r ? r->n_scalars : 0; }
+
+const char *stab_trace_read_scalar_name(const stab_trace_reader *r, size_t index) {
+  return r && index < r->n_scalars ? r->scalars[index].name : NULL;
+}
+
+size_t stab_trace_read_layer_count(const stab_trace_reader *r) { return r ? r->n_layers : 0; }
+
+const char *stab_trace_read_layer_name(const stab_trace_reader *r, size_t layer) {
+  return r && layer < r->n_layers ? r->layers[layer].group : NULL;
+}
+
+const char *stab_trace_read_layer_kind(const stab_trace_reader *r, size_t layer) {
+  return r && layer < r->n_layers ? r->layers[layer].kind : NULL;
+}
+
+size_t stab_trace_read_metric_count(const stab_trace_reader *r, size_t layer) {
+  return r && layer < r->n_layers ? r->layers[layer].n_cols : 0;
+}
+
+const char *stab_trace_read_metric_name(const stab_trace_reader *r, size_t layer, size_t metric) {
+  return r && layer < r->n_layers && metric < r->layers[layer].n_cols ? r->layers[layer].cols[metric].name : NULL;
+}
+
+stab_status stab_trace_read_run_config(stab_trace_reader *r, const char **json) {
+  if (!r || !json) return stabi_fail(STAB_EINVAL, "stab_trace_read_run_config: NULL %s", r ? "json" : "reader");
+  *json = NULL;
+  if (!r->run_config) {
+    quiet q = quiet_begin();
+    char *text = NULL;
+    int rc = H5Aexists(r->file, "run_config") > 0 ? string_attr_dup(r, r->file, "the root group", "run_config", &text) : 0;
+    quiet_end(&q);
+    if (rc) return (stab_status)rc;
+    if (!text && !(text = strdup("{}"))) return oom(r);
+    r->run_config = text;
+  }
+  *json = r->run_config;
+  return STAB_OK;
+}
+
+/* ---- the layers' attributes ---------------------------------------------------------------- */
+
+/* Keeps s (malloc'd) until close; NULL when memory runs out (s is then freed). */
+static const char *keep_string(trace *t, char *s) {
+  char **p = realloc(t->strings, (t->n_strings + 1) * sizeof *p);
+  if (!p) {
+    free(s);
+    return NULL;
+  }
+  t->strings = p;
+  return t->strings[t->n_strings++] = s;
+}
+
+static int attr_cmp(const void *pa, const void *pb) {
+  return strcmp(((const stab_trace_attr *)pa)->name, ((const stab_trace_attr *)pb)->name);
+}
+
+/* Adds the attribute name = text (kept) or value to l. */
+static int add_attr(trace *t, trace_layer *l, size_t cap, const char *name, char *text, int64_t value) {
+  stab_trace_attr *a = &l->attrs[l->n_attrs];
+  if (l->n_attrs >= cap) { /* the caller counted: never */
+    free(text);
+    return 0;
+  }
+  char *n = strdup(name);
+  if (!n || !(a->name = keep_string(t, n)) || (text && !(a->text = keep_string(t, text)))) {
+    if (!n) free(text);
+    return oom(t);
+  }
+  a->value = text ? 0 : value;
+  l->n_attrs++;
+  return 0;
+}
+
+typedef struct {
+  trace *t;
+  trace_layer *l;
+  const char *where;
+  size_t cap;
+  int rc;
+} attr_walk;
+
+/* One attribute of a layer group (formats 1 to 3): scalar strings and integers are kept. */
+static herr_t group_attr(hid_t g, const char *name, const H5A_info_t *info, void *data) {
+  (void)info;
+  attr_walk *w = data;
+  hid_t a = H5Aopen(g, name, H5P_DEFAULT), type = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+  hid_t space = a >= 0 ? H5Aget_space(a) : H5I_INVALID_HID;
+  H5T_class_t cls = type >= 0 ? H5Tget_class(type) : H5T_NO_CLASS;
+  int scalar = space >= 0 && H5Sget_simple_extent_type(space) == H5S_SCALAR;
+  if (space >= 0) H5Sclose(space);
+  if (type >= 0) H5Tclose(type);
+  if (a >= 0) H5Aclose(a);
+  if (a < 0) {
+    w->rc = bad(w->t, "cannot read the attribute '%s' of %s: %s", name, w->where, h5_reason());
+  } else if (scalar && cls == H5T_STRING) {
+    char *s = NULL;
+    if (!(w->rc = string_attr_dup(w->t, g, w->where, name, &s))) w->rc = add_attr(w->t, w->l, w->cap, name, s, 0);
+  } else if (scalar && cls == H5T_INTEGER) {
+    int64_t v = 0;
+    if (!(w->rc = int_attr(w->t, g, w->where, name, &v))) w->rc = add_attr(w->t, w->l, w->cap, name, NULL, v);
+  }
+  return w->rc ? -1 : 0;
+}
+
+static int read_attrs_group(trace *t, trace_layer *l) {
+  char where[600];
+  snprintf(where, sizeof where, "/layers/%s", l->group);
+  hid_t g = H5Gopen2(t->file, where, H5P_DEFAULT);
+  if (g < 0) return bad(t, "%s is not a group", where);
+  H5O_info_t info;
+  int rc = 0;
+  if (H5Oget_info2(g, &info, H5O_INFO_NUM_ATTRS) < 0) {
+    rc = bad(t, "cannot list the attributes of %s: %s", where, h5_reason());
+  } else if (info.num_attrs && !(l->attrs = calloc(info.num_attrs, sizeof *l->attrs))) {
+    rc = oom(t);
+  } else {
+    attr_walk w = {t, l, where, (size_t)info.num_attrs, 0};
+    hsize_t at = 0;
+    if (H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_NATIVE, &at, group_attr, &w) < 0)
+      rc = w.rc ? w.rc : bad(t, "cannot list the attributes of %s: %s", where, h5_reason());
+  }
+  H5Gclose(g);
+  return rc;
+}
+
+/* Format 4: the one-dimensional string and integer datasets of /layers along the layer
+ * dimension (as long as /layers/layer), each a column of attributes. */
+static int read_attrs_v4(trace *t) {
+  hid_t g = H5I_INVALID_HID;
+  char **names = NULL;
+  size_t n = 0, nl = 0;
+  int rc = 0;
+  char **s = NULL;
+  int64_t *v = NULL;
+  if ((rc = open_group(t, "layers", &g, &names, &n))) goto out;
+  {
+    hid_t d = H5I_INVALID_HID;
+    hsize_t dims = 0;
+    if ((rc = open_1d(t, g, "layer", "/layers/layer", H5T_STRING, 0, 0, &d, &dims))) goto out;
+    H5Dclose(d);
+    nl = (size_t)dims;
+  }
+  for (size_t l = 0; l < t->n_layers && !rc; l++)
+    if (n && !(t->layers[l].attrs = calloc(n, sizeof *t->layers[l].attrs))) rc = oom(t);
+  if (!rc && (!(s = calloc(nl + 1, sizeof *s)) || !(v = calloc(nl + 1, sizeof *v)))) rc = oom(t);
+  for (size_t k = 0; k < n && !rc; k++) {
+    if (!strcmp(names[k], "layer") || !strcmp(names[k], "step")) continue;
+    /* what is along the layer dimension: one-dimensional, a string or an integer, nl long */
+    hid_t d = H5Dopen2(g, names[k], H5P_DEFAULT);
+    if (d < 0) continue; /* a group: no attribute */
+    hid_t type = H5Dget_type(d), space = H5Dget_space(d);
+    hsize_t dims[2] = {0, 0};
+    H5T_class_t cls = type >= 0 ? H5Tget_class(type) : H5T_NO_CLASS;
+    int fits = space >= 0 && H5Sget_simple_extent_ndims(space) == 1 && H5Sget_simple_extent_dims(space, dims, NULL) == 1 &&
+               dims[0] == nl && (cls == H5T_STRING || cls == H5T_INTEGER);
+    if (type >= 0) H5Tclose(type);
+    if (space >= 0) H5Sclose(space);
+    H5Dclose(d);
+    if (!fits) continue;
+    const int text = cls == H5T_STRING;
+    memset(s, 0, (nl + 1) * sizeof *s);
+    if ((rc = read_array_v4(t, g, names[k], nl, text ? s : NULL, text ? NULL : v))) break;
+    for (size_t l = 0; l < t->n_layers && !rc; l++) {
+      const size_t i = t->layers[l].index;
+      char *copy = text ? strdup(s[i] ? s[i] : "") : NULL;
+      if (text && !copy) rc = oom(t);
+      else rc = add_attr(t, &t->layers[l], n, names[k], copy, text ? 0 : v[i]);
+    }
+    for (size_t i = 0; text && i < nl; i++) H5free_memory(s[i]);
+  }
+out:
+  free(s), free(v);
+  free_names(names, n);
+  if (g >= 0) H5Gclose(g);
+  return rc;
+}
+
+stab_status stab_trace_read_layer_attrs(stab_trace_reader *r, size_t layer, const stab_trace_attr **attrs,
+                                        size_t *n) {
+  if (!r || !attrs || !n) return stabi_fail(STAB_EINVAL, "stab_trace_read_layer_attrs: NULL argument");
+  *attrs = NULL, *n = 0;
+  if (layer >= r->n_layers)
+    return stabi_fail(STAB_ERANGE, "%s: layer %zu: the trace reads %zu layers", r->path, layer, r->n_layers);
+  if (!r->attrs_read) {
+    quiet q = quiet_begin();
+    int rc = 0;
+    if (r->version >= 4) rc = read_attrs_v4(r);
+    for (size_t l = 0; l < r->n_layers && !rc && r->version < 4; l++) rc = read_attrs_group(r, &r->layers[l]);
+    quiet_end(&q);
+    if (rc) { /* none kept: the next call tries again */
+      for (size_t l = 0; l < r->n_layers; l++) {
+        free(r->layers[l].attrs);
+        r->layers[l].attrs = NULL, r->layers[l].n_attrs = 0;
+      }
+      return (stab_status)rc;
+    }
+    for (size_t l = 0; l < r->n_layers; l++)
+      if (r->layers[l].n_attrs) qsort(r->layers[l].attrs, r->layers[l].n_attrs, sizeof *r->layers[l].attrs, attr_cmp);
+    r->attrs_read = 1;
+  }
+  *attrs = r->layers[layer].attrs, *n = r->layers[layer].n_attrs;
+  return STAB_OK;
 }
 
 /* ---- reading rows ----------------------------------------------------------------------- */
 
-static int read_column(trace *t, hid_t d, int wide, hsize_t at, const char *what, hsize_t first, hsize_t count,
-                       hid_t type, void *buf);
-
-static int read_rows(trace *t, hid_t d, const char *what, hsize_t first, hsize_t count, hid_t type,
-                     void *buf) {
-  return read_column(t, d, 0, 0, what, first, count, type, buf);
-}
-
 /* Rows [first, first + count) of d: one-dimensional (wide 0), or its column `at`. */
 static int read_column(trace *t, hid_t d, int wide, hsize_t at, const char *what, hsize_t first, hsize_t count,
                        hid_t type, void *buf) {
-  const hsize_t zero = 0, start[2] = {first, at}, n[2] = {count, 1};
-  hid_t fs = H5Dget_space(d);
-  int ok = fs >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, wide ? start : &first, NULL, wide ? n : &count, NULL) >= 0 &&
-           H5Sselect_hyperslab(t->mem, H5S_SELECT_SET, &zero, NULL, &count, NULL) >= 0 &&
-           H5Dread(d, type, t->mem, fs, H5P_DEFAULT, buf) >= 0;
-  int rc = ok ? 0 : bad(t, "cannot read rows of %s: %s", what, h5_reason()); /* before H5Sclose clears it */
+  const hsize_t start[2] = {first, at}, n[2] = {count, 1};
+  hid_t fs = H5Dget_space(d), mem = H5Screate_simple(1, &count, NULL);
+  int ok = fs >= 0 && mem >= 0 &&
+           H5Sselect_hyperslab(fs, H5S_SELECT_SET, wide ? start : &first, NULL, wide ? n : &count, NULL) >= 0 &&
+           H5Dread(d, type, mem, fs, H5P_DEFAULT, buf) >= 0;
+  int rc = ok ? 0 : bad_read(t, "cannot read rows of %s: %s", what, h5_reason()); /* before H5Sclose clears it */
+  if (mem >= 0) H5Sclose(mem);
   if (fs >= 0) H5Sclose(fs);
   return rc;
 }
 
-int trace_read_block(trace *t, hsize_t first, hsize_t count) {
-  char what[600];
-  if (read_rows(t, t->step, "/step", first, count, H5T_NATIVE_INT64, t->steps)) return 2;
-  if (t->wall.d >= 0 && read_rows(t, t->wall.d, "/wall_time", first, count, H5T_NATIVE_DOUBLE, t->wall.v)) return 2;
-  for (size_t s = 0; s < t->n_scalars; s++) {
-    snprintf(what, sizeof what, "/scalars/%s", t->scalars[s].name);
-    if (read_rows(t, t->scalars[s].d, what, first, count, H5T_NATIVE_DOUBLE, t->scalars[s].v)) return 2;
-  }
-  for (size_t l = 0; l < t->n_layers; l++)
-    for (size_t c = 0; c < t->layers[l].n_cols; c++) {
-      const trace_column *col = &t->layers[l].cols[c];
-      snprintf(what, sizeof what, "/layers/%s/%s", t->layers[l].group, col->name);
-      if (read_column(t, col->d, col->shared, col->at, what, first, count, H5T_NATIVE_DOUBLE, col->v)) return 2;
-    }
-  return 0;
+/* The checks every read makes: r, out, and rows [first, first + count) inside the trace. */
+static stab_status check_rows(const trace *r, const char *who, int64_t first, size_t count, const void *out) {
+  if (!r || (count && !out)) return stabi_fail(STAB_EINVAL, "%s: NULL %s", who, r ? "out" : "reader");
+  if (first < 0 || (uint64_t)first > r->rows || count > r->rows - (uint64_t)first)
+    return stabi_fail(STAB_ERANGE, "%s: %s: %zu rows from row %" PRId64 ": the trace has %llu", who, r->path, count,
+                      first, (unsigned long long)r->rows);
+  return STAB_OK;
 }
 
+/* Reads a column under quiet; count 0 reads nothing. */
+static stab_status read_quiet(trace *r, hid_t d, int wide, hsize_t at, const char *what, int64_t first, size_t count,
+                              hid_t type, void *out) {
+  if (!count) return STAB_OK;
+  quiet q = quiet_begin();
+  int rc = read_column(r, d, wide, at, what, (hsize_t)first, (hsize_t)count, type, out);
+  quiet_end(&q);
+  return (stab_status)rc;
+}
+
+stab_status stab_trace_read_steps(stab_trace_reader *r, int64_t first, size_t count, int64_t *out) {
+  stab_status st = check_rows(r, "stab_trace_read_steps", first, count, out);
+  return st ? st : read_quiet(r, r->step, 0, 0, "/step", first, count, H5T_NATIVE_INT64, out);
+}
+
+stab_status stab_trace_read_wall_time(stab_trace_reader *r, int64_t first, size_t count, double *out) {
+  stab_status st = check_rows(r, "stab_trace_read_wall_time", first, count, out);
+  if (st) return st;
+  if (r->wall.d < 0) return stabi_fail(STAB_ERANGE, "%s: wall_time is not among the columns read", r->path);
+  return read_quiet(r, r->wall.d, 0, 0, "/wall_time", first, count, H5T_NATIVE_DOUBLE, out);
+}
+
+stab_status stab_trace_read_scalar(stab_trace_reader *r, size_t index, int64_t first, size_t count, double *out) {
+  stab_status st = check_rows(r, "stab_trace_read_scalar", first, count, out);
+  if (st) return st;
+  if (index >= r->n_scalars)
+    return stabi_fail(STAB_ERANGE, "%s: scalar %zu: the trace reads %zu scalars", r->path, index, r->n_scalars);
+  char what[600];
+  snprintf(what, sizeof what, "/scalars/%s", r->scalars[index].name);
+  return read_quiet(r, r->scalars[index].d, 0, 0, what, first, count, H5T_NATIVE_DOUBLE, out);
+}
+
+stab_status stab_trace_read_metric(stab_trace_reader *r, size_t layer, size_t metric, int64_t first, size_t count,
+                                   double *out) {
+  stab_status st = check_rows(r, "stab_trace_read_metric", first, count, out);
+  if (st) return st;
+  if (layer >= r->n_layers || metric >= r->layers[layer].n_cols)
+    return stabi_fail(STAB_ERANGE, "%s: layer %zu, metric %zu: out of range (%zu layers)", r->path, layer, metric,
+                      r->n_layers);
+  const trace_layer *l = &r->layers[layer];
+  const trace_column *col = &l->cols[metric];
+  char what[600];
+  snprintf(what, sizeof what, "/layers/%s/%s", l->group, col->name);
+  return read_quiet(r, col->d, col->shared, col->at, what, first, count, H5T_NATIVE_DOUBLE, out);
+}
