@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,15 +31,6 @@ static const char *const quick_sizes = "256x256,512x512,256x1024,1024x256";
 
 /* ---------------------------------------------------------------------------------- */
 /* Small helpers                                                                       */
-
-void progress(const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fflush(stderr);
-}
 
 /* The 1-minute load average (Linux /proc/loadavg), NaN where there is none. Other work on
  * the machine shows up directly in the timings, so the run records it. */

@@ -98,7 +98,7 @@ typedef struct {
   int power_oracle_iterations;
 } size_result;
 
-/* Progress and diagnostics on stderr, flushed (bench.c). */
+/* Progress and diagnostics on stderr, flushed (bench_report.c). */
 void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* sigma(A) by LAPACK ?gesvd (bench_size.c: the reference of both the timings and --accuracy). */

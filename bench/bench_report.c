@@ -1,7 +1,8 @@
 /* bench_report.c — what a run of harness/bench concludes: the targets (each from this run's
  * sizes), and the results as a table or as one JSON object (the format tests/programs/
- * bench_json.sh holds), on stdout. */
+ * bench_json.sh holds), on stdout; and the progress every file of the bench reports on stderr. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +10,16 @@
 #include "bench_arpack.h"
 #include "stream_read.h"
 #include "stabmeter.h"
+
+/* Progress on stderr, flushed (results go to stdout): every file of the bench reports through it. */
+void progress(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fflush(stderr);
+}
 
 /* Matrices at least this big do not fit in any cache of the machines we run on, so their
  * pass bandwidth is a DRAM figure; the bandwidth target is judged on them. */
