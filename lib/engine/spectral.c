@@ -1,6 +1,7 @@
 /* spectral.c — sigma(A) and sigma(A - B) of stored matrices (f32; F16 and BF16 through tiles): block Lanczos and power iteration
  * on the Gram matrix G = A^T A (one pass over A per step, gram_pass.c), warm-started from the
- * previous top right singular vector, and LAPACK dgesvd as the exact reference.
+ * previous top right singular vector, and LAPACK dgesvd as the exact reference. One concern,
+ * the estimate of sigma and its honest error, past 800 lines: the method's reasons are here.
  *
  * Method. Block Lanczos with blocks of BLOCK = 4 vectors, full reorthogonalisation, an
  * explicit restart from the 4 leading Ritz vectors when the basis (krylov_dim, 128) is full.

@@ -3,7 +3,7 @@
  * library's kind rules over its tensors, the rows filtered and matched to an older
  * checkpoint's tensors (by name, or across GGUF and safetensors by llama.cpp's names), the
  * step its metadata or name gives, the rows as the caller sees them. Measuring is measure.c's,
- * the report report.c's. */
+ * the report report.c's. One concern, what the probe's rows are, past 800 lines. */
 #include "probe/probe_internal.h"
 
 #include <errno.h>
