@@ -1,5 +1,5 @@
 /* seed_gen.c — writes the smallest valid checkpoints of each reader's format for the fuzzers'
- * seed corpora (tests/fuzz/run.sh adds the larger model-shaped files of tests/support/st_gen): small
+ * seed corpora (tests/fuzz/fuzz.sh adds the larger model-shaped files of tests/support/st_gen): small
  * inputs let libFuzzer spend its mutations on the index rather than on data bytes.
  * Usage: seed_gen DIR   writes DIR/safetensors/, DIR/llmc/, DIR/gguf/ and DIR/gguf_split/ (DIR must exist).
  * safetensors: every dtype the format names, a scalar and a zero-sized tensor, metadata with
