@@ -178,7 +178,10 @@ stab_status stabi_mapped_open(stabi_mapped *m, const char *path, uint64_t min_by
   *m = (stabi_mapped){0};
   if (!(m->path = strdup(path))) return stabi_fail(STAB_ENOMEM, "%s: out of memory", path);
   stab_status st = map_file(path, min_bytes, what, &m->map, &m->size);
-  if (st == STAB_OK) m->tripped = guard_add(m->map, (size_t)m->size, m->path);
+  if (st == STAB_OK && m->map && !(m->tripped = guard_add(m->map, (size_t)m->size, m->path)))
+    /* unguarded, a file shrinking under the reader would kill the process with SIGBUS
+     * instead of giving STAB_EIO: refuse rather than read without the guard */
+    st = stabi_fail(STAB_ENOMEM, "%s: out of memory (the guard of its mapping)", path);
   if (st != STAB_OK) stabi_mapped_close(m);
   return st;
 }
