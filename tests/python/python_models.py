@@ -344,6 +344,23 @@ class Wrapped(Checks):
         with st.Monitor.from_state_dict(state, heads=HEADS) as mon:
             self.assertEqual([n for n, _ in mon.layers], want)
 
+    @unittest.skipUnless(torch.distributed.is_available() and torch.distributed.is_gloo_available(), "no gloo")
+    def test_distributed_data_parallel(self):
+        """DistributedDataParallel itself, one process on the CPU (gloo)."""
+        import tempfile
+        import torch.distributed as dist
+        torch.manual_seed(8)
+        model = GPT(vocab=64, width=D, depth=1, heads=HEADS, context=16)
+        want, _ = self.names(model)
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method="file://" + d + "/rendezvous", rank=0, world_size=1)
+            try:
+                ddp = nn.parallel.DistributedDataParallel(model)
+                self.assertTrue(all(n.startswith("module.") for n, _ in ddp.named_parameters()))
+                self.assertEqual(self.names(ddp)[0], want)
+            finally:
+                dist.destroy_process_group()
+
 
 if __name__ == "__main__":
     unittest.main()
