@@ -1,6 +1,7 @@
 """stabmeter.torch.Monitor: the library's per-step monitor over a PyTorch model's parameters,
-registered by the library's kind rules from their names, measured in place around
-optimizer.step() and appended to the same HDF5 trace stabmeter-train writes."""
+registered by what their modules are and, where a module says nothing, by the library's kind
+rules from their names; measured in place around optimizer.step() and appended to the same HDF5
+trace stabmeter-train writes."""
 
 import ctypes
 import fnmatch
@@ -15,7 +16,8 @@ import torch as _torch
 
 from . import _lib
 from ._arrays import C_INT, C_INT64, choice, integer, overrides
-from ._lib import DTYPE_F32, KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES, LAYOUT_OVERRIDES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib, metrics_dict
+from ._lib import (KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES, LAYOUT_OVERRIDES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib,
+                   metrics_dict)
 from ._metrics import _spectral_params
 from ._model import Model
 
@@ -253,11 +255,14 @@ class Monitor:
             monitor.after_step(step, loss=loss.item())  # measure, append a trace row
         monitor.close()
 
-    Layers come from model.named_parameters() (PyTorch's names) through the library's kind
-    rules: kinds, layouts, biases folded into their linear layer, fused or separate q/k pairs as
-    attention layers (heads from heads= or model.config), the tied head. The parameters are
-    read where they are, every step: they must stay float32, on the CPU and in place (torch's
-    optimizers update in place); a parameter whose storage moved (model.to(), .data
+    Layers come from model.named_parameters() (PyTorch's names, a wrapper's prefix removed):
+    the kind each module gives its parameters (nn.Embedding, nn.Linear and the LM head,
+    nn.MultiheadAttention, norms, convolutions as their flattened patch map), else the library's
+    kind rules by name; biases folded into their linear layer, fused or separate q/k pairs as
+    attention layers (heads from heads=, nn.MultiheadAttention or model.config), the tied head.
+    What is not measured is said at creation by one UnmeasuredWarning (strict=True: ValueError).
+    The parameters are read where they are, every step: they must stay on the CPU and in place
+    (torch's optimizers update in place), float32, float16 or bfloat16; a parameter whose storage moved (model.to(), .data
     reassigned, a module replaced) is detected at the next call, which raises StateError. The
     monitor holds a reference to every storage it reads, so it never reads freed memory.
 
@@ -286,9 +291,9 @@ class Monitor:
             plan = _Plan(model)
             named = list(model.named_parameters())
             have = {n for n, _ in named}
-            every = dict(_all_params(model))
+            by_name = dict(_all_params(model))
             for pair in plan.tied:  # both names of a shared table: named_parameters() gives one
-                named += [(n, every[n]) for n in pair if n not in have]
+                named += [(n, by_name[n]) for n in pair if n not in have]
                 have.update(pair)
             module_names = [n for n, _ in model.named_modules()]
             self._source = weakref.ref(model)  # the monitor does not keep the model alive
