@@ -219,10 +219,10 @@ def _module_kinds(plan, views, user_kinds, described):
         for e in first.entries:
             if e.why_not is not None or e.tied or e.n_expert or e.kind == "attention":
                 continue
-            if e.tensor is not None:
-                said[first.names[e.tensor]] = e.kind
-            if e.bias is not None:
-                said[first.names[e.bias]] = "bias"
+            # by the C views' names: a slice of a fused tensor keeps its tensor's name
+            said[e.c.weight.contents.name.decode("utf-8")] = e.kind
+            if e.c.bias:
+                said[e.c.bias.contents.name.decode("utf-8")] = "bias"
     finally:
         first.close()
     out = []
