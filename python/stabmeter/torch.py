@@ -360,8 +360,7 @@ class Monitor:
                 check(lib.stab_monitor_add_layer(self._m, ctypes.byref(layer), None))
                 self.layers.append((e.name, e.kind))
             if not self.layers:
-                raise ValueError("Monitor: no parameter is a layer by the kind rules (%d not measured)"
-                                 % len(self.skipped))
+                raise ValueError("Monitor: no parameter is a layer; " + self._unmeasured()[len("Monitor: "):])
             self._say_unmeasured(strict)
             if heads_source in ("heads=", "model.config") and not found_pair:
                 warnings.warn("Monitor(heads=%d): no query/key pair found (by module or by name), so no attention "
@@ -382,6 +381,13 @@ class Monitor:
         parameters' elements that is: a skipped tensor must never pass unsaid."""
         if not self.skipped:
             return
+        msg = self._unmeasured()
+        if strict:
+            raise ValueError(msg.replace("; Monitor(strict=True) raises instead of this warning", ""))
+        warnings.warn(msg, UnmeasuredWarning, stacklevel=3)
+
+    def _unmeasured(self):
+        """The share of the parameters' elements measured, and the first names not measured."""
         total = measured = 0
         spans = sorted(self._model.read_spans())
         seen = set()
@@ -402,19 +408,17 @@ class Monitor:
             measured += covered // max(v.element_size(), 1)
         shown = list(self.skipped.items())[:5]
         more = len(self.skipped) - len(shown)
-        msg = ("Monitor: %d of %d parameters (%.1f%%) measured; not measured: %s%s. Monitor(kinds={name: kind}) "
+        return ("Monitor: %d of %d parameters (%.1f%%) measured; not measured: %s%s. Monitor(kinds={name: kind}) "
                "decides a kind; Monitor(strict=True) raises instead of this warning"
                % (measured, total, 100.0 * measured / total if total else 0.0,
                   "; ".join("%s (%s)" % kv for kv in shown), " and %d more" % more if more else ""))
-        if strict:
-            raise ValueError(msg.replace("; Monitor(strict=True) raises instead of this warning", ""))
-        warnings.warn(msg, UnmeasuredWarning, stacklevel=3)
 
     @classmethod
     def from_state_dict(cls, state_dict, heads=None, trace=None, **kw):
-        """A monitor of the tensors of a state dict (a checkpoint in memory). Tensors that are not
-        float32 or not contiguous are measured from a float32 copy made here (the dict's own
-        memory otherwise); call measure() for the metrics, or after_step to trace them."""
+        """A monitor of the tensors of a state dict (a checkpoint in memory), its names without a
+        wrapper's prefix (module., _orig_mod.) that all have. Float tensors that are not float32,
+        float16 or bfloat16, or not contiguous, are measured from a float32 copy made here (the
+        dict's own memory otherwise); call measure() for the metrics, or after_step to trace them."""
         named = []
         for name, t in state_dict.items():
             if not isinstance(t, _torch.Tensor):
@@ -423,7 +427,8 @@ class Monitor:
             if t.device.type != "cpu":
                 raise TypeError("from_state_dict: tensor %s is on %s; pass a CPU state dict "
                                 "(torch.load(..., map_location='cpu'))" % (name, t.device))
-            if t.is_floating_point() and (t.dtype != _torch.float32 or not t.is_contiguous()):
+            if t.is_floating_point() and (t.dtype not in (_torch.float32, _torch.float16, _torch.bfloat16)
+                                          or not t.is_contiguous()):
                 t = t.to(_torch.float32).contiguous()
             if t.numel() and t.data_ptr() % t.element_size():
                 t = t.clone()  # aligned storage: C reads whole elements

@@ -3,7 +3,7 @@ computed here from the tensors (σ by numpy.linalg.svd, the RMS norms by docs/ma
 an nn.TransformerEncoder with a plain nn.Embedding named emb and an nn.Linear head (kinds from the
 modules; nn.MultiheadAttention's q, k, v with their bias slices and the attention bound with its
 num_heads), a nanoGPT-style GPT (fused c_attn, tied head), a CNN (Conv1d, strided Conv2d, a
-grouped convolution refused by name, BatchNorm), a bfloat16 model, wrapped models (DataParallel,
+grouped convolution refused by name, BatchNorm), bfloat16 and float16 models, wrapped models (DataParallel,
 torch.compile's OptimizedModule), and what is not measured said (warning, strict=True, kinds=)."""
 
 import math
@@ -295,23 +295,27 @@ class Convolutions(Checks):
             st.Monitor(model, strict=True)
 
 
-class BFloat16(Checks):
+class SixteenBit(Checks):
     def test_same_as_the_float32_model(self):
-        torch.manual_seed(6)
-        model = Encoder(tied=True).to(torch.bfloat16)
-        with monitor(model)[0] as mon:
-            got = mon.measure()
-        f32 = Encoder(tied=True)
-        f32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-        with monitor(f32)[0] as ref:
-            want = ref.measure()
-        self.assertEqual(mon.layers, ref.layers)
-        for name, m in want.items():
-            self.same(got[name], {k: m[k] for k in ("forward", "dependency", "sigma") if not math.isnan(m[k])}, name)
-        self.same(got["emb"], embedding_ref(f64(model.emb.weight)), "emb")
-        w = f64(model.enc.layers[0].linear1.weight)
-        self.same(got["enc.layers.0.linear1"], linear_ref(w, f64(model.enc.layers[0].linear1.bias)),
-                  "enc.layers.0.linear1")
+        for dtype in (torch.bfloat16, torch.float16):
+            torch.manual_seed(6)
+            model = Encoder(tied=True).to(dtype)
+            with monitor(model)[0] as mon:
+                got = mon.measure()
+            f32 = Encoder(tied=True)
+            f32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+            with monitor(f32)[0] as ref:
+                want = ref.measure()
+            self.assertEqual(mon.layers, ref.layers)
+            for name, m in want.items():
+                self.same(got[name], {k: m[k] for k in ("forward", "dependency", "sigma") if not math.isnan(m[k])},
+                          "%s %s" % (dtype, name))
+            self.same(got["emb"], embedding_ref(f64(model.emb.weight)), "emb")
+            lin = model.enc.layers[0].linear1
+            self.same(got["enc.layers.0.linear1"], linear_ref(f64(lin.weight), f64(lin.bias)), "enc.layers.0.linear1")
+            with st.Monitor.from_state_dict(model.state_dict(), tol=1e-6) as sd:  # read as stored, too
+                self.same(sd.measure()["enc.layers.0.linear1"], linear_ref(f64(lin.weight), f64(lin.bias)),
+                          "from_state_dict enc.layers.0.linear1")
 
 
 class OptimizedModule(nn.Module):
