@@ -5,7 +5,7 @@
  * the same bits as a monitor of the same layers converted to f32 (layer.h's promise, warm
  * starts included), equal to stab_layer_metrics of the 16-bit layers, and within the reported
  * error of LAPACK's dgesvd in f64 of the exactly converted matrices. The snapshot is a 16-bit
- * copy (half the memory), and a step allocates nothing. */
+ * copy (half the memory), a step allocates nothing, and an external 16-bit layer is never read. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -491,6 +491,32 @@ START_TEST(test_given_update) {
 }
 END_TEST
 
+/* An external 16-bit layer (its shards on other processes): registered with its dtype, never
+ * read (NULL weights), skipped by snapshots and measurements, its metrics as set; beside it a
+ * 16-bit layer measured as usual. */
+START_TEST(test_external) {
+  const stab_dtype t = dtype_of(_i);
+  model md;
+  model_init(&md, t, 0, 12);
+  stab_layer lh[NLAYERS];
+  layers16(&md, lh);
+  stab_monitor *m = make_monitor(NULL, lh, 1);
+  const stab_layer ext = {.name = "split.fc", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = FF, .dtype = t};
+  size_t i;
+  TU_ASSERT_OK(stab_monitor_add_external(m, &ext, &i));
+  ck_assert_int_eq(stab_monitor_layer(m, i)->dtype, t);
+  TU_ASSERT_OK(stab_monitor_snapshot(m));
+  TU_ASSERT_OK(stab_monitor_measure(m, 1));
+  TU_ASSERT_NAN(stab_monitor_metrics(m, i)->forward, "external, not set");
+  stab_metrics set = *stab_monitor_metrics(m, 0);
+  TU_ASSERT_OK(stab_monitor_set_metrics(m, i, &set, NULL));
+  same_metrics("external", stab_monitor_metrics(m, i), &set);
+  ck_assert_msg(stab_monitor_metrics(m, 0)->sigma > 0, "the measured layer: sigma %g", stab_monitor_metrics(m, 0)->sigma);
+  stab_monitor_free(m);
+  model_free(&md);
+}
+END_TEST
+
 static Suite *monitor_dtype_suite(void) {
   Suite *s = suite_create("monitor_dtype");
   TCase *tc = tcase_create("bf16_f16");
@@ -498,6 +524,7 @@ static Suite *monitor_dtype_suite(void) {
   tcase_add_loop_test(tc, test_snapshot_steps, 0, 8);
   tcase_add_loop_test(tc, test_snapshot_memory, 0, 2);
   tcase_add_loop_test(tc, test_given_update, 0, 2);
+  tcase_add_loop_test(tc, test_external, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }
