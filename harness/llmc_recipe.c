@@ -74,7 +74,7 @@ int main(int argc, char *argv[]) {
     float *b = param(params_memory, e->bias);
     float *k = param(params_memory, e->weight_k);
     stab_layer layer;
-      if (stab_model_entry_layer(e, STAB_DTYPE_F32, w, b, k, &layer) != STAB_OK ||
+    if (stab_model_entry_layer(e, STAB_DTYPE_F32, w, b, k, &layer) != STAB_OK ||
         stab_monitor_add_layer(monitor, &layer, NULL) != STAB_OK) { return fail(e->name); }
   }
   stab_model_free(described);
