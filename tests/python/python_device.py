@@ -1,0 +1,160 @@
+"""stabmeter._device, the C engine's Lanczos in torch operations (what a model on a GPU runs),
+run here on CPU tensors: float32, float16 and bfloat16 matrices (Gaussian, tall, wide, with few
+rows, narrow, spiked with s1/s2 = 1.001) against numpy's float64 SVD of the stored values (the
+estimate a lower bound, its actual error never above the error it reports: counted), against
+the C library (stabmeter.sigma, stabmeter.layer_metrics) within the two reported errors with
+comparable passes, sigma(A - B) of an update, the warm start after a small update, restarts, the
+chunked float64 copy, and the zero and non-finite matrices."""
+
+import math
+import unittest
+
+import numpy as np
+import torch
+
+import stabmeter
+from stabmeter import _device
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ROUND = 1e-12  # float64 rounding of the reference and the estimate, relative
+
+
+def svd_top(t):
+    return float(np.linalg.svd(t.double().numpy(), compute_uv=False)[0])
+
+
+def spiked(rng, rows, cols, ratio):
+    """U diag(s) V^T with s1 / s2 = ratio, the rest spread below."""
+    u, _ = np.linalg.qr(rng.standard_normal((rows, cols)))
+    v, _ = np.linalg.qr(rng.standard_normal((cols, cols)))
+    s = np.concatenate(([ratio, 1.0], np.linspace(0.95, 0.05, cols - 2)))
+    return (u * s) @ v.T
+
+
+def families(rng):
+    yield "gaussian 300x200", rng.standard_normal((300, 200))
+    yield "tall 900x150", rng.standard_normal((900, 150))
+    yield "wide 150x700", rng.standard_normal((150, 700))
+    yield "few rows 64x400", rng.standard_normal((64, 400))
+    yield "narrow 500x24", rng.standard_normal((500, 24))
+    yield "narrow 40x32", rng.standard_normal((40, 32))
+    yield "spiked 256x128", spiked(rng, 256, 128, 1.001)
+
+
+class Device(unittest.TestCase):
+    def check_estimate(self, r, ref, what):
+        """r within its reported error of ref, a lower bound: returns 1 when the actual error is
+        above the reported one (counted by the caller), 0 otherwise."""
+        self.assertFalse(r["nonfinite"], what)
+        self.assertLessEqual(r["sigma"], ref * (1 + ROUND), what)
+        return int((ref - r["sigma"]) / ref > r["rel_err"] + ROUND)
+
+    def test_families_against_svd_and_c(self):
+        rng = np.random.default_rng(31)
+        over, rows = 0, []
+        for name, m in families(rng):
+            for dt in DTYPES:
+                t = torch.from_numpy(m.astype(np.float32)).to(dt)
+                ref = svd_top(t)
+                for tol in (1e-3, 1e-6):
+                    what = "%s %s tol %g" % (name, dt, tol)
+                    d = _device.sigma(t, tol=tol)
+                    self.assertTrue(d["converged"], what)
+                    over += self.check_estimate(d, ref, what)
+                    # the C library on the same values (float16/bfloat16 widen exactly to float32)
+                    c = stabmeter.sigma(t.float().numpy(), tol=tol, full=True)
+                    self.assertLessEqual(abs(d["sigma"] - c["sigma"]),
+                                         (d["rel_err"] + c["rel_err"] + ROUND) * ref, what)
+                    self.assertLessEqual(abs(d["passes"] - c["passes"]), max(2, c["passes"] // 4), what)
+                    rows.append((what, d["passes"], c["passes"], (ref - d["sigma"]) / ref, d["rel_err"]))
+        print("\n%-36s %6s %6s %10s %10s" % ("matrix", "dev", "C", "actual", "reported"))
+        for r in rows:
+            print("%-36s %6d %6d %10.2e %10.2e" % r)
+        self.assertEqual(over, 0, "estimates whose actual error is above the reported one")
+
+    def test_spiked_seeds(self):
+        # s1/s2 = 1.001: the case where a tighter bound (Kato-Temple, r^2 / gap of Ritz values)
+        # reports less than the actual error; the residual bound must never
+        over, passes = 0, []
+        for seed in range(24):
+            rng = np.random.default_rng(1000 + seed)
+            t = torch.from_numpy(spiked(rng, 512, 128, 1.001).astype(np.float32))
+            ref = svd_top(t)
+            d = _device.sigma(t, tol=1e-3, seed=seed)
+            over += self.check_estimate(d, ref, "spiked seed %d" % seed)
+            passes.append(d["passes"])
+        print("\nspiked 512x128 s1/s2 = 1.001, 24 seeds, tol 1e-3: passes %s" % passes)
+        self.assertEqual(over, 0, "spiked estimates whose actual error is above the reported one")
+
+    def test_update_against_layer_metrics(self):
+        rng = np.random.default_rng(5)
+        for dt in DTYPES:
+            w = torch.from_numpy(rng.standard_normal((256, 192)).astype(np.float32)).to(dt)
+            before = (w.float() - 1e-2 * torch.from_numpy(rng.standard_normal((256, 192)).astype(np.float32))).to(dt)
+            ref = float(np.linalg.svd(w.double().numpy() - before.double().numpy(), compute_uv=False)[0])
+            d = _device.sigma(w, before, tol=1e-3)
+            self.assertEqual(self.check_estimate(d, ref, "update %s" % dt), 0, "update %s" % dt)
+            m = stabmeter.layer_metrics("linear", w.float().numpy(), before=before.float().numpy())
+            self.assertLessEqual(abs(d["sigma"] - m["sigma_update"]),
+                                 (d["rel_err"] + m["sigma_update_rel_err"] + ROUND) * ref, str(dt))
+            print("\nupdate %s: dev %d passes, C %d" % (dt, d["passes"], m["update_passes"]))
+
+    def test_warm_start_after_small_update(self):
+        rng = np.random.default_rng(11)
+        for dt in DTYPES:
+            w = torch.from_numpy(rng.standard_normal((512, 256)).astype(np.float32))
+            cold = _device.sigma(w.to(dt), tol=1e-3)
+            step = torch.from_numpy(rng.standard_normal((512, 256)).astype(np.float32))
+            w2 = (w + 1e-3 * step).to(dt)  # a relative update of about 1e-3
+            warm = _device.sigma(w2, v=cold["v"], tol=1e-3)
+            self.assertEqual(self.check_estimate(warm, svd_top(w2), "warm %s" % dt), 0, "warm %s: %r" % (dt, warm))
+            self.assertLessEqual(warm["passes"], 3, str(dt))
+            self.assertLess(warm["passes"], cold["passes"], str(dt))
+            print("\nwarm %s: %d passes after a 1e-3 update (cold %d)" % (dt, warm["passes"], cold["passes"]))
+            # a warm matrix with few rows stops at tol like any other (C: exact only from cold)
+            h = torch.from_numpy(rng.standard_normal((64, 400)).astype(np.float32)).to(dt)
+            r0 = _device.sigma(h)
+            r1 = _device.sigma(h, v=r0["v"])
+            self.assertEqual(self.check_estimate(r1, svd_top(h), "warm few rows"), 0, "warm few rows %s" % dt)
+            self.assertLessEqual(r1["passes"], 3)
+
+    def test_restarts_and_chunks(self):
+        rng = np.random.default_rng(3)
+        t = torch.from_numpy(spiked(rng, 400, 300, 1.01).astype(np.float32))
+        ref = svd_top(t)
+        small = _device.sigma(t, tol=1e-6, krylov_dim=8)  # restarts every 2 passes
+        self.assertTrue(small["converged"])
+        self.assertGreater(small["passes"], 2)
+        self.assertEqual(self.check_estimate(small, ref, "krylov_dim 8"), 0, "krylov_dim 8: %r" % small)
+        whole = _device.sigma(t, tol=1e-6)
+        saved = _device.CHUNK_ELEMS
+        try:
+            _device.CHUNK_ELEMS = 1000  # the float64 copy made 3 rows at a time, every pass
+            chunked = _device.sigma(t, tol=1e-6)
+        finally:
+            _device.CHUNK_ELEMS = saved
+        self.assertEqual(chunked["passes"], whole["passes"])
+        self.assertAlmostEqual(chunked["sigma"] / whole["sigma"], 1.0, delta=1e-13)
+
+    def test_zero_and_nonfinite(self):
+        z = _device.sigma(torch.zeros(100, 50))
+        self.assertEqual(z["sigma"], 0.0)
+        self.assertEqual(z["rel_err"], 0.0)
+        for shape in ((100, 50), (100, 20), (40, 300)):
+            a = torch.randn(*shape)
+            a[3, 7] = float("nan")
+            r = _device.sigma(a)
+            self.assertTrue(r["nonfinite"], str(shape))
+            self.assertTrue(math.isnan(r["sigma"]), str(shape))
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
+            _device.sigma(torch.zeros(4, 4, dtype=torch.float64))
+        with self.assertRaisesRegex(ValueError, "b must have a's shape"):
+            _device.sigma(torch.zeros(4, 4), torch.zeros(4, 5))
+        with self.assertRaisesRegex(ValueError, "tol"):
+            _device.sigma(torch.zeros(4, 4), tol=0.5)
+
+
+if __name__ == "__main__":
+    unittest.main()
