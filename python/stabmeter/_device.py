@@ -24,9 +24,17 @@ Where it differs from the C engine, and why the reported error stays honest:
   solved on the host in float64 with numpy (the C engine uses LAPACK's dsbevx and Jacobi), from
   the coefficients each pass copies back: n x bs numbers, one synchronisation per pass.
 Only the Lanczos method is here (the Monitor's); power iteration and the exact mode are not.
+
+linear_metrics: a linear layer's metrics from these estimates and float64 sums of squares taken
+on the device, turned into the library's metrics by stab_linear_metrics_assemble (the C code
+stab_layer_metrics itself uses), so that only scalars leave the device.
 """
 
+import ctypes
+
 import numpy as np
+
+from ._lib import Metrics, SigmaResult, _proto, check, lib
 
 SMALL_COLS = 32    # spectral.c: exact Gram matrix for at most this many columns
 FEW_ROWS = 128     # spectral.c: exact rows-side Gram matrix from a cold start
@@ -59,25 +67,18 @@ class _Gram:
     """G = D^T D, D = A or A - B, applied in float64 on A's device."""
 
     def __init__(self, a, b):
-        torch = _torch()
         self.rows, self.cols = a.shape
         self.a, self.b = a, b
-        self.whole = None
-        if self.rows * self.cols <= CHUNK_ELEMS:  # converted once per estimate (C: WHOLE_FLOATS)
-            self.whole = self._f64(0, self.rows)
         step = max(1, CHUNK_ELEMS // max(1, self.cols))
         self.chunks = [(r, min(self.rows, r + step)) for r in range(0, self.rows, step)]
-        self.torch = torch
+        # converted once per estimate when small enough (the C engine's WHOLE_FLOATS)
+        self.whole = self._f64(0, self.rows) if self.rows * self.cols <= CHUNK_ELEMS else None
 
     def _f64(self, r0, r1):
-        d = self.a[r0:r1].to(self.torch_dtype())
+        d = self.a[r0:r1].to(_torch().float64)
         if self.b is not None:
             d = d - self.b[r0:r1].to(d.dtype)
         return d
-
-    @staticmethod
-    def torch_dtype():
-        return _torch().float64
 
     def matrix_chunks(self):
         if self.whole is not None:
@@ -263,3 +264,69 @@ def sigma(a, b=None, v=None, tol=1e-3, max_passes=1000, krylov_dim=128, seed=0x5
             vout = x / np.sqrt(nn)
     return {"sigma": float(np.sqrt(max(theta, 0.0))), "rel_err": float(err), "passes": k,
             "converged": bool(err <= tol), "nonfinite": False, "v": vout}
+
+
+def _sumsq(a, b=None):
+    """||A||_F^2, or ||A - B||_F^2, in float64 on A's device (the C library's f64 sums), the
+    float64 copy made in chunks as for the products."""
+    def rows(t):
+        return None if t is None else t.detach().reshape(t.shape[0] if t.dim() > 1 else 1, -1)
+    return float(sum(float((d * d).sum()) for d in _Gram(rows(a), rows(b)).matrix_chunks()))
+
+
+def _rms(a, b=None):
+    return float(np.sqrt(_sumsq(a, b) / a.numel()))
+
+
+def linear_metrics(weight, bias=None, before=None, before_bias=None, v=None, v_update=None, tol=1e-3,
+                   max_passes=1000, krylov_dim=128, seed=0x5EED):
+    """A linear layer's metrics measured on its tensors' device: sigma(W) and, with before (W
+    before the step, on the same device), sigma(W - before) by sigma() above; ||b||_RMS, ||db||_RMS,
+    ||W||_F^2 and ||dW||_F^2 in float64 by torch; and stab_linear_metrics_assemble (the C library)
+    to turn them into the metrics stab_layer_metrics gives. weight: the stored out-major matrix
+    [d_out][d_in] (a convolution's [C_out][C_in * prod(k)] view), measured as stored, as the C
+    library does. v, v_update: the warm-start vectors of the last call (None: cold). Returns
+    (metrics, v, v_update): metrics a stabmeter._lib.Metrics, the vectors for the next call."""
+    if weight.dim() != 2:
+        raise ValueError("_device.linear_metrics: weight must be 2-D (the stored [d_out][d_in]), got shape %s"
+                         % (tuple(weight.shape),))
+    for what, t, like in (("bias", bias, None), ("before", before, weight), ("before_bias", before_bias, bias)):
+        if t is None:
+            continue
+        if t.device != weight.device or t.dtype != weight.dtype:
+            raise ValueError("_device.linear_metrics: %s must be on weight's device %s in its dtype %s, got %s %s"
+                             % (what, weight.device, weight.dtype, t.device, t.dtype))
+        want = (weight.shape[0],) if like is None else tuple(like.shape)
+        if tuple(t.shape) != want:
+            raise ValueError("_device.linear_metrics: %s must have shape %s, got %s" % (what, want, tuple(t.shape)))
+    if (before_bias is None) != (before is None or bias is None):
+        raise ValueError("_device.linear_metrics: before_bias is needed exactly when before and bias are given")
+    parts = _LinearParts()
+    parts.d_out, parts.d_in = weight.shape
+    kw = dict(tol=tol, max_passes=max_passes, krylov_dim=krylov_dim, seed=seed)
+    w = sigma(weight, v=v, **kw)
+    parts.weight = SigmaResult(w["sigma"], w["rel_err"], w["passes"], int(w["converged"]), int(w["nonfinite"]))
+    parts.bias_rms = _rms(bias) if bias is not None else 0.0
+    vu = v_update
+    if before is not None:
+        u = sigma(weight, before, v=v_update, **kw)
+        vu = u["v"]
+        parts.with_update = 1
+        parts.update = SigmaResult(u["sigma"], u["rel_err"], u["passes"], int(u["converged"]), int(u["nonfinite"]))
+        parts.bias_update_rms = _rms(bias, before_bias) if bias is not None else 0.0
+        parts.weight_sumsq = _sumsq(weight)
+        parts.update_sumsq = _sumsq(weight, before)
+    out = Metrics()
+    check(lib.stab_linear_metrics_assemble(ctypes.byref(parts), ctypes.byref(out)))
+    return out, w["v"], vu
+
+
+class _LinearParts(ctypes.Structure):
+    """stab_linear_parts, field for field as include/stabmeter/layer.h has it."""
+    _fields_ = [("d_in", ctypes.c_size_t), ("d_out", ctypes.c_size_t), ("weight", SigmaResult),
+                ("bias_rms", ctypes.c_double), ("with_update", ctypes.c_int), ("update", SigmaResult),
+                ("bias_update_rms", ctypes.c_double), ("weight_sumsq", ctypes.c_double),
+                ("update_sumsq", ctypes.c_double)]
+
+
+_proto("stab_linear_metrics_assemble", ctypes.c_int, ctypes.POINTER(_LinearParts), ctypes.POINTER(Metrics))

@@ -3,7 +3,7 @@ run here on CPU tensors: float32, float16 and bfloat16 matrices (Gaussian, tall,
 rows, narrow, spiked with s1/s2 = 1.001) against numpy's float64 SVD of the stored values (the
 estimate a lower bound, its actual error never above the error it reports: counted), against
 the C library (stabmeter.sigma, stabmeter.layer_metrics) within the two reported errors with
-comparable passes, sigma(A - B) of an update, the warm start after a small update, restarts, the
+comparable passes, a linear layer's metrics assembled from device-side quantities, sigma(A - B) of an update, the warm start after a small update, restarts, the
 chunked float64 copy, and the zero and non-finite matrices."""
 
 import math
@@ -135,6 +135,44 @@ class Device(unittest.TestCase):
             _device.CHUNK_ELEMS = saved
         self.assertEqual(chunked["passes"], whole["passes"])
         self.assertAlmostEqual(chunked["sigma"] / whole["sigma"], 1.0, delta=1e-13)
+
+    def test_linear_metrics_against_numpy_and_c(self):
+        # a linear layer measured on the device (sigma by _device, sums of squares by torch,
+        # assembled by the C library) against numpy in float64 and stab_layer_metrics of the same
+        # stored values (float16/bfloat16 read by the C library as stored)
+        rng = np.random.default_rng(17)
+        for shape in ((192, 320), (96, 160), (300, 200), (64, 24)):
+            for dt in DTYPES:
+                what = "%s %s" % (shape, dt)
+                f = lambda *s: torch.from_numpy(rng.standard_normal(s).astype(np.float32))
+                w, b = f(*shape).to(dt), f(shape[0]).to(dt)
+                wb, bb = (w.float() - 1e-2 * f(*shape)).to(dt), (b.float() - 1e-2 * f(shape[0])).to(dt)
+                m, v, vu = _device.linear_metrics(w, b, wb, bb)
+                d = stabmeter._lib.metrics_dict(m)
+                W, B, Wb, Bb = (t.double().numpy() for t in (w, b, wb, bb))
+                dW, dB = W - Wb, B - Bb
+                s1 = np.linalg.svd(W, compute_uv=False)[0]
+                su = np.linalg.svd(dW, compute_uv=False)[0]
+                k = math.sqrt(shape[1] / shape[0])
+                rms = lambda x: math.sqrt(float(np.mean(x * x)))
+                self.assertEqual(self.check_estimate({"sigma": d["sigma"], "rel_err": d["sigma_rel_err"],
+                                                      "nonfinite": False}, s1, what), 0, what)
+                self.assertEqual(self.check_estimate({"sigma": d["sigma_update"], "rel_err": d["sigma_update_rel_err"],
+                                                      "nonfinite": False}, su, what), 0, what)
+                e, eu = d["sigma_rel_err"] + ROUND, d["sigma_update_rel_err"] + ROUND
+                self.assertLessEqual(abs(d["forward"] - (k * s1 + rms(B))), e * k * s1 + 1e-12, what)
+                self.assertLessEqual(abs(d["update"] - (k * su + rms(dB))), eu * k * su + 1e-12, what)
+                ru = math.sqrt((np.sum(dW * dW) + np.sum(dB * dB)) / (np.sum(W * W) + np.sum(B * B)))
+                self.assertAlmostEqual(d["rel_update"] / ru, 1.0, delta=1e-12, msg=what)
+                self.assertEqual(d["flags"], 0, what)
+                c = stabmeter.layer_metrics("linear", w, bias=b, before=wb, before_bias=bb)
+                for key, err in (("sigma", "sigma_rel_err"), ("sigma_update", "sigma_update_rel_err")):
+                    self.assertLessEqual(abs(d[key] - c[key]), (d[err] + c[err] + ROUND) * c[key], what + key)
+                self.assertAlmostEqual(d["rel_update"] / c["rel_update"], 1.0, delta=1e-12, msg=what)
+                self.assertEqual(v.shape, (shape[1],))
+                self.assertEqual(vu.shape, (shape[1],))
+        with self.assertRaisesRegex(ValueError, "before_bias is needed"):
+            _device.linear_metrics(w, b, wb)
 
     def test_zero_and_nonfinite(self):
         z = _device.sigma(torch.zeros(100, 50))
