@@ -11,9 +11,12 @@
 #include <string.h>
 
 /* Registers every layer of the model: wte and wpe (embedding), per block ln_1 and ln_2
- * (gain), attn.c_attn (linear 3D x D, with its bias), the attention logits of its q and k
+ * (gain), the fused attn.c_attn as three linear layers attn.c_attn.q, .k and .v (D x D each,
+ * its rows of the fused matrix and its third of the bias), the attention logits of the q and k
  * blocks, attn.c_proj, mlp.c_fc, mlp.c_proj (linear, with biases), ln_f (gain), lm_head (the
- * wte table when tied). Layer names are the tensor names without ".weight". */
+ * wte table when tied). Layer names are the tensor names without ".weight", the fused
+ * tensor's parts with .q, .k, .v: the names stabmeter-probe gives the trainer's checkpoint
+ * (docs/manual/metrics.md, one policy for a fused q/k/v everywhere). */
 int register_layers(stab_monitor *mon, model *m, int external) {
   size_t D = m->c.width;
   char nm[96];
@@ -35,8 +38,10 @@ int register_layers(stab_monitor *mon, model *m, int external) {
     model_block w = model_block_at(m, m->params, l);
 #define NAME(s) (snprintf(nm, sizeof nm, "transformer.h.%zu.%s", l, s), nm)
     ADD(.name = NAME("ln_1"), .kind = STAB_KIND_GAIN, .d_in = D, .d_out = D, .weight = w.ln1w);
-    ADD(.name = NAME("attn.c_attn"), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = 3 * D,
-        .weight = w.qkvw, .bias = w.qkvb);
+    static const char *const qkv[3] = {"attn.c_attn.q", "attn.c_attn.k", "attn.c_attn.v"};
+    for (size_t j = 0; j < 3; j++) /* q rows 0..D-1 of qkvw (3D, D), k rows D..2D-1, v 2D..3D-1 */
+      ADD(.name = NAME(qkv[j]), .kind = STAB_KIND_LINEAR, .d_in = D, .d_out = D, .weight = w.qkvw + j * D * D,
+          .bias = w.qkvb ? w.qkvb + j * D : NULL);
     ADD(.name = NAME("attn.logits"), .kind = STAB_KIND_ATTENTION, .d_in = D, .d_out = D,
         .heads = m->c.heads, .scale = model_attn_scale(&m->c), .weight = w.qkvw,
         .weight_k = w.qkvw + D * D);

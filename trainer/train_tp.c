@@ -15,6 +15,8 @@ typedef struct {
   stab_mpi_linear *h;
   size_t trace_index;
   size_t w, b;         /* local tensor indices of the weight and the bias (SIZE_MAX: none) */
+  size_t w_off, b_off; /* where the layer's shard starts in them (elements): c_attn's q, k and v
+                          are blocks of rows of one tensor, each rank's the rows of its heads */
   size_t d_out, d_in;  /* this rank's shard */
 } split_linear;
 
@@ -103,6 +105,12 @@ int train_tp_create(train_world *w, const model_tp *tp, const model *whole, cons
       size_t cut = (rows ? tl->d_out : tl->d_in) / P;
       s->trace_index = i, s->w = ti, s->b = tensor_of(whole, tl->bias);
       s->d_out = rows ? cut : tl->d_out, s->d_in = rows ? tl->d_in : cut;
+      /* a block of whole rows of a tensor split by rows (c_attn's k: rows D..2D-1) starts as many
+       * of this rank's rows into its slice (its heads' k rows follow its q rows), row-blocks of
+       * the whole tensor being cut alike; a tensor split by columns is one layer from its start */
+      const size_t w_rows = (size_t)(tl->weight - whole->params - whole->tensors[ti].offset) / tl->d_in;
+      s->w_off = rows ? w_rows / P * tl->d_in : 0;
+      s->b_off = rows && tl->bias ? (size_t)(tl->bias - whole->params - whole->tensors[s->b].offset) / P : 0;
       t->n_lin++;
     } else {
       l.weight = local_of(tp, whole, tl->weight);
@@ -139,8 +147,8 @@ out:
     split_linear *s = &t->lin[k];
     const stab_layer *tl = stab_monitor_layer(trace, s->trace_index);
     int rows = tp->split[s->w] == TP_OUT;
-    /* c_attn's rows here are its q, k and v rows of this rank's heads: the whole matrix with
-     * its rows in another order, which has the same singular values and sums of squares */
+    /* c_attn.q's rows here are the q rows of this rank's heads, rows r D/P .. (r+1) D/P - 1 of
+     * the whole q (likewise k and v): contiguous shards in rank order */
     stab_mpi_shard sh = {rows ? STAB_MPI_SPLIT_ROWS : STAB_MPI_SPLIT_COLS, tl->d_out, tl->d_in, 0, 0};
     size_t cut = rows ? s->d_out : s->d_in;
     sh.begin = r * cut, sh.end = (r + 1) * cut;
@@ -217,6 +225,7 @@ stab_status train_tp_measure(train_tp *t, stab_monitor *trace, int with_update) 
     const stab_layer *tl = stab_monitor_layer(trace, s->trace_index);
     size_t wo = m->tensors[s->w].offset, bo = s->b == SIZE_MAX ? 0 : m->tensors[s->b].offset;
     t->hs[k] = s->h;
+    wo += s->w_off, bo += s->b_off;
     t->shards[k] = (stab_layer){.name = tl->name, .kind = STAB_KIND_LINEAR, .d_in = s->d_in, .d_out = s->d_out,
                                 .weight = m->params + wo, .bias = s->b == SIZE_MAX ? NULL : m->params + bo};
     befores[k] = t->shards[k];

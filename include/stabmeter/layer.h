@@ -148,7 +148,8 @@ typedef struct {
  * head's block, is converted once per estimate, 4 MiB). The metrics are bit-identical to those
  * of the same layer converted to f32 first (the conversion is exact; the sums are the same),
  * and no f32 copy of the tensor is made. Other dtypes (QUANT, OTHER) are not read natively:
- * convert them (stab_ckpt_read_f32). The monitor takes F32 layers only.
+ * convert them (stab_ckpt_read_f32). The monitor takes 16-bit layers as they are stored too:
+ * its snapshot is a 16-bit copy, and its buffers are made at registration (monitor.h).
  *
  * Errors: NULL weight (or weight_k), a name that is not valid UTF-8, a dtype other than F32,
  * F16 or BF16, or table sizes given as above, or grouped-query attention in-major, STAB_EINVAL;

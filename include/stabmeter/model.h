@@ -96,6 +96,8 @@ stab_status stab_qk_permutation(size_t rows, size_t heads, size_t *perm);
  *  3. 3-D [n_expert][rows][cols] whose module name's last component ends in "_exps" (llama.cpp's
  *     blk.N.ffn_{gate,up,down}_exps, stored ne = {cols, rows, n_expert}): a layer of experts,
  *     each expert slice a linear layer [rows][cols] out-major (see Experts below).
+ *     3-D X.bias_k, X.bias_v (nn.MultiheadAttention's add_bias_kv, [1][1][E]: a learned key and
+ *     value appended to every sequence as one more position): not measured, saying so.
  *     Other 0-D, 3-D and up: not measured (no rule for them), override or not.
  *  4. 2-D, module name (the name without a trailing .weight or .bias) whose last component is
  *     wte wpe embed_tokens tok_embeddings token_embd word_embeddings position_embeddings
@@ -111,11 +113,14 @@ stab_status stab_qk_permutation(size_t rows, size_t heads, size_t *perm);
  *     block_sparse_moe.gate, Qwen2-MoE's mlp.gate, GGUF ffn_gate_inp) and fused projections
  *     (Phi-3's gate_up_proj) are linear layers by this rule.
  *  7. 1-D X.bias where X.weight is a linear layer with d_out = its length: folded into it (so
- *     Qwen2's q/k/v biases are part of q_proj, k_proj, v_proj).
+ *     Qwen2's q/k/v biases are part of q_proj, k_proj, v_proj). nn.MultiheadAttention's
+ *     X.in_proj_bias [3E] is folded into X.in_proj_weight [3E][E] (then split with it, below),
+ *     or, when the module has separate X.q_proj_weight, X.k_proj_weight, X.v_proj_weight (kdim
+ *     or vdim not E; each [E][.]), a third into each (bias_offset 0, E, 2E); else a bias.
  *  8. 1-D whose module name has a component containing "norm" (any case) or starting with "ln":
  *     gain if it is X.weight or has no suffix, bias if X.bias (a LayerNorm shift); llama.cpp's
  *     attn_norm, ffn_norm, output_norm, attn_q_norm are such.
- *  9. 1-D X.bias otherwise: bias.
+ *  9. 1-D X.bias (or X.in_proj_bias) otherwise: bias.
  * 10. anything else: not measured.
  * Attention: for each query weight by name, its key (first match of the suffixes):
  *   X.q_proj.weight  X.k_proj.weight  (HF Llama, Mistral, Qwen2, Gemma, OPT)  X.logits
@@ -124,11 +129,22 @@ stab_status stab_qk_permutation(size_t rows, size_t heads, size_t *perm);
  *   X.attn_q.weight  X.attn_k.weight  (llama.cpp GGUF)                        X.attn_logits
  *   X.attn.q.weight  X.attn.k.weight  (llm.c, whose reader splits the fused qkv; naming LLMC only)
  *                                                                             X.attn.logits
- *   X.c_attn.weight, X.qkv_proj.weight, X.qkv.weight, X.attn_qkv.weight: fused q, k, v
- *                    (GPT-2, Phi-3, ViT, GGUF)                X.logits (X.attn_logits for GGUF's)
- * A fused tensor is q, k, v in that order along d_out: heads * d_h, kv_heads * d_h and
- * kv_heads * d_h outputs, split by heads with kv_heads or head_dim when the config has them
- * (Phi-3: (32 + 2*8) * 96 rows), else in three equal parts. Key heads of separate tensors
+ *   X.q_proj_weight  X.k_proj_weight  (nn.MultiheadAttention, kdim/vdim)      X.logits
+ *   X.c_attn.weight, X.qkv_proj.weight, X.qkv.weight, X.attn_qkv.weight, X.in_proj_weight:
+ *                    fused q, k, v (GPT-2, Phi-3, ViT, GGUF, nn.MultiheadAttention)
+ *                                                    X.logits (X.attn_logits for GGUF's)
+ * (a bare module's names match too: in_proj_weight gives "logits"). A fused tensor is q, k, v
+ * in that order along d_out: heads * d_h, kv_heads * d_h and kv_heads * d_h outputs, split by
+ * heads with kv_heads or head_dim when the config has them (Phi-3: (32 + 2*8) * 96 rows), else
+ * in three equal parts. Fused q/k/v: a fused tensor that is a linear layer (by rule 6 or an
+ * override) is THREE linear entries in its place, q, k and v (part 1, 2, 3), named M.q, M.k,
+ * M.v where M is its module (the name without ".weight", or without "_weight" for
+ * in_proj_weight: h.0.attn.c_attn.q, layers.0.self_attn.in_proj.q), each its block of the
+ * tensor and its slice of the folded bias (bias_offset): out-major, a block of whole rows
+ * (offset = first row * d_in, ld 0); in-major (HF GPT-2's Conv1D [C][3C]), a block of columns
+ * (offset = first column, ld = the stored row, 3C). Widths that cannot be split as above leave
+ * it one linear layer under its own name (and the attention entry says why). Phi-3's
+ * gate_up_proj is no q/k/v: one layer. Key heads of separate tensors
  * follow from the key's width (d_out(k) / d_h, d_h = d_out(q) / heads), and must agree with
  * config.kv_heads and head_dim when those are given. An attention pair that cannot be measured
  * (no head count, widths that heads do not divide) is an entry with the reason.
@@ -146,11 +162,13 @@ stab_status stab_qk_permutation(size_t rows, size_t heads, size_t *perm);
  * tied: that embedding is an entry a second time, as lm_head, named "lm_head" (X.lm_head when
  * another entry is named lm_head already). With tie 0, never.
  * Names, as stabmeter-train's trace has them: the tensor name without a trailing ".weight"
- * (transformer.h.0.mlp.c_fc), a bias of its own keeping its ".bias" (it would clash with its
- * norm's gain), a name another entry already has keeping the tensor name; a tensor not measured
- * keeps its tensor name.
- * Order: one entry per tensor not folded, in the input's order (a layer of experts where its
- * first expert tensor is, its experts after it), then the attention entries, then the tied head.
+ * (transformer.h.0.mlp.c_fc; nn.MultiheadAttention's X.q_proj_weight without "_weight":
+ * X.q_proj), a bias of its own keeping its ".bias" (it would clash with its norm's gain), a name
+ * another entry already has keeping the tensor name; the parts of a fused q/k/v as above; a
+ * tensor not measured keeps its tensor name.
+ * Order: one entry per tensor not folded, in the input's order (a fused q/k/v's three parts
+ * where it is; a layer of experts where its first expert tensor is, its experts after it), then
+ * the attention entries, then the tied head.
  */
 
 /* The naming scheme of the file the tensors come from, for the rules only one scheme has. */
@@ -241,7 +259,8 @@ typedef struct {
                                      embedding's); for an entry not measured, the tensor */
   const stab_ckpt_tensor *bias;     /* linear: the folded X.bias, or NULL */
   const stab_ckpt_tensor *weight_k; /* attention: the key's tensor (weight itself when fused) */
-  size_t ld;             /* attention: the stored row length of weight, in elements */
+  size_t ld;             /* attention: the stored row length of weight, in elements; a part
+                            of an in-major fused q/k/v: its stored row (3C); else 0 */
   size_t q_off, k_off;   /* attention: elements from the start of weight, weight_k to q and k */
   size_t heads;          /* attention: query heads */
   size_t kv_heads;       /* attention: key heads (fewer than heads: grouped-query) */
@@ -251,6 +270,13 @@ typedef struct {
                             STAB_MODEL_NO_EXPERT */
   size_t group;          /* an expert's entry: the index of its layer's entry; else 0 */
   const char *why_not;   /* NULL, or why this tensor is not measured; owned by the model */
+  /* (appended in 0.11.0) */
+  size_t offset;         /* linear: elements from the start of weight to the layer's first
+                            element (a part of a fused q/k/v: rows * d_in out-major, its first
+                            column in-major, with ld); else 0 */
+  size_t bias_offset;    /* linear: elements from the start of bias to the layer's slice of it;
+                            else 0 */
+  int part;              /* 1, 2, 3: the q, k or v block of a fused q/k/v tensor; else 0 */
 } stab_model_entry;
 
 #define STAB_MODEL_NO_EXPERT ((size_t)-1)
@@ -299,7 +325,8 @@ const stab_model_entry *stab_model_entry_at(const stab_model *m, size_t index);
 /* The stab_layer of entry e, reading weight, bias and weight_k: the values of e->weight,
  * e->bias and e->weight_k from their first element, all three stored as dtype (F32, F16 or
  * BF16: the tensors' own data when their dtype is one of these, or the caller's f32 copy;
- * the layer's .dtype). The offsets into a fused tensor are added here, in elements of dtype;
+ * the layer's .dtype). The offsets into a fused tensor are added here, in elements of dtype
+ * (attention: q_off, k_off; a linear part of a fused q/k/v: offset and bias_offset, with ld);
  * bias and weight_k are NULL when e has none. The layer is named e->name; an attention
  * entry's kv_heads is the layer's. A layer of experts is no stab_layer (register its
  * experts). Errors: NULL e, weight or out, an entry not measured or a layer of experts, a

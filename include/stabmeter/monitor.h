@@ -41,11 +41,14 @@ stab_status stab_monitor_create(const stab_monitor_params *params, stab_monitor 
 void stab_monitor_free(stab_monitor *m);
 
 /* Registers a layer; the weight pointers must stay valid (and are read at every
- * measurement) until the monitor is freed. F32 layers only (.dtype 0; F16 or BF16 is
- * STAB_EINVAL: measure those with stab_layer_metrics). Allocates everything the layer will need:
- * warm-start vectors, the snapshot copy in SNAPSHOT mode (rows x ld floats: a block of a
- * fused matrix copies the rows it spans), and grows the spectral workspace of each thread a
- * step measures layers on (one per thread, up to metrics.spectral.threads).
+ * measurement) until the monitor is freed. Stored as F32, F16 or BF16 (.dtype; layer.h, "Stored
+ * as F16 or BF16"): a 16-bit layer's metrics are the same bits as those of a monitor of the same
+ * layer converted to f32. Allocates everything the layer will need: warm-start vectors, the
+ * snapshot copy in SNAPSHOT mode (rows x ld elements in the layer's dtype, a byte copy: a block
+ * of a fused matrix copies the rows it spans; a 16-bit layer's takes half an f32 copy's memory),
+ * and grows the buffers of each thread a step measures layers on (one per thread, up to
+ * metrics.spectral.threads): the spectral workspace and, for 16-bit layers, f32 rows and the
+ * f32 copy of a block of at most 2^20 elements that its estimates convert once each.
  * index may be NULL. Names must be non-empty, valid UTF-8 (STAB_EINVAL) and unique (STAB_EEXIST). On failure the
  * monitor is as it was. */
 stab_status stab_monitor_add_layer(stab_monitor *m, const stab_layer *layer, size_t *index);
@@ -64,8 +67,9 @@ stab_status stab_monitor_find(const stab_monitor *m, const char *name, size_t *i
  * step). Allocates nothing. */
 stab_status stab_monitor_snapshot(stab_monitor *m);
 
-/* GIVEN mode: where this layer's update is (same shapes, layout and ld as its weights;
- * bias_update when the layer has a bias, else NULL). The pointers are kept and read by every
+/* GIVEN mode: where this layer's update is (same shapes, layout, ld and dtype as its weights:
+ * a 16-bit layer's update is 16-bit too, cast as its weights are; bias_update when the layer
+ * has a bias, else NULL). The pointers are kept and read by every
  * later stab_monitor_measure(m, 1) until set again: a trainer whose update buffer stays put
  * sets them once. Attention layers have no update and need none. */
 stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *weight_update,

@@ -194,6 +194,16 @@ typedef struct {
 
 /* Grows the workspace to hold rows x cols matrices (never shrinks). */
 stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, size_t cols);
+/* 16-bit matrices up to this many elements (4 MiB as f32) are converted once per estimate
+ * instead of once per pass: an attention head's block (128 x 4096 in Llama-7B) takes 30-60
+ * passes, and converting it at each one cost more than the passes (1.8 s a layer of 32 heads
+ * against 0.4 s). The kernels see the same numbers in the same order either way. */
+#define STABI_WHOLE_FLOATS ((size_t)1 << 20)
+/* Makes the f32 copy that stabi_spectral_norm_src converts a small 16-bit matrix (and the one
+ * subtracted from it) into once per estimate hold rows x cols (never shrinks; nothing for the
+ * exact method or a matrix too large for it, which go through the tiles), so that measuring
+ * such a matrix allocates nothing: the monitor's promise. Kept by stabi_spectral_reserve. */
+stab_status stabi_spectral_reserve_whole(stab_spectral_workspace *ws, size_t rows, size_t cols);
 const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace *ws);
 /* stab_spectral_norm of a stored matrix of any dtype read natively, already validated (the
  * layer's shape); out is reset first. Allocates nothing. */

@@ -61,16 +61,14 @@ struct stab_spectral_workspace {
   double *copy, *sv, *gwork;     /* exact: f64 matrix, singular values, dgesvd work */
   lapack_int lwork;
   stabi_tiles tiles;             /* f32 tiles of 16-bit rows, one pair per thread */
-  float *whole;                  /* a small 16-bit matrix (and B) as f32: 2 * WHOLE_FLOATS, made
-                                    when first needed (stab_layer_metrics' path only) */
+  float *whole;                  /* a small 16-bit matrix (and B) as f32: 2 * whole_floats, made
+                                    when first needed (stab_layer_metrics' path: STABI_WHOLE_FLOATS), or
+                                    beforehand, as large as the matrices will be (the monitor's:
+                                    stabi_spectral_reserve_whole) */
+  size_t whole_floats;           /* floats of each half of whole */
   stabi_pass_reduce reduce;      /* stab_spectral_norm_reduced's hook; all zero otherwise */
 };
 
-/* 16-bit matrices up to this many elements (4 MiB as f32) are converted once per estimate
- * instead of once per pass: an attention head's block (128 x 4096 in Llama-7B) takes 30-60
- * passes, and converting it at each one cost more than the passes (1.8 s a layer of 32 heads
- * against 0.4 s). The kernels see the same numbers in the same order either way. */
-#define WHOLE_FLOATS ((size_t)1 << 20)
 
 stab_spectral_params stab_spectral_default_params(void) {
   stab_spectral_params p;
@@ -169,9 +167,30 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
     return stabi_fail(STAB_ENOMEM, "spectral workspace: cannot allocate for a %zu x %zu matrix",
                       r, c);
   }
+  n.whole = ws->whole; /* kept: sized for the matrices, not for the workspace's sides */
+  n.whole_floats = ws->whole_floats;
+  ws->whole = NULL;
   free_buffers(ws);
   *ws = n;
   return STAB_OK;
+}
+
+/* Room in ws->whole for two 16-bit matrices of n elements as f32 (n <= STABI_WHOLE_FLOATS). */
+static int whole_room(stab_spectral_workspace *ws, size_t n) {
+  if (n <= ws->whole_floats && ws->whole) return 1;
+  float *w = malloc(2 * n * sizeof(float));
+  if (!w) return 0;
+  free(ws->whole);
+  ws->whole = w;
+  ws->whole_floats = n;
+  return 1;
+}
+
+stab_status stabi_spectral_reserve_whole(stab_spectral_workspace *ws, size_t rows, size_t cols) {
+  const size_t n = stabi_mul(rows, cols);
+  if (!n || n > STABI_WHOLE_FLOATS || ws->params.method == STAB_SPECTRAL_EXACT || whole_room(ws, n)) return STAB_OK;
+  return stabi_fail(STAB_ENOMEM, "spectral workspace: cannot allocate a %zu x %zu 16-bit matrix as f32", rows,
+                    cols);
 }
 
 stab_status stab_spectral_workspace_create(size_t max_rows, size_t max_cols,
@@ -209,7 +228,8 @@ size_t stabi_spectral_bytes(const stab_spectral_workspace *ws) {
        (size_t)ws->elwork;
   d += ((size_t)ws->eliwork + ws->edim) * sizeof(lapack_int) / sizeof(double) + 1;
   if (ws->copy) d += ws->max_rows * ws->max_cols + ws->max_cols + ws->max_rows + (size_t)ws->lwork;
-  return d * sizeof(double) + ws->tiles.floats * 2 * (size_t)ws->tiles.slots * sizeof(float) + sizeof *ws;
+  return d * sizeof(double) + ws->tiles.floats * 2 * (size_t)ws->tiles.slots * sizeof(float) +
+         ws->whole_floats * 2 * sizeof(float) + sizeof *ws;
 }
 
 /* ---- small vector helpers (f64) ---- */
@@ -836,9 +856,9 @@ stab_status stabi_spectral_norm_src(stab_spectral_workspace *ws, const stabi_src
                       "stab_spectral_norm: %zu x %zu does not fit the workspace (%zu x %zu)",
                       rows, cols, ws->max_rows, ws->max_cols);
   stabi_src whole;
-  if (!stabi_src_is_f32(m) && rows * cols <= WHOLE_FLOATS && ws->params.method != STAB_SPECTRAL_EXACT &&
-      (ws->whole || (ws->whole = malloc(2 * WHOLE_FLOATS * sizeof(float))))) {
-    float *wa = ws->whole, *wb = m->b ? ws->whole + WHOLE_FLOATS : NULL;
+  if (!stabi_src_is_f32(m) && rows * cols <= STABI_WHOLE_FLOATS && ws->params.method != STAB_SPECTRAL_EXACT &&
+      (rows * cols <= ws->whole_floats || whole_room(ws, STABI_WHOLE_FLOATS))) {
+    float *wa = ws->whole, *wb = m->b ? ws->whole + ws->whole_floats : NULL;
     stabi_tile_f32(m->a, m->at, m->ld, 0, rows, cols, wa);
     if (wb) stabi_tile_f32(m->b, m->bt, m->ld, 0, rows, cols, wb);
     whole = (stabi_src){wa, wb, STAB_DTYPE_F32, STAB_DTYPE_F32, cols};

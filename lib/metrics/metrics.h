@@ -39,11 +39,12 @@ const stabi_shape *stabi_monitor_shape(const stab_monitor *m, size_t i);
 /* One tensor registered twice (a tied embedding and LM head), or a layer whose weights point
  * into another's (q and k inside a fused qkv linear), found from the address ranges of every
  * layer's stored numbers (weight, weight_k, bias), so that counting parameters per layer does
- * not count a float twice. */
+ * not count a parameter twice. */
 typedef struct {
-  int64_t *unique;  /* (n_layers) floats of the layer that no layer registered before it holds:
-                       the sum over layers is the number of distinct floats */
-  size_t **with;    /* (n_layers) the other layers holding at least one of its floats, ascending */
+  int64_t *unique;  /* (n_layers) stored numbers (elements of the layer's dtype) of the layer
+                       that no layer registered before it holds: the sum over layers is the
+                       number of distinct parameters */
+  size_t **with;    /* (n_layers) the other layers holding at least one of its numbers, ascending */
   size_t *n_with;   /* (n_layers) */
   size_t n_layers;
 } stabi_sharing;
@@ -65,8 +66,8 @@ typedef struct {
   stab_spectral_workspace *ws;
   double *work;
   stab_tight_method tight;
-  float *rowbuf;          /* 2 * stabi_layer_rowbuf() floats: rows of 16-bit layers as f32; NULL
-                             for F32 layers (the monitor's), which are read in place */
+  float *rowbuf;          /* 2 * stabi_layer_rowbuf() floats: rows of 16-bit layers as f32; may
+                             be NULL for F32 layers, which are read in place */
   stabi_items_reduce *shards; /* a table split by vocabulary (stab_table_metrics_reduced), else NULL */
 } stabi_ctx;
 

@@ -19,8 +19,10 @@ typedef struct {
   stab_layer layer;   /* the caller's descriptor, name pointing at our copy, d_in/d_out filled in */
   stabi_shape shape;
   double *warm;       /* warm-start vectors, stabi_warm_len doubles */
-  float *snap_w, *snap_b; /* SNAPSHOT mode: the weights before the step (stride kept) */
-  size_t snap_len;    /* floats in snap_w */
+  void *snap_w, *snap_b; /* SNAPSHOT mode: the weights before the step, byte copies in the
+                             layer's dtype (stride kept): exact, and a 16-bit layer's half the
+                             memory of an f32 copy */
+  size_t snap_len;    /* elements in snap_w */
   const float *given_w, *given_b; /* GIVEN mode */
   stab_metrics metrics;
   stab_metrics reference; /* forward, dependency, update at the first measurement where each was
@@ -34,6 +36,9 @@ typedef struct {
   stab_spectral_workspace *ws; /* NULL until a layer has a spectral block */
   double *work;
   size_t work_len;
+  float *rowbuf;               /* rows of 16-bit layers as f32 (stabi_ctx.rowbuf); NULL until a
+                                  16-bit layer is registered */
+  size_t rowbuf_len;           /* floats in rowbuf */
   stab_status st;              /* this step: the failure of its earliest layer that failed */
   size_t failed_at;            /* that layer (SIZE_MAX: none) */
   char message[512];           /* its stab_last_error() */
@@ -53,6 +58,9 @@ struct stab_monitor {
   int threads;        /* the params' threads, resolved */
   int ready;          /* slots with buffers for every registered layer: min(threads, count) */
   size_t max_rows, max_cols; /* the largest spectral block's sides so far */
+  size_t max_work;    /* the most doubles of work a layer needs (stabi_layer_work) */
+  size_t max_rowbuf;  /* the most floats of row buffers a 16-bit layer needs (0: none so far) */
+  size_t max_whole;   /* the largest 16-bit spectral block's elements (stabi_spectral_reserve_whole) */
   int snapshot_ready;
   size_t bytes;
   size_t *by_name;    /* (name_cap) open-addressed index of the layers by name: i + 1, 0 empty,
@@ -138,6 +146,7 @@ void stab_monitor_free(stab_monitor *m) {
   for (int s = 0; s < m->threads; s++) {
     stab_spectral_workspace_free(m->slots[s].ws);
     free(m->slots[s].work);
+    free(m->slots[s].rowbuf);
   }
   free(m->slots);
   free(m);
@@ -174,33 +183,52 @@ static int has_spectral(const stab_layer *l) {
 }
 
 /* Gives every slot a layer may be measured on (one more than now, up to the threads, for
- * the layer being added) buffers that fit that layer too. Grows buffers only, so a failure
- * leaves the monitor able to measure the layers it has. */
+ * the layer being added) buffers that fit that layer too: a 16-bit layer's also the f32 rows
+ * its sums read and the f32 copy its spectral estimates convert a small block into, so that
+ * measuring it allocates nothing. Grows buffers only, so a failure leaves the monitor able to
+ * measure the layers it has. */
 static stab_status grow_slots(stab_monitor *m, const stab_layer *l, const stabi_shape *sh, size_t work_len,
                               const char *who) {
-  size_t r = m->max_rows, c = m->max_cols;
+  /* what every slot must hold: the largest of each need over all the layers, since any slot
+   * may measure any layer (a slot first used for a small layer measures a large one later) */
+  size_t r = m->max_rows, c = m->max_cols, whole = m->max_whole;
+  size_t work = work_len > m->max_work ? work_len : m->max_work, rowbuf = m->max_rowbuf;
+  const int wide = l->dtype != STAB_DTYPE_F32;
   if (has_spectral(l)) {
     size_t lr, lc;
     spectral_block(l, sh, &lr, &lc);
     if (lr > r) r = lr;
     if (lc > c) c = lc;
+    const size_t n = stabi_mul(lr, lc); /* converted whole up to STABI_WHOLE_FLOATS, else by tiles */
+    if (wide && n <= STABI_WHOLE_FLOATS && n > whole) whole = n;
   }
+  if (wide && 2 * stabi_layer_rowbuf(sh) > rowbuf) rowbuf = 2 * stabi_layer_rowbuf(sh);
   const int want = m->count + 1 < (size_t)m->threads ? (int)m->count + 1 : m->threads;
   for (int s = 0; s < want; s++) {
     slot *t = &m->slots[s];
     stab_status st = STAB_OK;
     if (r && !t->ws) st = stab_spectral_workspace_create(r, c, &m->params.metrics.spectral, &t->ws);
     else if (r) st = stabi_spectral_reserve(t->ws, r, c);
+    if (st == STAB_OK && whole) st = stabi_spectral_reserve_whole(t->ws, whole, 1);
     if (st != STAB_OK) return st;
-    if (work_len > t->work_len) {
-      double *w = work_len <= (size_t)-1 / sizeof *w ? realloc(t->work, work_len * sizeof *w) : NULL;
+    if (rowbuf > t->rowbuf_len) {
+      float *b = rowbuf <= (size_t)-1 / sizeof *b ? realloc(t->rowbuf, rowbuf * sizeof *b) : NULL;
+      if (!b) return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory for its row buffers", who, l->name);
+      t->rowbuf = b;
+      t->rowbuf_len = rowbuf;
+    }
+    if (work > t->work_len) {
+      double *w = work <= (size_t)-1 / sizeof *w ? realloc(t->work, work * sizeof *w) : NULL;
       if (!w) return stabi_fail(STAB_ENOMEM, "%s: layer '%s': out of memory for its workspace", who, l->name);
       t->work = w;
-      t->work_len = work_len;
+      t->work_len = work;
     }
   }
   m->max_rows = r;
   m->max_cols = c;
+  m->max_work = work;
+  m->max_rowbuf = rowbuf;
+  m->max_whole = whole;
   return STAB_OK;
 }
 
@@ -235,12 +263,7 @@ static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *i
   memset(&e, 0, sizeof e);
   st = stabi_layer_shape(layer, who, &e.shape);
   if (st != STAB_OK) return st;
-  /* its snapshot copies, warm vectors and the trace are f32, and measuring allocates nothing:
-   * 16-bit weights would need per-layer tiles a trainer holding f32 masters does not */
-  if (layer->dtype != STAB_DTYPE_F32)
-    return stabi_fail(STAB_EINVAL, "%s: layer '%s' has dtype %s: the monitor takes F32 layers only "
-                      "(stab_layer_metrics reads F16 and BF16)", who, layer->name,
-                      layer->dtype == STAB_DTYPE_F16 ? "F16" : layer->dtype == STAB_DTYPE_BF16 ? "BF16" : "other than F32");
+  const size_t esz = stabi_dtype_size(layer->dtype); /* stabi_layer_shape refused the others */
   e.layer = *layer;
   /* d_in and d_out in the kind's math for every kind, a table's included (given as vocab and
    * width): what stab_monitor_layer shows, and what the trace records per layer as before. */
@@ -276,11 +299,11 @@ static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *i
   bytes += nlen + warm_len * sizeof(double);
   if (snapshot) {
     e.snap_len = (e.shape.rows - 1) * e.shape.ld + e.shape.cols;
-    if (!(e.snap_w = malloc(e.snap_len * sizeof(float)))) failed = 1;
-    bytes += e.snap_len * sizeof(float);
+    if (!(e.snap_w = malloc(e.snap_len * esz))) failed = 1;
+    bytes += e.snap_len * esz;
     if (layer->kind == STAB_KIND_LINEAR && layer->bias) {
-      if (!(e.snap_b = malloc(layer->d_out * sizeof(float)))) failed = 1;
-      bytes += layer->d_out * sizeof(float);
+      if (!(e.snap_b = malloc(layer->d_out * esz))) failed = 1;
+      bytes += layer->d_out * esz;
     }
   }
   if (layer->kind == STAB_KIND_ATTENTION) {
@@ -333,8 +356,9 @@ stab_status stab_monitor_snapshot(stab_monitor *m) {
   for (size_t i = 0; i < m->count; i++) {
     entry *e = &m->layers[i];
     if (e->external) continue;
-    if (e->snap_w) memcpy(e->snap_w, e->layer.weight, e->snap_len * sizeof(float));
-    if (e->snap_b) memcpy(e->snap_b, e->layer.bias, e->layer.d_out * sizeof(float));
+    const size_t esz = stabi_dtype_size(e->layer.dtype);
+    if (e->snap_w) memcpy(e->snap_w, e->layer.weight, e->snap_len * esz);
+    if (e->snap_b) memcpy(e->snap_b, e->layer.bias, e->layer.d_out * esz);
   }
   m->snapshot_ready = 1;
   return STAB_OK;
@@ -358,10 +382,12 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
   return STAB_OK;
 }
 
-/* The update of one layer for this measurement, or NULL if it has none. */
+/* The update of one layer for this measurement, or NULL if it has none: the snapshot and a
+ * given update are stored as the layer is. */
 static const stabi_delta *layer_delta(const stab_monitor *m, const entry *e, stabi_delta *d) {
   memset(d, 0, sizeof *d);
   if (e->layer.kind == STAB_KIND_ATTENTION) return NULL;
+  d->wt = d->sub_t = e->layer.dtype;
   if (m->params.update_mode == STAB_UPDATE_SNAPSHOT) {
     d->w = e->layer.weight;
     d->w_sub = e->snap_w;
@@ -403,7 +429,7 @@ static void measure_task(void *arg, size_t k, int s) {
   if ((job->which && !job->which[i]) || m->layers[i].external) return;
   entry *e = &m->layers[i];
   slot *t = &m->slots[s];
-  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, NULL, NULL};
+  stabi_ctx ctx = {t->ws, t->work, m->params.metrics.tight, t->rowbuf, NULL};
   stabi_delta d;
   const stabi_delta *dl = job->with_update ? layer_delta(m, e, &d) : NULL;
   stab_status st = stabi_layer_measure(&ctx, &e->layer, &e->shape, dl, e->warm, &e->metrics, e->heads);
@@ -438,7 +464,7 @@ stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const un
   stab_status first = STAB_OK;
   if (m->ready <= 1) {
     /* one thread: the layers in order, each pass free to use the pool's threads */
-    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, NULL, NULL}; /* F32 only: no row buffers */
+    stabi_ctx ctx = {m->slots[0].ws, m->slots[0].work, m->params.metrics.tight, m->slots[0].rowbuf, NULL};
     for (size_t i = 0; i < m->count; i++) {
       if ((which && !which[i]) || m->layers[i].external) continue;
       entry *e = &m->layers[i];
@@ -510,7 +536,7 @@ size_t stab_monitor_memory(const stab_monitor *m) {
   if (!m) return 0;
   size_t b = m->bytes + m->cap * (sizeof(entry) + sizeof *m->order) + (size_t)m->threads * sizeof(slot);
   for (int s = 0; s < m->threads; s++) {
-    b += m->slots[s].work_len * sizeof(double);
+    b += m->slots[s].work_len * sizeof(double) + m->slots[s].rowbuf_len * sizeof(float);
     if (m->slots[s].ws) b += stabi_spectral_bytes(m->slots[s].ws);
   }
   return b;

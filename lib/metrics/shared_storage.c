@@ -1,14 +1,15 @@
-/* shared_storage.c — which of a monitor's layers hold the same floats: a tied embedding and LM
+/* shared_storage.c — which of a monitor's layers hold the same numbers: a tied embedding and LM
  * head (one table registered under two kinds), an attention layer whose q and k point into a
- * registered fused qkv linear. Found from addresses alone, so that a trace can say which groups
- * share storage and how many of each layer's parameters no earlier layer counted. */
+ * registered fused qkv linear. Found from addresses alone (byte ranges, each layer's elements
+ * 4 or 2 bytes as its dtype stores them), so that a trace can say which groups share storage
+ * and how many of each layer's parameters no earlier layer counted. */
 #include "metrics/metrics.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* One end of a run of floats a layer stores: [addr, addr + n) starts (delta +1) or ends (-1). */
+/* One end of a run of bytes a layer stores: [addr, addr + n) starts (delta +1) or ends (-1). */
 typedef struct {
   uintptr_t addr;
   int delta;
@@ -20,7 +21,7 @@ typedef struct {
   size_t n, cap;
 } edges;
 
-static int add_run(edges *es, const float *p, size_t n, size_t layer) {
+static int add_run(edges *es, const void *p, size_t n, size_t layer) {
   if (!p || n == 0) return 0;
   if (es->n + 2 > es->cap) {
     size_t cap = es->cap ? 2 * es->cap : 64;
@@ -29,29 +30,30 @@ static int add_run(edges *es, const float *p, size_t n, size_t layer) {
     es->e = g, es->cap = cap;
   }
   es->e[es->n++] = (edge){(uintptr_t)p, +1, layer};
-  es->e[es->n++] = (edge){(uintptr_t)(p + n), -1, layer};
+  es->e[es->n++] = (edge){(uintptr_t)p + n, -1, layer};
   return 0;
 }
 
-/* A stored matrix, rows x cols floats with row stride ld: one run when its rows are contiguous,
- * else one run per row (the gaps belong to other tensors, e.g. k and v beside q in HF's
- * in-major fused [d][3d] c_attn). */
-static int add_matrix(edges *es, const float *p, size_t rows, size_t cols, size_t ld, size_t layer) {
-  if (ld == cols) return add_run(es, p, rows * cols, layer);
+/* A stored matrix, rows x cols elements of esz bytes with row stride ld elements: one run when
+ * its rows are contiguous, else one run per row (the gaps belong to other tensors, e.g. k and v
+ * beside q in HF's in-major fused [d][3d] c_attn). */
+static int add_matrix(edges *es, const void *p, size_t rows, size_t cols, size_t ld, size_t esz, size_t layer) {
+  if (ld == cols) return add_run(es, p, rows * cols * esz, layer);
   for (size_t r = 0; r < rows; r++)
-    if (add_run(es, p + r * ld, cols, layer)) return -1;
+    if (add_run(es, (const unsigned char *)p + r * ld * esz, cols * esz, layer)) return -1;
   return 0;
 }
 
 static int add_layer(edges *es, const stab_layer *l, const stabi_shape *sh, size_t i) {
-  if (add_matrix(es, l->weight, sh->rows, sh->cols, sh->ld, i)) return -1;
+  const size_t esz = stabi_dtype_size(l->dtype);
+  if (add_matrix(es, l->weight, sh->rows, sh->cols, sh->ld, esz, i)) return -1;
   /* the key: kv_heads heads' rows of the query's width (out-major; in-major is never grouped) */
   if (l->kind == STAB_KIND_ATTENTION &&
       add_matrix(es, l->weight_k, sh->kv_heads == sh->heads ? sh->rows : sh->rows / sh->heads * sh->kv_heads, sh->cols,
-                 sh->ld, i))
+                 sh->ld, esz, i))
     return -1;
   /* a linear layer's bias has one value per output */
-  if (l->kind == STAB_KIND_LINEAR && l->bias && add_run(es, l->bias, l->d_out, i)) return -1;
+  if (l->kind == STAB_KIND_LINEAR && l->bias && add_run(es, l->bias, l->d_out * esz, i)) return -1;
   return 0;
 }
 
@@ -60,7 +62,7 @@ static int edge_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Records that layers a and b share floats (once). */
+/* Records that layers a and b share stored numbers (once). */
 static int note_pair(stabi_sharing *s, size_t *cap, size_t a, size_t b) {
   for (size_t k = 0; k < s->n_with[a]; k++)
     if (s->with[a][k] == b) return 0;
@@ -90,7 +92,8 @@ void stabi_sharing_free(stabi_sharing *s) {
 }
 
 /* A sweep along the address line: between two consecutive run ends, the layers whose runs
- * cover that stretch all hold its floats; the first registered of them counts them. */
+ * cover that stretch all hold its bytes; the first registered of them counts them, as elements
+ * of its own dtype. */
 stab_status stabi_sharing_find(const stab_monitor *m, const char *who, stabi_sharing *out) {
   memset(out, 0, sizeof *out);
   const size_t n = stab_monitor_layer_count(m);
@@ -131,7 +134,7 @@ stab_status stabi_sharing_find(const stab_monitor *m, const char *who, stabi_sha
         if (a != b) failed = note_pair(out, cap, active[a], active[b]) != 0;
   }
   for (size_t i = 0; i < n && !failed; i++) {
-    out->unique[i] = (int64_t)(bytes[i] / sizeof(float));
+    out->unique[i] = (int64_t)(bytes[i] / stabi_dtype_size(stab_monitor_layer(m, i)->dtype));
     if (out->n_with[i]) qsort(out->with[i], out->n_with[i], sizeof *out->with[i], size_cmp);
   }
   free(es.e);

@@ -39,11 +39,35 @@ static const struct {
                   {".wq.weight", ".wk.weight", ".logits", 0},
                   {".attn_q.weight", ".attn_k.weight", ".attn_logits", 0},
                   {".attn.q.weight", ".attn.k.weight", ".attn.logits", 1},
+                  {".q_proj_weight", ".k_proj_weight", ".logits", 0}, /* nn.MultiheadAttention, kdim/vdim */
                   {".c_attn.weight", NULL, ".logits", 0},
                   {".qkv_proj.weight", NULL, ".logits", 0},
                   {".attn_qkv.weight", NULL, ".attn_logits", 0},
-                  {".qkv.weight", NULL, ".logits", 0}};
+                  {".qkv.weight", NULL, ".logits", 0},
+                  {".in_proj_weight", NULL, ".logits", 0}}; /* nn.MultiheadAttention */
 enum { N_ATTN_RULES = sizeof attn_rules / sizeof attn_rules[0] };
+
+/* The attention rule whose query suffix name has (or which name is, without the leading dot: a
+ * bare nn.MultiheadAttention's in_proj_weight), under the naming's restrictions, with *stem the
+ * length of the name before the suffix; N_ATTN_RULES when none. */
+static size_t attn_rule_of(const char *name, const stab_model_config *c, size_t *stem) {
+  size_t n = strlen(name);
+  for (size_t r = 0; r < N_ATTN_RULES; r++) {
+    if ((attn_rules[r].llmc_only && c->naming != STAB_NAMING_LLMC) || (c->naming == STAB_NAMING_LLMC && !attn_rules[r].llmc_only))
+      continue;
+    const char *q = attn_rules[r].q;
+    size_t k = strlen(q);
+    if (n >= k && !strcmp(name + n - k, q)) return *stem = n - k, r;
+    if (!strcmp(name, q + 1)) return *stem = 0, r;
+  }
+  return N_ATTN_RULES;
+}
+
+/* The name of rule r's attention entry for a query named with a stem of that length. */
+static void logits_name(char *out, size_t cap, const char *qname, size_t stem, size_t r) {
+  if (stem) snprintf(out, cap, "%.*s%s", (int)stem, qname, attn_rules[r].logits);
+  else snprintf(out, cap, "%s", attn_rules[r].logits + 1);
+}
 
 stab_model_config stab_model_default_config(void) {
   stab_model_config c;
@@ -80,6 +104,13 @@ static int matches_any(const char *name, const char *const *globs) {
   for (size_t i = 0; globs[i]; i++)
     if (!fnmatch(globs[i], name, 0)) return 1;
   return 0;
+}
+
+/* 1 when name is comp or ends in "." comp (a parameter PyTorch names without ".weight":
+ * nn.MultiheadAttention's in_proj_weight, in_proj_bias, bias_k ...). */
+static int is_component(const char *name, const char *comp) {
+  size_t n = strlen(name), k = strlen(comp);
+  return n >= k && !strcmp(name + n - k, comp) && (n == k || name[n - k - 1] == '.');
 }
 
 /* 1 when a module component contains "norm" (any case) or starts with "ln". */
@@ -214,6 +245,12 @@ static int classify(stab_model *m, const stab_model_config *c, const stab_ckpt_t
     e->d_in = (size_t)t->shape[2], e->d_out = (size_t)t->shape[1], e->n_expert = (size_t)t->shape[0];
     return 0;
   }
+  if (t->ndim == 3 && (is_component(t->name, "bias_k") || is_component(t->name, "bias_v"))) {
+    const char *what = is_component(t->name, "bias_k") ? "key" : "value";
+    e->why_not = keepf(m, "nn.MultiheadAttention's add_bias_kv: a learned %s appended to every sequence's %ss as "
+                          "one more position (a vector, not a map of the input): not measured", what, what);
+    return e->why_not ? 0 : -1;
+  }
   if (t->ndim == 0 || t->ndim > 2) {
     e->why_not = t->ndim == 3 ? keepf(m, "a 3-D tensor that is not an expert tensor by name (*_exps): no rule for it")
                  : keepf(m, "%s tensor (%llu dimensions): no rule for it", t->ndim ? "a 3-D or higher" : "a scalar",
@@ -244,7 +281,7 @@ static int classify(stab_model *m, const stab_model_config *c, const stab_ckpt_t
     e->kind = STAB_KIND_LINEAR;
   } else if (is_norm_module(t->name) && !ends_with(t->name, ".bias")) {
     e->kind = STAB_KIND_GAIN;
-  } else if (ends_with(t->name, ".bias")) {
+  } else if (ends_with(t->name, ".bias") || is_component(t->name, "in_proj_bias")) {
     e->kind = STAB_KIND_BIAS; /* folded later when it pairs with a linear weight */
   } else {
     e->why_not = "a 1-D tensor that is neither a norm gain nor a bias by name; --kind gain|bias names it";
@@ -285,6 +322,31 @@ static size_t find_name(const stab_ckpt_tensor *const *t, const size_t *by_name,
 
 /* ---- attention -------------------------------------------------------------------------- */
 
+/* The widths of q and of k (v's is k's) in a fused q, k, v tensor named name of total outputs:
+ * heads*d_h + 2*kv*d_h, split by heads with kv_heads or head_dim when the config has them, else
+ * in three equal parts; *q_out 0 when they cannot be, with *why the reason (kept by m; when m is
+ * NULL, no reason is made). 0, or -1 when out of memory. */
+static int fused_widths(stab_model *m, const stab_model_config *c, const char *name, size_t total, size_t *q_out,
+                        size_t *k_out, const char **why) {
+  const size_t heads = c->heads, kv = c->kv_heads, dh = c->head_dim;
+  *q_out = *k_out = 0;
+  if (why) *why = NULL;
+  if (heads && kv) {
+    if (total % (heads + 2 * kv) == 0) *q_out = total / (heads + 2 * kv) * heads, *k_out = *q_out / heads * kv;
+  } else if (heads && dh) {
+    if (total % dh == 0 && total / dh > heads && (total / dh - heads) % 2 == 0)
+      *q_out = heads * dh, *k_out = (total / dh - heads) / 2 * dh;
+  } else if (total % 3 == 0) {
+    *q_out = *k_out = total / 3;
+  }
+  if (*q_out || !m) return 0;
+  if (heads && kv) *why = keepf(m, "fused qkv '%s': d_out %zu is not (%zu heads + 2 x %zu key heads) x d_h", name, total, heads, kv);
+  else if (heads && dh)
+    *why = keepf(m, "fused qkv '%s': d_out %zu is not (%zu heads + 2 x key heads) x head_dim %zu", name, total, heads, dh);
+  else *why = keepf(m, "fused qkv '%s': d_out %zu is not three equal parts", name, total);
+  return *why ? 0 : -1;
+}
+
 /* Makes e the attention entry of query tensor tq (entry q, linear) and key tk (entry k; tq
  * itself when fused): sizes, offsets and head counts, or why_not. 0, or -1 when out of memory. */
 static int attention_entry(stab_model *m, const stab_model_config *c, const stab_model_entry *q,
@@ -302,21 +364,8 @@ static int attention_entry(stab_model *m, const stab_model_config *c, const stab
   size_t q_out = 0, k_out = 0;
   const char *why = NULL;
   if (fused) {
-    /* q, k, v along d_out: heads*d_h + 2*kv*d_h; without kv_heads or head_dim, thirds */
-    size_t total = q->d_out;
-    if (heads && kv) {
-      if (total % (heads + 2 * kv) == 0) q_out = total / (heads + 2 * kv) * heads, k_out = q_out / heads * kv;
-      else why = keepf(m, "fused qkv '%s': d_out %zu is not (%zu heads + 2 x %zu key heads) x d_h", tq->name, total, heads, kv);
-    } else if (heads && dh) {
-      if (total % dh == 0 && total / dh > heads && (total / dh - heads) % 2 == 0)
-        q_out = heads * dh, k_out = (total / dh - heads) / 2 * dh;
-      else why = keepf(m, "fused qkv '%s': d_out %zu is not (%zu heads + 2 x key heads) x head_dim %zu", tq->name, total, heads, dh);
-    } else if (total % 3) {
-      why = keepf(m, "fused qkv '%s': d_out %zu is not three equal parts", tq->name, total);
-    } else {
-      q_out = k_out = total / 3;
-    }
-    if (!q_out) { /* why says so; NULL only when out of memory */
+    if (fused_widths(m, c, tq->name, q->d_out, &q_out, &k_out, &why)) return -1;
+    if (!q_out) {
       e->why_not = why;
       return why ? 0 : -1;
     }
@@ -361,15 +410,10 @@ static int add_attention(stab_model *m, const stab_model_config *c, const stab_c
                          const size_t *by_name) {
   for (size_t i = 0; i < n; i++) {
     const stab_ckpt_tensor *tq = t[i];
-    size_t rule = 0;
-    while (rule < N_ATTN_RULES &&
-           (!ends_with(tq->name, attn_rules[rule].q) || (attn_rules[rule].llmc_only && c->naming != STAB_NAMING_LLMC) ||
-            (c->naming == STAB_NAMING_LLMC && !attn_rules[rule].llmc_only)))
-      rule++;
+    size_t stem, rule = attn_rule_of(tq->name, c, &stem);
     if (rule == N_ATTN_RULES) continue;
-    size_t stem = strlen(tq->name) - strlen(attn_rules[rule].q);
     char lname[640];
-    snprintf(lname, sizeof lname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].logits);
+    logits_name(lname, sizeof lname, tq->name, stem, rule);
     stab_model_entry q, k;
     if (classify(m, c, tq, &q)) return -1;
     if (q.why_not || q.kind != STAB_KIND_LINEAR) continue; /* the query itself is listed with its reason */
@@ -378,7 +422,8 @@ static int add_attention(stab_model *m, const stab_model_config *c, const stab_c
       k = q;
     } else {
       char kname[640];
-      snprintf(kname, sizeof kname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].k);
+      if (stem) snprintf(kname, sizeof kname, "%.*s%s", (int)stem, tq->name, attn_rules[rule].k);
+      else snprintf(kname, sizeof kname, "%s", attn_rules[rule].k + 1);
       size_t j = find_name(t, by_name, n, kname);
       if (j == n) continue; /* a lone query: no logits to bound */
       if (classify(m, c, t[by_name[j]], &k)) return -1;
@@ -403,6 +448,22 @@ static int by_entry_name(const void *a, const void *b) {
 /* Rule 7: X.bias into a linear X.weight of matching width; the folded entries removed. The
  * weight is looked up in the entries sorted by name: n log n, not n^2 (a hostile llm.c header
  * declaring 20000 one-channel blocks took minutes with a scan per bias). */
+/* The linear entry of tensor w (by: the entries' indices sorted by tensor name) of d_out
+ * outputs with no bias yet, or NULL. */
+static stab_model_entry *unbiased_linear(stab_model *m, const size_t *by, const char *w, size_t d_out) {
+  size_t lo = 0, hi = m->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (strcmp(m->e[by[mid]].weight->name, w) < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  for (size_t k = lo; k < m->n && !strcmp(m->e[by[k]].weight->name, w); k++) {
+    stab_model_entry *x = &m->e[by[k]];
+    if (!x->why_not && x->kind == STAB_KIND_LINEAR && !x->n_expert && x->d_out == d_out && !x->bias) return x;
+  }
+  return NULL;
+}
+
 static int fold_biases(stab_model *m) {
   size_t n = m->n, *by = malloc((n ? n : 1) * sizeof *by);
   if (!by) return -1;
@@ -413,29 +474,96 @@ static int fold_biases(stab_model *m) {
   if (!folded) return free(by), -1;
   for (size_t i = 0; i < n; i++) {
     stab_model_entry *b = &m->e[i];
-    if (b->why_not || b->kind != STAB_KIND_BIAS || !ends_with(b->weight->name, ".bias")) continue;
+    if (b->why_not || b->kind != STAB_KIND_BIAS) continue;
+    const char *bn = b->weight->name;
+    const size_t count = (size_t)b->weight->count;
     char w[640];
-    snprintf(w, sizeof w, "%.*s.weight", (int)(strlen(b->weight->name) - 5), b->weight->name);
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (strcmp(m->e[by[mid]].weight->name, w) < 0) lo = mid + 1;
-      else hi = mid;
+    stab_model_entry *x;
+    if (ends_with(bn, ".bias")) {
+      snprintf(w, sizeof w, "%.*s.weight", (int)(strlen(bn) - 5), bn);
+      if ((x = unbiased_linear(m, by, w, count))) x->bias = b->weight, folded[i] = 1;
+      continue;
     }
-    for (size_t k = lo; k < n && !strcmp(m->e[by[k]].weight->name, w); k++) {
-      stab_model_entry *x = &m->e[by[k]];
-      if (!x->why_not && x->kind == STAB_KIND_LINEAR && !x->n_expert && x->d_out == b->weight->count && !x->bias) {
-        x->bias = b->weight;
-        folded[i] = 1;
-        break;
-      }
+    if (!is_component(bn, "in_proj_bias")) continue;
+    /* nn.MultiheadAttention: q, k, v's biases one after another, for the fused in_proj_weight
+     * (split afterwards, each part its slice) or for separate q/k/v_proj_weight (kdim, vdim) */
+    const int stem = (int)(strlen(bn) - strlen("in_proj_bias"));
+    snprintf(w, sizeof w, "%.*sin_proj_weight", stem, bn);
+    if ((x = unbiased_linear(m, by, w, count))) {
+      x->bias = b->weight, folded[i] = 1;
+      continue;
     }
+    stab_model_entry *part[3];
+    static const char *const sep[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
+    int all = count % 3 == 0;
+    for (int k = 0; k < 3 && all; k++) {
+      snprintf(w, sizeof w, "%.*s%s", stem, bn, sep[k]);
+      all = (part[k] = unbiased_linear(m, by, w, count / 3)) != NULL;
+    }
+    for (int k = 0; k < 3 && all; k++) part[k]->bias = b->weight, part[k]->bias_offset = (size_t)k * (count / 3);
+    folded[i] = all;
   }
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     if (!folded[i]) m->e[k++] = m->e[i];
   m->n = k;
   free(folded), free(by);
+  return 0;
+}
+
+/* ---- fused q, k, v --------------------------------------------------------------------------- */
+
+/* Every fused q/k/v linear (the fused attention rules: c_attn, qkv_proj, attn_qkv, qkv,
+ * in_proj_weight) becomes three linear entries, q, k and v, in its place: <module>.q, .k, .v,
+ * each its block of the tensor (rows out-major; columns in-major, ld the stored row) and its
+ * slice of the folded bias. A tensor whose widths the config cannot split (fused_widths) stays
+ * one linear layer. 0, or -1 when out of memory. */
+static int split_fused(stab_model *m, const stab_model_config *c) {
+  size_t n = m->n, parts = 0;
+  for (size_t i = 0; i < n; i++) {
+    const stab_model_entry *e = &m->e[i];
+    size_t stem, rule, q_out, k_out;
+    if (e->why_not || e->kind != STAB_KIND_LINEAR || e->n_expert || e->weight->ndim != 2) continue;
+    if ((rule = attn_rule_of(e->weight->name, c, &stem)) == N_ATTN_RULES || attn_rules[rule].k) continue;
+    fused_widths(NULL, c, e->weight->name, e->d_out, &q_out, &k_out, NULL);
+    parts += q_out ? 2 : 0;
+  }
+  if (!parts) return 0;
+  /* the entries, two more per fused tensor, and room for the tied head */
+  stab_model_entry *out = calloc(n + parts + 1, sizeof *out);
+  if (!out) return -1;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const stab_model_entry *e = &m->e[i];
+    size_t stem, rule = N_ATTN_RULES, q_out = 0, k_out = 0;
+    if (!e->why_not && e->kind == STAB_KIND_LINEAR && !e->n_expert && e->weight->ndim == 2 &&
+        (rule = attn_rule_of(e->weight->name, c, &stem)) != N_ATTN_RULES && !attn_rules[rule].k)
+      fused_widths(NULL, c, e->weight->name, e->d_out, &q_out, &k_out, NULL);
+    if (!q_out) {
+      out[k++] = *e;
+      continue;
+    }
+    /* the module: the name without ".weight" (c_attn.weight) or "_weight" (in_proj_weight) */
+    const char *tn = e->weight->name;
+    const int mod = (int)(strlen(tn) - (ends_with(tn, ".weight") ? 7 : ends_with(tn, "_weight") ? 7 : 0));
+    const size_t width[3] = {q_out, k_out, e->d_out - q_out - k_out}, total = e->d_out;
+    const int in_major = e->layout == STAB_LAYOUT_IN_MAJOR;
+    size_t first = 0; /* the part's first output */
+    for (int p = 0; p < 3; p++) {
+      stab_model_entry *x = &out[k++];
+      *x = *e;
+      x->d_out = width[p];
+      x->part = p + 1;
+      /* out-major: a block of whole rows; in-major: columns of the stored rows of total */
+      x->offset = in_major ? first : first * e->d_in;
+      x->ld = in_major ? total : 0;
+      x->bias_offset = e->bias ? e->bias_offset + first : 0;
+      if (!(x->name = keepf(m, "%.*s.%c", mod, tn, "qkv"[p]))) return free(out), -1;
+      first += width[p];
+    }
+  }
+  free(m->e);
+  m->e = out, m->n = k;
   return 0;
 }
 
@@ -503,7 +631,7 @@ static int group_experts(stab_model *m) {
     size_t d, len;
     run_of[i] = SIZE_MAX;
     if (e->n_expert && !e->why_not) slices += e->n_expert;
-    if (e->why_not || e->kind != STAB_KIND_LINEAR || e->n_expert || e->weight->ndim != 2 ||
+    if (e->why_not || e->kind != STAB_KIND_LINEAR || e->n_expert || e->part || e->weight->ndim != 2 ||
         !expert_name(e->weight->name, &d, &len))
       continue;
     const char *name = e->weight->name;
@@ -653,6 +781,15 @@ static int name_entries(stab_model *m) {
       continue; /* (a layer of experts and a slice are named when they are made) */
     if (!(e->name = keep(m, strndup(e->weight->name, strlen(e->weight->name) - 7)))) return -1;
   }
+  /* nn.MultiheadAttention's separate projections (kdim, vdim): X.q_proj_weight is X.q_proj */
+  for (size_t i = 0; i < n; i++) {
+    stab_model_entry *e = &m->e[i];
+    const char *tn = e->weight->name;
+    if (e->why_not || e->kind != STAB_KIND_LINEAR || e->name != tn || e->part ||
+        !(is_component(tn, "q_proj_weight") || is_component(tn, "k_proj_weight") || is_component(tn, "v_proj_weight")))
+      continue;
+    if (!(e->name = keep(m, strndup(tn, strlen(tn) - 7)))) return -1;
+  }
   size_t *by = malloc((n ? n : 1) * sizeof *by);
   if (!by) return -1;
   for (size_t i = 0; i < n; i++) by[i] = i;
@@ -667,7 +804,7 @@ static int name_entries(stab_model *m) {
     head_taken |= !e->tied && !strcmp(e->name, "lm_head");
     int clash = (k > 0 && !strcmp(m->e[by[k - 1]].name, e->name)) || (k + 1 < n && !strcmp(m->e[by[k + 1]].name, e->name));
     revert[by[k]] = clash && e->name != e->weight->name && !e->tied && e->kind != STAB_KIND_ATTENTION &&
-                    !e->n_expert && e->expert == STAB_MODEL_NO_EXPERT;
+                    !e->n_expert && e->expert == STAB_MODEL_NO_EXPERT && !e->part;
   }
   for (size_t i = 0; i < n; i++)
     if (revert[i]) m->e[i].name = m->e[i].weight->name;
@@ -729,7 +866,7 @@ stab_status stab_model_describe(const stab_ckpt_tensor *const *tensors, size_t n
   qsort(by_name, n, sizeof *by_name, by_tensor_name);
   for (size_t i = 0; i < n; i++)
     if (classify(m, c, tensors[i], &m->e[m->n++])) goto oom;
-  if (add_attention(m, c, tensors, n, by_name) || fold_biases(m) || group_experts(m)) goto oom;
+  if (add_attention(m, c, tensors, n, by_name) || fold_biases(m) || split_fused(m, c) || group_experts(m)) goto oom;
   add_tied_head(m, c, tensors, n);
   if (name_entries(m)) goto oom;
   free(by_name);
@@ -782,8 +919,12 @@ stab_status stab_model_entry_layer(const stab_model_entry *e, stab_dtype dtype, 
     L.d_in = e->d_in, L.d_out = e->d_out;
   }
   L.dtype = dtype;
-  L.weight = (const float *)(const void *)((const unsigned char *)weight + (attention ? e->q_off * elem : 0));
-  L.bias = e->kind == STAB_KIND_LINEAR && e->bias ? bias : NULL;
+  const int linear = e->kind == STAB_KIND_LINEAR;
+  /* a part of a fused q/k/v: its block of the tensor and its slice of the bias */
+  L.weight = (const float *)(const void *)((const unsigned char *)weight +
+                                           (attention ? e->q_off : linear ? e->offset : 0) * elem);
+  L.bias = linear && e->bias && bias ? (const float *)(const void *)((const unsigned char *)bias + e->bias_offset * elem) : NULL;
+  if (linear) L.ld = e->ld;
   if (attention) {
     L.weight_k = (const float *)(const void *)((const unsigned char *)weight_k + e->k_off * elem);
     L.ld = e->ld, L.heads = e->heads, L.kv_heads = e->kv_heads;

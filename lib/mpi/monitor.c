@@ -3,7 +3,9 @@
  * with every layer's metrics, the same bits as one process measuring them all.
  * Bit-identical because each layer is always measured by the same rank (the assignment depends
  * only on the layers' shapes), so its warm-start history is the single-process monitor's, and
- * a layer's metrics do not depend on which thread or which other layers a step measured. */
+ * a layer's metrics do not depend on which thread or which other layers a step measured.
+ * Layers stored as F16 or BF16 are measured as the single-process monitor measures them: the
+ * ranks must agree on each layer's dtype as on its shape (checked every step). */
 #include "mpi/mpi_internal.h"
 
 #include <stdint.h>
@@ -60,7 +62,7 @@ stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_up
                       agreed[0]);
   if (n == 0) return STAB_OK;
   order = malloc(n * sizeof *order);
-  cost = malloc(3 * n * sizeof *cost);
+  cost = malloc(6 * n * sizeof *cost); /* cost, then dtype; the lowest and highest of both */
   owner = malloc(n * sizeof *owner);
   mine = calloc(n, 1);
   counts = calloc(2 * (size_t)ranks, sizeof *counts);
@@ -69,23 +71,24 @@ stab_status stab_mpi_monitor_measure(MPI_Comm comm, stab_monitor *m, int with_up
                                                         : stabi_fail(STAB_ENOMEM, "%s: out of memory", who);
   st = stabi_mpi_agree(comm, st, who);
   if (st != STAB_OK) goto out;
-  lo = cost + n;
-  hi = cost + 2 * n;
+  lo = cost + 2 * n;
+  hi = cost + 4 * n;
   for (size_t i = 0; i < n; i++) {
     cost[i] = layer_cost(stab_monitor_layer(m, i));
+    cost[n + i] = (uint64_t)stab_monitor_layer(m, i)->dtype;
     order[i] = (costed){cost[i], i};
   }
-  /* the same layers everywhere: their costs (shapes) compared across ranks */
-  for (size_t i = 0; i < n; i++) lo[i] = ~cost[i];
-  if (MPI_Allreduce(cost, hi, (int)n, MPI_UINT64_T, MPI_MAX, comm) != MPI_SUCCESS ||
-      MPI_Allreduce(MPI_IN_PLACE, lo, (int)n, MPI_UINT64_T, MPI_MAX, comm) != MPI_SUCCESS) {
+  /* the same layers everywhere: their costs (shapes) and dtypes compared across ranks */
+  for (size_t i = 0; i < 2 * n; i++) lo[i] = ~cost[i];
+  if (MPI_Allreduce(cost, hi, (int)(2 * n), MPI_UINT64_T, MPI_MAX, comm) != MPI_SUCCESS ||
+      MPI_Allreduce(MPI_IN_PLACE, lo, (int)(2 * n), MPI_UINT64_T, MPI_MAX, comm) != MPI_SUCCESS) {
     st = stabi_fail(STAB_EIO, "%s: MPI_Allreduce of the layer shapes failed", who);
     goto out;
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < 2 * n; i++)
     if (hi[i] != cost[i] || ~lo[i] != cost[i]) {
-      st = stabi_fail(STAB_EINVAL, "%s: layer %zu ('%s') has another shape on another rank", who, i,
-                      stab_monitor_layer(m, i)->name);
+      st = stabi_fail(STAB_EINVAL, "%s: layer %zu ('%s') has another %s on another rank", who, i % n,
+                      stab_monitor_layer(m, i % n)->name, i < n ? "shape" : "dtype");
       goto out;
     }
   qsort(order, n, sizeof *order, costlier_first);

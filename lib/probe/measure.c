@@ -92,6 +92,11 @@ static const float *weights_as(const stab_ckpt_tensor *t, stab_dtype dtype, f32b
   return as_f32(t, b, keep_mapped);
 }
 
+/* p moved off elements of dtype on (a fused q/k/v part's block); NULL stays NULL. */
+static const float *elem_at(const float *p, stab_dtype dtype, size_t off) {
+  return p ? (const float *)(const void *)((const unsigned char *)p + off * (dtype == STAB_DTYPE_F32 ? 4 : 2)) : NULL;
+}
+
 /* The logit bounds of attention row r, from q and k stored as dtype: the library's attention
  * metrics of the entry's layer (grouped-query heads included: .kv_heads). */
 static stab_status measure_attention(stabi_probe_row *r, const float *q, const float *k, stab_dtype dtype,
@@ -197,9 +202,13 @@ static stab_status measure_row(stabi_probe_row *r, const stab_metrics_params *mp
   const float *b = r->bias ? weights_as(r->bias, dt, &rb->b, keep_mapped) : NULL;
   const float *wk = r->tk == r->t ? w : r->tk ? weights_as(r->tk, dt, &rb->k, keep_mapped) : NULL; /* a fused qkv: one tensor */
   if (!w || (r->bias && !b) || (r->tk && !wk)) return STAB_EFORMAT;
+  /* a part of a fused q/k/v: its block of the tensor (rows, or columns of stride ld) and its
+   * slice of the bias, read where they are (a quantized tensor was converted whole above) */
+  const int linear = r->kind == STAB_KIND_LINEAR;
   stab_layer L = {.name = r->name, .kind = r->kind,
-                  .layout = r->kind == STAB_KIND_LINEAR || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
-                  .weight = w, .bias = b, .weight_k = wk, .heads = r->heads, .dtype = dt};
+                  .layout = linear || r->kind == STAB_KIND_ATTENTION ? r->layout : STAB_LAYOUT_NATURAL,
+                  .weight = linear ? elem_at(w, dt, r->offset) : w, .bias = linear ? elem_at(b, dt, r->bias_offset) : b,
+                  .ld = linear ? r->ld : 0, .weight_k = wk, .heads = r->heads, .dtype = dt};
   set_layer_sizes(&L, r);
   stab_layer before = L, *bp = NULL;
   if (r->prev_t && !r->prev_heads && !r->prev_transposed && r->prev_offset == 0.0f) {
@@ -208,12 +217,17 @@ static stab_status measure_row(stabi_probe_row *r, const stab_metrics_params *mp
     before.weight = weights_as(r->prev_t, before.dtype, &rb->pw, 0);
     before.bias = r->bias ? weights_as(r->prev_bias, before.dtype, &rb->pb, 0) : NULL;
     if (!before.weight || (r->bias && !before.bias)) return STAB_EFORMAT;
+    before.weight = elem_at(before.weight, before.dtype, linear ? r->offset : 0);
+    before.bias = elem_at(before.bias, before.dtype, linear ? r->bias_offset : 0);
     bp = &before;
   } else if (r->prev_t) { /* reordered as the converter changed it: an f32 copy */
     before.dtype = STAB_DTYPE_F32;
     before.weight = prev_as_f32(r, r->prev_t, &rb->pw, &rb->pwx);
     before.bias = r->bias ? prev_as_f32(r, r->prev_bias, &rb->pb, &rb->pbx) : NULL;
     if (!before.weight || (r->bias && !before.bias)) return STAB_EFORMAT;
+    /* in this checkpoint's order now: the part's block is where it is in t */
+    before.weight = elem_at(before.weight, STAB_DTYPE_F32, linear ? r->offset : 0);
+    before.bias = elem_at(before.bias, STAB_DTYPE_F32, linear ? r->bias_offset : 0);
     bp = &before;
   }
   stab_status st = r->kind == STAB_KIND_ATTENTION ? measure_attention(r, w, wk, dt, mp)
@@ -242,6 +256,8 @@ static stab_status measure_row(stabi_probe_row *r, const stab_metrics_params *mp
 double stabi_probe_row_work(const stabi_probe_row *r) {
   if (r->kind == STAB_KIND_ATTENTION) return 2.0 * (double)r->d_in * (double)r->d_out;
   if (r->kind == STAB_KIND_EMBEDDING || r->kind == STAB_KIND_LM_HEAD) return 0.15 * (double)r->t->count;
+  /* a part of a fused q/k/v reads its block: a third or so of the tensor */
+  if (r->kind == STAB_KIND_LINEAR && r->e && r->e->part) return (double)r->d_in * (double)r->d_out;
   return (double)r->t->count;
 }
 
@@ -556,13 +572,15 @@ stab_status stab_probe_trace_append(stab_probe *p, const char *path, int64_t ste
     const stabi_probe_row *r = &rows[i];
     /* a layer of experts is the report's; a trainer registers each expert, as the rows here */
     if (!r->measured || stabi_is_expert_layer(r)) continue;
-    int attention = r->kind == STAB_KIND_ATTENTION;
+    int attention = r->kind == STAB_KIND_ATTENTION, linear = r->kind == STAB_KIND_LINEAR;
+    /* a fused q/k/v part at its block of the tensor: the trace's shared storage sees the
+     * attention layer's q and k inside the q and k parts, as a trainer's layers would */
     stab_layer L = {.name = r->name, .kind = r->kind, .heads = r->heads, .kv_heads = attention ? r->kv_heads : 0,
-                    .weight = file_address(&fs, r->t, attention ? r->q_off : 0),
+                    .weight = file_address(&fs, r->t, attention ? r->q_off : linear ? r->offset : 0),
                     .weight_k = attention ? file_address(&fs, r->tk, r->k_off) : NULL,
-                    .bias = r->kind == STAB_KIND_LINEAR ? file_address(&fs, r->bias, 0) : NULL,
-                    .ld = attention ? r->ld : 0, .scale = attention ? r->scale : 0,
-                    .layout = r->kind == STAB_KIND_LINEAR || attention ? r->layout : STAB_LAYOUT_NATURAL};
+                    .bias = linear && r->bias ? file_address(&fs, r->bias, r->bias_offset) : NULL,
+                    .ld = attention || linear ? r->ld : 0, .scale = attention ? r->scale : 0,
+                    .layout = linear || attention ? r->layout : STAB_LAYOUT_NATURAL};
     set_layer_sizes(&L, r);
     size_t idx;
     if ((st = stab_monitor_add_layer(m, &L, &idx)) == STAB_OK) st = stab_monitor_set_metrics(m, idx, &r->m, r->head_bounds);

@@ -152,6 +152,7 @@ static stab_status describe(stab_probe *p) {
     r->kind = e->kind, r->layout = e->layout, r->d_in = e->d_in, r->d_out = e->d_out;
     r->heads = e->heads, r->kv_heads = e->kv_heads;
     r->ld = e->ld, r->q_off = e->q_off, r->k_off = e->k_off;
+    r->offset = e->offset, r->bias_offset = e->bias_offset;
     r->tied = e->tied;
     r->expert_of = e->expert != STAB_MODEL_NO_EXPERT ? stab_model_entry_at(p->model, e->group)->name : NULL;
     for (size_t k = 0; k < N_EXPERT_METRICS; k++) r->worst[k] = STAB_MODEL_NO_EXPERT;
@@ -670,7 +671,7 @@ stab_status stab_probe_open(const char *path, const stab_probe_params *params, s
 
 /* ---- the ratios' reference (--init) --------------------------------------------------- */
 
-/* Rows by the tensor they read, then kind and expert: for finding a row's counterpart among
+/* Rows by the tensor they read, then kind, fused q/k/v part and expert: for finding a row's counterpart among
  * another probe's rows. tensor: the row's own tensor name, or for a key the name of its
  * counterpart there (counterpart_tensor). */
 typedef struct {
@@ -679,12 +680,14 @@ typedef struct {
   const char *tensor;
 } row_ref;
 static size_t expert_no(const stabi_probe_row *r) { return r->e ? r->e->expert : STAB_MODEL_NO_EXPERT; }
+static int part_no(const stabi_probe_row *r) { return r->e ? r->e->part : 0; }
 static int by_tensor_kind(const void *pa, const void *pb) {
   const row_ref *a = pa, *b = pb;
   const stabi_probe_row *x = &a->rows[a->i], *y = &b->rows[b->i];
   int c = strcmp(a->tensor, b->tensor);
   if (c) return c;
   if (x->kind != y->kind) return (int)x->kind - (int)y->kind;
+  if (part_no(x) != part_no(y)) return part_no(x) - part_no(y); /* q, k, v of one fused tensor */
   return expert_no(x) < expert_no(y) ? -1 : expert_no(x) > expert_no(y);
 }
 

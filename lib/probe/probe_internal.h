@@ -43,7 +43,9 @@ typedef struct {
   size_t heads;               /* attention */
   size_t kv_heads;            /* attention: key heads (fewer than heads: grouped-query) */
   size_t ld, q_off, k_off;    /* attention: row stride and where q and k start inside t, tk
-                                 (a fused qkv tensor holds both) */
+                                 (a fused qkv tensor holds both); ld also a linear part's */
+  size_t offset, bias_offset; /* linear: where a fused q/k/v part starts inside t and bias, in
+                                 elements (stab_model_entry); else 0 */
   double *head_bounds;        /* attention: per head, owned */
   double scale;               /* attention: stab_layer.scale, from the checkpoint's attn_scale
                                  (0: the library's 1/sqrt(d_h)) */

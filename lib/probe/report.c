@@ -479,6 +479,13 @@ static void print_table(FILE *out, const stab_probe *p, const stab_probe_report_
       snprintf(notes + k, sizeof notes - k, "tied to %s ", shown(r->t->name, tn, sizeof tn));
     }
     if (r->bias) strcat(notes, "+bias ");
+    if (r->e && r->e->part && r->d_in) { /* a fused q/k/v's part: which block of the tensor it reads */
+      const int in_major = r->layout == STAB_LAYOUT_IN_MAJOR;
+      const size_t first = in_major ? r->offset : r->offset / r->d_in;
+      size_t k = strlen(notes);
+      snprintf(notes + k, sizeof notes - k, "%c: %s %zu-%zu ", "qkv"[r->e->part - 1], in_major ? "columns" : "rows", first,
+               first + r->d_out - 1);
+    }
     if (stabi_is_expert_layer(r)) {
       size_t k = strlen(notes);
       k += (size_t)snprintf(notes + k, sizeof notes - k, "%zu experts, worst:", r->e->n_expert);

@@ -113,7 +113,9 @@ class ModelEntry(Structure):
                 ("d_out", c_size_t), ("weight", POINTER(CkptTensor)), ("bias", POINTER(CkptTensor)),
                 ("weight_k", POINTER(CkptTensor)), ("ld", c_size_t), ("q_off", c_size_t),
                 ("k_off", c_size_t), ("heads", c_size_t), ("kv_heads", c_size_t), ("tied", c_int),
-                ("n_expert", c_size_t), ("expert", c_size_t), ("group", c_size_t), ("why_not", c_char_p)]
+                ("n_expert", c_size_t), ("expert", c_size_t), ("group", c_size_t), ("why_not", c_char_p),
+                # appended in 0.11.0: a fused q/k/v part's block (stab_model_entry_layer applies them)
+                ("offset", c_size_t), ("bias_offset", c_size_t), ("part", c_int)]
 
 
 # ---- enums ---------------------------------------------------------------------------------

@@ -104,13 +104,25 @@ class Model:
             e.tensor, e.bias, e.tensor_k = index_of(c.weight), index_of(c.bias), index_of(c.weight_k)
             self.entries.append(e)
 
-    def layer(self, e):
-        """The stab_layer of a measured entry, reading the tensors' own memory (F32)."""
+    def layer(self, e, dtype=DTYPE_F32):
+        """The stab_layer of a measured entry, reading the tensors' own memory, stored as dtype
+        (DTYPE_F32, _F16 or _BF16: the tensors' own type)."""
         out = _lib.Layer()
         c = e.c
-        check(lib.stab_model_entry_layer(ctypes.byref(c), DTYPE_F32, c.weight.contents.data,
+        check(lib.stab_model_entry_layer(ctypes.byref(c), dtype, c.weight.contents.data,
                                          c.bias.contents.data if c.bias else None,
                                          c.weight_k.contents.data if c.weight_k else None, ctypes.byref(out)))
+        return out
+
+    def read_spans(self):
+        """[(first byte, past the last)] of the memory the measured entries read."""
+        out = []
+        for e in self.entries:
+            if e.why_not is None and not e.n_expert:
+                for t in (e.c.weight, e.c.bias, e.c.weight_k):
+                    if t and t.contents.data:
+                        t = t.contents
+                        out.append((t.data, t.data + t.count * t.elem_size))
         return out
 
     def close(self):

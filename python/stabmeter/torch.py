@@ -1,8 +1,10 @@
 """stabmeter.torch.Monitor: the library's per-step monitor over a PyTorch model's parameters,
-registered by the library's kind rules from their names, measured in place around
-optimizer.step() and appended to the same HDF5 trace stabmeter-train writes."""
+registered by what their modules are and, where a module says nothing, by the library's kind
+rules from their names; measured in place around optimizer.step() and appended to the same HDF5
+trace stabmeter-train writes."""
 
 import ctypes
+import fnmatch
 import json
 import math
 import os
@@ -14,7 +16,8 @@ import torch as _torch
 
 from . import _lib
 from ._arrays import C_INT, C_INT64, choice, integer, overrides
-from ._lib import DTYPE_F32, LAYOUT_NAMES, LAYOUT_OVERRIDES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib, metrics_dict
+from ._lib import (KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES, LAYOUT_OVERRIDES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib,
+                   metrics_dict)
 from ._metrics import _spectral_params
 from ._model import Model
 
@@ -36,21 +39,209 @@ def _glob_literal(name):
     return "".join("[%s]" % c if c in "*?[]" else c for c in name)
 
 
-def _module_layouts(model):
-    """Layout overrides from what each weight's module is: PyTorch's nn.Linear stores
-    [d_out][d_in] whatever its name, Hugging Face's GPT-2 Conv1D [d_in][d_out]. The names alone
-    cannot tell a square c_proj of one from the other (the rules' shape test); the module can."""
+# ---- what each parameter is, from its module ---------------------------------------------
+#
+# The module a parameter belongs to says what it is where its name cannot: an nn.Embedding
+# named emb is a table, a Conv2d's 4-D weight a linear map, a BatchNorm's weight a gain. These
+# decisions reach the C kind rules as exact-name overrides (and 2-D views of convolution
+# weights), so that one C description holds every decision; a parameter of a module that says
+# nothing (a custom module's nn.Parameter, Hugging Face's Conv1D) is left to the rules' names.
+
+# Wrappers whose wrapped model is one attribute: their names gain its prefix.
+_WRAPPERS = {"DistributedDataParallel": "module", "DataParallel": "module", "OptimizedModule": "_orig_mod"}
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _unwrap(model):
+    """The model inside torch.nn.parallel's (Distributed)DataParallel and torch.compile's
+    OptimizedModule wrappers (by type name: torch 1.13 has no torch.compile), so that its
+    parameters keep the names the model itself gives them."""
+    while type(model).__name__ in _WRAPPERS:
+        inner = getattr(model, _WRAPPERS[type(model).__name__], None)
+        if not isinstance(inner, _torch.nn.Module):
+            break
+        model = inner
+    return model
+
+
+def _strip_prefixes(named):
+    """A state dict's names without the wrappers' prefix that every name has (a DDP or
+    torch.compile model's state_dict())."""
+    while named:
+        p = next((p for p in _PREFIXES if named[0][0].startswith(p)), None)
+        if p is None or not all(n.startswith(p) for n, _ in named):
+            break
+        named = [(n[len(p):], t) for n, t in named]
+    return named
+
+
+def _norm_types():
+    nn = _torch.nn
+    types = [nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase]  # BatchNorm*d, InstanceNorm*d
+    if hasattr(nn, "RMSNorm"):
+        types.append(nn.RMSNorm)
+    return tuple(types)
+
+
+def _full(mname, pname):
+    return mname + "." + pname if mname else pname
+
+
+class _Plan:
+    """What the modules of a model say of its parameters.
+        kinds    {parameter name: kind} the module decides (nn.Embedding, nn.Linear, norms, convolutions)
+        views    {parameter name: tensor} a convolution weight's 2-D view [C_out][C_in*prod(k)]
+        refused  {parameter name: why} what the module makes unmeasurable (grouped convolutions)
+        tied     [(name, embedding's name)] an output nn.Linear whose weight is an nn.Embedding's
+        heads    [(module name, num_heads)] of every nn.MultiheadAttention
+        layouts  [(glob, layout)] nn.Linear out-major, Hugging Face's Conv1D in-major"""
+
+    def __init__(self, model):
+        nn = _torch.nn
+        self.kinds, self.views, self.refused, self.tied, self.heads, self.layouts = {}, {}, {}, [], [], []
+        modules = list(model.named_modules(remove_duplicate=False))
+        embeddings = {id(m.weight): name for name, m in modules if isinstance(m, nn.Embedding)}
+        vocab = {m.num_embeddings for _, m in modules if isinstance(m, nn.Embedding)}
+        linears = [(name, m) for name, m in modules if isinstance(m, nn.Linear)]
+        last_linear = linears[-1][1] if linears else None
+        norms = _norm_types()
+        for mname, m in modules:
+            w = _full(mname, "weight")
+            if isinstance(m, nn.Embedding):
+                self.kinds[w] = "embedding"
+            elif isinstance(m, nn.Linear):
+                self.layouts.append((_glob_literal(w), "out_major"))
+                if id(m.weight) in embeddings:
+                    self.tied.append((w, _full(embeddings[id(m.weight)], "weight")))
+                    self.kinds[w] = "lm_head"
+                elif m.out_features in vocab and m is last_linear:
+                    self.kinds[w] = "lm_head"
+                else:
+                    # a head by name (lm_head, output) keeps that kind when it maps to a vocabulary
+                    self.kinds[w] = "lm_head?" if m.out_features in vocab else "linear"
+            elif isinstance(m, norms):
+                if getattr(m, "weight", None) is not None:
+                    self.kinds[w] = "gain"
+                if getattr(m, "bias", None) is not None:
+                    self.kinds[_full(mname, "bias")] = "bias"
+            elif isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+                b = _full(mname, "bias")
+                if m.groups != 1:
+                    why = ("a grouped convolution (groups=%d%s): its weight is no one matrix of the flattened "
+                           "patch map; not measured" % (m.groups, ", depthwise" if m.groups == m.in_channels else ""))
+                    self.refused[w] = why
+                    if m.bias is not None:
+                        self.refused[b] = "the bias of %s, a grouped convolution (groups=%d): not measured" % (
+                            mname, m.groups)
+                elif not m.weight.is_contiguous():
+                    self.refused[w] = ("a convolution weight that is not contiguous (channels_last?): the flattened "
+                                       "patch map [C_out][C_in*k] is read in place (use a contiguous weight)")
+                else:
+                    self.kinds[w] = "linear"
+                    self.views[w] = m.weight.detach().view(m.weight.shape[0], -1)
+            elif isinstance(m, nn.modules.conv._ConvTransposeNd):
+                self.refused[w] = "a transposed convolution: no rule for it; not measured"
+                if m.bias is not None:
+                    self.refused[_full(mname, "bias")] = "the bias of %s, a transposed convolution: not measured" % mname
+            elif isinstance(m, nn.MultiheadAttention):
+                self.heads.append((mname, m.num_heads))
+            elif type(m).__name__ == "Conv1D" and isinstance(getattr(m, "weight", None), nn.Parameter) \
+                    and m.weight.dim() == 2:
+                self.layouts.append((_glob_literal(w), "in_major"))  # Hugging Face GPT-2: [d_in][d_out]
+
+    def mha_heads(self, heads):
+        """The head count of the model's nn.MultiheadAttention modules (None without one), which
+        must agree with each other and with heads= (a bound with another count is another bound)."""
+        if not self.heads:
+            return None
+        first, n = self.heads[0]
+        for name, h in self.heads[1:]:
+            if h != n:
+                raise ValueError("Monitor: nn.MultiheadAttention %r has num_heads=%d but %r num_heads=%d; the "
+                                 "monitor binds every attention layer with one head count (measure them apart, "
+                                 "with kinds={'%s*': 'skip'} on one)" % (first, n, name, h, name))
+        if heads and heads != n:
+            raise ValueError("Monitor(heads=%d): the model's nn.MultiheadAttention %r has num_heads=%d" % (heads, first, n))
+        return n
+
+
+def _expand_kinds(kinds, named, module_names):
+    """kinds= ({glob: kind}) as exact-name overrides: a glob matches parameter names (the kind
+    for that parameter) and module names (the kind for that module's own weight; bias for its
+    bias; skip for all its parameters). A glob that matches nothing is an error."""
+    pairs = overrides(kinds, "Monitor: kinds", KIND_OVERRIDES)
+    names = [n for n, _ in named]
+    have = set(names)
+    by_module = {}
+    for n in names:
+        by_module.setdefault(n.rpartition(".")[0], []).append(n)
     out = []
-    for mname, mod in model.named_modules():
-        w = getattr(mod, "weight", None)
-        if not isinstance(w, _torch.nn.Parameter) or w.dim() != 2:
-            continue
-        full = (mname + "." if mname else "") + "weight"
-        if isinstance(mod, _torch.nn.Linear):
-            out.append((_glob_literal(full), "out_major"))
-        elif type(mod).__name__ == "Conv1D":
-            out.append((_glob_literal(full), "in_major"))
+    for glob, kind in pairs:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, glob)]
+        for mname in module_names:
+            if not mname or not fnmatch.fnmatchcase(mname, glob):
+                continue
+            own = by_module.get(mname, [])
+            if kind == "skip":
+                hit += own
+            else:
+                want = _full(mname, "bias" if kind == "bias" else "weight")
+                hit += [want] if want in have else []
+        if not hit:
+            raise ValueError("Monitor(kinds={%r: %r}): %r matches no parameter name and no module with a parameter "
+                             "it applies to (names look like %r)" % (glob, kind, glob, names[0] if names else ""))
+        seen = set()
+        out += [(_glob_literal(n), kind) for n in hit if not (n in seen or seen.add(n))]
     return out
+
+
+class UnmeasuredWarning(UserWarning):
+    """Monitor's warning at creation: parameters it does not measure, and why."""
+
+
+def _all_params(model):
+    """(name, parameter) of every module's own parameters, a shared one under each of its names."""
+    for mname, m in model.named_modules(remove_duplicate=False):
+        for pname, p in m._parameters.items():
+            if p is not None:
+                yield _full(mname, pname), p
+
+
+def _module_kinds(plan, views, user_kinds, described):
+    """The kind overrides the modules add to the rules' names: where the module says what a
+    parameter is and the names alone say otherwise (or nothing), and a skip for what a module
+    makes unmeasurable. Where both agree nothing is added, so that the rules' own inferences from
+    names stand (a token table named wte tied to an output that is no nn.Linear)."""
+    names = {n for n, _ in views}
+    first = Model(views, kinds=user_kinds, **described)
+    try:
+        said = {}
+        for e in first.entries:
+            if e.why_not is not None or e.tied or e.n_expert or e.kind == "attention":
+                continue
+            # by the C views' names: a slice of a fused tensor keeps its tensor's name
+            said[e.c.weight.contents.name.decode("utf-8")] = e.kind
+            if e.c.bias:
+                said[e.c.bias.contents.name.decode("utf-8")] = "bias"
+    finally:
+        first.close()
+    out = []
+    for name, kind in plan.kinds.items():
+        if name not in names:
+            continue
+        if kind == "lm_head?":  # maps to a vocabulary but is not the output: the name decides
+            kind = "lm_head" if said.get(name) == "lm_head" else "linear"
+        if said.get(name) != kind:
+            out.append((_glob_literal(name), kind))
+    return out + [(_glob_literal(n), "skip") for n in plan.refused if n in names]
+
+
+def _python_words(why):
+    """A reason from the C rules in the words of Monitor's arguments, not the probe's options."""
+    return (why.replace("skipped by --kind", "skipped by kinds=")
+            .replace("give --heads H; none in the file's metadata or the model's config.json",
+                     "give Monitor(heads=H); none in model.config nor an nn.MultiheadAttention")
+            .replace("--kind ", "kinds= ").replace("--heads", "heads="))
 
 
 class Monitor:
@@ -64,11 +255,14 @@ class Monitor:
             monitor.after_step(step, loss=loss.item())  # measure, append a trace row
         monitor.close()
 
-    Layers come from model.named_parameters() (PyTorch's names) through the library's kind
-    rules: kinds, layouts, biases folded into their linear layer, fused or separate q/k pairs as
-    attention layers (heads from heads= or model.config), the tied head. The parameters are
-    read where they are, every step: they must stay float32, on the CPU and in place (torch's
-    optimizers update in place); a parameter whose storage moved (model.to(), .data
+    Layers come from model.named_parameters() (PyTorch's names, a wrapper's prefix removed):
+    the kind each module gives its parameters (nn.Embedding, nn.Linear and the LM head,
+    nn.MultiheadAttention, norms, convolutions as their flattened patch map), else the library's
+    kind rules by name; biases folded into their linear layer, fused or separate q/k pairs as
+    attention layers (heads from heads=, nn.MultiheadAttention or model.config), the tied head.
+    What is not measured is said at creation by one UnmeasuredWarning (strict=True: ValueError).
+    The parameters are read where they are, every step: they must stay on the CPU and in place
+    (torch's optimizers update in place), float32, float16 or bfloat16; a parameter whose storage moved (model.to(), .data
     reassigned, a module replaced) is detected at the next call, which raises StateError. The
     monitor holds a reference to every storage it reads, so it never reads freed memory.
 
@@ -79,7 +273,8 @@ class Monitor:
 
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
-                 run_config=None, scalars=("loss", "lr"), flush_every=0, if_exists="fail", _named=None):
+                 run_config=None, scalars=("loss", "lr"), flush_every=0, if_exists="fail", strict=False,
+                 _named=None):
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
         self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
@@ -87,27 +282,41 @@ class Monitor:
         tight_code = choice(tight, "Monitor: tight", TIGHT_METHODS)
         choice(if_exists, "Monitor: if_exists", self.IF_EXISTS)
         self._model = None
+        plan = None
         if _named is None:
             if not hasattr(model, "named_parameters"):
                 raise TypeError("Monitor: expected a torch.nn.Module, got %s (Monitor.from_state_dict "
                                 "takes a state dict)" % type(model).__name__)
+            model = _unwrap(model)
+            plan = _Plan(model)
             named = list(model.named_parameters())
+            have = {n for n, _ in named}
+            by_name = dict(_all_params(model))
+            for pair in plan.tied:  # both names of a shared table: named_parameters() gives one
+                named += [(n, by_name[n]) for n in pair if n not in have]
+                have.update(pair)
+            module_names = [n for n, _ in model.named_modules()]
             self._source = weakref.ref(model)  # the monitor does not keep the model alive
         else:
-            named, self._source = _named, None
+            named, self._source = _strip_prefixes(list(_named)), None
+            module_names = sorted({n.rpartition(".")[0] for n, _ in named})
         c_heads, c_kv, c_hd, c_tie = _config_heads(model) if model is not None else (None,) * 4
-        heads_source = "heads=" if heads else ("model.config" if c_heads else None)
-        heads, kv_heads = heads or c_heads or 0, kv_heads or c_kv or 0
+        mha = plan.mha_heads(heads) if plan is not None else None
+        heads_source = ("heads=" if heads else "nn.MultiheadAttention %r (num_heads)" % plan.heads[0][0] if mha
+                        else "model.config" if c_heads else None)
+        heads, kv_heads = heads or mha or c_heads or 0, kv_heads or c_kv or 0
         head_dim = head_dim or c_hd or 0
         tie = c_tie if tie is None else tie
-        layouts = overrides(layouts, "Monitor: layouts", LAYOUT_OVERRIDES)  # the caller's first: first match wins
-        if _named is None:
-            layouts += _module_layouts(model)
         views = []
+        refused = plan.refused if plan is not None else {}
         for name, p in named:
+            if plan is not None and name in plan.views:
+                p = plan.views[name]  # a convolution's [C_out][C_in*prod(k)]: the same memory
             if p.device.type != "cpu":
-                raise TypeError("Monitor: parameter %s is on %s; stabmeter reads CPU memory" % (name, p.device))
-            if p.dtype == _torch.float32 and not p.is_contiguous():
+                raise TypeError("Monitor: parameter %s is on %s; stabmeter reads CPU memory: measure a CPU model "
+                                "(model.cpu()) or a copy of its state dict (Monitor.from_state_dict({k: v.cpu() "
+                                "for k, v in model.state_dict().items()}))" % (name, p.device))
+            if name not in refused and not p.is_contiguous():
                 raise TypeError("Monitor: parameter %s is not contiguous (strides %s)" % (name, p.stride()))
             if p.numel() and p.data_ptr() % p.element_size():
                 raise TypeError("Monitor: parameter %s: its data at address %#x is not aligned to its %d-byte "
@@ -116,9 +325,14 @@ class Monitor:
             views.append((name, p.detach()))  # keeps the storage alive whatever the model does
         self._views = views
         self._ptrs = {name: v.data_ptr() for name, v in views}
-        self._model = Model(views, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                            tie=-1 if tie is None else int(tie), out_major=out_major, kinds=kinds,
-                            layouts=layouts, heads_source=heads_source)
+        user_kinds = _expand_kinds(kinds, views, module_names) if kinds else []
+        layouts = overrides(layouts, "Monitor: layouts", LAYOUT_OVERRIDES)  # the caller's first: first match wins
+        if plan is not None:
+            layouts += plan.layouts
+        described = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, tie=-1 if tie is None else int(tie),
+                         out_major=out_major, layouts=layouts, heads_source=heads_source)
+        module_kinds = _module_kinds(plan, views, user_kinds, described) if plan is not None else []
+        self._model = Model(views, kinds=user_kinds + module_kinds, **described)
         params = lib.stab_monitor_default_params()
         params.metrics.spectral = _spectral_params(tol, "lanczos", None, threads, "Monitor")
         params.metrics.tight = tight_code
@@ -127,25 +341,30 @@ class Monitor:
         self.skipped = {}  # tensor name -> why the rules do not measure it
         self.layers = []   # (name, kind) in registration order
         try:
+            found_pair = False
             for e in self._model.entries:
+                found_pair |= KIND_NAMES.get(e.c.kind) == "attention"
                 if e.why_not is not None:
-                    self.skipped[e.name] = e.why_not
+                    self.skipped[e.name] = refused.get(e.name) or _python_words(e.why_not)
                     continue
                 if e.n_expert:
                     continue  # a layer of experts: its experts are the entries after it
                 # the C views' own types: an expert's slice of a 3-D tensor is no tensor of ours
-                for t in (e.c.weight, e.c.bias, e.c.weight_k):
-                    if t and t.contents.dtype != DTYPE_F32:
-                        raise TypeError("Monitor: parameter %s is %s; the monitor reads float32 parameters "
-                                        "in place (measure other types with stabmeter.layer_metrics)"
-                                        % (t.contents.name.decode("utf-8", "replace"),
-                                           t.contents.dtype_name.decode("ascii", "replace")))
-                layer = self._model.layer(e)
+                types = {t.contents.dtype_name.decode("ascii", "replace"): t.contents.dtype
+                         for t in (e.c.weight, e.c.bias, e.c.weight_k) if t}
+                if len(types) > 1:
+                    self.skipped[e.name] = ("its tensors are of different types (%s): a layer is read in one "
+                                            "type (model.to(dtype))" % ", ".join(sorted(types)))
+                    continue
+                layer = self._model.layer(e, types.popitem()[1])
                 check(lib.stab_monitor_add_layer(self._m, ctypes.byref(layer), None))
                 self.layers.append((e.name, e.kind))
             if not self.layers:
-                raise ValueError("Monitor: no parameter is a layer by the kind rules (%d not measured)"
-                                 % len(self.skipped))
+                raise ValueError("Monitor: no parameter is a layer; " + self._unmeasured()[len("Monitor: "):])
+            self._say_unmeasured(strict)
+            if heads_source in ("heads=", "model.config") and not found_pair:
+                warnings.warn("Monitor(heads=%d): no query/key pair found (by module or by name), so no attention "
+                              "layer is bound; the heads are unused" % heads, UserWarning, stacklevel=2)
             self._scalars = [s for s in scalars]
             if trace is not None:
                 self._open_trace(trace, model, run_config, flush_every, if_exists)
@@ -157,11 +376,49 @@ class Monitor:
         self._t0 = time.monotonic()
         self.steps = 0
 
+    def _say_unmeasured(self, strict):
+        """One warning (strict: ValueError) naming what is not measured and the share of the
+        parameters' elements that is: a skipped tensor must never pass unsaid."""
+        if not self.skipped:
+            return
+        msg = self._unmeasured()
+        if strict:
+            raise ValueError(msg.replace("; Monitor(strict=True) raises instead of this warning", ""))
+        warnings.warn(msg, UnmeasuredWarning, stacklevel=3)
+
+    def _unmeasured(self):
+        """The share of the parameters' elements measured, and the first names not measured."""
+        total = measured = 0
+        spans = sorted(self._model.read_spans())
+        seen = set()
+        for _, v in self._views:
+            key = (v.data_ptr(), v.numel())
+            if key in seen:
+                continue  # a shared table counts once
+            seen.add(key)
+            total += v.numel()
+            lo, hi = v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()
+            # the elements of v that some measured layer reads
+            covered, at = 0, lo
+            for s0, s1 in spans:
+                s0, s1 = max(s0, at), min(s1, hi)
+                if s1 > s0:
+                    covered += s1 - s0
+                    at = s1
+            measured += covered // max(v.element_size(), 1)
+        shown = list(self.skipped.items())[:5]
+        more = len(self.skipped) - len(shown)
+        return ("Monitor: %d of %d parameters (%.1f%%) measured; not measured: %s%s. Monitor(kinds={name: kind}) "
+               "decides a kind; Monitor(strict=True) raises instead of this warning"
+               % (measured, total, 100.0 * measured / total if total else 0.0,
+                  "; ".join("%s (%s)" % kv for kv in shown), " and %d more" % more if more else ""))
+
     @classmethod
     def from_state_dict(cls, state_dict, heads=None, trace=None, **kw):
-        """A monitor of the tensors of a state dict (a checkpoint in memory). Tensors that are not
-        float32 or not contiguous are measured from a float32 copy made here (the dict's own
-        memory otherwise); call measure() for the metrics, or after_step to trace them."""
+        """A monitor of the tensors of a state dict (a checkpoint in memory), its names without a
+        wrapper's prefix (module., _orig_mod.) that all have. Float tensors that are not float32,
+        float16 or bfloat16, or not contiguous, are measured from a float32 copy made here (the
+        dict's own memory otherwise); call measure() for the metrics, or after_step to trace them."""
         named = []
         for name, t in state_dict.items():
             if not isinstance(t, _torch.Tensor):
@@ -170,7 +427,8 @@ class Monitor:
             if t.device.type != "cpu":
                 raise TypeError("from_state_dict: tensor %s is on %s; pass a CPU state dict "
                                 "(torch.load(..., map_location='cpu'))" % (name, t.device))
-            if t.is_floating_point() and (t.dtype != _torch.float32 or not t.is_contiguous()):
+            if t.is_floating_point() and (t.dtype not in (_torch.float32, _torch.float16, _torch.bfloat16)
+                                          or not t.is_contiguous()):
                 t = t.to(_torch.float32).contiguous()
             if t.numel() and t.data_ptr() % t.element_size():
                 t = t.clone()  # aligned storage: C reads whole elements
@@ -228,9 +486,7 @@ class Monitor:
         model = self._source()
         if model is None:
             raise _lib.error_for(-6, "Monitor: the model was freed; the monitor reads its parameters")
-        now = {}
-        for name, p in model.named_parameters():
-            now[name] = p.data_ptr()
+        now = {name: p.data_ptr() for name, p in _all_params(model)}
         for name, ptr in self._ptrs.items():
             if now.get(name) != ptr:
                 what = "is gone" if name not in now else "has moved (model.to(), .data reassigned or a module replaced)"

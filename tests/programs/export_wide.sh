@@ -68,7 +68,8 @@ assert list(j.columns) == list(d.columns), "JSON lines keys differ from the CSV 
 assert np.array_equal(j.to_numpy(dtype=float), d.to_numpy(dtype=float), equal_nan=True), "JSON lines values"
 s = pd.read_csv(some, float_precision="round_trip")
 cols = ["step", "loss"] + ["transformer.h.1.%s.forward" % l for l in
-                           ("attn.c_attn", "attn.c_proj", "attn.logits", "ln_1", "ln_2", "mlp.c_fc", "mlp.c_proj")]
+                           ("attn.c_attn.k", "attn.c_attn.q", "attn.c_attn.v", "attn.c_proj", "attn.logits", "ln_1", "ln_2",
+                            "mlp.c_fc", "mlp.c_proj")]
 assert list(s.columns) == cols, list(s.columns)
 assert list(s["step"]) == [3, 4] and np.array_equal(s[cols[1:]].to_numpy(), d[d["step"].isin([3, 4])][cols[1:]].to_numpy())
 print("pandas: %d columns x %d rows match h5py (%d NaN); JSON lines the same frame" % (d.shape[1], len(d), nans))

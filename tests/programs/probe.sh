@@ -30,9 +30,10 @@ import json, math, sys
 rep = json.load(open(sys.argv[1]))
 tol = float(sys.argv[3])
 assert rep["format"] == "stabmeter-probe" and rep["format_version"] == 2, "header keys"
-# st_gen names a layer by its tensor (the attention rows by the layer's name)
+# st_gen names a layer by its tensor (the attention rows, and the q, k, v of a fused tensor,
+# by the layer's name)
 layers = {(l["tensor"], l["kind"]): l for l in rep["layers"]}
-layers.update({(l["name"], l["kind"]): l for l in rep["layers"] if l["kind"] == "attention"})
+layers.update({(l["name"], l["kind"]): l for l in rep["layers"] if l["kind"] == "attention" or l["name"] != l["tensor"]})
 bad = 0
 for line in open(sys.argv[2]):
     name, kind, *vals = line.split()
@@ -98,7 +99,10 @@ for model in gpt2 llama; do
     table "$p" safetensors "$model $dt"
     ok
     if [ $model = gpt2 ]; then
-      grep -Eq '^h\.0\.attn\.c_attn +linear +16x48 .*in-major \+bias' "$p.txt" || fail "gpt2 $dt: Conv1D row"
+      # the fused Conv1D c_attn [16][48]: q, k, v, each its 16 columns of the stored rows
+      grep -Eq '^h\.0\.attn\.c_attn\.q +linear +16x48 .*in-major \+bias q: columns 0-15 ' "$p.txt" &&
+        grep -Eq '^h\.0\.attn\.c_attn\.v +linear +16x48 .*in-major \+bias v: columns 32-47 ' "$p.txt" &&
+        ! grep -Eq '^h\.0\.attn\.c_attn +' "$p.txt" || fail "gpt2 $dt: Conv1D rows"
       grep -Eq '^lm_head +lm_head .*tied to wte\.weight' "$p.txt" || fail "gpt2 $dt: tied head row"
       grep -q 'h.0.attn.bias: a 3-D or higher tensor (4 dimensions)' "$p.txt" || fail "gpt2 $dt: 4-D buffer not listed"
       grep -q 'position_ids: dtype I64' "$p.txt" || fail "gpt2 $dt: I64 tensor not listed"
@@ -418,7 +422,7 @@ PY
   # --prev partial and unrelated: the untied model against the tied one lacks only lm_head
   # (exit 0, a warning naming it); against another width nothing has the same shape, against
   # st_gen's GPT-2 nothing has the same name: exit 2, one line naming both files, no report
-  expect "--prev partial" 0 "^stabmeter-probe: warning: --prev .*trn-tied/model.safetensors: 1 of 1[0-9] layers have no counterpart there, so no update: lm_head\$" \
+  expect "--prev partial" 0 "^stabmeter-probe: warning: --prev .*trn-tied/model.safetensors: 1 of 2[0-9] layers have no counterpart there, so no update: lm_head\$" \
     "$probe" "$dir/trn-untied/model.safetensors" --prev "$dir/trn-tied/model.safetensors" --json --quiet
   [ "$(wc -l <"$err_file")" -eq 1 ] && pass || fail "--prev partial: $(wc -l <"$err_file") lines on stderr"
   python3 -c '
@@ -429,7 +433,7 @@ assert l["lm_head"]["update"] is None and l["transformer.wte"]["update"] is not 
 assert {"name": "lm_head", "message": "no update: not found in the reference checkpoint"} in r["errors"], r["errors"]' "$out_file" ||
     fail "--prev partial: the report"
   ./harness/train --width 16 --depth 2 --heads 4 --steps 1 --out "$dir/trn16" >/dev/null 2>&1 || fail "train width 16"
-  expect "--prev another width" 2 "^stabmeter-probe: --prev .*trn16/model.safetensors: none of the 1[0-9] layers of .*trn-tied/model.safetensors has a counterpart there \(no tensor of the same name and shape\)" \
+  expect "--prev another width" 2 "^stabmeter-probe: --prev .*trn16/model.safetensors: none of the 2[0-9] layers of .*trn-tied/model.safetensors has a counterpart there \(no tensor of the same name and shape\)" \
     "$probe" "$dir/trn-tied/model.safetensors" --prev "$dir/trn16/model.safetensors"
   [ -s "$out_file" ] && fail "--prev another width: a report on stdout" || pass
   expect "--prev unrelated" 2 "^stabmeter-probe: --prev .*gpt2_F32.safetensors: none of the [0-9]+ layers .* \(no tensor of the same name\): not an earlier checkpoint of the same model\$" \
@@ -524,7 +528,7 @@ if [ -n "$py5" ]; then
   expect "--init unrelated" 2 "^stabmeter-probe: --init .*gpt2_F32.safetensors: none of the [0-9]+ layers of .*trn-tied/model.safetensors has a counterpart there" \
     "$probe" "$dir/trn-tied/model.safetensors" --init "$dir/gpt2_F32.safetensors"
   [ "$(wc -l <"$err_file")" -eq 1 ] && [ ! -s "$out_file" ] && pass || fail "--init unrelated: not one line and no report"
-  expect "--init partial" 0 "^stabmeter-probe: warning: .*trn-tied/model.safetensors: 1 of 1[0-9] layers have no counterpart there, so no ratio: lm_head\$" \
+  expect "--init partial" 0 "^stabmeter-probe: warning: .*trn-tied/model.safetensors: 1 of 2[0-9] layers have no counterpart there, so no ratio: lm_head\$" \
     "$probe" "$dir/trn-untied/model.safetensors" --init "$dir/trn-tied/model.safetensors" --json --quiet
   [ "$(wc -l <"$err_file")" -eq 1 ] && pass || fail "--init partial: $(wc -l <"$err_file") lines on stderr"
   python3 -c '

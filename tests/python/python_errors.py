@@ -7,6 +7,7 @@ import gc
 import os
 import tempfile
 import unittest
+import warnings
 
 import numpy as np
 import torch
@@ -206,15 +207,21 @@ class MonitorErrors(unittest.TestCase):
             with self.assertRaisesRegex(stabmeter.StateError, "closed"):
                 call()
 
-    def test_not_f32(self):
-        with self.assertRaisesRegex(TypeError, "float32"):
-            st.Monitor(GPT(width=16, depth=1, heads=2, context=8).half(), heads=2)
-        experts = torch.nn.Module()  # a 3-D expert tensor in bfloat16: no slice of it read as f32
+    def test_types(self):
+        # float16 and bfloat16 are read as stored (python_models.py checks the values); float64 is not
+        with self.assertRaisesRegex(ValueError, r"no parameter is a layer; 0 of \d+ parameters .*dtype FLOAT64"):
+            st.Monitor(GPT(width=16, depth=1, heads=2, context=8).double(), heads=2)
+        experts = torch.nn.Module()  # a 3-D expert tensor in bfloat16: its slices read as stored
         experts.blk = torch.nn.Module()
-        experts.blk.ffn_up_exps = torch.nn.Parameter(torch.zeros(4, 8, 16, dtype=torch.bfloat16))
+        experts.blk.ffn_up_exps = torch.nn.Parameter(torch.randn(4, 8, 16, dtype=torch.bfloat16))
         experts.blk.fc = torch.nn.Linear(16, 8)
-        with self.assertRaisesRegex(TypeError, "blk.ffn_up_exps is BF16"):
-            st.Monitor(experts)
+        experts.blk.fc.weight.data = experts.blk.fc.weight.data.to(torch.bfloat16)  # its bias stays float32
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            with st.Monitor(experts) as mon:
+                self.assertIn("blk.ffn_up_exps.3", dict(mon.layers))
+                self.assertRegex(mon.skipped["blk.fc"], r"different types \(BF16, F32\)")
+        self.assertTrue(any("blk.fc (its tensors are of different types" in str(w.message) for w in record))
         with self.assertRaisesRegex(TypeError, "torch.nn.Module"):
             st.Monitor({"a": torch.zeros(3, 3)})
 

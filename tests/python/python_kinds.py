@@ -88,7 +88,9 @@ class Kinds(unittest.TestCase):
 
     def test_gpt2(self):
         self.same_as_probe(gpt2(), {
-            "transformer.h.0.attn.c_attn": ("linear", "in_major"),
+            # the fused Conv1D c_attn is three layers, q, k and v
+            "transformer.h.0.attn.c_attn.q": ("linear", "in_major"),
+            "transformer.h.0.attn.c_attn.v": ("linear", "in_major"),
             "transformer.h.0.attn.c_proj": ("linear", "in_major"),
             "transformer.h.1.attn.logits": ("attention", "in_major"),
             "transformer.h.0.ln_1": ("gain", "rows"), "transformer.h.0.ln_1.bias": ("bias", "rows"),

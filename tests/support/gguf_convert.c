@@ -31,7 +31,9 @@
  *   kind (linear sqrt(d_in/d_out) sigma(dW) plus the bias's RMS, sigma by LAPACK dgesvd in f64;
  *   embedding max_i RMS(dE_i); lm_head 2 d max_i RMS(dw_i); gain max |dg|; bias RMS(db)), and
  *   the Frobenius norms of dW, W_gguf and W_hf; a tied model's head (no output.weight) gets a
- *   line "token_embd.weight HF_NAME lm_head ...". The GGUF values are decoded here (F32 as
+ *   line "token_embd.weight HF_NAME lm_head ...", and GPT-2's fused attn_qkv three lines, one
+ *   per third of its rows (q, k, v as the probe splits it), named blk.N.attn_qkv.q and
+ *   HF_MODULE.q (k, v) as the probe names those layers. The GGUF values are decoded here (F32 as
  *   stored, F16 by bits, block types by gq_element), rows put back in HF order by this file's
  *   own permutation.
  * Usage: gguf_convert --make llama|gpt2 OUT.safetensors
@@ -451,6 +453,17 @@ static int reference(const model *m, const stab_safetensors *st, const char *ggu
       for (size_t e = 0; e < n; e++) upd = fmax(upd, fabs(dw[e]));
     } else if (t->ndim == 1) kind = "bias", upd = frob(dw, n) / sqrt((double)n);
     else kind = "linear", upd = sqrt((double)cols / (double)rows) * sigma_max(dw, rows, cols);
+    if (!strcmp(kind, "linear") && !strcmp(mod, "attn_qkv") && rows % 3 == 0) {
+      /* the fused q, k, v are three layers (GPT-2: thirds), the probe's rows named
+       * <module>.q ...: row blocks in GGUF's order, each block's own update and norms */
+      const size_t r3 = rows / 3, lg = strlen(g) - (weight ? 7 : 0), lh = strlen(t->name) - (weight ? 7 : 0);
+      for (size_t p = 0; p < 3; p++) {
+        const double *d = dw + p * r3 * cols, *qb = q + p * r3 * cols, *wb = w0 + p * r3 * cols;
+        printf("%.*s.%c %.*s.%c linear %.17g %.17g %.17g %.17g\n", (int)lg, g, "qkv"[p], (int)lh, t->name, "qkv"[p],
+               sqrt((double)cols / (double)r3) * sigma_max(d, r3, cols), frob(d, r3 * cols), frob(qb, r3 * cols),
+               frob(wb, r3 * cols));
+      }
+    } else
     printf("%s %s %s %.17g %.17g %.17g %.17g\n", g, t->name, kind, upd, frob(dw, n), frob(q, n), frob(w0, n));
     if (!strcmp(mod, "token_embd") && !has_output)
       printf("%s %s lm_head %.17g %.17g %.17g %.17g\n", g, t->name, 2.0 * (double)cols * max_row_rms(dw, rows, cols),

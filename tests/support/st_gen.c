@@ -6,7 +6,9 @@
  * hand here, independently of the probe's rule table.
  * Usage: st_gen OUT_PREFIX gpt2|llama F32|F16|BF16 [NONFINITE]
  * writes OUT_PREFIX.safetensors, OUT_PREFIX.prev.safetensors and OUT_PREFIX.ref, one line
- * per layer: name kind forward dependency update (nan where undefined).
+ * per layer: name kind forward dependency update (nan where undefined); a layer is named by
+ * its tensor, except the fused c_attn's q, k and v (h.0.attn.c_attn.q ..., as the probe names
+ * them: the column blocks of the in-major [16][48] with their thirds of the bias).
  * st_gen OUT_PREFIX llmc F32|BF16 writes the same three files for an llm.c checkpoint
  * (OUT_PREFIX.bin, OUT_PREFIX.prev.bin, OUT_PREFIX.ref), V = 50 padded to 64 with padding
  * rows of 1e6 that must not reach any metric.
@@ -404,13 +406,21 @@ int main(int argc, char **argv) {
   mp.spectral.method = STAB_SPECTRAL_EXACT;
   for (size_t i = 0; i < n; i++) {
     if (s[i].kind < 0) continue;
+    /* GPT-2's fused in-major c_attn [D][3D] is three layers, q, k and v: column blocks of the
+     * stored rows of 3D (ld), each with its third of the bias, named as the probe names them */
+    const size_t len = strlen(s[i].name);
+    const int fused = s[i].kind == STAB_KIND_LINEAR && s[i].in_major && len > 13 && !strcmp(s[i].name + len - 13, "c_attn.weight");
+    for (int part = 0; part < (fused ? 3 : 1); part++)
     for (int tied = 0; tied < 2; tied++) {
       int kind = s[i].kind;
       if (tied) {
         if (!tied_name || strcmp(s[i].name, tied_name)) break;
         kind = STAB_KIND_LM_HEAD; /* the tied head of the GPT-2 and GGUF models */
       }
-      stab_layer L = {.name = s[i].name, .kind = kind, .weight = s[i].after};
+      char pname[256];
+      if (fused) snprintf(pname, sizeof pname, "%.*s.%c", (int)(len - 7), s[i].name, "qkv"[part]);
+      else snprintf(pname, sizeof pname, "%s", s[i].name);
+      stab_layer L = {.name = pname, .kind = kind, .weight = s[i].after};
       stab_layer B = L;
       B.weight = s[i].before;
       size_t r = s[i].shape[0], c = s[i].ndim == 2 ? s[i].shape[1] : 0;
@@ -418,15 +428,21 @@ int main(int argc, char **argv) {
         L.layout = s[i].in_major ? STAB_LAYOUT_IN_MAJOR : STAB_LAYOUT_OUT_MAJOR;
         L.d_in = s[i].in_major ? r : c, L.d_out = s[i].in_major ? c : r;
         if (s[i].bias) L.bias = find(s, n, s[i].bias)->after, B.bias = find(s, n, s[i].bias)->before;
+        if (fused) {
+          const size_t w = c / 3;
+          L.d_out = w, L.ld = c;
+          L.weight += part * w, B.weight += part * w;
+          L.bias += part * w, B.bias += part * w;
+        }
       } else if (kind == STAB_KIND_EMBEDDING || kind == STAB_KIND_LM_HEAD) L.vocab = r, L.width = c; /* [V][d] */
       else L.d_in = L.d_out = r;
-      B.layout = L.layout, B.d_in = L.d_in, B.d_out = L.d_out, B.vocab = L.vocab, B.width = L.width;
+      B.layout = L.layout, B.d_in = L.d_in, B.d_out = L.d_out, B.vocab = L.vocab, B.width = L.width, B.ld = L.ld;
       stab_metrics m;
       if (stab_layer_metrics(&L, &B, &mp, &m, NULL) != STAB_OK) {
-        fprintf(stderr, "st_gen: %s: %s\n", s[i].name, stab_last_error());
+        fprintf(stderr, "st_gen: %s: %s\n", pname, stab_last_error());
         return 1;
       }
-      fprintf(ref, "%s %s %.17g %.17g %.17g\n", s[i].name, stab_kind_name(kind), m.forward, m.dependency, m.update);
+      fprintf(ref, "%s %s %.17g %.17g %.17g\n", pname, stab_kind_name(kind), m.forward, m.dependency, m.update);
     }
   }
   /* attention, as stored: GPT-2's fused in-major c_attn (2 heads of 8: the probe needs

@@ -411,14 +411,23 @@ START_TEST(test_refused_dtypes) {
     ck_assert_msg(strstr(stab_last_error(), "'wq'") && strstr(stab_last_error(), "before"), "message: %s",
                   stab_last_error());
   }
-  /* the monitor takes F32 layers only */
+  /* the monitor refuses them as stab_layer_metrics does, and takes F32, F16 and BF16 layers
+   * (check_monitor_dtype.c measures them) */
   stab_monitor *mon = NULL;
   TU_ASSERT_OK(stab_monitor_create(NULL, &mon), "monitor");
-  stab_layer l = {.name = "wq", .kind = STAB_KIND_LINEAR, .d_in = 3, .d_out = 4, .weight = w, .dtype = STAB_DTYPE_BF16};
-  ck_assert_int_eq(stab_monitor_add_layer(mon, &l, NULL), STAB_EINVAL);
-  ck_assert_msg(strstr(stab_last_error(), "'wq'") && strstr(stab_last_error(), "F32"), "message: %s", stab_last_error());
-  l.dtype = STAB_DTYPE_F32;
-  TU_ASSERT_OK(stab_monitor_add_layer(mon, &l, NULL), "F32 layer");
+  for (size_t i = 0; i < 3; i++) {
+    stab_layer l = {.name = "wq", .kind = STAB_KIND_LINEAR, .d_in = 3, .d_out = 4, .weight = w, .dtype = refused[i]};
+    ck_assert_int_eq(stab_monitor_add_layer(mon, &l, NULL), STAB_EINVAL);
+    ck_assert_msg(strstr(stab_last_error(), "'wq'") && strstr(stab_last_error(), "dtype"), "message: %s",
+                  stab_last_error());
+  }
+  const stab_dtype taken[] = {STAB_DTYPE_F32, STAB_DTYPE_F16, STAB_DTYPE_BF16};
+  const char *const names[] = {"w32", "w16", "wbf16"};
+  for (size_t i = 0; i < 3; i++) {
+    stab_layer l = {.name = names[i], .kind = STAB_KIND_LINEAR, .d_in = 3, .d_out = 4, .weight = w, .dtype = taken[i]};
+    TU_ASSERT_OK(stab_monitor_add_layer(mon, &l, NULL), "%s", names[i]);
+  }
+  ck_assert_uint_eq(stab_monitor_layer_count(mon), 3);
   stab_monitor_free(mon);
 }
 END_TEST

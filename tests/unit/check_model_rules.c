@@ -90,6 +90,9 @@ static void expect_attention(const model *md, const char *name, size_t q, size_t
   ck_assert_uint_eq(e->k_off, k_off);
 }
 
+static void expect_part(const model *md, const char *name, size_t tensor, int part, stab_layout layout, size_t d_in,
+                        size_t d_out, size_t offset, size_t ld, const stab_ckpt_tensor *bias, size_t bias_offset);
+
 static size_t count_kind(const model *md, stab_kind kind) {
   size_t k = 0;
   for (size_t i = 0; i < stab_model_count(md->m); i++) {
@@ -122,18 +125,18 @@ START_TEST(test_gpt2_hf_conv1d) {
   model md;
   stab_model_config c = heads_config(2, 0, 0);
   build(&md, gpt2_hf, N_GPT2, &c);
-  /* 16 tensors, 4 biases folded, one attention entry, the tied head */
-  ck_assert_uint_eq(stab_model_count(md.m), 16 - 4 + 1 + 1);
+  /* 16 tensors, 4 biases folded, c_attn as q, k and v, one attention entry, the tied head */
+  ck_assert_uint_eq(stab_model_count(md.m), 16 - 4 + 2 + 1 + 1);
   expect(&md, "transformer.wte", STAB_KIND_EMBEDDING, STAB_LAYOUT_NATURAL, 50, 8);
   expect(&md, "transformer.wpe", STAB_KIND_EMBEDDING, STAB_LAYOUT_NATURAL, 16, 8);
   expect(&md, "transformer.h.0.ln_1", STAB_KIND_GAIN, STAB_LAYOUT_NATURAL, 8, 8);
   expect(&md, "transformer.h.0.ln_1.bias", STAB_KIND_BIAS, STAB_LAYOUT_NATURAL, 8, 8);
-  expect(&md, "transformer.h.0.attn.c_attn", STAB_KIND_LINEAR, STAB_LAYOUT_IN_MAJOR, 8, 24);
+  expect_part(&md, "transformer.h.0.attn.c_attn.q", 4, 1, STAB_LAYOUT_IN_MAJOR, 8, 8, 0, 24, &md.t[5], 0);
+  expect_part(&md, "transformer.h.0.attn.c_attn.v", 4, 3, STAB_LAYOUT_IN_MAJOR, 8, 8, 16, 24, &md.t[5], 16);
   expect(&md, "transformer.h.0.attn.c_proj", STAB_KIND_LINEAR, STAB_LAYOUT_IN_MAJOR, 8, 8);
   expect(&md, "transformer.h.0.mlp.c_fc", STAB_KIND_LINEAR, STAB_LAYOUT_IN_MAJOR, 8, 32);
   expect(&md, "transformer.h.0.mlp.c_proj", STAB_KIND_LINEAR, STAB_LAYOUT_IN_MAJOR, 32, 8);
   expect(&md, "transformer.ln_f", STAB_KIND_GAIN, STAB_LAYOUT_NATURAL, 8, 8);
-  ck_assert_ptr_eq(entry(&md, "transformer.h.0.attn.c_attn")->bias, &md.t[5]);
   ck_assert_ptr_eq(entry(&md, "transformer.h.0.mlp.c_proj")->bias, &md.t[13]);
   ck_assert_ptr_null(entry(&md, "transformer.h.0.ln_1")->bias);
   /* fused in-major: q the first 8 columns of the 24, k the next 8 */
@@ -159,7 +162,7 @@ START_TEST(test_gpt2_nanogpt_out_major) {
   model md;
   stab_model_config c = heads_config(2, 0, 0);
   build(&md, sp, N_GPT2, &c);
-  expect(&md, "transformer.h.0.attn.c_attn", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 8, 24);
+  expect_part(&md, "transformer.h.0.attn.c_attn.k", 4, 2, STAB_LAYOUT_OUT_MAJOR, 8, 8, 64, 0, &md.t[5], 8);
   expect(&md, "transformer.h.0.mlp.c_fc", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 8, 32);
   expect(&md, "transformer.h.0.mlp.c_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 32, 8);
   expect(&md, "transformer.h.0.attn.c_proj", STAB_KIND_LINEAR, STAB_LAYOUT_IN_MAJOR, 8, 8);
@@ -355,18 +358,22 @@ START_TEST(test_phi3_fused_gqa) {
   model md;
   stab_model_config c = heads_config(4, 2, 0);
   build(&md, sp, N, &c);
-  expect(&md, "model.layers.0.self_attn.qkv_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 32);
+  expect_part(&md, "model.layers.0.self_attn.qkv_proj.q", 1, 1, STAB_LAYOUT_OUT_MAJOR, 16, 16, 0, 0, NULL, 0);
+  expect_part(&md, "model.layers.0.self_attn.qkv_proj.k", 1, 2, STAB_LAYOUT_OUT_MAJOR, 16, 8, 16 * 16, 0, NULL, 0);
+  expect_part(&md, "model.layers.0.self_attn.qkv_proj.v", 1, 3, STAB_LAYOUT_OUT_MAJOR, 16, 8, 24 * 16, 0, NULL, 0);
   expect(&md, "model.layers.0.mlp.gate_up_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 48);
   /* q: rows 0-15, k: rows 16-23 (16 rows of 16 in) */
   expect_attention(&md, "model.layers.0.self_attn.logits", 1, 1, STAB_LAYOUT_OUT_MAJOR, 16, 16, 4, 2, 16, 16 * 16);
   stab_model_free(md.m);
   c = heads_config(4, 0, 4); /* head_dim instead of key heads: the same split */
   build(&md, sp, N, &c);
+  expect_part(&md, "model.layers.0.self_attn.qkv_proj.v", 1, 3, STAB_LAYOUT_OUT_MAJOR, 16, 8, 24 * 16, 0, NULL, 0);
   expect_attention(&md, "model.layers.0.self_attn.logits", 1, 1, STAB_LAYOUT_OUT_MAJOR, 16, 16, 4, 2, 16, 16 * 16);
   stab_model_free(md.m);
   c = heads_config(4, 0, 0); /* neither: three equal parts, which 32 rows are not */
   build(&md, sp, N, &c);
   expect_not(&md, "model.layers.0.self_attn.logits", "d_out 32 is not three equal parts");
+  expect(&md, "model.layers.0.self_attn.qkv_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 32); /* one layer */
   stab_model_free(md.m);
   c = heads_config(4, 3, 0);
   build(&md, sp, N, &c);
@@ -586,7 +593,8 @@ END_TEST
  * parameters described as stab_ckpt_tensors over its own buffers, every measured entry
  * registered in a monitor through stab_model_entry_layer, one measurement. Every entry must be
  * accepted (names unique, sizes consistent), and each layer's metrics must be those of the
- * layer written by hand: the Conv1D c_attn in-major with its bias, the tied head as a table of
+ * layer written by hand: the Conv1D c_attn's k block in-major (columns 8-15 of rows of 24) with
+ * its third of the bias, the tied head as a table of
  * V = 50 rows of width 8, the attention pair inside the fused c_attn (k 8 columns in). */
 START_TEST(test_register_by_name) {
   model md;
@@ -624,12 +632,12 @@ START_TEST(test_register_by_name) {
   ck_assert_int_eq(stab_monitor_measure(mon, 0), STAB_OK);
   const float *w = buf[4], *b = buf[5], *wte = buf[0];
   stab_layer want[] = {
-      {.name = "c_attn", .kind = STAB_KIND_LINEAR, .d_in = 8, .d_out = 24, .layout = STAB_LAYOUT_IN_MAJOR,
-       .weight = w, .bias = b},
+      {.name = "c_attn.k", .kind = STAB_KIND_LINEAR, .d_in = 8, .d_out = 8, .layout = STAB_LAYOUT_IN_MAJOR,
+       .ld = 24, .weight = w + 8, .bias = b + 8},
       {.name = "head", .kind = STAB_KIND_LM_HEAD, .vocab = 50, .width = 8, .weight = wte},
       {.name = "logits", .kind = STAB_KIND_ATTENTION, .d_in = 8, .d_out = 8, .layout = STAB_LAYOUT_IN_MAJOR,
        .ld = 24, .weight = w, .weight_k = w + 8, .heads = 2}};
-  const char *names[] = {"transformer.h.0.attn.c_attn", "lm_head", "transformer.h.0.attn.logits"};
+  const char *names[] = {"transformer.h.0.attn.c_attn.k", "lm_head", "transformer.h.0.attn.logits"};
   for (size_t k = 0; k < 3; k++) {
     size_t idx;
     ck_assert_msg(stab_monitor_find(mon, names[k], &idx) == STAB_OK, "no layer %s", names[k]);
@@ -657,12 +665,12 @@ START_TEST(test_entry_layers) {
   stab_model_config c = heads_config(H, 0, 0);
   build(&md, sp, 2, &c);
   md.t[0].data = (const unsigned char *)w, md.t[1].data = (const unsigned char *)b;
-  const stab_model_entry *lin = entry(&md, "h.0.attn.c_attn"), *att = entry(&md, "h.0.attn.logits");
+  const stab_model_entry *lin = entry(&md, "h.0.attn.c_attn.v"), *att = entry(&md, "h.0.attn.logits");
   stab_layer L, ref;
   stab_metrics m1, m2;
   ck_assert_int_eq(stab_model_entry_layer(lin, STAB_DTYPE_F32, w, b, NULL, &L), STAB_OK);
-  ref = (stab_layer){.name = "h.0.attn.c_attn", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C,
-                     .layout = STAB_LAYOUT_IN_MAJOR, .weight = w, .bias = b};
+  ref = (stab_layer){.name = "h.0.attn.c_attn.v", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C,
+                     .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3 * C, .weight = w + 2 * C, .bias = b + 2 * C};
   ck_assert_int_eq(stab_layer_metrics(&L, NULL, NULL, &m1, NULL), STAB_OK);
   ck_assert_int_eq(stab_layer_metrics(&ref, NULL, NULL, &m2, NULL), STAB_OK);
   ck_assert_double_eq(m1.forward, m2.forward);
@@ -730,6 +738,237 @@ START_TEST(test_entry_layers) {
 }
 END_TEST
 
+/* ---- fused q, k, v split into three linear layers -------------------------------------- */
+
+/* The part of a fused q/k/v entry: its block of the tensor and slice of the bias. */
+static void expect_part(const model *md, const char *name, size_t tensor, int part, stab_layout layout, size_t d_in,
+                        size_t d_out, size_t offset, size_t ld, const stab_ckpt_tensor *bias, size_t bias_offset) {
+  expect(md, name, STAB_KIND_LINEAR, layout, d_in, d_out);
+  const stab_model_entry *e = entry(md, name);
+  ck_assert_ptr_eq(e->weight, &md->t[tensor]);
+  ck_assert_int_eq(e->part, part);
+  ck_assert_uint_eq(e->offset, offset);
+  ck_assert_uint_eq(e->ld, ld);
+  ck_assert_ptr_eq(e->bias, bias);
+  ck_assert_uint_eq(e->bias_offset, bias ? bias_offset : 0);
+}
+
+/* The layer of entry e over w and b (f32) measured exactly: its sigma against LAPACK's of the
+ * block [rows][cols] at block with row stride ld (the stored block: in-major rows are inputs),
+ * and its forward against sqrt(d_in/d_out) sigma + ||bias slice||_RMS in double. */
+static void expect_block_metrics(const stab_model_entry *e, const float *w, const float *b, const float *block,
+                                 size_t rows, size_t cols, size_t ld, const float *bslice) {
+  stab_layer L;
+  ck_assert_int_eq(stab_model_entry_layer(e, STAB_DTYPE_F32, w, b, NULL, &L), STAB_OK);
+  stab_metrics_params mp = stab_metrics_default_params();
+  mp.spectral.method = STAB_SPECTRAL_EXACT;
+  stab_metrics m;
+  ck_assert_msg(stab_layer_metrics(&L, NULL, &mp, &m, NULL) == STAB_OK, "%s: %s", e->name, stab_last_error());
+  double sigma = ref_sigma(block, rows, cols, ld), rms = 0;
+  for (size_t i = 0; bslice && i < e->d_out; i++) rms += (double)bslice[i] * bslice[i];
+  rms = sqrt(rms / (double)e->d_out);
+  double fwd = sqrt((double)e->d_in / (double)e->d_out) * sigma + rms;
+  ck_assert_msg(fabs(m.sigma - sigma) <= 1e-9 * sigma, "%s: sigma %.17g, LAPACK %.17g", e->name, m.sigma, sigma);
+  ck_assert_msg(fabs(m.forward - fwd) <= 1e-9 * fwd, "%s: forward %.17g, by hand %.17g", e->name, m.forward, fwd);
+}
+
+/* Gaussian data for every tensor of md (freed by free_data), then described again over it. */
+static float **with_data(model *md, size_t n, const stab_model_config *c, unsigned seed) {
+  float **buf = malloc(n * sizeof *buf);
+  tu_rng rng;
+  tu_rng_init(&rng, seed);
+  for (size_t i = 0; i < n; i++) {
+    size_t k = (size_t)md->t[i].count;
+    buf[i] = tu_floats(k ? k : 1);
+    tu_fill_gauss(buf[i], 1, k, k, 0.3, &rng);
+    md->t[i].data = (const unsigned char *)buf[i];
+  }
+  stab_model_free(md->m);
+  ck_assert_int_eq(stab_model_describe(md->p, n, c, &md->m), STAB_OK);
+  return buf;
+}
+static void free_data(float **buf, size_t n) {
+  for (size_t i = 0; i < n; i++) free(buf[i]);
+  free(buf);
+}
+
+/* HF GPT-2's Conv1D c_attn [C][3C] in-major with its bias [3C]: q, k, v are column blocks of
+ * the stored rows (ld 3C, offsets 0, C, 2C), their biases the thirds; nanoGPT's out-major
+ * [3C][C]: row blocks (offsets 0, C*C, 2*C*C, ld 0). The attention entry stays as it was. */
+START_TEST(test_fused_c_attn_split) {
+  const size_t C = 8;
+  static const spec in_major[] = {T2("h.0.attn.c_attn.weight", 8, 24), T1("h.0.attn.c_attn.bias", 24),
+                                  T2("h.0.attn.c_proj.weight", 8, 8)};
+  model md;
+  stab_model_config c = heads_config(2, 0, 0);
+  build(&md, in_major, 3, &c);
+  float **buf = with_data(&md, 3, &c, 31);
+  /* c_attn's one entry is three, the bias folded (no entry of its own), plus c_proj and logits */
+  ck_assert_uint_eq(stab_model_count(md.m), 3 + 1 + 1);
+  const char *names[] = {"h.0.attn.c_attn.q", "h.0.attn.c_attn.k", "h.0.attn.c_attn.v"};
+  for (size_t p = 0; p < 3; p++) {
+    expect_part(&md, names[p], 0, (int)p + 1, STAB_LAYOUT_IN_MAJOR, C, C, p * C, 3 * C, &md.t[1], p * C);
+    expect_block_metrics(entry(&md, names[p]), buf[0], buf[1], buf[0] + p * C, C, C, 3 * C, buf[1] + p * C);
+  }
+  /* the entries stand where the tensor was, in q, k, v order */
+  ck_assert_str_eq(stab_model_entry_at(md.m, 0)->name, "h.0.attn.c_attn.q");
+  ck_assert_str_eq(stab_model_entry_at(md.m, 2)->name, "h.0.attn.c_attn.v");
+  expect(&md, "h.0.attn.c_proj", STAB_KIND_LINEAR, STAB_LAYOUT_IN_MAJOR, 8, 8);
+  ck_assert_uint_eq(entry(&md, "h.0.attn.c_proj")->offset, 0);
+  ck_assert_uint_eq(entry(&md, "h.0.attn.c_proj")->ld, 0);
+  expect_attention(&md, "h.0.attn.logits", 0, 0, STAB_LAYOUT_IN_MAJOR, 8, 8, 2, 2, 24, 8);
+  stab_model_free(md.m);
+  free_data(buf, 3);
+  static const spec out_major[] = {T2("h.0.attn.c_attn.weight", 24, 8), T1("h.0.attn.c_attn.bias", 24)};
+  build(&md, out_major, 2, &c);
+  buf = with_data(&md, 2, &c, 32);
+  for (size_t p = 0; p < 3; p++) {
+    expect_part(&md, names[p], 0, (int)p + 1, STAB_LAYOUT_OUT_MAJOR, C, C, p * C * C, 0, &md.t[1], p * C);
+    expect_block_metrics(entry(&md, names[p]), buf[0], buf[1], buf[0] + p * C * C, C, C, C, buf[1] + p * C);
+  }
+  expect_attention(&md, "h.0.attn.logits", 0, 0, STAB_LAYOUT_OUT_MAJOR, 8, 8, 2, 2, 8, 64);
+  /* over 16-bit data the offsets count 2-byte elements */
+  stab_layer L;
+  ck_assert_int_eq(stab_model_entry_layer(entry(&md, "h.0.attn.c_attn.v"), STAB_DTYPE_BF16, buf[0], buf[1], NULL, &L),
+                   STAB_OK);
+  ck_assert_ptr_eq((const void *)L.weight, (const void *)((const unsigned char *)buf[0] + 2 * C * C * 2));
+  ck_assert_ptr_eq((const void *)L.bias, (const void *)((const unsigned char *)buf[1] + 2 * C * 2));
+  stab_model_free(md.m);
+  free_data(buf, 2);
+  /* widths the config cannot split (25 rows, no key heads): one linear layer, as the tensor */
+  static const spec odd[] = {T2("h.0.attn.c_attn.weight", 25, 8)};
+  build(&md, odd, 1, &c);
+  expect(&md, "h.0.attn.c_attn", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 8, 25);
+  ck_assert_int_eq(entry(&md, "h.0.attn.c_attn")->part, 0);
+  expect_not(&md, "h.0.attn.logits", "d_out 25 is not three equal parts");
+  stab_model_free(md.m);
+}
+END_TEST
+
+/* Phi-3's qkv_proj with grouped-query widths: (4 heads + 2 x 2 key heads) x 4 = 32 rows, q 16,
+ * k and v 8 each, with a fused bias; in-major by a layout override, column blocks of a stored
+ * row of 32 (the attention pair is refused in-major with GQA; its q, k, v are measured). */
+START_TEST(test_fused_qkv_proj_gqa) {
+  static const spec sp[] = {T2("model.layers.0.self_attn.qkv_proj.weight", 32, 16),
+                            T1("model.layers.0.self_attn.qkv_proj.bias", 32),
+                            T2("model.layers.0.mlp.gate_up_proj.weight", 48, 16)};
+  const char *names[] = {"model.layers.0.self_attn.qkv_proj.q", "model.layers.0.self_attn.qkv_proj.k",
+                         "model.layers.0.self_attn.qkv_proj.v"};
+  const size_t first[] = {0, 16, 24}, width[] = {16, 8, 8};
+  model md;
+  stab_model_config c = heads_config(4, 2, 0);
+  build(&md, sp, 3, &c);
+  float **buf = with_data(&md, 3, &c, 33);
+  for (size_t p = 0; p < 3; p++) {
+    expect_part(&md, names[p], 0, (int)p + 1, STAB_LAYOUT_OUT_MAJOR, 16, width[p], first[p] * 16, 0, &md.t[1], first[p]);
+    expect_block_metrics(entry(&md, names[p]), buf[0], buf[1], buf[0] + first[p] * 16, width[p], 16, 16, buf[1] + first[p]);
+  }
+  /* gate_up_proj is no q/k/v: one layer */
+  expect(&md, "model.layers.0.mlp.gate_up_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 16, 48);
+  ck_assert_int_eq(entry(&md, "model.layers.0.mlp.gate_up_proj")->part, 0);
+  expect_attention(&md, "model.layers.0.self_attn.logits", 0, 0, STAB_LAYOUT_OUT_MAJOR, 16, 16, 4, 2, 16, 16 * 16);
+  stab_model_free(md.m);
+  free_data(buf, 3);
+  spec in[3];
+  memcpy(in, sp, sizeof in);
+  in[0].shape[0] = 16, in[0].shape[1] = 32;
+  stab_model_override lay = {"*.qkv_proj.weight", "in_major"};
+  c.layouts = &lay, c.nlayouts = 1;
+  build(&md, in, 3, &c);
+  buf = with_data(&md, 3, &c, 34);
+  for (size_t p = 0; p < 3; p++) {
+    expect_part(&md, names[p], 0, (int)p + 1, STAB_LAYOUT_IN_MAJOR, 16, width[p], first[p], 32, &md.t[1], first[p]);
+    expect_block_metrics(entry(&md, names[p]), buf[0], buf[1], buf[0] + first[p], 16, width[p], 32, buf[1] + first[p]);
+  }
+  expect_not(&md, "model.layers.0.self_attn.logits", "grouped-query attention with in-major weights");
+  stab_model_free(md.m);
+  free_data(buf, 3);
+}
+END_TEST
+
+/* PyTorch nn.MultiheadAttention: in_proj_weight [3E][E] with in_proj_bias [3E] is q, k, v
+ * (module X.in_proj) with their bias slices and the attention entry X.logits; out_proj an
+ * ordinary linear; a bare module's names have no prefix. */
+START_TEST(test_mha_in_proj) {
+  const size_t E = 8;
+  static const spec sp[] = {T2("layers.0.self_attn.in_proj_weight", 24, 8), T1("layers.0.self_attn.in_proj_bias", 24),
+                            T2("layers.0.self_attn.out_proj.weight", 8, 8), T1("layers.0.self_attn.out_proj.bias", 8)};
+  const char *names[] = {"layers.0.self_attn.in_proj.q", "layers.0.self_attn.in_proj.k", "layers.0.self_attn.in_proj.v"};
+  model md;
+  stab_model_config c = heads_config(2, 0, 0);
+  build(&md, sp, 4, &c);
+  float **buf = with_data(&md, 4, &c, 35);
+  ck_assert_uint_eq(stab_model_count(md.m), 3 + 1 + 1); /* q, k, v, out_proj, logits: both biases folded */
+  for (size_t p = 0; p < 3; p++) {
+    expect_part(&md, names[p], 0, (int)p + 1, STAB_LAYOUT_OUT_MAJOR, E, E, p * E * E, 0, &md.t[1], p * E);
+    expect_block_metrics(entry(&md, names[p]), buf[0], buf[1], buf[0] + p * E * E, E, E, E, buf[1] + p * E);
+  }
+  expect(&md, "layers.0.self_attn.out_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 8, 8);
+  ck_assert_ptr_eq(entry(&md, "layers.0.self_attn.out_proj")->bias, &md.t[3]);
+  expect_attention(&md, "layers.0.self_attn.logits", 0, 0, STAB_LAYOUT_OUT_MAJOR, 8, 8, 2, 2, 8, 64);
+  stab_model_free(md.m);
+  free_data(buf, 4);
+  /* without heads: q, k, v all the same, the attention entry says what it lacks */
+  build(&md, sp, 4, NULL);
+  expect_part(&md, names[2], 0, 3, STAB_LAYOUT_OUT_MAJOR, E, E, 2 * E * E, 0, &md.t[1], 2 * E);
+  expect_not(&md, "layers.0.self_attn.logits", "no head count");
+  stab_model_free(md.m);
+  /* the module itself given (a model that is one nn.MultiheadAttention) */
+  static const spec bare[] = {T2("in_proj_weight", 24, 8), T1("in_proj_bias", 24), T2("out_proj.weight", 8, 8)};
+  build(&md, bare, 3, &c);
+  expect_part(&md, "in_proj.k", 0, 2, STAB_LAYOUT_OUT_MAJOR, E, E, E * E, 0, &md.t[1], E);
+  expect_attention(&md, "logits", 0, 0, STAB_LAYOUT_OUT_MAJOR, 8, 8, 2, 2, 8, 64);
+  stab_model_free(md.m);
+  /* bias=False: no in_proj_bias; add_bias_kv: bias_k and bias_v [1][1][E], not measured, said */
+  static const spec kv[] = {T2("attn.in_proj_weight", 24, 8), {"attn.bias_k", STAB_DTYPE_F32, 3, {1, 1, 8}},
+                            {"attn.bias_v", STAB_DTYPE_F32, 3, {1, 1, 8}}};
+  build(&md, kv, 3, &c);
+  expect_part(&md, "attn.in_proj.q", 0, 1, STAB_LAYOUT_OUT_MAJOR, E, E, 0, 0, NULL, 0);
+  expect_not(&md, "attn.bias_k", "add_bias_kv: a learned key appended to every sequence's keys");
+  expect_not(&md, "attn.bias_v", "add_bias_kv: a learned value appended to every sequence's values");
+  stab_model_free(md.m);
+}
+END_TEST
+
+/* nn.MultiheadAttention with kdim or vdim other than embed_dim: separate X.q_proj_weight [E][E],
+ * X.k_proj_weight [E][kdim], X.v_proj_weight [E][vdim], named X.q_proj ..., each with its third
+ * of X.in_proj_bias; the attention entry X.logits from q and k when they read the same inputs. */
+START_TEST(test_mha_separate_proj) {
+  static const spec sp[] = {T2("enc.attn.q_proj_weight", 8, 8), T2("enc.attn.k_proj_weight", 8, 8),
+                            T2("enc.attn.v_proj_weight", 8, 5), T1("enc.attn.in_proj_bias", 24),
+                            T2("enc.attn.out_proj.weight", 8, 8)};
+  model md;
+  stab_model_config c = heads_config(2, 0, 0);
+  build(&md, sp, 5, &c);
+  float **buf = with_data(&md, 5, &c, 36);
+  ck_assert_uint_eq(stab_model_count(md.m), 3 + 1 + 1);
+  const char *names[] = {"enc.attn.q_proj", "enc.attn.k_proj", "enc.attn.v_proj"};
+  const size_t d_in[] = {8, 8, 5};
+  for (size_t p = 0; p < 3; p++) {
+    expect_part(&md, names[p], p, 0, STAB_LAYOUT_OUT_MAJOR, d_in[p], 8, 0, 0, &md.t[3], p * 8);
+    expect_block_metrics(entry(&md, names[p]), buf[p], buf[3], buf[p], 8, d_in[p], d_in[p], buf[3] + p * 8);
+  }
+  expect_attention(&md, "enc.attn.logits", 0, 1, STAB_LAYOUT_OUT_MAJOR, 8, 8, 2, 2, 8, 0);
+  stab_model_free(md.m);
+  free_data(buf, 5);
+  /* kdim 6: keys read other inputs than queries; no bias: nothing folded */
+  spec sp2[5];
+  memcpy(sp2, sp, sizeof sp2);
+  sp2[1].shape[1] = 6;
+  build(&md, sp2, 3, &c);
+  expect(&md, "enc.attn.k_proj", STAB_KIND_LINEAR, STAB_LAYOUT_OUT_MAJOR, 6, 8);
+  ck_assert_ptr_null(entry(&md, "enc.attn.k_proj")->bias);
+  expect_not(&md, "enc.attn.logits", "query d_in 8 but key 'enc.attn.k_proj_weight' d_in 6");
+  stab_model_free(md.m);
+  /* a bias of the wrong width is not sliced: a bias entry of its own */
+  sp2[1].shape[1] = 8, sp2[3].shape[0] = 21;
+  build(&md, sp2, 4, &c);
+  expect(&md, "enc.attn.in_proj_bias", STAB_KIND_BIAS, STAB_LAYOUT_NATURAL, 21, 21);
+  ck_assert_ptr_null(entry(&md, "enc.attn.q_proj")->bias);
+  stab_model_free(md.m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model_rules");
   TCase *tc = tcase_create("rules");
@@ -746,6 +985,10 @@ int main(void) {
   tcase_add_test(tc, test_expert_bounds);
   tcase_add_test(tc, test_entry_layers);
   tcase_add_test(tc, test_register_by_name);
+  tcase_add_test(tc, test_fused_c_attn_split);
+  tcase_add_test(tc, test_fused_qkv_proj_gqa);
+  tcase_add_test(tc, test_mha_in_proj);
+  tcase_add_test(tc, test_mha_separate_proj);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);

@@ -131,9 +131,14 @@ START_TEST(rows_kinds_and_values) {
   ck_assert_int_eq(stab_probe_row_at(p, (size_t)head, &r), STAB_OK);
   ck_assert_int_eq(r.tied, 1);
   ck_assert_str_eq(r.tensor, "wte.weight");
-  long qkv = find_row(p, "h.0.attn.c_attn", "linear");
+  /* the fused c_attn is three layers: k, the second, reads the tensor's middle 16 columns */
+  ck_assert_int_lt(find_row(p, "h.0.attn.c_attn", "linear"), 0);
+  long qkv = find_row(p, "h.0.attn.c_attn.k", "linear");
   ck_assert_int_ge(qkv, 0);
   ck_assert_int_eq(stab_probe_row_at(p, (size_t)qkv, &r), STAB_OK);
+  ck_assert_str_eq(r.tensor, "h.0.attn.c_attn.weight");
+  ck_assert_uint_eq(r.d_in, 16);
+  ck_assert_uint_eq(r.d_out, 16);
   ck_assert_ptr_nonnull(r.bias); /* the bias folded into its linear layer */
   ck_assert_str_eq(r.bias, "h.0.attn.c_attn.bias");
   ck_assert_str_eq(r.reference_tensor, "h.0.attn.c_attn.weight");

@@ -1858,28 +1858,54 @@ static void shared_with(hid_t f, const char *group, char *buf, size_t len) {
   layer_string(f, group, "shares_storage_with", buf, len); /* format 4: space-separated already */
 }
 
+/* f32 values as 16-bit patterns: bf16 (the high halves), also finite numbers of about the same
+ * size read as f16 (the f16 exponent is the bf16 one's high bits). n16 NULL: as they are. */
+static const float *as_stored(const float *x, size_t n, uint16_t **n16) {
+  if (!n16) return x;
+  *n16 = malloc(n * sizeof **n16);
+  ck_assert(*n16 != NULL);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t bits;
+    memcpy(&bits, &x[i], sizeof bits);
+    (*n16)[i] = (uint16_t)(bits >> 16);
+  }
+  return (const float *)(const void *)*n16;
+}
+
 /* A tied table (one buffer as embedding and LM head), q and k inside an out-major fused qkv
  * (llm.c: contiguous blocks), and in HF's in-major [d][3d] c_attn, where q, k and v interleave
  * row by row: a linear over v alone shares nothing with the attention over q and k although
- * their address ranges overlap. Summing param_count_unique counts each float once. */
+ * their address ranges overlap. Summing param_count_unique counts each number once. Loop index:
+ * the layers stored as F32, BF16, F16 (2-byte elements: the same counts of parameters). */
 START_TEST(test_shared_storage) {
   enum { C = 8 };
-  float *table = tu_floats(V * C), *qkv = tu_floats(3 * C * C), *conv = tu_floats(3 * C * C), *other = tu_floats(C * C);
+  static const stab_dtype dtypes[] = {STAB_DTYPE_F32, STAB_DTYPE_BF16, STAB_DTYPE_F16};
+  const stab_dtype dt = dtypes[_i];
+  float *table32 = tu_floats(V * C), *qkv32 = tu_floats(3 * C * C), *conv32 = tu_floats(3 * C * C),
+        *other32 = tu_floats(C * C);
   tu_rng r;
   tu_rng_init(&r, 3);
-  tu_fill_gauss(table, 1, V * C, V * C, 1.0, &r);
-  tu_fill_gauss(qkv, 1, 3 * C * C, 3 * C * C, 0.2, &r);
-  tu_fill_gauss(conv, 1, 3 * C * C, 3 * C * C, 0.2, &r);
-  tu_fill_gauss(other, 1, C * C, C * C, 0.2, &r);
-  const stab_layer layers[] = {
+  tu_fill_gauss(table32, 1, V * C, V * C, 1.0, &r);
+  tu_fill_gauss(qkv32, 1, 3 * C * C, 3 * C * C, 0.2, &r);
+  tu_fill_gauss(conv32, 1, 3 * C * C, 3 * C * C, 0.2, &r);
+  tu_fill_gauss(other32, 1, C * C, C * C, 0.2, &r);
+  uint16_t *h[4] = {NULL};
+  const int wide = dt != STAB_DTYPE_F32;
+  /* offsets below count elements: cast to the 16-bit arrays' element pointers first */
+  const float *table = as_stored(table32, V * C, wide ? &h[0] : NULL);
+  const float *qkv = as_stored(qkv32, 3 * C * C, wide ? &h[1] : NULL);
+  const float *conv = as_stored(conv32, 3 * C * C, wide ? &h[2] : NULL);
+  const float *other = as_stored(other32, C * C, wide ? &h[3] : NULL);
+#define EL(p, k) (wide ? (const float *)(const void *)((const uint16_t *)(const void *)(p) + (k)) : (p) + (k))
+  stab_layer layers[] = {
       {.name = "wte", .kind = STAB_KIND_EMBEDDING, .vocab = V, .width = C, .weight = table},
       {.name = "qkv", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C, .weight = qkv},
       {.name = "attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = 2, .weight = qkv,
-       .weight_k = qkv + C * C},
+       .weight_k = EL(qkv, C * C)},
       {.name = "v", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3 * C,
-       .weight = conv + 2 * C},
+       .weight = EL(conv, 2 * C)},
       {.name = "hf_attn", .kind = STAB_KIND_ATTENTION, .d_in = C, .d_out = C, .heads = 2,
-       .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3 * C, .weight = conv, .weight_k = conv + C},
+       .layout = STAB_LAYOUT_IN_MAJOR, .ld = 3 * C, .weight = conv, .weight_k = EL(conv, C)},
       {.name = "c_attn", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = 3 * C, .layout = STAB_LAYOUT_IN_MAJOR,
        .weight = conv},
       {.name = "other", .kind = STAB_KIND_LINEAR, .d_in = C, .d_out = C, .weight = other},
@@ -1898,10 +1924,14 @@ START_TEST(test_shared_storage) {
       {"layers/other", "", C * C},
       {"layers/lm_head", "wte", 0},
   };
+#undef EL
   make_tmpdir();
   stab_monitor *m = NULL;
   TU_ASSERT_OK(stab_monitor_create(NULL, &m));
-  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) TU_ASSERT_OK(stab_monitor_add_layer(m, &layers[i], NULL));
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
+    layers[i].dtype = dt;
+    TU_ASSERT_OK(stab_monitor_add_layer(m, &layers[i], NULL), "dtype %d, %s", (int)dt, layers[i].name);
+  }
   stab_trace *t = NULL;
   const char *path = tmp_path("shared.h5");
   TU_ASSERT_OK(stab_trace_open(path, m, NULL, &t));
@@ -1913,17 +1943,18 @@ START_TEST(test_shared_storage) {
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     char got[256];
     shared_with(f, want[i].group, got, sizeof got);
-    ck_assert_msg(strcmp(got, want[i].with) == 0, "%s shares storage with '%s', expected '%s'", want[i].group, got,
-                  want[i].with);
+    ck_assert_msg(strcmp(got, want[i].with) == 0, "dtype %d: %s shares storage with '%s', expected '%s'", (int)dt,
+                  want[i].group, got, want[i].with);
     int64_t u = layer_int(f, want[i].group, "param_count_unique");
-    ck_assert_msg(u == want[i].unique, "%s: param_count_unique %lld, expected %lld", want[i].group, (long long)u,
-                  (long long)want[i].unique);
+    ck_assert_msg(u == want[i].unique, "dtype %d: %s: param_count_unique %lld, expected %lld", (int)dt, want[i].group,
+                  (long long)u, (long long)want[i].unique);
     sum += u;
   }
   ck_assert_int_eq(sum, distinct);
   H5Fclose(f);
   stab_monitor_free(m);
-  free(table), free(qkv), free(conv), free(other);
+  free(table32), free(qkv32), free(conv32), free(other32);
+  for (int k = 0; k < 4; k++) free(h[k]);
   remove_tmpdir();
 }
 END_TEST
@@ -2066,7 +2097,7 @@ static Suite *trace_suite(void) {
   tcase_add_test(tc, test_create_failure);
   tcase_add_test(tc, test_forked_child);
   tcase_add_test(tc, test_arguments);
-  tcase_add_test(tc, test_shared_storage);
+  tcase_add_loop_test(tc, test_shared_storage, 0, 3);
   tcase_add_test(tc, test_gqa_storage);
   suite_add_tcase(s, tc);
   return s;

@@ -92,6 +92,72 @@ static void compare(const char *when, const stab_monitor *got, const stab_monito
   }
 }
 
+/* The same model stored as BF16 (the f32 numbers truncated), read in place by every rank. */
+static void to_bf16(const model *md, model *bf, uint16_t *h[NLAYERS][3]) {
+  *bf = *md;
+  for (int i = 0; i < NLAYERS; i++) {
+    bf->l[i].dtype = STAB_DTYPE_BF16;
+    for (int k = 0; k < 3; k++) {
+      h[i][k] = NULL;
+      if (!md->buf[i][k] || !(h[i][k] = malloc(md->len[i][k] * sizeof(uint16_t)))) continue;
+      for (size_t j = 0; j < md->len[i][k]; j++) {
+        uint32_t bits;
+        memcpy(&bits, &md->buf[i][k][j], sizeof bits);
+        h[i][k][j] = (uint16_t)(bits >> 16);
+      }
+    }
+    bf->l[i].weight = (const float *)(const void *)h[i][0];
+    bf->l[i].bias = h[i][1] ? (const float *)(const void *)h[i][1] : NULL;
+    bf->l[i].weight_k = h[i][2] ? (const float *)(const void *)h[i][2] : NULL;
+  }
+}
+
+/* A BF16 model: every rank's metrics the bits of one process's monitor of the same layers, over
+ * steps taken in bf16 (a few units in the last place); a rank holding one layer in another dtype
+ * is refused on every rank, naming the dtype. */
+static void replicated_bf16_cases(const model *md) {
+  model bf;
+  uint16_t *h[NLAYERS][3];
+  to_bf16(md, &bf, h);
+  stab_monitor *rep = monitor_of(&bf, NLAYERS), *ref = monitor_of(&bf, NLAYERS);
+  CHECK(rep && ref, "replicated bf16: monitors: %s", stab_last_error());
+  if (rep && ref) {
+    stab_status st = stab_mpi_monitor_measure(MPI_COMM_WORLD, rep, 0);
+    CHECK(st == STAB_OK, "replicated bf16: first measure: %s", stab_last_error());
+    CHECK(stab_monitor_measure(ref, 0) == STAB_OK, "replicated bf16: reference measure");
+    compare("bf16, cold", rep, ref);
+    for (int t = 1; t <= 2; t++) {
+      CHECK(stab_monitor_snapshot(rep) == STAB_OK && stab_monitor_snapshot(ref) == STAB_OK, "bf16 snapshots");
+      for (int i = 0; i < NLAYERS; i++)
+        for (int k = 0; k < 3; k++)
+          for (size_t j = 0; h[i][k] && j < md->len[i][k]; j++)
+            if ((h[i][k][j] & 0x7fffu) >= 8u) h[i][k][j] = (uint16_t)(h[i][k][j] + (int)((j * 7 + (size_t)t) % 5) - 2);
+      st = stab_mpi_monitor_measure(MPI_COMM_WORLD, rep, 1);
+      CHECK(st == STAB_OK, "replicated bf16: step %d: %s", t, stab_last_error());
+      CHECK(stab_monitor_measure(ref, 1) == STAB_OK, "replicated bf16: reference step %d", t);
+      CHECK(stab_monitor_metrics(ref, 0)->update > 0, "replicated bf16: step %d: update %g", t,
+            stab_monitor_metrics(ref, 0)->update);
+      char when[32];
+      snprintf(when, sizeof when, "bf16, step %d", t);
+      compare(when, rep, ref);
+    }
+  }
+  stab_monitor_free(rep);
+  stab_monitor_free(ref);
+  /* the last rank holds layer 0 as F32: the same shape, another dtype */
+  model odd = bf;
+  if (rank == ranks - 1) odd.l[0] = md->l[0];
+  stab_monitor *m = monitor_of(&odd, NLAYERS);
+  if (m) {
+    stab_status st = stab_mpi_monitor_measure(MPI_COMM_WORLD, m, 0);
+    CHECK(ranks == 1 ? st == STAB_OK : st == STAB_EINVAL && strstr(stab_last_error(), "dtype"),
+          "dtypes differ: %d '%s'", (int)st, stab_last_error());
+  }
+  stab_monitor_free(m);
+  for (int i = 0; i < NLAYERS; i++)
+    for (int k = 0; k < 3; k++) free(h[i][k]);
+}
+
 void replicated_cases(void) {
   model md;
   build(&md);
@@ -140,5 +206,6 @@ void replicated_cases(void) {
           stab_last_error());
   }
   stab_monitor_free(odd);
+  replicated_bf16_cases(&md);
   release(&md);
 }
