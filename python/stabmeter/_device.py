@@ -34,6 +34,7 @@ import ctypes
 
 import numpy as np
 
+from ._lib import Layer as _lib_Layer
 from ._lib import Metrics, SigmaResult, _proto, check, lib
 
 SMALL_COLS = 32    # spectral.c: exact Gram matrix for at most this many columns
@@ -330,3 +331,91 @@ class _LinearParts(ctypes.Structure):
 
 
 _proto("stab_linear_metrics_assemble", ctypes.c_int, ctypes.POINTER(_LinearParts), ctypes.POINTER(Metrics))
+_proto("stab_monitor_add_external", ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_lib_Layer), ctypes.POINTER(ctypes.c_size_t))
+_proto("stab_monitor_set_metrics", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(Metrics), ctypes.POINTER(ctypes.c_double))
+
+
+class Mirrors:
+    """stabmeter.torch.Monitor's parameters that are not on the CPU (every one with on_device):
+    each gets a host copy of its own dtype, which the library's description reads (names,
+    kinds, shapes) and the layers measured by the C monitor read, copied from the device before
+    each snapshot and measurement. A linear layer whose tensors are all such copies is measured
+    on the device instead (linear_metrics: only scalars come back), registered with the C
+    monitor as an external layer whose metrics are set after each measurement, so the trace is
+    written from the host as for any layer; its tensors are never copied unless another layer
+    (an attention bound, a tied table) reads them."""
+
+    def __init__(self, on_device=False):
+        self.all = on_device  # CPU tensors too: the device path run where the tests run
+        self.pairs = {}       # host data_ptr -> (host copy, device tensor)
+        self.linear = []      # [monitor index, weight, bias, before, before_bias, v, v_update]
+        self.copied = set()   # host data_ptrs that C layers read
+        self.tol = 1e-3
+
+    def host(self, t, name):
+        """t itself on the CPU (unless every tensor is mirrored), else its host copy."""
+        if t.device.type == "cpu" and not self.all:
+            return t
+        for h, d in self.pairs.values():  # a shared tensor (a tied table) has one copy
+            if d.data_ptr() == t.data_ptr() and d.shape == t.shape and d.device == t.device:
+                return h
+        h = _torch().empty(t.shape, dtype=t.dtype, device="cpu")
+        try:
+            h.copy_(t)
+        except (RuntimeError, NotImplementedError) as e:
+            raise TypeError("Monitor: parameter %s is on %s and cannot be copied to the host, which the "
+                            "Monitor does once and for the layers it measures there: %s" % (name, t.device, e)) from None
+        self.pairs[h.data_ptr()] = (h, t)
+        return h
+
+    def _find(self, ptr):
+        for h, d in self.pairs.values():
+            lo = h.data_ptr()
+            if lo <= ptr < lo + h.numel() * h.element_size():
+                return h, d, (ptr - lo) // h.element_size()
+        return None
+
+    def add(self, m, layer, kind):
+        """Registers a layer: a linear one on mirrored tensors as external (measured on the device,
+        returns True), else the pointers it reads are copied every step (returns False)."""
+        ptrs = [p for p in (layer.weight, layer.bias, layer.weight_k) if p]
+        found = [self._find(p) for p in ptrs]
+        if kind != "linear" or not all(found) or len({f[1].device for f in found}) != 1:
+            self.copied.update(f[0].data_ptr() for f in found if f)
+            return False
+        # the stored matrix: out-major [d_out][d_in] (the linear kind's usual layout) unless in-major
+        rows, cols = (layer.d_in, layer.d_out) if layer.layout == 2 else (layer.d_out, layer.d_in)
+        _, dev, off = found[0]
+        w = dev.detach().as_strided((rows, cols), (layer.ld or cols, 1), dev.storage_offset() + off)
+        b = None
+        if layer.bias:
+            _, bdev, boff = found[1]
+            b = bdev.detach().as_strided((layer.d_out,), (1,), bdev.storage_offset() + boff)
+        index = ctypes.c_size_t()
+        check(lib.stab_monitor_add_external(m, ctypes.byref(layer), ctypes.byref(index)))
+        self.linear.append([index.value, w, b, None, None, None, None])
+        return True
+
+    def refresh(self):
+        """Copies the device tensors that the C monitor's layers read to their host copies."""
+        for ptr in self.copied:
+            h, d = self.pairs[ptr]
+            h.copy_(d)
+
+    def snapshot(self):
+        """The device layers' weights before the step, on the device (buffers made once)."""
+        for L in self.linear:
+            L[3] = L[1].clone() if L[3] is None else L[3].copy_(L[1])
+            if L[2] is not None:
+                L[4] = L[2].clone() if L[4] is None else L[4].copy_(L[2])
+
+    def measure(self, m, with_update):
+        """Measures each device layer where it is and sets its metrics in the C monitor."""
+        for L in self.linear:
+            index, w, b, before, before_b = L[:5]
+            upd = with_update and before is not None
+            met, L[5], vu = linear_metrics(w, b, before if upd else None, before_b if upd and b is not None else None,
+                                           v=L[5], v_update=L[6], tol=self.tol)
+            if upd:
+                L[6] = vu
+            check(lib.stab_monitor_set_metrics(m, index, ctypes.byref(met), None))

@@ -174,6 +174,97 @@ class Device(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "before_bias is needed"):
             _device.linear_metrics(w, b, wb)
 
+    def test_monitor_device_path(self):
+        # the Monitor's path for parameters off the CPU (_on_device: taken by CPU tensors here,
+        # the code a GPU runs): linear layers measured by _device where they are, the other
+        # layers by the C monitor from host copies, one trace; against the plain Monitor of the
+        # same model (same names, every metric within the two reported errors), the linear
+        # layers' sigma and sigma_update against numpy, and the trace's rows
+        import os
+        import tempfile
+        import warnings
+        import stabmeter.torch as st
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(50, 64)
+                self.fc = torch.nn.Linear(64, 160)
+                self.ln = torch.nn.LayerNorm(160)
+                self.attn = torch.nn.MultiheadAttention(64, 4)
+                self.conv = torch.nn.Conv1d(8, 16, 3)
+                self.head = torch.nn.Linear(160, 50)
+
+        for dt in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            net = Net().to(dt)
+            with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the unmeasured tensors: said by both alike
+                host = st.Monitor(net, trace=os.path.join(tmp, "host.h5"))
+                dev = st.Monitor(net, trace=os.path.join(tmp, "dev.h5"), _on_device=True)
+                self.assertEqual(host.layers, dev.layers)
+                ondev = {host.layers[L[0]][0] for L in dev._mirrors.linear}
+                self.assertEqual(ondev, {"fc", "attn.in_proj.q", "attn.in_proj.k", "attn.in_proj.v",
+                                         "attn.out_proj", "conv"}, str(dt))
+                last = {}
+                for step in (1, 2, 3):
+                    for mon in (host, dev):
+                        mon.before_step(step)
+                    before = {n: p.detach().double().clone() for n, p in net.named_parameters()}
+                    with torch.no_grad():
+                        for p in net.parameters():
+                            p.add_((1e-3 * torch.randn(p.shape)).to(dt))
+                    for mon in (host, dev):
+                        mon.after_step(step, loss=1.0 / step)
+                    mh, md = host.metrics(), dev.metrics()
+                    for name, h in mh.items():
+                        d = md[name]
+                        what = "%s %s step %d" % (dt, name, step)
+                        for key in ("forward", "dependency", "update", "sigma", "sigma_update", "rel_update",
+                                    "forward_tight", "dependency_tight", "update_tight", "spread"):
+                            x, y = h[key], d[key]
+                            if math.isnan(x):
+                                self.assertTrue(math.isnan(y), what + " " + key)
+                                continue
+                            e = (h["sigma_rel_err"] if key in ("forward", "dependency", "sigma") else
+                                 h["sigma_update_rel_err"] if key in ("update", "sigma_update") else 0.0)
+                            e2 = (d["sigma_rel_err"] if key in ("forward", "dependency", "sigma") else
+                                  d["sigma_update_rel_err"] if key in ("update", "sigma_update") else 0.0)
+                            e = 0.0 if math.isnan(e) else e
+                            e2 = 0.0 if math.isnan(e2) else e2
+                            self.assertLessEqual(abs(x - y), (e + e2 + 1e-9) * abs(x), what + " " + key)
+                        self.assertEqual(h["flags"], d["flags"], what)
+                        if name in ondev:  # against numpy in float64
+                            # the same warm starts as the C monitor's: comparable passes
+                            self.assertLessEqual(abs(d["passes"] - h["passes"]), 2, what)
+                            self.assertLessEqual(abs(d["update_passes"] - h["update_passes"]), 2, what)
+                            pname = {"attn.in_proj.q": "attn.in_proj_weight", "attn.in_proj.k": "attn.in_proj_weight",
+                                     "attn.in_proj.v": "attn.in_proj_weight"}.get(name, name + ".weight")
+                            w = dict(net.named_parameters())[pname].detach().double()
+                            wb = before[pname]
+                            part = "qkv".find(name[-1]) if pname == "attn.in_proj_weight" else -1
+                            if part >= 0:
+                                w, wb = w[64 * part:64 * (part + 1)], wb[64 * part:64 * (part + 1)]
+                            w, wb = w.reshape(w.shape[0], -1).numpy(), wb.reshape(wb.shape[0], -1).numpy()
+                            for got, err, m in ((d["sigma"], d["sigma_rel_err"], w), (d["sigma_update"],
+                                                 d["sigma_update_rel_err"], w - wb)):
+                                ref = np.linalg.svd(m, compute_uv=False)[0]
+                                self.assertLessEqual(got, ref * (1 + ROUND), what)
+                                self.assertLessEqual(ref - got, (err + ROUND) * ref, what)
+                            last[name] = (d["passes"], h["passes"])
+                print("\nMonitor %s, step 3, passes (device, C): %s" % (dt, last))
+                host.close()
+                dev.close()
+                th, td = stabmeter.read_trace(os.path.join(tmp, "host.h5")), stabmeter.read_trace(os.path.join(tmp, "dev.h5"))
+                self.assertEqual([l.name for l in th.layers], [l.name for l in td.layers])
+                self.assertEqual(list(td.steps), [1, 2, 3])
+                for lh in th.layers:
+                    ld = td.layer(lh.name)
+                    for key in ("forward", "sigma", "update"):
+                        if key in lh.metrics:
+                            np.testing.assert_allclose(ld.metrics[key], lh.metrics[key], rtol=2e-3, equal_nan=True,
+                                                       err_msg="%s %s %s" % (dt, lh.name, key))
+
     def test_zero_and_nonfinite(self):
         z = _device.sigma(torch.zeros(100, 50))
         self.assertEqual(z["sigma"], 0.0)
