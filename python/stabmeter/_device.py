@@ -280,13 +280,13 @@ def _rms(a, b=None):
 
 
 def linear_metrics(weight, bias=None, before=None, before_bias=None, v=None, v_update=None, tol=1e-3,
-                   max_passes=1000, krylov_dim=128, seed=0x5EED):
+                   max_passes=1000, krylov_dim=128, seed=0x5EED, in_major=False):
     """A linear layer's metrics measured on its tensors' device: sigma(W) and, with before (W
     before the step, on the same device), sigma(W - before) by sigma() above; ||b||_RMS, ||db||_RMS,
     ||W||_F^2 and ||dW||_F^2 in float64 by torch; and stab_linear_metrics_assemble (the C library)
-    to turn them into the metrics stab_layer_metrics gives. weight: the stored out-major matrix
-    [d_out][d_in] (a convolution's [C_out][C_in * prod(k)] view), measured as stored, as the C
-    library does. v, v_update: the warm-start vectors of the last call (None: cold). Returns
+    to turn them into the metrics stab_layer_metrics gives. weight: the stored matrix, out-major
+    [d_out][d_in] (a convolution's [C_out][C_in * prod(k)] view) or with in_major [d_in][d_out]
+    (Hugging Face's Conv1D), measured as stored, as the C library does. v, v_update: the warm-start vectors of the last call (None: cold). Returns
     (metrics, v, v_update): metrics a stabmeter._lib.Metrics, the vectors for the next call."""
     if weight.dim() != 2:
         raise ValueError("_device.linear_metrics: weight must be 2-D (the stored [d_out][d_in]), got shape %s"
@@ -297,13 +297,13 @@ def linear_metrics(weight, bias=None, before=None, before_bias=None, v=None, v_u
         if t.device != weight.device or t.dtype != weight.dtype:
             raise ValueError("_device.linear_metrics: %s must be on weight's device %s in its dtype %s, got %s %s"
                              % (what, weight.device, weight.dtype, t.device, t.dtype))
-        want = (weight.shape[0],) if like is None else tuple(like.shape)
+        want = (weight.shape[1 if in_major else 0],) if like is None else tuple(like.shape)
         if tuple(t.shape) != want:
             raise ValueError("_device.linear_metrics: %s must have shape %s, got %s" % (what, want, tuple(t.shape)))
     if (before_bias is None) != (before is None or bias is None):
         raise ValueError("_device.linear_metrics: before_bias is needed exactly when before and bias are given")
     parts = _LinearParts()
-    parts.d_out, parts.d_in = weight.shape
+    parts.d_out, parts.d_in = reversed(weight.shape) if in_major else weight.shape
     kw = dict(tol=tol, max_passes=max_passes, krylov_dim=krylov_dim, seed=seed)
     w = sigma(weight, v=v, **kw)
     parts.weight = SigmaResult(w["sigma"], w["rel_err"], w["passes"], int(w["converged"]), int(w["nonfinite"]))
@@ -393,7 +393,7 @@ class Mirrors:
             b = bdev.detach().as_strided((layer.d_out,), (1,), bdev.storage_offset() + boff)
         index = ctypes.c_size_t()
         check(lib.stab_monitor_add_external(m, ctypes.byref(layer), ctypes.byref(index)))
-        self.linear.append([index.value, w, b, None, None, None, None])
+        self.linear.append([index.value, w, b, None, None, None, None, layer.layout == 2])
         return True
 
     def refresh(self):
@@ -415,7 +415,7 @@ class Mirrors:
             index, w, b, before, before_b = L[:5]
             upd = with_update and before is not None
             met, L[5], vu = linear_metrics(w, b, before if upd else None, before_b if upd and b is not None else None,
-                                           v=L[5], v_update=L[6], tol=self.tol)
+                                           v=L[5], v_update=L[6], tol=self.tol, in_major=L[7])
             if upd:
                 L[6] = vu
             check(lib.stab_monitor_set_metrics(m, index, ctypes.byref(met), None))

@@ -3,8 +3,9 @@ run here on CPU tensors: float32, float16 and bfloat16 matrices (Gaussian, tall,
 rows, narrow, spiked with s1/s2 = 1.001) against numpy's float64 SVD of the stored values (the
 estimate a lower bound, its actual error never above the error it reports: counted), against
 the C library (stabmeter.sigma, stabmeter.layer_metrics) within the two reported errors with
-comparable passes, a linear layer's metrics assembled from device-side quantities, sigma(A - B) of an update, the warm start after a small update, restarts, the
-chunked float64 copy, and the zero and non-finite matrices."""
+comparable passes, sigma(A - B) of an update, a linear layer's metrics assembled from device-side
+quantities, the warm start after a small update, restarts, the chunked float64 copy, the zero
+and non-finite matrices, and stabmeter.torch.Monitor's path for a model off the CPU."""
 
 import math
 import unittest
@@ -174,6 +175,82 @@ class Device(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "before_bias is needed"):
             _device.linear_metrics(w, b, wb)
 
+    def same_metrics(self, h, d, what):
+        """A layer's metrics from the device path (d) and the C monitor (h): within the two
+        reported errors of sigma (or of sigma_update), exact elsewhere but for rounding."""
+        for key in ("forward", "dependency", "update", "sigma", "sigma_update", "rel_update",
+                    "forward_tight", "dependency_tight", "update_tight", "spread"):
+            x, y = h[key], d[key]
+            if math.isnan(x):
+                self.assertTrue(math.isnan(y), what + " " + key)
+                continue
+            errs = {"forward": "sigma_rel_err", "dependency": "sigma_rel_err", "sigma": "sigma_rel_err",
+                    "update": "sigma_update_rel_err", "sigma_update": "sigma_update_rel_err"}
+            e = sum(0.0 if math.isnan(m[errs[key]]) else m[errs[key]] for m in (h, d)) if key in errs else 0.0
+            self.assertLessEqual(abs(x - y), (e + 1e-9) * abs(x), what + " " + key)
+        self.assertEqual(h["flags"], d["flags"], what)
+
+    def test_monitor_device_path_gpt2_conv1d(self):
+        # Hugging Face GPT-2's Conv1D, in-major: the fused c_attn's q, k, v parts are column
+        # blocks of one [d][3d] tensor (a row stride of 3d), measured on the device from there
+        import warnings
+        import stabmeter.torch as st
+        nn = torch.nn
+
+        class Conv1D(nn.Module):
+            def __init__(self, nf, nx):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(nx, nf) * 0.1)
+                self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c_attn, self.c_proj = Conv1D(3 * 64, 64), Conv1D(64, 64)
+
+        class MLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c_fc = Conv1D(4 * 64, 64)  # [64][256]: d_in 64, d_out 256
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attn, self.ln_1, self.mlp = Attn(), nn.LayerNorm(64), MLP()
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.h, self.wte = nn.ModuleList([Block()]), nn.Embedding(40, 64)
+
+        torch.manual_seed(2)
+        m = GPT()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            host, dev = st.Monitor(m, heads=4), st.Monitor(m, heads=4, _on_device=True)
+        self.assertEqual({host.layers[L[0]][0] for L in dev._mirrors.linear},
+                         {"h.0.attn.c_attn.q", "h.0.attn.c_attn.k", "h.0.attn.c_attn.v", "h.0.attn.c_proj",
+                          "h.0.mlp.c_fc"})
+        for step in (1, 2):
+            for mon in (host, dev):
+                mon.before_step(step)
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(1e-3 * torch.randn_like(p))
+            for mon in (host, dev):
+                mon.after_step(step)
+            mh, md = host.metrics(), dev.metrics()
+            for name in mh:
+                self.assertEqual(mh[name]["layout"], md[name]["layout"], name)
+                self.same_metrics(mh[name], md[name], "gpt2 %s step %d" % (name, step))
+        # q's sigma against numpy: the first d columns of c_attn.weight, as stored [d_in][d_out]
+        q = m.h[0].attn.c_attn.weight.detach().double()[:, :64].numpy()
+        ref = np.linalg.svd(q, compute_uv=False)[0]
+        d = md["h.0.attn.c_attn.q"]
+        self.assertLessEqual(abs(ref - d["sigma"]), (d["sigma_rel_err"] + ROUND) * ref)
+        host.close()
+        dev.close()
+
     def test_monitor_device_path(self):
         # the Monitor's path for parameters off the CPU (_on_device: taken by CPU tensors here,
         # the code a GPU runs): linear layers measured by _device where they are, the other
@@ -220,20 +297,7 @@ class Device(unittest.TestCase):
                     for name, h in mh.items():
                         d = md[name]
                         what = "%s %s step %d" % (dt, name, step)
-                        for key in ("forward", "dependency", "update", "sigma", "sigma_update", "rel_update",
-                                    "forward_tight", "dependency_tight", "update_tight", "spread"):
-                            x, y = h[key], d[key]
-                            if math.isnan(x):
-                                self.assertTrue(math.isnan(y), what + " " + key)
-                                continue
-                            e = (h["sigma_rel_err"] if key in ("forward", "dependency", "sigma") else
-                                 h["sigma_update_rel_err"] if key in ("update", "sigma_update") else 0.0)
-                            e2 = (d["sigma_rel_err"] if key in ("forward", "dependency", "sigma") else
-                                  d["sigma_update_rel_err"] if key in ("update", "sigma_update") else 0.0)
-                            e = 0.0 if math.isnan(e) else e
-                            e2 = 0.0 if math.isnan(e2) else e2
-                            self.assertLessEqual(abs(x - y), (e + e2 + 1e-9) * abs(x), what + " " + key)
-                        self.assertEqual(h["flags"], d["flags"], what)
+                        self.same_metrics(h, d, what)
                         if name in ondev:  # against numpy in float64
                             # the same warm starts as the C monitor's: comparable passes
                             self.assertLessEqual(abs(d["passes"] - h["passes"]), 2, what)
