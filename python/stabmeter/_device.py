@@ -163,12 +163,15 @@ def sigma(a, b=None, v=None, tol=1e-3, max_passes=1000, krylov_dim=128, seed=0x5
         raise ValueError("_device.sigma: a has a zero side (%d x %d)" % (rows, cols))
     if not (1e-12 <= tol < 0.5):
         raise ValueError("_device.sigma: tol must be in [1e-12, 0.5), got %r" % (tol,))
+    if not (1 <= max_passes <= 1000000 and 2 <= krylov_dim <= 1024):
+        raise ValueError("_device.sigma: max_passes must be in [1, 1000000] and krylov_dim in [2, 1024], got %r and %r"
+                         % (max_passes, krylov_dim))
     dev = a.device
     f64 = torch.float64
     g = _Gram(a.detach(), None if b is None else b.detach())
     if cols <= SMALL_COLS:
         return _small_gram(g, v)
-    M = max(2 * BLOCK, krylov_dim // BLOCK * BLOCK)
+    M = max(2 * BLOCK, ((krylov_dim + 1) & ~1) // BLOCK * BLOCK)  # as stabi_krylov_basis and spectral.c
     # the start vector: the caller's when usable (finite, not zero), else C's cold start
     warm = False
     if v is not None:
