@@ -329,6 +329,22 @@ class Device(unittest.TestCase):
                             np.testing.assert_allclose(ld.metrics[key], lh.metrics[key], rtol=2e-3, equal_nan=True,
                                                        err_msg="%s %s %s" % (dt, lh.name, key))
 
+    def test_not_converged(self):
+        # max_passes running out: converged False, the bound reported as it stands (still true
+        # of the estimate), as the C engine does; the layer flagged STAB_FLAG_NOT_CONVERGED
+        rng = np.random.default_rng(23)
+        t = torch.from_numpy(rng.standard_normal((300, 200)).astype(np.float32))
+        d = _device.sigma(t, tol=1e-6, max_passes=3)
+        c = stabmeter.sigma(t.numpy(), tol=1e-6, max_passes=3, full=True)
+        self.assertFalse(d["converged"])
+        self.assertFalse(c["converged"])
+        self.assertEqual(d["passes"], 3)
+        self.assertGreater(d["rel_err"], 1e-6)
+        self.assertEqual(self.check_estimate(d, svd_top(t), "3 passes"), 0)
+        self.assertLessEqual(abs(d["sigma"] - c["sigma"]), (d["rel_err"] + c["rel_err"]) * c["sigma"])
+        m, _, _ = _device.linear_metrics(t, tol=1e-6, max_passes=3)
+        self.assertEqual(m.flags, stabmeter._lib.FLAG_NOT_CONVERGED)
+
     def test_zero_and_nonfinite(self):
         z = _device.sigma(torch.zeros(100, 50))
         self.assertEqual(z["sigma"], 0.0)
