@@ -19,6 +19,7 @@ from ._arrays import C_INT, C_INT64, choice, integer, overrides
 from ._lib import (KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES, LAYOUT_OVERRIDES, TIGHT_METHODS, UPDATE_SNAPSHOT, check, lib,
                    metrics_dict)
 from ._metrics import _spectral_params
+from ._device import Mirrors as _Mirrors
 from ._model import Model
 
 PRODUCER = "stabmeter.torch"
@@ -261,8 +262,10 @@ class Monitor:
     kind rules by name; biases folded into their linear layer, fused or separate q/k pairs as
     attention layers (heads from heads=, nn.MultiheadAttention or model.config), the tied head.
     What is not measured is said at creation by one UnmeasuredWarning (strict=True: ValueError).
-    The parameters are read where they are, every step: they must stay on the CPU and in place
-    (torch's optimizers update in place), float32, float16 or bfloat16; a parameter whose storage moved (model.to(), .data
+    The parameters are read where they are, every step: they must stay in place (torch's
+    optimizers update in place), float32, float16 or bfloat16. Off the CPU (a CUDA model), linear
+    layers are measured on their device (stabmeter._device) and the others by the library from
+    host copies refreshed each measured step; a parameter whose storage moved (model.to(), .data
     reassigned, a module replaced) is detected at the next call, which raises StateError. The
     monitor holds a reference to every storage it reads, so it never reads freed memory.
 
@@ -274,7 +277,7 @@ class Monitor:
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
                  run_config=None, scalars=("loss", "lr"), flush_every=0, if_exists="fail", strict=False,
-                 _named=None):
+                 _named=None, _on_device=False):
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
         self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
@@ -307,24 +310,25 @@ class Monitor:
         heads, kv_heads = heads or mha or c_heads or 0, kv_heads or c_kv or 0
         head_dim = head_dim or c_hd or 0
         tie = c_tie if tie is None else tie
-        views = []
+        views, ptrs = [], {}
+        # parameters off the CPU: host copies for the description and the C monitor's layers,
+        # linear layers measured where they are (_device.Mirrors; _on_device: CPU ones too, for tests)
+        self._mirrors = _Mirrors(_on_device)
+        self._mirrors.tol = tol
         refused = plan.refused if plan is not None else {}
         for name, p in named:
             if plan is not None and name in plan.views:
                 p = plan.views[name]  # a convolution's [C_out][C_in*prod(k)]: the same memory
-            if p.device.type != "cpu":
-                raise TypeError("Monitor: parameter %s is on %s; stabmeter reads CPU memory: measure a CPU model "
-                                "(model.cpu()) or a copy of its state dict (Monitor.from_state_dict({k: v.cpu() "
-                                "for k, v in model.state_dict().items()}))" % (name, p.device))
             if name not in refused and not p.is_contiguous():
                 raise TypeError("Monitor: parameter %s is not contiguous (strides %s)" % (name, p.stride()))
             if p.numel() and p.data_ptr() % p.element_size():
                 raise TypeError("Monitor: parameter %s: its data at address %#x is not aligned to its %d-byte "
                                 "elements; C reads whole elements (give the module a copy)"
                                 % (name, p.data_ptr(), p.element_size()))
-            views.append((name, p.detach()))  # keeps the storage alive whatever the model does
+            ptrs[name] = p.data_ptr()
+            views.append((name, self._mirrors.host(p.detach(), name)))  # keeps the storage alive whatever the model does
         self._views = views
-        self._ptrs = {name: v.data_ptr() for name, v in views}
+        self._ptrs = ptrs
         user_kinds = _expand_kinds(kinds, views, module_names) if kinds else []
         layouts = overrides(layouts, "Monitor: layouts", LAYOUT_OVERRIDES)  # the caller's first: first match wins
         if plan is not None:
@@ -357,7 +361,8 @@ class Monitor:
                                             "type (model.to(dtype))" % ", ".join(sorted(types)))
                     continue
                 layer = self._model.layer(e, types.popitem()[1])
-                check(lib.stab_monitor_add_layer(self._m, ctypes.byref(layer), None))
+                if not self._mirrors.add(self._m, layer, e.kind):
+                    check(lib.stab_monitor_add_layer(self._m, ctypes.byref(layer), None))
                 self.layers.append((e.name, e.kind))
             if not self.layers:
                 raise ValueError("Monitor: no parameter is a layer; " + self._unmeasured()[len("Monitor: "):])
@@ -501,6 +506,8 @@ class Monitor:
         (every `every` steps; always when step is None), for the update metrics."""
         self.check_parameters()
         if self.measures(step):
+            self._mirrors.refresh()
+            self._mirrors.snapshot()
             check(lib.stab_monitor_snapshot(self._m))
             self._snapshot = True
 
@@ -518,7 +525,9 @@ class Monitor:
             warnings.warn("Monitor.after_step(%s): no before_step(%s) since the last measurement, so this "
                           "step has no update metrics (NaN); call monitor.before_step(step) just before "
                           "optimizer.step() (said once per Monitor)" % (step, step), RuntimeWarning, stacklevel=2)
+        self._mirrors.refresh()
         check(lib.stab_monitor_measure(self._m, 1 if self._snapshot else 0))
+        self._mirrors.measure(self._m, self._snapshot)
         self._snapshot = False
         self.steps += 1
         if self._trace:
@@ -540,7 +549,9 @@ class Monitor:
     def measure(self):
         """Measures every layer now, without update metrics, and returns metrics()."""
         self.check_parameters()
+        self._mirrors.refresh()
         check(lib.stab_monitor_measure(self._m, 0))
+        self._mirrors.measure(self._m, False)
         return self.metrics()
 
     def metrics(self, frame=False):

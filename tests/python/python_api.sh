@@ -45,4 +45,4 @@ trap 'rm -rf "$tmp"' EXIT
 # source tree; one BLAS thread, as the C tests run.
 cd "$tmp" && STABMETER_LIBRARY=$lib STAB_BUILD=$build_abs PYTHONPATH="$src_abs/python:$src_abs/tests/python:$src_abs/tests/support" \
   PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-  "$py" -m unittest python_sigma python_layer python_kinds python_errors python_args python_probe python_monitor python_read_trace python_models
+  "$py" -m unittest python_sigma python_layer python_kinds python_errors python_args python_probe python_monitor python_read_trace python_models python_device
