@@ -56,7 +56,8 @@ struct stab_monitor {
   size_t *order;      /* (cap) the layers, largest stored matrix first (ties: registration) */
   slot *slots;        /* (threads) */
   int threads;        /* the params' threads, resolved */
-  int ready;          /* slots with buffers for every registered layer: min(threads, count) */
+  int ready;          /* slots with buffers for every registered layer: min(threads, measured) */
+  size_t measured;    /* layers read here: count less the external ones, which grow no slot */
   size_t max_rows, max_cols; /* the largest spectral block's sides so far */
   size_t max_work;    /* the most doubles of work a layer needs (stabi_layer_work) */
   size_t max_rowbuf;  /* the most floats of row buffers a 16-bit layer needs (0: none so far) */
@@ -322,7 +323,10 @@ static stab_status add_entry(stab_monitor *m, const stab_layer *layer, size_t *i
   insert_in_order(m, m->count);
   if (index) *index = m->count;
   m->count++;
-  m->ready = m->count < (size_t)m->threads ? (int)m->count : m->threads;
+  /* an external layer grows no slot, so it must not make one ready: a step's thread on a slot
+   * without buffers would measure a layer with a NULL workspace */
+  if (!external) m->measured++;
+  m->ready = m->measured < (size_t)m->threads ? (int)m->measured : m->threads;
   m->bytes += bytes;
   return STAB_OK;
 }

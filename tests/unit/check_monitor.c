@@ -988,6 +988,36 @@ START_TEST(test_layers_in_parallel) {
 }
 END_TEST
 
+/* Externals registered after the only measured layer: they grow no thread's buffers, so they
+ * must not make a thread ready to measure. Before 0.11.0 each one did, and a step's thread on
+ * such a slot measured the layer with a NULL workspace (a crash whenever that thread claimed
+ * it: about one step in seven with two threads). Many steps on four threads: the thread that
+ * claims the layer varies, so a slot without buffers would be met. */
+START_TEST(test_externals_after_the_measured_layer) {
+  float w[8 * 24];
+  for (int i = 0; i < 8 * 24; i++) w[i] = (float)((i * 7) % 11) - 5.0f;
+  stab_monitor_params p = stab_monitor_default_params();
+  p.metrics.spectral.threads = 4;
+  p.update_mode = STAB_UPDATE_NONE;
+  stab_monitor *m = NULL;
+  TU_ASSERT_OK(stab_monitor_create(&p, &m));
+  stab_layer fc = {.name = "fc", .kind = STAB_KIND_LINEAR, .d_in = 24, .d_out = 8, .weight = w};
+  TU_ASSERT_OK(stab_monitor_add_layer(m, &fc, NULL));
+  const char *names[] = {"ext0", "ext1", "ext2", "ext3"};
+  for (int e = 0; e < 4; e++) {
+    stab_layer ext = {.name = names[e], .kind = STAB_KIND_LINEAR, .d_in = 512, .d_out = 512};
+    TU_ASSERT_OK(stab_monitor_add_external(m, &ext, NULL));
+  }
+  stab_metrics ref;
+  TU_ASSERT_OK(stab_layer_metrics(&fc, NULL, &p.metrics, &ref, NULL));
+  for (int step = 0; step < 200; step++) {
+    TU_ASSERT_OK(stab_monitor_measure(m, 0), "step %d", step);
+    TU_ASSERT_REL(stab_monitor_metrics(m, 0)->sigma, ref.sigma, 1e-6, "step %d", step);
+  }
+  stab_monitor_free(m);
+}
+END_TEST
+
 /* A layer held elsewhere (stab_monitor_add_external): skipped by snapshot and measure (its
  * pointers are never read: here they are NULL, and a real layer beside it is measured as
  * stab_layer_metrics measures it), NaN until set, then what was set, through measurements; the
@@ -1080,6 +1110,7 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_reference);
   tcase_add_test(tc, test_reference_late);
   tcase_add_test(tc, test_external);
+  tcase_add_test(tc, test_externals_after_the_measured_layer);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("measure");
