@@ -22,9 +22,7 @@ if [ -z "$py" ]; then
 fi
 src_abs=$(cd "$src" && pwd)
 build_abs=$(cd "$build" && pwd)
-soname=$(sed -n "s/^dlname='\(.*\)'$/\1/p" "$build/lib/libstabmeter.la")
-lib=$build_abs/lib/.libs/$soname
-[ -f "$lib" ] || fail "no $lib (is the library built?)"
+lib=$(built_library "$build") || fail "no library to load"
 
 # The snippet's lines, the code fence and the markers left out (as tests/docs/readme_snippet.sh).
 snippet() {

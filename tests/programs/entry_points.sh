@@ -24,9 +24,7 @@ py=$(pick_python numpy torch)
 [ -n "$py" ] || { echo "SKIP: numpy and torch are not importable (Debian: apt-get install python3-numpy python3-torch)"; exit 77; }
 src_abs=$(cd "$src" && pwd)
 build_abs=$(cd "$build" && pwd)
-soname=$(sed -n "s/^dlname='\(.*\)'$/\1/p" "$build/lib/libstabmeter.la")
-lib=$build_abs/lib/.libs/$soname
-[ -f "$lib" ] || fail "no $lib (is the library built?)"
+lib=$(built_library "$build") || fail "no library to load"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/entry_points.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 run_py() {

@@ -17,8 +17,7 @@ if [ -n "${STAB_SANITIZED:-}" ]; then
   [ -n "$py" ] || { echo "SKIP: numpy is not importable (Debian: apt-get install python3-numpy)"; exit 77; }
   asan=$(${CC:-gcc} -print-file-name=libasan.so)
   case $asan in /*) ;; *) echo "SKIP: no libasan.so from ${CC:-gcc} -print-file-name"; exit 77 ;; esac
-  soname=$(sed -n "s/^dlname='\(.*\)'$/\1/p" "$build/lib/libstabmeter.la")
-  lib=$(cd "$build/lib/.libs" && pwd)/$soname
+  lib=$(built_library "$build") || exit 1
   src_abs=$(cd "$src" && pwd)
   build_abs=$(cd "$build" && pwd)
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/python_api.XXXXXX") || exit 1
@@ -33,10 +32,7 @@ if [ -z "$py" ]; then
   echo "SKIP: numpy, torch and h5py are not importable (Debian: apt-get install python3-numpy python3-torch python3-h5py)"
   exit 77
 fi
-# the library as libtool made it: its soname, from the .la
-soname=$(sed -n "s/^dlname='\(.*\)'$/\1/p" "$build/lib/libstabmeter.la")
-lib=$(cd "$build/lib/.libs" && pwd)/$soname
-[ -f "$lib" ] || { echo "FAIL: no $lib (is the library built?)"; exit 1; }
+lib=$(built_library "$build") || { echo "FAIL: no library to load"; exit 1; }
 src_abs=$(cd "$src" && pwd)
 build_abs=$(cd "$build" && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/python_api.XXXXXX") || exit 1

@@ -12,3 +12,16 @@ pick_python() {
   done
   return 1
 }
+
+# built_library BUILD: prints the absolute path of the libstabmeter that BUILD's make built, by
+# its soname as libtool recorded it in the .la (what the package loads through
+# STABMETER_LIBRARY); returns 1, saying so on stderr, when it is not there.
+built_library() {
+  soname=$(sed -n "s/^dlname='\(.*\)'$/\1/p" "$1/lib/libstabmeter.la" 2>/dev/null)
+  dir=$(cd "$1/lib/.libs" 2>/dev/null && pwd)
+  if [ -z "$soname" ] || [ -z "$dir" ] || [ ! -f "$dir/$soname" ]; then
+    echo "no libstabmeter built in $1/lib (is the library built?)" >&2
+    return 1
+  fi
+  echo "$dir/$soname"
+}

@@ -53,32 +53,6 @@ static void twin_free(twin *t) {
   free(t->f);
 }
 
-/* Bit-identical doubles (any NaN equals any NaN: a NaN's payload is not a metric). */
-static void same_double(const char *what, const char *field, double a, double b) {
-  if (isnan(a) && isnan(b)) return;
-  ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "%s: %s = %.17g stored 16-bit, %.17g as f32", what, field, a, b);
-}
-
-static void same_metrics(const char *what, const stab_metrics *a, const stab_metrics *b) {
-  same_double(what, "forward", a->forward, b->forward);
-  same_double(what, "dependency", a->dependency, b->dependency);
-  same_double(what, "update", a->update, b->update);
-  same_double(what, "forward_tight", a->forward_tight, b->forward_tight);
-  same_double(what, "dependency_tight", a->dependency_tight, b->dependency_tight);
-  same_double(what, "update_tight", a->update_tight, b->update_tight);
-  same_double(what, "spread", a->spread, b->spread);
-  same_double(what, "sigma", a->sigma, b->sigma);
-  same_double(what, "sigma_rel_err", a->sigma_rel_err, b->sigma_rel_err);
-  same_double(what, "sigma_update", a->sigma_update, b->sigma_update);
-  same_double(what, "sigma_update_rel_err", a->sigma_update_rel_err, b->sigma_update_rel_err);
-  same_double(what, "rel_update", a->rel_update, b->rel_update);
-  ck_assert_msg(a->passes == b->passes && a->update_passes == b->update_passes,
-                "%s: passes %d/%d stored 16-bit, %d/%d as f32", what, a->passes, a->update_passes, b->passes,
-                b->update_passes);
-  ck_assert_msg(a->flags == b->flags && a->tight_method == b->tight_method, "%s: flags %d against %d", what,
-                a->flags, b->flags);
-}
-
 /* The most elements a 16-bit matrix has that the passes convert whole (lib/engine/spectral.c) */
 #define WHOLE_CONVERTED ((size_t)1 << 20)
 
@@ -125,10 +99,10 @@ static void check_layer(const char *what, stab_layer l, const twin *w, const twi
                before ? ", with before" : "");
       TU_ASSERT_OK(stab_layer_metrics(&l, before, &p, &mf, l.heads ? hf : NULL), "%s (f32)", msg);
       TU_ASSERT_OK(stab_layer_metrics(&h, before ? &hb : NULL, &p, &mh, l.heads ? hh : NULL), "%s (16-bit)", msg);
-      same_metrics(msg, &mh, &mf);
+      tu_assert_same_metrics(msg, &mh, &mf);
       ck_assert_msg(isfinite(mf.forward) || (mf.flags & STAB_FLAG_NONFINITE_WEIGHT), "%s: forward %g", msg,
                     mf.forward);
-      for (size_t i = 0; i < l.heads; i++) same_double(msg, "head bound", hh[i], hf[i]);
+      for (size_t i = 0; i < l.heads; i++) tu_assert_same_double(msg, "head bound", hh[i], hf[i]);
     }
 }
 
@@ -225,7 +199,7 @@ START_TEST(test_threads) {
     TU_ASSERT_OK(stab_layer_metrics(&h, NULL, &p, &m, NULL), "bf16, %d threads", t);
     char what[40];
     snprintf(what, sizeof what, "bf16, %d threads", t);
-    same_metrics(what, &m, &ref);
+    tu_assert_same_metrics(what, &m, &ref);
   }
   twin_free(&w);
 }
@@ -347,7 +321,7 @@ START_TEST(test_before_in_another_dtype) {
   before.weight = w0.f, before.bias = b0.f; /* F32 */
   TU_ASSERT_OK(stab_layer_metrics(&h, &before, NULL, &m, NULL), "BF16 against F32");
   TU_ASSERT_OK(stab_layer_metrics(&l, &before, NULL, &ref, NULL), "F32 against F32");
-  same_metrics("BF16 against F32", &m, &ref);
+  tu_assert_same_metrics("BF16 against F32", &m, &ref);
   twin_free(&w), twin_free(&b), twin_free(&w0), twin_free(&b0);
 }
 END_TEST

@@ -79,31 +79,6 @@ static void twin_free(twin *w) {
   free(w->f);
 }
 
-/* Bit-identical doubles (any NaN equals any NaN: a NaN's payload is not a metric). */
-static void same_double(const char *what, const char *field, double a, double b) {
-  if (isnan(a) && isnan(b)) return;
-  ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "%s: %s = %.17g, expected %.17g bit for bit", what, field, a, b);
-}
-
-static void same_metrics(const char *what, const stab_metrics *a, const stab_metrics *b) {
-  same_double(what, "forward", a->forward, b->forward);
-  same_double(what, "dependency", a->dependency, b->dependency);
-  same_double(what, "update", a->update, b->update);
-  same_double(what, "forward_tight", a->forward_tight, b->forward_tight);
-  same_double(what, "dependency_tight", a->dependency_tight, b->dependency_tight);
-  same_double(what, "update_tight", a->update_tight, b->update_tight);
-  same_double(what, "spread", a->spread, b->spread);
-  same_double(what, "sigma", a->sigma, b->sigma);
-  same_double(what, "sigma_rel_err", a->sigma_rel_err, b->sigma_rel_err);
-  same_double(what, "sigma_update", a->sigma_update, b->sigma_update);
-  same_double(what, "sigma_update_rel_err", a->sigma_update_rel_err, b->sigma_update_rel_err);
-  same_double(what, "rel_update", a->rel_update, b->rel_update);
-  ck_assert_msg(a->passes == b->passes && a->update_passes == b->update_passes, "%s: passes %d/%d, expected %d/%d",
-                what, a->passes, a->update_passes, b->passes, b->update_passes);
-  ck_assert_msg(a->flags == b->flags && a->tight_method == b->tight_method, "%s: flags %d, expected %d", what,
-                a->flags, b->flags);
-}
-
 /* got within rel of want, both NaN or both finite. */
 static void near_double(const char *what, const char *field, double got, double want, double rel) {
   if (isnan(want)) {
@@ -294,8 +269,8 @@ static void check_other_ref(const char *what, const stab_metrics *m, const stab_
       g = fmax(g, fabs((double)l32->weight[i]));
       if (b32) dg = fmax(dg, fabs((double)l32->weight[i] - (double)b32->weight[i]));
     }
-    same_double(what, "forward (max |g|)", m->forward, g);
-    if (b32) same_double(what, "update (max |dg|)", m->update, dg);
+    tu_assert_same_double(what, "forward (max |g|)", m->forward, g);
+    if (b32) tu_assert_same_double(what, "update (max |dg|)", m->update, dg);
   } else {
     TU_ASSERT_REL(m->forward, ref_rms(l32->weight, C, 1), 1e-14, "%s: forward", what);
     if (b32) TU_ASSERT_REL(m->update, ref_rms_diff(l32->weight, b32->weight, C), 1e-14, "%s: update", what);
@@ -332,15 +307,15 @@ START_TEST(test_snapshot_steps) {
   for (size_t i = 0; i < n; i++) {
     snprintf(what, sizeof what, "%s %s, %s, %d thread(s), step 0", dtype_name(t), lh[i].name,
              exact ? "exact" : "lanczos", threads);
-    same_metrics(what, stab_monitor_metrics(mh, i), stab_monitor_metrics(mf, i));
+    tu_assert_same_metrics(what, stab_monitor_metrics(mh, i), stab_monitor_metrics(mf, i));
     stab_metrics want;
     double heads[HEADS];
     TU_ASSERT_OK(stab_layer_metrics(&lh[i], NULL, &p.metrics, &want, lh[i].kind == STAB_KIND_ATTENTION ? heads : NULL));
-    same_metrics(what, stab_monitor_metrics(mh, i), &want);
+    tu_assert_same_metrics(what, stab_monitor_metrics(mh, i), &want);
     if (lh[i].kind == STAB_KIND_ATTENTION)
       for (size_t h = 0; h < HEADS; h++) {
-        same_double(what, "head bound (f32 monitor)", stab_monitor_head_bounds(mh, i)[h], stab_monitor_head_bounds(mf, i)[h]);
-        same_double(what, "head bound (stab_layer_metrics)", stab_monitor_head_bounds(mh, i)[h], heads[h]);
+        tu_assert_same_double(what, "head bound (f32 monitor)", stab_monitor_head_bounds(mh, i)[h], stab_monitor_head_bounds(mf, i)[h]);
+        tu_assert_same_double(what, "head bound (stab_layer_metrics)", stab_monitor_head_bounds(mh, i)[h], heads[h]);
       }
   }
 
@@ -367,7 +342,7 @@ START_TEST(test_snapshot_steps) {
              exact ? "exact" : "lanczos", threads);
     const stab_metrics *got = stab_monitor_metrics(mh, i);
     /* warm-started from step 0 alike: the f32 monitor's bits */
-    same_metrics(what, got, stab_monitor_metrics(mf, i));
+    tu_assert_same_metrics(what, got, stab_monitor_metrics(mf, i));
     const int attention = lh[i].kind == STAB_KIND_ATTENTION;
     stab_metrics want;
     double heads[HEADS];
@@ -380,7 +355,7 @@ START_TEST(test_snapshot_steps) {
       near_double(what, "forward", got->forward, want.forward, got->sigma_rel_err + want.sigma_rel_err + 1e-6);
       near_double(what, "update", got->update, want.update,
                   got->sigma_update_rel_err + want.sigma_update_rel_err + 1e-6);
-      same_double(what, "rel_update", got->rel_update, want.rel_update);
+      tu_assert_same_double(what, "rel_update", got->rel_update, want.rel_update);
       ck_assert_int_eq(got->flags, want.flags);
     } else if (attention && !exact) {
       for (size_t h = 0; h < HEADS; h++)
@@ -391,11 +366,11 @@ START_TEST(test_snapshot_steps) {
       near_double(what, "sigma_update", got->sigma_update, want.sigma_update, 1e-11);
       near_double(what, "forward", got->forward, want.forward, 1e-11);
       near_double(what, "update", got->update, want.update, 1e-11);
-      same_double(what, "rel_update", got->rel_update, want.rel_update);
+      tu_assert_same_double(what, "rel_update", got->rel_update, want.rel_update);
       for (size_t h = 0; attention && h < HEADS; h++)
         near_double(what, "head bound", stab_monitor_head_bounds(mh, i)[h], heads[h], 1e-11);
     } else {
-      same_metrics(what, got, &want); /* no spectral estimate, so no warm start: the same sums */
+      tu_assert_same_metrics(what, got, &want); /* no spectral estimate, so no warm start: the same sums */
     }
     if (!attention) ck_assert_msg(isfinite(got->update) && got->update > 0, "%s: update %g", what, got->update);
     /* independent references of the exactly converted numbers */
@@ -473,7 +448,7 @@ START_TEST(test_given_update) {
   for (size_t i = 0; i < n; i++) {
     snprintf(what, sizeof what, "%s %s, given update", dtype_name(t), lh[i].name);
     const stab_metrics *got = stab_monitor_metrics(mh, i);
-    same_metrics(what, got, stab_monitor_metrics(mf, i));
+    tu_assert_same_metrics(what, got, stab_monitor_metrics(mf, i));
     if (lh[i].kind != STAB_KIND_LINEAR) continue;
     size_t rows, cols, ld;
     stored(&lf[i], &rows, &cols, &ld);
@@ -510,7 +485,7 @@ START_TEST(test_external) {
   TU_ASSERT_NAN(stab_monitor_metrics(m, i)->forward, "external, not set");
   stab_metrics set = *stab_monitor_metrics(m, 0);
   TU_ASSERT_OK(stab_monitor_set_metrics(m, i, &set, NULL));
-  same_metrics("external", stab_monitor_metrics(m, i), &set);
+  tu_assert_same_metrics("external", stab_monitor_metrics(m, i), &set);
   ck_assert_msg(stab_monitor_metrics(m, 0)->sigma > 0, "the measured layer: sigma %g", stab_monitor_metrics(m, 0)->sigma);
   stab_monitor_free(m);
   model_free(&md);

@@ -377,3 +377,32 @@ const char *tu_path_in(const char *dir, const char *name) {
   ck_assert_msg(n >= 0 && (size_t)n < sizeof paths[0], "tu_path_in: %s/%s is too long", dir, name);
   return p;
 }
+
+/* ---- metrics bit for bit ---------------------------------------------------------- */
+
+void tu_assert_same_double(const char *what, const char *field, double got, double want) {
+  if (isnan(got) && isnan(want)) return;
+  ck_assert_msg(memcmp(&got, &want, sizeof got) == 0, "%s: %s = %.17g, expected %.17g bit for bit", what, field, got,
+                want);
+}
+
+void tu_assert_same_metrics(const char *what, const stab_metrics *got, const stab_metrics *want) {
+  tu_assert_same_double(what, "forward", got->forward, want->forward);
+  tu_assert_same_double(what, "dependency", got->dependency, want->dependency);
+  tu_assert_same_double(what, "update", got->update, want->update);
+  tu_assert_same_double(what, "forward_tight", got->forward_tight, want->forward_tight);
+  tu_assert_same_double(what, "dependency_tight", got->dependency_tight, want->dependency_tight);
+  tu_assert_same_double(what, "update_tight", got->update_tight, want->update_tight);
+  tu_assert_same_double(what, "spread", got->spread, want->spread);
+  tu_assert_same_double(what, "sigma", got->sigma, want->sigma);
+  tu_assert_same_double(what, "sigma_rel_err", got->sigma_rel_err, want->sigma_rel_err);
+  tu_assert_same_double(what, "sigma_update", got->sigma_update, want->sigma_update);
+  tu_assert_same_double(what, "sigma_update_rel_err", got->sigma_update_rel_err, want->sigma_update_rel_err);
+  tu_assert_same_double(what, "rel_update", got->rel_update, want->rel_update);
+  ck_assert_msg(got->passes == want->passes && got->update_passes == want->update_passes,
+                "%s: passes %d/%d, expected %d/%d", what, got->passes, got->update_passes, want->passes,
+                want->update_passes);
+  ck_assert_msg(got->tight_method == want->tight_method && got->flags == want->flags,
+                "%s: tight_method %d flags %d, expected %d and %d", what, got->tight_method, got->flags,
+                want->tight_method, want->flags);
+}

@@ -16,6 +16,8 @@
 
 #include <check.h>
 
+#include "stabmeter.h"
+
 /* ---- RNG: splitmix64 + Box-Muller ------------------------------------------------- */
 
 typedef struct {
@@ -165,6 +167,14 @@ double tu_round_slack(size_t rows, size_t cols);
     ck_assert_msg(tu_st_ == 0, "%s: %s returned %d (%s)", tu_ctx(__VA_ARGS__), #call, tu_st_, \
                   stab_last_error());                                                       \
   } while (0)
+
+/* Every field of got equal to want's bit for bit (any NaN equals any NaN: a NaN's payload is
+ * not a metric), passes included; what names the layer or case in the message. For metrics
+ * that must not depend on how the weights were stored or registered (16-bit against f32, a
+ * monitor against stab_layer_metrics). */
+void tu_assert_same_metrics(const char *what, const stab_metrics *got, const stab_metrics *want);
+/* One such value: what's field got equal to want bit for bit (NaN equals NaN). */
+void tu_assert_same_double(const char *what, const char *field, double got, double want);
 
 /* ---- temporary directories ------------------------------------------------------- */
 
