@@ -70,11 +70,26 @@ count_logs() {
   done
 }
 
-# A test's log, when its result file (automake's .trs: ":test-result: FAIL") says it failed.
+# A test's log, when its result file (automake's .trs: ":test-result: FAIL") says it failed;
+# the log is remembered for the digest at the end.
+failed_logs=()
 show_if_failed() {
   if grep -q '^:test-result: \(FAIL\|ERROR\)' "${1%.log}.trs" 2>/dev/null; then
     echo "---- $1 ----"; cat "$1"
+    failed_logs+=("$1")
   fi
+}
+
+# The failed checks of every failed test again, a few lines each, just above the closing
+# lines: where only the end of the output is kept (a CI log's tail), what failed is still there.
+digest() {
+  [ ${#failed_logs[@]} -gt 0 ] || return 0
+  local log
+  echo "---- what failed ----"
+  for log in "${failed_logs[@]}"; do
+    echo "$log:"
+    { grep -A4 -E '^(FAIL|not ok|[^ ]+:[0-9]+:[EF]:)' "$log" || tail -n 8 "$log"; } | head -n 16 | cut -c1-300
+  done
 }
 
 # One closing line over both builds: the plain one, and the same tests built with
@@ -102,6 +117,7 @@ run_tests() {
   make -j"$(nproc)" check-sanitize >sanitize.log 2>&1 || rc=$?
   count_logs sanitize/build
   [ $rc -eq 0 ] || { tail -n 40 sanitize.log; echo "make check-sanitize failed (exit $rc)"; failed=$((failed > 0 ? failed : 1)); }
+  digest
   echo "check: plain build $plain_passed passed, $plain_failed failed; ASan+UBSan build $passed passed, $failed failed"
   passed=$((plain_passed + passed)) failed=$((plain_failed + failed))
   echo "check: $passed passed, $failed failed"
