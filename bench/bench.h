@@ -72,6 +72,7 @@ typedef struct {
   double pass_s, pass_median_s, pass_GBps, pass_median_GBps;
   int pass_passes;         /* out.passes of the one-pass call; must be 1 */
   double pass_cold_GBps;   /* the same call from a cold start: one pass of four vectors */
+  double pass1_GBps;       /* a pass of one vector: the cold power iteration's, its time over its passes */
   double fraction;         /* pass_GBps / stream_GBps */
   /* The reference read (bench/stream_read.h), with the pass's threads and with one: */
   double wide_GBps, sgemv_GBps, reference_GBps;          /* best of each; the faster */

@@ -25,15 +25,24 @@ void progress(const char *fmt, ...)
  * pass bandwidth is a DRAM figure; the bandwidth target is judged on them. */
 #define BIG_MATRIX_BYTES (64.0 * MIB)
 #define TARGET_SPEEDUP 100.0
-/* cold Lanczos against ARPACK at equal or better actual error, on these sizes */
-#define TARGET_ARPACK 2.0
+/* cold Lanczos against ARPACK, both stopped by their own rule at the same residual bound
+ * (arpack_own_rule: no oracle picks ARPACK's tolerance), on these sizes */
+#define TARGET_ARPACK 1.5
 static const char *const arpack_target_sizes[] = {"4096x4096", "768x3072", "3072x768"};
 #define TARGET_FRACTION 0.70
-/* one pass against the reference read (the faster of a wide-vector read and sgemv) */
+/* one pass of two vectors against the reference read (the faster of a wide-vector read and
+ * sgemv) over matrices of 64 MiB and more; BF16 the same, counting its own bytes */
 #define TARGET_REFERENCE_FRACTION 0.85
+/* in cache memory is not the limit: the same pass against OpenBLAS sgemv reading the same
+ * bytes, at this size (9 MiB: GPT-2's 768x3072) */
+#define TARGET_IN_CACHE_FRACTION 0.60
+static const char *const in_cache_size = "768x3072";
 #define TARGET_WARM_PASSES 4
-/* beside a busy machine, a cold or warm estimate at most this many times its idle time */
-#define TARGET_LOADED_SLOWDOWN 1.5
+/* a cold or warm estimate at most this many times its idle time: beside a trainer's OpenBLAS
+ * sgemm threads, and beside one spinning loop per CPU (which give any job of that many threads
+ * half the CPU: 2x is the fair-share floor there) */
+#define TARGET_LOADED_BLAS 1.3
+#define TARGET_LOADED_SPIN 2.2
 
 /* "4096x4096" or "4096x4096:spiked" */
 static const char *shape_name(char *buf, size_t len, size_t rows, size_t cols, int spiked)
@@ -53,15 +62,18 @@ typedef struct {
   int warm;                /* max Lanczos warm passes over the sizes; -1 if none */
   /* the same sizes as fraction: min pass/reference over them, f32 and BF16 */
   double ref_fraction, bf16_ref_fraction;
-  double loaded;           /* worst loaded/idle ratio (cold or warm, either load); NaN if none */
-  const size_result *loaded_from;
-  double arpack[3];        /* speedup_vs_arpack at arpack_target_sizes; NaN if not measured */
+  double in_cache;         /* pass_GBps / sgemv_GBps at in_cache_size; NaN if not measured */
+  /* worst loaded/idle ratio (cold or warm) beside OpenBLAS sgemm and beside spinning loops;
+   * NaN if none */
+  double loaded_blas, loaded_spin;
+  const size_result *loaded_blas_from, *loaded_spin_from;
+  double arpack[3];        /* speedup_vs_arpack_own_rule at arpack_target_sizes; NaN if not measured */
   double spiked_vs_power;  /* power_oracle_s / cold_krylov_s, worst spiked size; NaN if none */
 } targets;
 
 static targets compute_targets(const size_result *res, size_t n)
 {
-  targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN, NAN, NULL, {NAN, NAN, NAN}, NAN};
+  targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN, NAN, NAN, NAN, NULL, NULL, {NAN, NAN, NAN}, NAN};
   const size_result *largest = NULL;
   for (size_t i = 0; i < n; i++) {
     const size_result *r = &res[i];
@@ -73,7 +85,9 @@ static targets compute_targets(const size_result *res, size_t n)
       t.speedup = r->speedup;
     for (int k = 0; k < 3; k++)
       if (!strcmp(name, arpack_target_sizes[k]))
-        t.arpack[k] = r->speedup_vs_arpack;
+        t.arpack[k] = r->speedup_vs_arpack_own;
+    if (!strcmp(name, in_cache_size))
+      t.in_cache = r->pass_GBps / r->sgemv_GBps;
     double vs = r->power_oracle_s / r->cold_krylov.seconds;
     if (r->spiked && isfinite(vs) && !(vs >= t.spiked_vs_power))
       t.spiked_vs_power = vs;
@@ -90,11 +104,13 @@ static targets compute_targets(const size_result *res, size_t n)
       t.warm = r->warm_krylov.passes;
     if (r->loaded_ok) {
       const load_result *l[2] = {&r->load_spin, &r->load_blas};
+      double *worst_of[2] = {&t.loaded_spin, &t.loaded_blas};
+      const size_result **from[2] = {&t.loaded_spin_from, &t.loaded_blas_from};
       for (int k = 0; k < 2; k++) {
         double worst = fmax(l[k]->loaded_cold_s / l[k]->idle_cold_s, l[k]->loaded_warm_s / l[k]->idle_warm_s);
-        if (!(worst <= t.loaded)) { /* also the first (NaN) */
-          t.loaded = worst;
-          t.loaded_from = r;
+        if (!(worst <= *worst_of[k])) { /* also the first (NaN) */
+          *worst_of[k] = worst;
+          *from[k] = r;
         }
       }
     }
@@ -177,12 +193,16 @@ static void print_loaded(const size_result *res, size_t n, const targets *t)
     printf("  cold/warm: loaded / idle with a spinning loop on each of the %d online CPUs; blas: beside\n"
            "  one process doing sgemm on as many OpenBLAS threads.\n", res[0].load_spin.cpus);
   }
-  if (t->loaded_from)
-    printf("target loaded cold and warm <= %.1fx idle: worst %.2fx (at %zux%zu) %s\n", TARGET_LOADED_SLOWDOWN,
-           t->loaded, t->loaded_from->rows, t->loaded_from->cols,
-           pass_fail(1, t->loaded <= TARGET_LOADED_SLOWDOWN));
-  else
-    printf("target loaded cold and warm <= %.1fx idle: n/a SKIP\n", TARGET_LOADED_SLOWDOWN);
+  const char *beside[2] = {"OpenBLAS sgemm", "spinning loops"};
+  const double bound[2] = {TARGET_LOADED_BLAS, TARGET_LOADED_SPIN};
+  const double worst[2] = {t->loaded_blas, t->loaded_spin};
+  const size_result *from[2] = {t->loaded_blas_from, t->loaded_spin_from};
+  for (int k = 0; k < 2; k++)
+    if (from[k])
+      printf("target beside %s, cold and warm <= %.1fx idle: worst %.2fx (at %zux%zu) %s\n", beside[k], bound[k],
+             worst[k], from[k]->rows, from[k]->cols, pass_fail(1, worst[k] <= bound[k]));
+    else
+      printf("target beside %s, cold and warm <= %.1fx idle: n/a SKIP\n", beside[k], bound[k]);
 }
 
 static void print_human(const options *o, const size_result *res, size_t n, const targets *t,
@@ -230,8 +250,19 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
   printf("  reference: the faster of a %s read loop (%d threads) and OpenBLAS sgemv of the same "
          "bytes, best of each; 1t: one thread\n  each side; bf16: the same matrix stored as BF16, "
          "its bytes as stored, against the f32 reference\n  (through stab_layer_metrics, which starts cold: "
-         "passes of four vectors, the difference of 6 and 2).\n\n",
+         "passes of four vectors, the difference of 6 and 2).\n",
          stream_read_wide_name(), stream_threads);
+  printf("%-11s %9s %8s %9s %8s %9s %8s\n", "size", "1v pass", "of ref", "2v pass", "of ref", "4v pass", "of ref");
+  for (size_t i = 0; i < n; i++) {
+    const size_result *r = &res[i];
+    snprintf(s, sizeof s, "%zux%zu", r->rows, r->cols);
+    printf("%-11s %9s %8s %9s %8s %9s %8s\n", s, fmt_num(a, sizeof a, "%.2f", r->pass1_GBps),
+           fmt_num(b, sizeof b, "%.3f", r->pass1_GBps / r->reference_GBps), fmt_num(c, sizeof c, "%.2f", r->pass_GBps),
+           fmt_num(d, sizeof d, "%.3f", r->reference_fraction), fmt_num(e, sizeof e, "%.2f", r->pass_cold_GBps),
+           fmt_num(f, sizeof f, "%.3f", r->pass_cold_GBps / r->reference_GBps));
+  }
+  printf("  passes of one, two and four vectors (GB/s of W read): 1v the cold power iteration's passes\n"
+         "  (its time over its passes), 2v the warm pass above, 4v a cold start's first pass.\n\n");
 
   const char *ref = o->exact_f64 ? "dgesvd" : "sgesvd";
   printf("%-11s %14s %12s %11s %12s %11s %24s\n", "size", o->exact_f64 ? "sigma dgesvd" : "sigma sgesvd",
@@ -282,6 +313,12 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
     printf("target one pass >= %.0f%% of the reference read: n/a SKIP\n",
            TARGET_REFERENCE_FRACTION * 100);
   }
+  if (isfinite(t->in_cache))
+    printf("target one pass in cache (%s) >= %.0f%% of OpenBLAS sgemv's rate: %.1f%% %s\n", in_cache_size,
+           TARGET_IN_CACHE_FRACTION * 100, t->in_cache * 100, pass_fail(1, t->in_cache >= TARGET_IN_CACHE_FRACTION));
+  else
+    printf("target one pass in cache (%s) >= %.0f%% of OpenBLAS sgemv's rate: n/a (not measured) SKIP\n",
+           in_cache_size, TARGET_IN_CACHE_FRACTION * 100);
   if (t->warm >= 0)
     printf("target warm <= %d passes: %d %s\n", TARGET_WARM_PASSES, t->warm,
            pass_fail(1, t->warm <= TARGET_WARM_PASSES));
@@ -290,10 +327,10 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
   print_loaded(res, n, t);
   for (int k = 0; k < 3; k++)
     if (isfinite(t->arpack[k]))
-      printf("target cold %s >= %.0fx faster than ARPACK at equal or better error: %.2fx %s\n",
+      printf("target cold %s >= %.1fx faster than ARPACK, each by its own rule: %.2fx %s\n",
              arpack_target_sizes[k], TARGET_ARPACK, t->arpack[k], pass_fail(1, t->arpack[k] >= TARGET_ARPACK));
     else
-      printf("target cold %s >= %.0fx faster than ARPACK at equal or better error: n/a (%s) SKIP\n",
+      printf("target cold %s >= %.1fx faster than ARPACK, each by its own rule: n/a (%s) SKIP\n",
              arpack_target_sizes[k], TARGET_ARPACK,
              !arpack_available() ? "built without ARPACK (libarpack2-dev)" : !o->lapack ? "--no-lapack"
                                                                          : "not measured");
@@ -302,9 +339,10 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
            pass_fail(1, t->spiked_vs_power >= 1.0));
   else
     printf("target spiked: no slower than the oracle power iteration: n/a (no ROWSxCOLS:spiked size) SKIP\n");
-  printf("  ARPACK: dsaupd on the smaller Gram matrix, sgemv products (2 reads each), at the loosest\n"
-         "  of the ladder 1e-1, 3e-2, ... whose actual error <= tol; the library at tol or the\n"
-         "  loosest tol/3, tol/10, ... whose actual error <= ARPACK's. Errors against dgesvd.\n");
+  printf("  For information, ARPACK with an oracle: dsaupd on the smaller Gram matrix, sgemv products\n"
+         "  (2 reads each), at the loosest of the ladder 1e-1, 3e-2, ... whose actual error <= tol, a\n"
+         "  tolerance chosen after seeing the answer; the library at tol or the loosest tol/3, tol/10,\n"
+         "  ... whose actual error <= ARPACK's. Errors against dgesvd.\n");
   for (size_t i = 0; i < n; i++) {
     const size_result *r = &res[i];
     char nm[48];
@@ -316,7 +354,7 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
              r->krylov_equal_tol, r->krylov_equal_passes, r->krylov_equal_rel_err, r->speedup_vs_arpack,
              fmt_num(c, sizeof c, "%.4f", r->power_oracle_s), r->power_oracle_iterations);
   }
-  /* Not a target of its own: the comparison without an oracle, both sides on their own rule */
+  /* The ARPACK targets' comparison: without an oracle, both sides on their own rule */
   int own = 0;
   for (size_t i = 0; i < n; i++)
     own = own || isfinite(res[i].arpack_own_s);
@@ -420,6 +458,7 @@ static void print_json(const options *o, const size_result *res, size_t n, const
     json_num("pass_GBps", r->pass_GBps, 1);
     json_num("pass_GBps_median", r->pass_median_GBps, 1);
     json_num("pass_cold_GBps", r->pass_cold_GBps, 1);
+    json_num("pass1_GBps", r->pass1_GBps, 1);
     json_num("pass_bandwidth_fraction", r->fraction, 1);
     json_num("reference_read_GBps", r->reference_GBps, 1);
     json_num("wide_read_GBps", r->wide_GBps, 1);
@@ -494,12 +533,15 @@ static void print_json(const options *o, const size_result *res, size_t n, const
   json_target("pass_reference_fraction", t->ref_fraction, 0, TARGET_REFERENCE_FRACTION, NULL);
   json_target("pass_bf16_reference_fraction", t->bf16_ref_fraction, 0, TARGET_REFERENCE_FRACTION, NULL);
   json_target("warm_passes", t->warm >= 0 ? t->warm : NAN, 1, TARGET_WARM_PASSES, NULL);
-  json_target("loaded_slowdown", t->loaded_from ? t->loaded : NAN, 1, TARGET_LOADED_SLOWDOWN, NULL);
+  e = snprintf(extra, sizeof extra, "\"size\": \"%s\", ", in_cache_size);
+  json_target("pass_in_cache_sgemv_fraction", t->in_cache, 0, TARGET_IN_CACHE_FRACTION, extra);
+  json_target("loaded_blas_slowdown", t->loaded_blas_from ? t->loaded_blas : NAN, 1, TARGET_LOADED_BLAS, NULL);
+  json_target("loaded_spin_slowdown", t->loaded_spin_from ? t->loaded_spin : NAN, 1, TARGET_LOADED_SPIN, NULL);
   printf("\"arpack_available\": %s, ", arpack_available() ? "true" : "false");
   for (int k = 0; k < 3; k++) {
     char name[64];
     snprintf(name, sizeof name, "cold_vs_arpack_%s", arpack_target_sizes[k]);
-    json_target(name, t->arpack[k], 0, TARGET_ARPACK, NULL);
+    json_target(name, t->arpack[k], 0, TARGET_ARPACK, "\"rule\": \"own\", ");
   }
   printf("\"spiked_vs_power_oracle\": {");
   json_num("value", t->spiked_vs_power, 1);

@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench_json.sh — harness/bench --json on one tiny :spiked size: the
-# keys the issue-13 check reads are there, and the ARPACK (ladder and own-rule) and oracle-power ones are numbers
+# keys the issue-13 check reads are there, issue 32's targets with their bounds, and the ARPACK (ladder and own-rule) and oracle-power ones are numbers
 # when configure found ARPACK (config.h's HAVE_ARPACK), null (and said why) when it did not.
 set -u
 build=${builddir:-.}
@@ -47,6 +47,24 @@ for size in doc["sizes"]:
         if abs(size["speedup_vs_arpack_own_rule"] - want) > 1e-6 * want:
             bad.append("%s: speedup_vs_arpack_own_rule %g, not arpack_own_rule_s / cold_krylov_s = %g"
                        % (name, size["speedup_vs_arpack_own_rule"], want))
+# issue 32's targets, each with its bound (no size here is one of theirs: values null)
+bounds = {"pass_reference_fraction": ("min", 0.85), "pass_bf16_reference_fraction": ("min", 0.85),
+          "pass_in_cache_sgemv_fraction": ("min", 0.60), "cold_4096_speedup": ("min", 100),
+          "loaded_blas_slowdown": ("max", 1.3), "loaded_spin_slowdown": ("max", 2.2),
+          "cold_vs_arpack_4096x4096": ("min", 1.5), "cold_vs_arpack_768x3072": ("min", 1.5),
+          "cold_vs_arpack_3072x768": ("min", 1.5)}
+for name, (side, bound) in bounds.items():
+    t = doc["targets"].get(name)
+    if not isinstance(t, dict):
+        bad.append("targets.%s missing" % name)
+    elif t.get(side) != bound or "pass" not in t:
+        bad.append("targets.%s is %r, want %s %g" % (name, t, side, bound))
+for size in ("4096x4096", "768x3072", "3072x768"):
+    if doc["targets"]["cold_vs_arpack_" + size].get("rule") != "own":
+        bad.append("targets.cold_vs_arpack_%s is not by ARPACK's own rule" % size)
+for size in doc["sizes"]:
+    if "pass1_GBps" not in size:
+        bad.append("%dx%d: no key pass1_GBps (a pass of one vector)" % (size["rows"], size["cols"]))
 if not any(s["spiked"] for s in doc["sizes"]):
     bad.append("no spiked size in the output")
 for b in bad:
