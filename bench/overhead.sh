@@ -43,8 +43,8 @@ load_end=$(cut -d' ' -f1 /proc/loadavg)
 awk -v s="$steps" -v w="$width" -v r="$repeat" -v a="$t0" -v b="$t10" -v c="$t1" -v m="$mem" -v f="$s1" \
     -v l0="$load_start" -v l1="$load_end" 'BEGIN {
   printf "width %d, %d steps, fastest of %d: no metrics %.2f s; every 10 steps %.2f s; every step %.2f s\n", w, s, r, a, b, c
-  printf "overhead ratio, every step: %.3f (target <= 1.03)\n", c / a
-  printf "overhead ratio, every 10 steps: %.3f (target <= 1.02)\n", b / a
+  printf "overhead ratio, every step: %.3f (target <= 1.03: %s)\n", c / a, c / a <= 1.03 ? "PASS" : "FAIL"
+  printf "overhead ratio, every 10 steps: %.3f (target <= 1.02: %s)\n", b / a, b / a <= 1.02 ? "PASS" : "FAIL"
   printf "measuring inside the every-step runs: %s%% of their time at the least, an overhead of %.3f by itself\n", f, 1 / (1 - f / 100)
   printf "monitor memory: %s MB\n", m
   printf "load average: %s at the start, %s at the end (2 cores)\n", l0, l1

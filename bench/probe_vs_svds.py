@@ -328,9 +328,10 @@ def compare(args, ladder):
     ratio_svds = svds_s[chosen] / probe_s if probe_s else None
     ratio_full = full_s / probe_s if probe_s and not args.no_full_svd else None
     if ratio_svds is not None:
-        out(f"ratio svds(tol {chosen:g}) / probe: {ratio_svds:.2f} (target >= 2)")
+        out(f"ratio svds(tol {chosen:g}) / probe: {ratio_svds:.2f} (target >= 3: "
+            f"{'PASS' if ratio_svds >= 3 and met else 'FAIL'})")
     if ratio_full is not None:
-        out(f"ratio full SVD / probe: {ratio_full:.1f} (target >= 30)")
+        out(f"ratio full SVD / probe: {ratio_full:.1f} (target >= 30: {'PASS' if ratio_full >= 30 else 'FAIL'})")
     flag = probe_worst[0] > worst[chosen]
     out(f"worst actual error: probe {probe_worst[0]:.3g}, svds(tol {chosen:g}) {worst[chosen]:.3g}"
         + (": THE PROBE'S IS WORSE" if flag else ""))
