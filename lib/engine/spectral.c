@@ -48,9 +48,11 @@
  * 256. WARM_TRUST_TOL 1e-2: the swapped starts of check_spectral, 432 of them, none above the
  * reported error at 1e-2 or 3e-3, one at 3e-2. What it costs: the second pair's convergence,
  * which the warm vector cannot shorten; on a Gaussian the bulk below sigma_max is dense, so
- * a warm start costs about half a cold start's passes (a cold start waits for its top pair to
+ * a warm start costs 0.5-0.8 of a cold start's passes (a cold start waits for its top pair to
  * tol, the warm one for its second to 1e-2), more than the 1 pass a warm start took when it
- * trusted the warm pair alone (docs/lab/performance.md has the figures).
+ * trusted the warm pair alone (docs/lab/performance.md has the figures). The random vectors
+ * are the cold start's (its seeds), so a warm estimate is a function of the matrix and v alone,
+ * the same bits for any thread count, as a cold one.
  * Ritz values are lower bounds of sigma. */
 #include "engine/engine.h"
 
@@ -722,20 +724,19 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
   const stab_spectral_params *p = &ws->params;
   const size_t M = ws->kdim; /* a multiple of BLOCK, at least 2 BLOCK */
   double *const Q = ws->basis, *const H = ws->h, *const Z = ws->y;
-  /* A matrix with few rows has a Krylov space that ends (theta exact) within rows + BLOCK
-   * basis vectors: on a cold start, running it to the end is cheap and immune to the residual
-   * estimate being fooled. A warm start stops at tol by warm_err's claim: the attention heads
-   * of a small model took 17 passes a step each to the end instead of 1-3. */
-  const int warm = start_vector(Q, v, cols, p->seed);
   /* A matrix with few rows: exact, from the Gram matrix of the rows side, warm start or not.
    * A warm start took 1-3 passes here when it trusted the warm vector alone; honest (see "Warm
-   * starts"), it takes more (7 on a Gaussian 64 x 400) than the one read this takes. A shard
-   * (stab_spectral_norm_reduced) holds some of the rows only: the whole matrix runs Lanczos, to
-   * the end of its Krylov space from a cold start when it has at most SMALL_COLS rows. */
+   * starts"), it takes more (7 on a Gaussian 64 x 400) than the one read this takes. */
   if (!ws->reduce.fn && rows < cols && rows <= FEW_ROWS && rows <= M)
     return few_rows(ws, a, rows, cols, v, out);
+  /* A shard (stab_spectral_norm_reduced) holds some of the rows only. When the whole matrix
+   * has at most SMALL_COLS rows, its Krylov space ends (theta exact) within rows + BLOCK basis
+   * vectors, and the estimate runs to that end from a cold start, warm start or not: cheap, and
+   * immune to the residual estimate being fooled (an honest warm start there took more passes,
+   * 6-9 against 3-4). */
   const size_t g_rows = ws->reduce.fn ? ws->reduce.whole_rows : rows; /* rows of the whole matrix */
-  const int to_the_end = ws->reduce.fn && !warm && g_rows + 2 * BLOCK <= M && g_rows <= SMALL_COLS;
+  const int to_the_end = ws->reduce.fn && g_rows + 2 * BLOCK <= M && g_rows <= SMALL_COLS;
+  const int warm = to_the_end ? start_vector(Q, NULL, cols, p->seed) : start_vector(Q, v, cols, p->seed);
   /* The block: BLOCK vectors, from a warm start as from a cold one: the warm vector takes the
    * place of the first random vector, the other BLOCK - 1 are the cold start's (see "Warm
    * starts" above for why a warm start needs them and what it must ask of them). */
