@@ -18,7 +18,7 @@ extern "C" {
 /* Spectral norms                                                                      */
 
 typedef enum {
-  STAB_SPECTRAL_LANCZOS = 0, /* block Lanczos (blocks of 2) on the Gram matrix, full
+  STAB_SPECTRAL_LANCZOS = 0, /* block Lanczos (blocks of 4) on the Gram matrix, full
                                 reorthogonalisation (default) */
   STAB_SPECTRAL_POWER = 1,   /* power iteration on the Gram matrix */
   STAB_SPECTRAL_EXACT = 2    /* LAPACK dgesvd (values only) on an f64 copy: the reference */
@@ -65,7 +65,10 @@ typedef struct {
   double rel_err;   /* estimated relative error of sigma; 0 for exact mode and for the zero matrix.
                        Lanczos and power: the residual bound, true of the eigenvalue nearest
                        the Ritz value, which is the top one unless the Krylov space has not
-                       seen it yet (its record over families of matrices: docs/lab/performance.md) */
+                       seen it yet (its record over families of matrices: docs/lab/performance.md);
+                       from a warm start (Lanczos) it also covers what the block's random
+                       vectors found beside the warm vector, so that a start along the second
+                       singular vector does not pass for the top one */
   int passes;       /* passes made: products of W^T W with the current vector (power) or block
                        of 4 vectors (Lanczos), one read of the matrix each (in this version a
                        Lanczos pass still reads it twice, two vectors at a time) */
@@ -100,14 +103,14 @@ void stab_spectral_workspace_free(stab_spectral_workspace *ws);
  * is narrow and on v:
  *  - cols <= 32: always, warm start or not (the whole cols x cols Gram matrix is formed and
  *    its top eigenvalue taken; rel_err 0);
- *  - rows <= 128 with cols > rows (and rows <= krylov_dim, true of the default): only from a
- *    cold start (v NULL, all zeros or non-finite), where the Gram matrix of the rows side
- *    (rows x rows, from an f64 copy of A) is formed and its top eigenvalue taken (rel_err 0,
- *    passes 1). From a warm start the estimate stops at tol like any other matrix's: a lower
- *    bound within tol, in fewer passes.
+ *  - rows <= 128 with cols > rows (and rows <= krylov_dim, true of the default): warm start
+ *    or cold, the Gram matrix of the rows side (rows x rows, from an f64 copy of A) is formed
+ *    and its top eigenvalue taken (rel_err 0, passes 1).
  * cols is the stored row length, so an out-major attention head block (d_h rows of d) is the
- * second case: stab_layer_metrics (always cold) measures it exactly, a monitor (warm after its
- * first measurement of each layer) exactly once, then to tol. Power iteration always stops at
+ * second case: stab_layer_metrics and a monitor measure it exactly. A warm start elsewhere is
+ * a block of v and three random vectors, and stops when both the top Ritz pair and what the
+ * random vectors found meet tol: fewer passes than a cold start on most matrices, not 1-3
+ * (docs/manual/metrics.md, "Warm starts"). Power iteration always stops at
  * tol. */
 stab_status stab_spectral_norm(stab_spectral_workspace *ws, const float *a, const float *b,
                                size_t rows, size_t cols, size_t ld, double *v,

@@ -27,7 +27,32 @@
  * the actual error exceeds the reported one (docs/lab/performance.md).
  * Cost: at tol 1e-3, a Gaussian 4096^2 takes 23-32 passes depending on the matrix (block 2
  * with the same bound: 24-41), each one pass over A carrying the four vectors
- * (block_product); a warm start after a 1e-3 update 1 pass.
+ * (block_product).
+ *
+ * Warm starts. The monitor starts from last step's top right singular vector: the block is
+ * that vector and the cold start's vectors 1 .. 3. The warm vector's Ritz pair can meet tol in
+ * one pass whichever singular vector it lies along: the top one, or the second when the top
+ * two swapped places since the last step. Nothing the warm pair shows tells the two apart (a
+ * start along v2 is an eigenvector to rounding, and the random vectors' products differ by
+ * about (s1 - s2) / cols between the two cases), and the residual bound proves only that SOME
+ * value is near. Trusting it reported 4e-6 for an actual 9e-2 (s1/s2 = 1.1, a start along v2
+ * to 1e-6; 1e-3 actual at 1.001 from v2 plus 1e-2 noise). So a warm start also asks the random
+ * part of the block, the second Ritz pair: the best direction the random vectors found beside
+ * the warm one. It must have converged as a cold start's top pair does, r2 <= 2 tol2 theta2
+ * with tol2 = max(tol, WARM_TRUST_TOL); its interval [theta2 - r2, theta2 + r2] then holds the
+ * top of what the warm vector missed, as a cold start's holds sigma_max, so lambda_max <=
+ * max(theta + r, theta2 + r2) and the claim is max(r, theta2 + r2 - theta) / (2 theta)
+ * (warm_err). A larger hidden value either shows as a second pair still moving or overtakes
+ * the warm pair and becomes the top one. The block is 4 wide, as cold: with one random vector
+ * (block 2) the second pair is what block 2's top pair was for a cold start, fooled 4 times in
+ * 256. WARM_TRUST_TOL 1e-2: the swapped starts of check_spectral, 432 of them, none above the
+ * reported error at 1e-2 or 3e-3, one at 3e-2. What it costs: the second pair's convergence,
+ * which the warm vector cannot shorten; on a Gaussian the bulk below sigma_max is dense, so
+ * a warm start costs 0.5-0.8 of a cold start's passes (a cold start waits for its top pair to
+ * tol, the warm one for its second to 1e-2), more than the 1 pass a warm start took when it
+ * trusted the warm pair alone (docs/lab/performance.md has the figures). The random vectors
+ * are the cold start's (its seeds), so a warm estimate is a function of the matrix and v alone,
+ * the same bits for any thread count, as a cold one.
  * Ritz values are lower bounds of sigma. */
 #include "engine/engine.h"
 
@@ -350,7 +375,7 @@ static void power(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, 
   if (v) memcpy(v, x, cols * sizeof *v);
 }
 
-/* ---- block Lanczos (block size 2) ---- */
+/* ---- block Lanczos (block size 4) ---- */
 
 /* The largest eigenpair of a small dense symmetric n x n matrix g (row-major, n <= SMALL_COLS)
  * by cyclic Jacobi rotations: accurate to rounding, and no LAPACK call (see below for why that
@@ -673,31 +698,49 @@ static double block_product(stab_spectral_workspace *ws, const stabi_src *a, siz
   return ws->reduce.fn ? reduce_shards(&ws->reduce, y, bs * cols, q) : q;
 }
 
+/* The error a warm start may claim (relative, on sigma), from the top two Ritz pairs: theta
+ * with its residual r, and theta2 (ws->w[found - 2], vector ws->z + (found - 2) n) with its
+ * residual r2. The second pair stands for what the random vectors of the block have found
+ * beside the warm vector. Once it has converged as a cold start's would at tol2 = max(tol,
+ * WARM_TRUST_TOL) (r2 <= 2 tol2 theta2), its interval [theta2 - r2, theta2 + r2] is trusted to
+ * hold the top of what the warm vector did not see, so sigma_max^2 <= max(theta + r, theta2 +
+ * r2): the claim is max(r, theta2 + r2 - theta) / (2 theta). Before that the claim is infinite
+ * (the estimate goes on). See "Warm starts" at the top of the file. */
+#define WARM_TRUST_TOL 1e-2
+static double warm_err(const stab_spectral_workspace *ws, const double R[BLOCK][BLOCK], size_t n,
+                       size_t bs, size_t found, double r, double theta, double tiny, double tol) {
+  if (found < 2) return INFINITY;
+  const double theta2 = ws->w[found - 2];
+  const double r2 = ritz_residual(R, ws->z + (found - 2) * n + n - bs, bs);
+  const double tol2 = tol > WARM_TRUST_TOL ? tol : WARM_TRUST_TOL;
+  if (!(r2 <= 2.0 * tol2 * theta2 || r2 <= tiny)) return INFINITY;
+  const double above = theta2 + r2 - theta;
+  return sigma_rel(above > r ? above : r, theta);
+}
+
 static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size_t rows, size_t cols,
                            double *v, stab_sigma_result *out) {
   if (cols <= SMALL_COLS) return small_gram(ws, a, rows, cols, v, out);
   const stab_spectral_params *p = &ws->params;
   const size_t M = ws->kdim; /* a multiple of BLOCK, at least 2 BLOCK */
   double *const Q = ws->basis, *const H = ws->h, *const Z = ws->y;
-  /* A matrix with few rows has a Krylov space that ends (theta exact) within rows + BLOCK
-   * basis vectors: on a cold start, running it to the end is cheap and immune to the residual
-   * estimate being fooled. A warm start, from last step's top vector, trusts the estimate: the
-   * attention heads of a small model took 17 passes a step each instead of 1-3. */
-  const int warm = start_vector(Q, v, cols, p->seed);
-  /* A cold start on a matrix with few rows: exact, from the Gram matrix of the rows side. A
-   * warm start, from last step's top vector, stops at tol in 1-3 passes, cheaper than forming
-   * it (a 64 x 256 head block: dsbevx alone takes 0.25 ms). A shard (stab_spectral_norm_reduced)
-   * holds some of the rows only: the whole matrix runs Lanczos, to the end of its Krylov space
-   * from a cold start when it has at most SMALL_COLS rows. */
-  if (!warm && !ws->reduce.fn && rows < cols && rows <= FEW_ROWS && rows <= M)
+  /* A matrix with few rows: exact, from the Gram matrix of the rows side, warm start or not.
+   * A warm start took 1-3 passes here when it trusted the warm vector alone; honest (see "Warm
+   * starts"), it takes more (7 on a Gaussian 64 x 400) than the one read this takes. */
+  if (!ws->reduce.fn && rows < cols && rows <= FEW_ROWS && rows <= M)
     return few_rows(ws, a, rows, cols, v, out);
+  /* A shard (stab_spectral_norm_reduced) holds some of the rows only. When the whole matrix
+   * has at most SMALL_COLS rows, its Krylov space ends (theta exact) within rows + BLOCK basis
+   * vectors, and the estimate runs to that end from a cold start, warm start or not: cheap, and
+   * immune to the residual estimate being fooled (an honest warm start there took more passes,
+   * 6-9 against 3-4). */
   const size_t g_rows = ws->reduce.fn ? ws->reduce.whole_rows : rows; /* rows of the whole matrix */
-  const int to_the_end = ws->reduce.fn && !warm && g_rows + 2 * BLOCK <= M && g_rows <= SMALL_COLS;
-  /* The block: BLOCK vectors from a cold start, where only the block keeps a near-equal
-   * second value from passing for the top one; 2 from a warm start, whose first vector is
-   * last step's top vector: a pass of two vectors costs 0.6 of one of four (4096^2), and the
-   * monitor's steps are 1-3 such passes. */
-  const size_t bs = warm ? 2 : BLOCK;
+  const int to_the_end = ws->reduce.fn && g_rows + 2 * BLOCK <= M && g_rows <= SMALL_COLS;
+  const int warm = to_the_end ? start_vector(Q, NULL, cols, p->seed) : start_vector(Q, v, cols, p->seed);
+  /* The block: BLOCK vectors, from a warm start as from a cold one: the warm vector takes the
+   * place of the first random vector, the other BLOCK - 1 are the cold start's (see "Warm
+   * starts" above for why a warm start needs them and what it must ask of them). */
+  const size_t bs = BLOCK;
   for (size_t c = 1; c < bs; c++) { /* the rest of the first block: random, orthonormal */
     double *q = Q + c * cols;
     cold_start(q, cols, p->seed + c);
@@ -762,7 +805,9 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
      * coefficients of its vector): its norm is ||R s_last||. */
     double r = ritz_residual(R, ritz + n - bs, bs);
     err = sigma_rel(r, theta);
-    if ((err <= p->tol && !to_the_end) || r <= tiny || n >= cols) break;
+    if (warm && n >= cols) err = 0.0; /* the basis holds every direction: theta is exact */
+    else if (warm) err = warm_err(ws, R, n, bs, found, r, theta, tiny, p->tol);
+    if ((err <= p->tol && !to_the_end) || (r <= tiny && !warm) || n >= cols) break;
     if (n + bs > M) {
       /* Explicit restart from the bs leading Ritz vectors (orthonormal), the top one first. */
       for (size_t i = 0; i < found; i++)

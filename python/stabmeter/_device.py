@@ -3,14 +3,15 @@
 so that a model on a GPU is measured where it is and the code the GPU runs is the code the tests
 run on the CPU.
 
-The same method, step for step: block Lanczos on G = A^T A with blocks of 4 vectors from a cold
-start (2 from a warm one), full reorthogonalisation (classical Gram-Schmidt, twice), an explicit
-restart from the leading Ritz vectors when the basis (krylov_dim vectors, whole blocks) is full,
-the warm start from the previous top right singular vector, the C engine's cold-start vectors
-(the same seeds, the same numbers), and its error: the residual bound r / (2 theta) of the top
-Ritz pair, stopping when it is <= tol or after max_passes (then converged is False). Narrow
-matrices are exact as in C: cols <= 32 the whole Gram matrix, and from a cold start rows <= 128
-(< cols, <= krylov_dim) the Gram matrix of the rows side.
+The same method, step for step: block Lanczos on G = A^T A with blocks of 4 vectors (from a warm
+start the previous top right singular vector and the cold start's vectors 1 .. 3), full
+reorthogonalisation (classical Gram-Schmidt, twice), an explicit restart from the leading Ritz
+vectors when the basis (krylov_dim vectors, whole blocks) is full, the C engine's cold-start
+vectors (the same seeds, the same numbers), and its error: the residual bound r / (2 theta) of
+the top Ritz pair (from a warm start also the second pair's, _warm_err), stopping when it is
+<= tol or after max_passes (then converged is False). Narrow
+matrices are exact as in C: cols <= 32 the whole Gram matrix, and rows <= 128 (< cols, <=
+krylov_dim) the Gram matrix of the rows side.
 
 Where it differs from the C engine, and why the reported error stays honest:
 - Products. Every product with G is computed in float64 on the tensor's device (A, stored as
@@ -123,7 +124,7 @@ def _small_gram(g, v_out):
 
 
 def _few_rows(g, v_out):
-    """A cold start on rows < cols, rows <= FEW_ROWS: K = D D^T (rows x rows), its top eigenpair
+    """rows < cols, rows <= FEW_ROWS, warm start or cold: K = D D^T (rows x rows), its top eigenpair
     on the host, v = D^T u / |D^T u|: exact, one pass."""
     torch = _torch()
     d = g.whole if g.whole is not None else torch.cat(list(g.matrix_chunks()))
@@ -141,6 +142,24 @@ def _few_rows(g, v_out):
     v = x / np.sqrt(nn) if nn > 0.0 else v_out
     return {"sigma": float(np.sqrt(max(w[-1], 0.0))), "rel_err": 0.0, "passes": 1,
             "converged": True, "nonfinite": False, "v": v}
+
+
+WARM_TRUST_TOL = 1e-2  # spectral.c
+
+
+def _warm_err(R, w, zz, n, bs, found, r, theta, tiny, tol):
+    """spectral.c's warm_err: the claim of a warm start from its top two Ritz pairs (the second
+    stands for the block's random vectors; trusted once converged to max(tol, WARM_TRUST_TOL))."""
+    if found < 2:
+        return float("inf")
+    theta2 = w[-2]
+    r2 = float(np.linalg.norm(np.triu(R) @ zz[:, -2][n - bs:n]))
+    tol2 = max(tol, WARM_TRUST_TOL)
+    if not (r2 <= 2.0 * tol2 * theta2 or r2 <= tiny):
+        return float("inf")
+    above = theta2 + r2 - theta
+    lam = max(above, r)
+    return 0.5 * lam / theta if theta > 0.0 else (float("inf") if lam > 0.0 else 0.0)
 
 
 def sigma(a, b=None, v=None, tol=1e-3, max_passes=1000, krylov_dim=128, seed=0x5EED):
@@ -180,9 +199,9 @@ def sigma(a, b=None, v=None, tol=1e-3, max_passes=1000, krylov_dim=128, seed=0x5
             raise ValueError("_device.sigma: v has %d entries, a has %d columns" % (vv.numel(), cols))
         nn = float(vv @ vv)
         warm = np.isfinite(nn) and nn > 0.0
-    if not warm and rows < cols and rows <= FEW_ROWS and rows <= M:
+    if rows < cols and rows <= FEW_ROWS and rows <= M:  # exact, warm or cold (spectral.c)
         return _few_rows(g, v)
-    bs = 2 if warm else BLOCK
+    bs = BLOCK  # warm or cold; a warm vector takes the first random vector's place (spectral.c)
     Q = torch.zeros((M, cols), dtype=f64, device=dev)
     Q[0] = vv / np.sqrt(nn) if warm else torch.from_numpy(cold_start(cols, seed)).to(dev)
     for c in range(1, bs):  # the rest of the first block: random, orthonormal
@@ -247,7 +266,11 @@ def sigma(a, b=None, v=None, tol=1e-3, max_passes=1000, krylov_dim=128, seed=0x5
             break
         r = float(np.linalg.norm(np.triu(R) @ ritz[n - bs:n]))
         err = 0.5 * r / theta if theta > 0.0 else (float("inf") if r > 0.0 else 0.0)
-        if err <= tol or r <= tiny or n >= cols:
+        if warm and n >= cols:
+            err = 0.0
+        elif warm:  # the random part must agree: spectral.c's warm_err
+            err = _warm_err(R, w, zz, n, bs, found, r, theta, tiny, tol)
+        if err <= tol or (r <= tiny and not warm) or n >= cols:
             break
         if n + bs > M:  # restart from the leading Ritz vectors, the top one first
             top = torch.from_numpy(np.ascontiguousarray(zz[:, ::-1][:, :found].T)).to(dev)

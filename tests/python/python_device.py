@@ -109,15 +109,15 @@ class Device(unittest.TestCase):
             w2 = (w + 1e-3 * step).to(dt)  # a relative update of about 1e-3
             warm = _device.sigma(w2, v=cold["v"], tol=1e-3)
             self.assertEqual(self.check_estimate(warm, svd_top(w2), "warm %s" % dt), 0, "warm %s: %r" % (dt, warm))
-            self.assertLessEqual(warm["passes"], 3, str(dt))
+            # fewer passes than cold, though not 1-3: the block's random part must agree (spectral.c, "Warm starts")
             self.assertLess(warm["passes"], cold["passes"], str(dt))
             print("\nwarm %s: %d passes after a 1e-3 update (cold %d)" % (dt, warm["passes"], cold["passes"]))
-            # a warm matrix with few rows stops at tol like any other (C: exact only from cold)
+            # a warm matrix with few rows is exact, as a cold one (the rows side's Gram matrix)
             h = torch.from_numpy(rng.standard_normal((64, 400)).astype(np.float32)).to(dt)
             r0 = _device.sigma(h)
             r1 = _device.sigma(h, v=r0["v"])
             self.assertEqual(self.check_estimate(r1, svd_top(h), "warm few rows"), 0, "warm few rows %s" % dt)
-            self.assertLessEqual(r1["passes"], 3)
+            self.assertEqual((r1["passes"], r1["rel_err"]), (1, 0.0))
 
     def test_restarts_and_chunks(self):
         rng = np.random.default_rng(3)

@@ -146,10 +146,12 @@ static void sharded_case(const char *name, stab_mpi_split sp, size_t rows, size_
      * by rounding only */
     const int one = one_shard_passes(w, rows, cols, sp, &p);
     CHECK(abs(got.passes - one) <= 1, "%s: %d passes, one shard in one process %d", name, got.passes, one);
-    /* warm from the first estimate's vector: the same matrix, so few passes and the same value */
+    /* warm from the first estimate's vector: the same matrix, the same value within its claim
+     * (not fewer passes: an honest warm start waits for its random vectors, spectral.c "Warm
+     * starts", and on a whole matrix of at most 32 rows runs to the end as a cold one) */
     CHECK(stab_mpi_sharded_sigma(s, mine, ld, &warm) == STAB_OK, "%s: warm sigma: %s", name, stab_last_error());
     CHECK(same_on_every_rank(warm.sigma), "%s: the ranks' warm results differ", name);
-    CHECK(rel(warm.sigma, exact.sigma) <= fmax(warm.rel_err, 1e-13) && warm.passes <= got.passes,
+    CHECK(rel(warm.sigma, exact.sigma) <= fmax(warm.rel_err, 1e-13) && warm.rel_err <= p.tol,
           "%s: warm %.17g +- %.3g in %d passes (cold %d), LAPACK %.17g", name, warm.sigma, warm.rel_err,
           warm.passes, got.passes, exact.sigma);
     /* run to run: a fresh handle, the same bits */
