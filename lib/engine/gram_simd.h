@@ -173,7 +173,7 @@ SIMD_FN double simd_chunk_bf16(const float *a, const float *b, size_t r0, size_t
  *      that the nv x dot_rows sums stay in registers (x read from L1 once a sweep, W once from
  *      memory). At each dot run's end the sums' lanes are widened and summed in f64 by a
  *      transposed reduction (vd_tsum: VD_LANES sums at once, a few shuffles and adds each)
- *      rather than one horizontal sum per row and vector, which cost as much as the dots.
+ *      rather than one horizontal sum per row and vector.
  *   2. the accumulation, by tiles of acc_tiles(nv) x VF_LANES columns: each tile's nv x
  *      acc_tiles sums stay in registers over all the run's rows (now in L2, walked with one
  *      pointer a row), and are added into the f64 accumulator once a tile. While a run
