@@ -25,14 +25,6 @@ SIMD_INLINE double vd_sum(vd v) { /* (v0 + v2) + (v1 + v3) */
   return _mm_cvtsd_f64(s) + _mm_cvtsd_f64(_mm_unpackhi_pd(s, s));
 }
 
-/* The lanes of u[k] summed into lane k, for the four u: one add of the two 128-bit halves
- * after one of neighbouring lanes. */
-SIMD_INLINE vd vd_tsum(const vd u[4]) {
-  const vd a = _mm256_add_pd(_mm256_unpacklo_pd(u[0], u[1]), _mm256_unpackhi_pd(u[0], u[1]));
-  const vd c = _mm256_add_pd(_mm256_unpacklo_pd(u[2], u[3]), _mm256_unpackhi_pd(u[2], u[3]));
-  return _mm256_add_pd(_mm256_permute2f128_pd(a, c, 0x20), _mm256_permute2f128_pd(a, c, 0x31));
-}
-
 SIMD_INLINE vf vf_reg(vf v) {
   __asm__("" : "+x"(v));
   return v;

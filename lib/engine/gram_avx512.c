@@ -22,19 +22,6 @@ SIMD_INLINE vd vd_fmadd(vd a, vd b, vd c) { return _mm512_fmadd_pd(a, b, c); }
 SIMD_INLINE vd vd_fnmadd(vd a, vd b, vd c) { return _mm512_fnmadd_pd(a, b, c); }
 SIMD_INLINE double vd_sum(vd v) { return _mm512_reduce_add_pd(v); }
 
-/* The lanes of u[k] summed into lane k, for the eight u: neighbouring lanes, then 128-bit
- * blocks, then 256-bit halves, each level one add of two shuffles. */
-SIMD_INLINE vd vd_tsum(const vd u[8]) {
-  vd p[4], q[2];
-  for (int k = 0; k < 4; k++)
-    p[k] = _mm512_add_pd(_mm512_unpacklo_pd(u[2 * k], u[2 * k + 1]), _mm512_unpackhi_pd(u[2 * k], u[2 * k + 1]));
-  for (int k = 0; k < 2; k++)
-    q[k] = _mm512_add_pd(_mm512_shuffle_f64x2(p[2 * k], p[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f64x2(p[2 * k], p[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_pd(_mm512_shuffle_f64x2(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f64x2(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 SIMD_INLINE vf vf_reg(vf v) {
   __asm__("" : "+v"(v));
   return v;

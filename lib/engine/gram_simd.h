@@ -30,8 +30,6 @@
  *   vf_reg(v)                 v, kept in a register: an element loaded once for several FMAs
  *                             (GCC otherwise folds the load into each FMA, and the loads, not
  *                             the FMAs, bound the loop)
- *   vd_tsum(u)                lane k the sum of u[k]'s lanes, for VD_LANES vectors u (a
- *                             transposed reduction: the dots' lanes, VD_LANES dots at once)
  * The loops over the rows of a block and the nv vectors are unrolled by pragma: left as loops,
  * GCC -O2 keeps their vector arrays on the stack. Blocks of 8 rows instead of 4 took a pass
  * over 4096^2 from 33 to 44 GB/s: x and the accumulator are loaded and stored half as often. */
@@ -171,9 +169,8 @@ SIMD_FN double simd_chunk_bf16(const float *a, const float *b, size_t r0, size_t
  * Runs of up to STABI_RUN_ROWS rows (whole 8-row blocks), each in two sweeps over its rows:
  *   1. the dots of all the run's rows, swept over the columns dot_rows(nv) rows at a time so
  *      that the nv x dot_rows sums stay in registers (x read from L1 once a sweep, W once from
- *      memory). At each dot run's end the sums' lanes are widened and summed in f64 by a
- *      transposed reduction (vd_tsum: VD_LANES sums at once, a few shuffles and adds each)
- *      rather than one horizontal sum per row and vector.
+ *      memory). At each dot run's end each sum's lanes are widened and summed in f64 (a
+ *      transposed reduction, VD_LANES sums at once, measured no faster: these sums are few).
  *   2. the accumulation, by tiles of acc_tiles(nv) x VF_LANES columns: each tile's nv x
  *      acc_tiles sums stay in registers over all the run's rows (now in L2, walked with one
  *      pointer a row), and are added into the f64 accumulator once a tile. While a run
@@ -186,9 +183,6 @@ SIMD_FN double simd_chunk_bf16(const float *a, const float *b, size_t r0, size_t
 SIMD_INLINE const float *row_next(const float *p, size_t ld, int bf) {
   return (const float *)(const void *)((const unsigned char *)(const void *)p + (bf ? 2 : 4) * ld);
 }
-
-/* the f32 lanes of s widened to f64, the high half added to the low */
-SIMD_INLINE vd vf_widen_sum(vf s) { return vd_add(vf_widen_lo(s), vf_widen_hi(s)); }
 
 /* The dots of rows A[0..RS) (minus B's) with the nv vectors of x32 over columns [j0, j1): one
  * run of each lane; the lanes' sums widened, summed in f64, scaled by xup and added into
@@ -213,19 +207,10 @@ SIMD_INLINE void dots_run(const float *const *A, const float *const *B, size_t j
       for (int v = 0; v < nv; v++) s[v][r] = vf_fmadd(w, xv[v], s[v][r]);
     }
   }
-  /* nv x RS sums (a multiple of VD_LANES), VD_LANES of them reduced at once, in [v][r] order */
-  double t[32];
-#pragma GCC unroll 4
-  for (int g = 0; g < nv * RS; g += VD_LANES) {
-    vd u[VD_LANES];
-#pragma GCC unroll 8
-    for (int k = 0; k < VD_LANES; k++) u[k] = vf_widen_sum(s[(g + k) / RS][(g + k) % RS]);
-    vd_storeu(t + g, vd_tsum(u));
-  }
 #pragma GCC unroll 4
   for (int v = 0; v < nv; v++)
 #pragma GCC unroll 8
-    for (int r = 0; r < RS; r++) d[v][q + r] += t[v * RS + r] * xup[v];
+    for (int r = 0; r < RS; r++) d[v][q + r] += vf_sum(s[v][r]) * xup[v];
 }
 
 /* The accumulation of one tile: columns [j, j + T L) of the SR rows from a (b), scaled by
