@@ -25,6 +25,10 @@ SIMD_INLINE double vd_sum(vd v) { /* (v0 + v2) + (v1 + v3) */
   return _mm_cvtsd_f64(s) + _mm_cvtsd_f64(_mm_unpackhi_pd(s, s));
 }
 
+SIMD_INLINE vf vf_reg(vf v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
 SIMD_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
 SIMD_INLINE vf vf_loadu(const float *p) { return _mm256_loadu_ps(p); }
 SIMD_INLINE vf vf_set1(float x) { return _mm256_set1_ps(x); }
@@ -51,11 +55,9 @@ SIMD_INLINE vf load_vf(const float *a, const float *b, size_t j, int bf) {
 }
 
 /* The f32 kernel in 16 ymm registers: the dots swept 8 / nv rows at a time (8 sums), the
- * accumulation by tiles of 8 sums in all (for one vector, each loaded vector used at once:
- * 8 sums and 8 loaded vectors would not fit). */
+ * accumulation by tiles of 8 sums in all. */
 SIMD_INLINE int dot_rows(int nv) { return 8 / nv; }
 SIMD_INLINE int acc_tiles(int nv) { return nv == 4 ? 2 : nv == 2 ? 4 : 8; }
-SIMD_INLINE int acc_row_at_once(int nv) { return nv == 1; }
 
 #include "engine/gram_simd.h"
 

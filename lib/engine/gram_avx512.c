@@ -22,6 +22,10 @@ SIMD_INLINE vd vd_fmadd(vd a, vd b, vd c) { return _mm512_fmadd_pd(a, b, c); }
 SIMD_INLINE vd vd_fnmadd(vd a, vd b, vd c) { return _mm512_fnmadd_pd(a, b, c); }
 SIMD_INLINE double vd_sum(vd v) { return _mm512_reduce_add_pd(v); }
 
+SIMD_INLINE vf vf_reg(vf v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
 SIMD_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
 SIMD_INLINE vf vf_loadu(const float *p) { return _mm512_loadu_ps(p); }
 SIMD_INLINE vf vf_set1(float x) { return _mm512_set1_ps(x); }
@@ -52,8 +56,7 @@ SIMD_INLINE vf load_vf(const float *a, const float *b, size_t j, int bf) {
 /* The f32 kernel in 32 zmm registers: the dots swept 8 rows at a time (4 for four vectors: at
  * most 16 sums), the accumulation by tiles of 4 vectors of columns (8 for one vector). */
 SIMD_INLINE int dot_rows(int nv) { return nv == 4 ? 4 : 8; }
-SIMD_INLINE int acc_tiles(int nv) { return nv == 1 ? 8 : 4; }
-SIMD_INLINE int acc_row_at_once(int nv) { return (void)nv, 0; }
+SIMD_INLINE int acc_tiles(int nv) { return nv == 1 ? 16 : nv == 2 ? 8 : 4; }
 
 #include "engine/gram_simd.h"
 

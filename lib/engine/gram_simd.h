@@ -27,9 +27,9 @@
  *                             in registers)
  *   acc_tiles(nv)             vectors of columns a tile of the f32 accumulation spans (nv x
  *                             that many sums in registers)
- *   acc_row_at_once(nv)       1: the accumulation uses each loaded vector of a row at once
- *                             instead of loading a whole tile of the row first (for nv = 1 in
- *                             16 registers, where 8 sums and 8 loaded vectors would not fit)
+ *   vf_reg(v)                 v, kept in a register: an element loaded once for several FMAs
+ *                             (GCC otherwise folds the load into each FMA, and the loads, not
+ *                             the FMAs, bound the loop)
  * The loops over the rows of a block and the nv vectors are unrolled by pragma: left as loops,
  * GCC -O2 keeps their vector arrays on the stack. Blocks of 8 rows instead of 4 took a pass
  * over 4096^2 from 33 to 44 GB/s: x and the accumulator are loaded and stored half as often. */
@@ -166,18 +166,97 @@ SIMD_FN double simd_chunk_bf16(const float *a, const float *b, size_t r0, size_t
 }
 
 /* ---- f32 runs ----
- * Runs of up to STABI_RUN_ROWS rows (whole 8-row blocks). First the dots of all the run's rows,
- * swept over the columns dot_rows(nv) rows at a time so that the nv x dot_rows sums stay in the
- * registers (four vectors with AVX-512: 4 rows a sweep, x read from cache once a sweep, W once
- * from memory). Then the accumulation, by tiles of acc_tiles(nv) x VF_LANES columns: each
- * tile's sums stay in registers over all the run's rows (now in L2), and are added into the f64
- * accumulator once a tile. Before, every 8-row block's sums went through the f64 accumulator
- * (widen, load, FMA, store for each vector and 16 columns): as many operations as the block's
- * products, and the accumulator (nv x cols doubles, 128 KiB for four vectors of 4096) streamed
- * through L2 every 8 rows. While a run accumulates from L2, the next run's rows are prefetched
- * into L2, so that memory keeps streaming while the arithmetic runs (without, the two took
- * turns). The run, fixed by the chunk's first row, is a run of the accumulation's f32 sums
+ * Runs of up to STABI_RUN_ROWS rows (whole 8-row blocks), each in two sweeps over its rows:
+ *   1. the dots of all the run's rows, swept over the columns dot_rows(nv) rows at a time so
+ *      that the nv x dot_rows sums stay in registers (x read from L1 once a sweep, W once from
+ *      memory). At each dot run's end each sum's lanes are widened and summed in f64 (a
+ *      transposed reduction, VD_LANES sums at once, measured no faster: these sums are few).
+ *   2. the accumulation, by tiles of acc_tiles(nv) x VF_LANES columns: each tile's nv x
+ *      acc_tiles sums stay in registers over all the run's rows (now in L2, walked with one
+ *      pointer a row), and are added into the f64 accumulator once a tile. While a run
+ *      accumulates from L2, the next run's rows are prefetched into L2, a line for each line
+ *      the tile reads, so that memory keeps streaming while the arithmetic runs.
+ * The run, fixed by the chunk's first row, is a run of the accumulation's f32 sums
  * (STABI_RUN_ROWS terms, within the 256 of docs/manual/metrics.md). */
+
+/* the next row of a (stride ld elements, f32 or bf16) */
+SIMD_INLINE const float *row_next(const float *p, size_t ld, int bf) {
+  return (const float *)(const void *)((const unsigned char *)(const void *)p + (bf ? 2 : 4) * ld);
+}
+
+/* The dots of rows A[0..RS) (minus B's) with the nv vectors of x32 over columns [j0, j1): one
+ * run of each lane; the lanes' sums widened, summed in f64, scaled by xup and added into
+ * d[v][q + r]. */
+SIMD_INLINE void dots_run(const float *const *A, const float *const *B, size_t j0, size_t j1, size_t cols,
+                          const float *x32, const double *xup, double d[4][STABI_RUN_ROWS], int q,
+                          const int nv, const int RS, const int BF) {
+  enum { L = VF_LANES };
+  vf s[4][8];
+#pragma GCC unroll 4
+  for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; r++) s[v][r] = vf_zero();
+  for (size_t j = j0; j < j1; j += L) {
+    vf xv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) xv[v] = vf_loadu(x32 + (size_t)v * cols + j);
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; r++) {
+      const vf w = vf_reg(load_vf(A[r], B ? B[r] : NULL, j, BF));
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) s[v][r] = vf_fmadd(w, xv[v], s[v][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; r++) d[v][q + r] += vf_sum(s[v][r]) * xup[v];
+}
+
+/* The accumulation of one tile: columns [j, j + T L) of the SR rows from a (b), scaled by
+ * e[v][r], summed in f32 and added into acc once (times up[v]); the lines of the same columns
+ * of the npre rows from pa (pb) on their way to L2. */
+SIMD_INLINE void acc_tile(const float *ar, const float *br, const float *pa, const float *pb, int npre, size_t j,
+                          size_t ld, int SR, float e[4][STABI_RUN_ROWS], const double *up, double *acc,
+                          size_t cols, const int nv, const int T, const int BF) {
+  enum { L = VF_LANES };
+  vf s[4][16];
+#pragma GCC unroll 4
+  for (int v = 0; v < nv; v++)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++) s[v][t] = vf_zero();
+  for (int r = 0; r < SR; r++) {
+    if (r < npre) {
+      const char *p = (const char *)(const void *)pa + (BF ? 2 : 4) * j;
+      const int la = T * L * (BF ? 2 : 4) / 64; /* lines of the tile in a row */
+#pragma GCC unroll 16
+      for (int k = 0; k < la; k++) _mm_prefetch(p + 64 * k, _MM_HINT_T1);
+      if (pb) {
+        const char *q = (const char *)(const void *)(pb + j);
+#pragma GCC unroll 16
+        for (int k = 0; k < T * L * 4 / 64; k++) _mm_prefetch(q + 64 * k, _MM_HINT_T1);
+        pb += ld;
+      }
+      pa = row_next(pa, ld, BF);
+    }
+    vf ev[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) ev[v] = vf_set1(e[v][r]);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++) {
+      const vf w = vf_reg(load_vf(ar, br, j + (size_t)(t * L), BF));
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; v++) s[v][t] = vf_fmadd(ev[v], w, s[v][t]);
+    }
+    ar = row_next(ar, ld, BF);
+    if (br) br += ld;
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < nv; v++)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++) vf_add_into(acc + (size_t)v * cols + j + (size_t)(t * L), s[v][t], up[v]);
+}
+
 SIMD_INLINE double simd_chunk32_body(const float *a, const float *b, size_t r0, size_t r1, size_t cols,
                                      size_t ld, const float *x32, const double *xup, const double *x,
                                      double *acc, const int nv, double quad, const int BF) {
@@ -204,26 +283,7 @@ SIMD_INLINE double simd_chunk32_body(const float *a, const float *b, size_t r0, 
           A[r] = row_at(a, i + (size_t)(q + r), ld, BF);
           B[r] = b ? b + (i + (size_t)(q + r)) * ld : NULL;
         }
-        vf s[4][8];
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-#pragma GCC unroll 8
-          for (int r = 0; r < RS; r++) s[v][r] = vf_zero();
-        for (size_t j = j0; j < j1; j += L) {
-          vf xv[4];
-#pragma GCC unroll 4
-          for (int v = 0; v < nv; v++) xv[v] = vf_loadu(x32 + (size_t)v * cols + j);
-#pragma GCC unroll 8
-          for (int r = 0; r < RS; r++) {
-            vf w = load_vf(A[r], B[r], j, BF);
-#pragma GCC unroll 4
-            for (int v = 0; v < nv; v++) s[v][r] = vf_fmadd(w, xv[v], s[v][r]);
-          }
-        }
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-#pragma GCC unroll 8
-          for (int r = 0; r < RS; r++) d[v][q + r] += vf_sum(s[v][r]) * xup[v];
+        dots_run(A, b ? B : NULL, j0, j1, cols, x32, xup, d, q, nv, RS, BF);
       }
     }
     for (int r = 0; r < SR; r++) {
@@ -235,61 +295,20 @@ SIMD_INLINE double simd_chunk32_body(const float *a, const float *b, size_t r0, 
     double up[4];
     run_scale(d, nv, SR, e, up);
     for (int r = 0; r < SR; r++) quad += d[0][r] * d[0][r];
+    /* the next run's rows, prefetched while this one accumulates */
+    const size_t inext = i + (size_t)SR;
+    const int npre = inext >= r1 ? 0 : r1 - inext < (size_t)S ? (int)(r1 - inext) : S;
+    const float *ar = row_at(a, i, ld, BF), *br = b ? b + i * ld : NULL;
+    const float *pa = row_at(a, inext, ld, BF), *pb = b ? b + inext * ld : NULL;
     size_t j = 0;
-    for (; j + (size_t)(T * L) <= cf; j += (size_t)(T * L)) {
-      vf s[4][8];
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; v++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) s[v][t] = vf_zero();
-      for (int r = 0; r < SR; r++) {
-        const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
-        if (i + (size_t)(SR + r) < r1) { /* the next run's row, this tile's columns, on its way to L2 */
-          const char *pa = (const char *)(const void *)row_at(a, i + (size_t)(SR + r), ld, BF) + (BF ? 2 : 4) * j;
-          for (int k = 0; k < T * L * (BF ? 2 : 4); k += 64) _mm_prefetch(pa + k, _MM_HINT_T1);
-          if (b) {
-            const char *pb = (const char *)(const void *)(b + (i + (size_t)(SR + r)) * ld + j);
-            for (int k = 0; k < T * L * 4; k += 64) _mm_prefetch(pb + k, _MM_HINT_T1);
-          }
-        }
-        if (acc_row_at_once(nv)) { /* nv is 1: each loaded vector of the row used at once */
-          const vf ev = vf_set1(e[0][r]);
-#pragma GCC unroll 8
-          for (int t = 0; t < T; t++) s[0][t] = vf_fmadd(ev, load_vf(ar, br, j + (size_t)(t * L), BF), s[0][t]);
-          continue;
-        }
-        vf w[8];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) w[t] = load_vf(ar, br, j + (size_t)(t * L), BF);
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) {
-          const vf ev = vf_set1(e[v][r]);
-#pragma GCC unroll 8
-          for (int t = 0; t < T; t++) s[v][t] = vf_fmadd(ev, w[t], s[v][t]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; v++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) vf_add_into(acc + (size_t)v * cols + j + (size_t)(t * L), s[v][t], up[v]);
-    }
-    for (; j < cf; j += L) {
-      vf s[4];
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; v++) s[v] = vf_zero();
-      for (int r = 0; r < SR; r++) {
-        const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
-        const vf w = load_vf(ar, br, j, BF);
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) s[v] = vf_fmadd(vf_set1(e[v][r]), w, s[v]);
-      }
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; v++) vf_add_into(acc + (size_t)v * cols + j, s[v], up[v]);
-    }
+    for (; j + (size_t)(T * L) <= cf; j += (size_t)(T * L))
+      acc_tile(ar, br, pa, pb, npre, j, ld, SR, e, up, acc, cols, nv, T, BF);
+    for (; j < cf; j += L)
+      acc_tile(ar, br, pa, pb, 0, j, ld, SR, e, up, acc, cols, nv, 1, BF);
     for (int r = 0; r < SR; r++) {
-      const float *ar = row_at(a, i + (size_t)r, ld, BF), *br = b ? b + (i + (size_t)r) * ld : NULL;
+      const float *rr = row_at(a, i + (size_t)r, ld, BF), *rb = b ? b + (i + (size_t)r) * ld : NULL;
       for (size_t t = cf; t < cols; t++)
-        for (int v = 0; v < nv; v++) acc[(size_t)v * cols + t] += d[v][r] * elem_t(ar, br, t, BF);
+        for (int v = 0; v < nv; v++) acc[(size_t)v * cols + t] += d[v][r] * elem_t(rr, rb, t, BF);
     }
     i += (size_t)SR;
   }
