@@ -639,7 +639,7 @@ class Monitor:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stabmeter-monitor")
         versions = self._versions()
         job = self._worker.submit(_measure_job, self._m.value, measure, with_update, snapshot)
-        self._pending = (job, step, versions, row, snapshot)
+        self._pending = (job, step, versions, row, snapshot, os.getpid())
 
     def wait(self):
         """background=True: waits for the measurement after_step started, then appends its trace
@@ -648,11 +648,19 @@ class Monitor:
         nothing runs."""
         self._wait()
 
-    def _wait(self):
+    def _wait(self, closing=False):
         job, self._pending = self._pending, None
         if job is None:
             return
-        job, step, versions, row, snapshot = job
+        job, step, versions, row, snapshot, pid = job
+        if pid != os.getpid():
+            # a child forked while the job ran: its thread is the parent's, not here
+            self._worker = None
+            if closing:
+                return
+            raise _lib.error_for(-6, "Monitor(background=True): step %s is measured by process %d, which this "
+                                 "process was forked from while it ran; this copy of the monitor cannot wait for "
+                                 "it (close it; the parent's monitor goes on)" % (step, pid))
         failed = job.result()
         if failed is not None:
             status, message = failed
@@ -722,7 +730,7 @@ class Monitor:
         status, failed = 0, None
         if getattr(self, "_pending", None) is not None:
             try:
-                self._wait()
+                self._wait(closing=True)
             except BaseException as e:  # noqa: B902 -- raised below, once everything is closed
                 failed = e
         if getattr(self, "_worker", None) is not None:

@@ -5,7 +5,7 @@ layers' sigma within their reported error of numpy's float64 SVD; an error of th
 measurement is raised by the next call (wait, before_step, close), naming the step; a parameter
 written in place between after_step and the next call raises StateError there and leaves that
 step's row out of the trace; a step that is not after the trace's last is refused at after_step
-itself."""
+itself; a child forked while a step is measured neither waits for it nor hangs."""
 
 import ctypes
 import os
@@ -247,6 +247,48 @@ class Errors(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.mon.after_step(1, scalars={"nope": 1.0})
         self.assertIsNone(self.mon._pending)
+
+    def test_forked_child(self):
+        # a child forked while a step is measured has no thread to wait for: wait() says so,
+        # close and __del__ return at once; the parent's monitor goes on
+        import gc
+        import signal
+        import time
+        self.step(1)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                try:
+                    self.mon.wait()
+                    msg = "wait raised nothing"
+                except stabmeter.StateError as e:
+                    msg = str(e)
+                del self.mon
+                gc.collect()
+                os.write(w, msg.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        for _ in range(600):  # a hang is a failure, not the end of the run
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self.fail("the forked child hung")
+        with os.fdopen(r, "rb") as f:
+            msg = f.read().decode()
+        self.assertEqual(status, 0)
+        self.assertIn("step 1 is measured by process %d" % os.getpid(), msg)
+        self.step(2)
+        self.mon.close()
+        self.assertEqual(list(datasets(self.path)["step"]), [1, 2])
 
     def test_background_must_be_a_bool(self):
         with self.assertRaises(TypeError):
