@@ -9,6 +9,7 @@ import fnmatch
 import json
 import math
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -238,10 +239,14 @@ def _module_kinds(plan, views, user_kinds, described):
     return out + [(_glob_literal(n), "skip") for n in plan.refused if n in names]
 
 
+_JOB_THREADS = set()  # the threads _measure_job has run on (Monitor.__del__ must not wait there)
+
+
 def _measure_job(m, measure, with_update, snapshot):
     """background=True's job on the monitor's thread: a step's measurement, then the next step's
     snapshot; (status, message) of the first that fails (stab_last_error is this thread's), else
     None."""
+    _JOB_THREADS.add(threading.get_ident())
     if measure:
         status = lib.stab_monitor_measure(m, with_update)
         if status != 0:
@@ -756,6 +761,17 @@ class Monitor:
         return False
 
     def __del__(self):
+        try:
+            if getattr(self, "_pending", None) is not None and threading.get_ident() in _JOB_THREADS:
+                # collected on the monitor's own thread (a cycle, by the garbage collector during a
+                # job): close would wait there for that very job, so another thread closes it
+                threading.Thread(target=self._close_quietly, name="stabmeter-monitor-close").start()
+                return
+            self.close()
+        except Exception:
+            pass
+
+    def _close_quietly(self):
         try:
             self.close()
         except Exception:

@@ -7,7 +7,6 @@ written in place between after_step and the next call raises StateError there an
 step's row out of the trace; a step that is not after the trace's last is refused at after_step
 itself; a child forked while a step is measured neither waits for it nor hangs."""
 
-import ctypes
 import os
 import tempfile
 import threading
@@ -289,6 +288,46 @@ class Errors(unittest.TestCase):
         self.step(2)
         self.mon.close()
         self.assertEqual(list(datasets(self.path)["step"]), [1, 2])
+
+    def test_collected_on_its_own_thread(self):
+        # the garbage collector may free a monitor in a cycle on any thread, the monitor's own
+        # during a job included: there close would wait for that very job. A child interpreter
+        # (a hang must not hang this one) runs __del__ inside the job; the trace gets its row.
+        code = """if True:
+            import os, sys, threading
+            import stabmeter.torch as st
+            from python_background import model_and_data, datasets, HEADS
+            model, opt, data = model_and_data()
+            mon = st.Monitor(model, trace=sys.argv[1], heads=HEADS, background=True)
+            job, done = st._measure_job, threading.Event()
+            def collected(*args):
+                out = job(*args)
+                mon.__del__()
+                done.set()
+                return out
+            st._measure_job = collected
+            x, y = next(data)
+            model(x, y).backward()
+            mon.before_step(1)
+            opt.step()
+            mon.after_step(1, loss=1.0)
+            done.wait()
+            for t in threading.enumerate():
+                if t.name == "stabmeter-monitor-close":
+                    t.join()
+            assert not mon._m, "closed by the other thread"
+            assert list(datasets(sys.argv[1])["step"]) == [1]
+            print("closed")
+        """
+        import subprocess
+        import sys
+        try:
+            r = subprocess.run([sys.executable, "-c", code, self.path + ".child.h5"], capture_output=True,
+                               text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            self.fail("the monitor collected on its own thread hung")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("closed", r.stdout)
 
     def test_background_must_be_a_bool(self):
         with self.assertRaises(TypeError):
