@@ -394,6 +394,12 @@ class Mirrors:
         self.pairs[h.data_ptr()] = (h, t)
         return h
 
+    def device_of(self, t):
+        """The tensor the host copy t mirrors (t itself when it mirrors none): the one the
+        training writes, whose torch version says whether it was written."""
+        pair = self.pairs.get(t.data_ptr())
+        return pair[1] if pair is not None and pair[0] is t else t
+
     def _find(self, ptr):
         for h, d in self.pairs.values():
             lo = h.data_ptr()

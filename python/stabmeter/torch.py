@@ -3,11 +3,13 @@ registered by what their modules are and, where a module says nothing, by the li
 rules from their names; measured in place around optimizer.step() and appended to the same HDF5
 trace stabmeter-train writes."""
 
+import concurrent.futures
 import ctypes
 import fnmatch
 import json
 import math
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -237,6 +239,25 @@ def _module_kinds(plan, views, user_kinds, described):
     return out + [(_glob_literal(n), "skip") for n in plan.refused if n in names]
 
 
+_JOB_THREADS = set()  # the threads _measure_job has run on (Monitor.__del__ must not wait there)
+
+
+def _measure_job(m, measure, with_update, snapshot):
+    """background=True's job on the monitor's thread: a step's measurement, then the next step's
+    snapshot; (status, message) of the first that fails (stab_last_error is this thread's), else
+    None."""
+    _JOB_THREADS.add(threading.get_ident())
+    if measure:
+        status = lib.stab_monitor_measure(m, with_update)
+        if status != 0:
+            return status, lib.stab_last_error().decode("utf-8", "replace")
+    if snapshot:
+        status = lib.stab_monitor_snapshot(m)
+        if status != 0:
+            return status, lib.stab_last_error().decode("utf-8", "replace")
+    return None
+
+
 def _python_words(why):
     """A reason from the C rules in the words of Monitor's arguments, not the probe's options."""
     return (why.replace("skipped by --kind", "skipped by kinds=")
@@ -272,14 +293,31 @@ class Monitor:
     A file already at trace= is kept: if_exists='fail' (default) raises AlreadyExists and
     leaves it as it was; 'append' adds this run's steps after its last (the same layers and
     scalars, else InvalidArgument; an earlier step raises RangeError at after_step); 'replace'
-    replaces it once the new trace is complete."""
+    replaces it once the new trace is complete.
+
+    background=True measures on a thread of the monitor's own while the training goes on: a
+    measured after_step(step) returns as soon as the measurement has started, and the next call
+    to the monitor (before_step, after_step, measure, metrics, reference, flush, close or wait)
+    waits for it, then appends its trace row; the snapshot for the next step's update is taken
+    there too, from the same weights. The metrics are the same bits as without it. What it asks:
+    call before_step(step) before every optimizer.step(), measured step or not (a step without
+    one is measured at once, as without background), and write no parameter between after_step
+    and the next call. A parameter written in place meanwhile (its torch version changed: an
+    optimizer, copy_, load_state_dict; not a write through .data) raises StateError at that call
+    and that step's row is not written. An error of the measurement itself is raised at that
+    call too, as the exception after_step would have raised, its message naming the step."""
 
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
                  run_config=None, scalars=("loss", "lr"), flush_every=0, if_exists="fail", strict=False,
-                 _named=None, _on_device=False):
+                 background=False, _named=None, _on_device=False):
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
+        self._pending = None  # background: (future, step, versions, row) of the measurement running
+        self._worker = None
+        if not isinstance(background, bool):
+            raise TypeError("Monitor: background=%r: expected True or False" % (background,))
+        self.background = background
         self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
         flush_every = integer(flush_every, "Monitor: flush_every", 0, C_INT[1], "0 (the library's) or N >= 1 rows")
         tight_code = choice(tight, "Monitor: tight", TIGHT_METHODS)
@@ -380,6 +418,12 @@ class Monitor:
         self._warned_no_snapshot = False
         self._t0 = time.monotonic()
         self.steps = 0
+        # background: the tensors whose torch versions say whether a parameter was written, the
+        # versions at the last snapshot a background job took (None: none valid), and the step
+        # whose before_step was called since the last after_step
+        self._watch = [self._mirrors.device_of(v) for _, v in self._views]
+        self._pre_snapshot = None
+        self._before = None
 
     def _say_unmeasured(self, strict):
         """One warning (strict: ValueError) naming what is not measured and the share of the
@@ -501,22 +545,38 @@ class Monitor:
     def measures(self, step):
         return step is None or integer(step, "Monitor: step", *C_INT64) % self.every == 0
 
+    def _measures_next(self, step):
+        """Whether the step after step (an integer, checked by measures) is measured."""
+        return step < C_INT64[1] and (step + 1) % self.every == 0
+
     def before_step(self, step=None):
         """Call just before optimizer.step(): snapshots the weights when step will be measured
-        (every `every` steps; always when step is None), for the update metrics."""
+        (every `every` steps; always when step is None), for the update metrics. With
+        background=True, first waits for the last measurement (see wait()), whose snapshot it
+        uses when no parameter was written since."""
+        self._wait()
         self.check_parameters()
+        self._before = True
         if self.measures(step):
             self._mirrors.refresh()
             self._mirrors.snapshot()
-            check(lib.stab_monitor_snapshot(self._m))
+            if self._pre_snapshot is None or self._written(self._pre_snapshot) is not None:
+                check(lib.stab_monitor_snapshot(self._m))
+            self._pre_snapshot = None
             self._snapshot = True
 
     def after_step(self, step, loss=None, lr=None, scalars=None):
         """Call just after optimizer.step(): when step is measured (step % every == 0) measures
         every layer (with the update metrics when before_step took a snapshot) and appends a trace
-        row with the scalars (loss, lr, or a dict by name). Returns True when it measured."""
+        row with the scalars (loss, lr, or a dict by name). Returns True when it measured (with
+        background=True: started measuring, when before_step was called for this step)."""
+        self._wait()
         self.check_parameters()
+        before, self._before = self._before, None
+        background = self.background and before
         if not self.measures(step):
+            if background and self._measures_next(step):
+                self._start(step, False, 0, None, True)  # the next step's snapshot, as its before_step would take it
             return False
         if not self._snapshot and not self._warned_no_snapshot:
             # the C monitor refuses an update without a snapshot; here the step is still
@@ -526,28 +586,105 @@ class Monitor:
                           "step has no update metrics (NaN); call monitor.before_step(step) just before "
                           "optimizer.step() (said once per Monitor)" % (step, step), RuntimeWarning, stacklevel=2)
         self._mirrors.refresh()
+        if background:
+            # the row's arguments are checked now, at this call; the row is appended by the call
+            # that waits for the measurement, once no parameter was written while it ran
+            row = self._row(step, loss, lr, scalars, True) if self._trace else None
+            with_update = 1 if self._snapshot else 0
+            self._mirrors.measure(self._m, self._snapshot)
+            self._snapshot = False
+            self.steps += 1
+            self._start(step, True, with_update, row, self._measures_next(step))
+            return True
         check(lib.stab_monitor_measure(self._m, 1 if self._snapshot else 0))
         self._mirrors.measure(self._m, self._snapshot)
         self._snapshot = False
         self.steps += 1
         if self._trace:
-            values = dict(scalars or {})
-            if loss is not None:
-                values["loss"] = loss
-            if lr is not None:
-                values["lr"] = lr
-            unknown = set(values) - set(self._scalars)
-            if unknown:
-                raise ValueError("after_step: scalars %s were not declared (Monitor(scalars=...): %s)"
-                                 % (sorted(unknown), self._scalars))
-            row = (ctypes.c_double * max(len(self._scalars), 1))(
-                *[float(values.get(s, math.nan)) for s in self._scalars])
-            check(lib.stab_trace_append(self._trace, integer(step, "after_step: step", *C_INT64),
-                                        time.monotonic() - self._t0, row, None))
+            check(lib.stab_trace_append(self._trace, *self._row(step, loss, lr, scalars, False)))
         return True
+
+    def _row(self, step, loss, lr, scalars, ahead):
+        """stab_trace_append's step, wall time and scalars for after_step's arguments. ahead: the
+        row is appended later, so its step is checked against the trace's last step now."""
+        values = dict(scalars or {})
+        if loss is not None:
+            values["loss"] = loss
+        if lr is not None:
+            values["lr"] = lr
+        unknown = set(values) - set(self._scalars)
+        if unknown:
+            raise ValueError("after_step: scalars %s were not declared (Monitor(scalars=...): %s)"
+                             % (sorted(unknown), self._scalars))
+        step = integer(step, "after_step: step", *C_INT64)
+        row = (ctypes.c_double * max(len(self._scalars), 1))(*[float(values.get(s, math.nan)) for s in self._scalars])
+        if ahead:
+            last = ctypes.c_int64()
+            if lib.stab_trace_last_step(self._trace, ctypes.byref(last)) == 0 and step <= last.value:
+                raise _lib.error_for(-8, "after_step: %s: step %d is not after the last step %d (steps must "
+                                     "increase)" % (self.trace_path, step, last.value))
+        return step, time.monotonic() - self._t0, row, None
+
+    # ---- background=True -------------------------------------------------------------------
+
+    def _versions(self):
+        return [t._version for t in self._watch]
+
+    def _written(self, versions):
+        """The name of the first parameter written in place since versions were taken, or None."""
+        for (name, _), t, v in zip(self._views, self._watch, versions):
+            if t._version != v:
+                return name
+        return None
+
+    def _start(self, step, measure, with_update, row, snapshot):
+        """Starts step's measurement (measure) and the next step's snapshot (snapshot) on the
+        monitor's thread; the next call waits for them (_wait)."""
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stabmeter-monitor")
+        versions = self._versions()
+        job = self._worker.submit(_measure_job, self._m.value, measure, with_update, snapshot)
+        self._pending = (job, step, versions, row, snapshot, os.getpid())
+
+    def wait(self):
+        """background=True: waits for the measurement after_step started, then appends its trace
+        row; raises its error, or StateError when a parameter was written while it ran (the row is
+        then not written). Every other call of the monitor does this first; returns at once when
+        nothing runs."""
+        self._wait()
+
+    def _wait(self, closing=False):
+        job, self._pending = self._pending, None
+        if job is None:
+            return
+        job, step, versions, row, snapshot, pid = job
+        if pid != os.getpid():
+            # a child forked while the job ran: its thread is the parent's, not here
+            self._worker = None
+            if closing:
+                return
+            raise _lib.error_for(-6, "Monitor(background=True): step %s is measured by process %d, which this "
+                                 "process was forked from while it ran; this copy of the monitor cannot wait for "
+                                 "it (close it; the parent's monitor goes on)" % (step, pid))
+        failed = job.result()
+        if failed is not None:
+            status, message = failed
+            raise _lib.error_for(status, "Monitor.after_step(%s), measured in the background: %s" % (step, message))
+        name = self._written(versions)
+        if name is not None:
+            raise _lib.error_for(-6, "Monitor(background=True): parameter %s was written in place after "
+                                 "after_step(%s) and before this call, while the monitor read it on its thread: "
+                                 "call before_step(step) before every optimizer.step(), measured step or not, "
+                                 "and write no parameter in between; step %s's row is not written and its "
+                                 "metrics are not those of one state of the weights" % (name, step, step))
+        if snapshot:
+            self._pre_snapshot = versions
+        if row is not None:
+            check(lib.stab_trace_append(self._trace, *row))
 
     def measure(self):
         """Measures every layer now, without update metrics, and returns metrics()."""
+        self._wait()
         self.check_parameters()
         self._mirrors.refresh()
         check(lib.stab_monitor_measure(self._m, 0))
@@ -559,6 +696,7 @@ class Monitor:
         (attention layers also head_bounds), or with frame=True a pandas DataFrame, one row per
         layer indexed by name."""
         self._check_open()
+        self._wait()
         out = {}
         for i, (name, kind) in enumerate(self.layers):
             d = {"kind": kind}
@@ -579,6 +717,7 @@ class Monitor:
         update_ratio divide by: {layer name: {forward, dependency, update}}, each its first finite
         value > 0 so far (NaN until seen)."""
         self._check_open()
+        self._wait()
         out = {}
         for i, (name, _) in enumerate(self.layers):
             r = lib.stab_monitor_reference(self._m, i).contents
@@ -586,12 +725,22 @@ class Monitor:
         return out
 
     def flush(self):
+        self._wait()
         if self._trace:
             check(lib.stab_trace_flush(self._trace))
 
     def close(self):
-        """Closes the trace (every row written) and frees the monitor; safe to call twice."""
-        status = 0
+        """Closes the trace (every row written) and frees the monitor; safe to call twice. With
+        background=True, waits first (see wait()): its error is raised once the rest is closed."""
+        status, failed = 0, None
+        if getattr(self, "_pending", None) is not None:
+            try:
+                self._wait(closing=True)
+            except BaseException as e:  # noqa: B902 -- raised below, once everything is closed
+                failed = e
+        if getattr(self, "_worker", None) is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
         if getattr(self, "_trace", None):
             status = lib.stab_trace_close(self._trace)
             self._trace = ctypes.c_void_p()
@@ -600,6 +749,8 @@ class Monitor:
             self._m = ctypes.c_void_p()
         if getattr(self, "_model", None) is not None:
             self._model.close()
+        if failed is not None:
+            raise failed
         check(status)
 
     def __enter__(self):
@@ -610,6 +761,17 @@ class Monitor:
         return False
 
     def __del__(self):
+        try:
+            if getattr(self, "_pending", None) is not None and threading.get_ident() in _JOB_THREADS:
+                # collected on the monitor's own thread (a cycle, by the garbage collector during a
+                # job): close would wait there for that very job, so another thread closes it
+                threading.Thread(target=self._close_quietly, name="stabmeter-monitor-close").start()
+                return
+            self.close()
+        except Exception:
+            pass
+
+    def _close_quietly(self):
         try:
             self.close()
         except Exception:

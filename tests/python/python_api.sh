@@ -1,7 +1,8 @@
 #!/bin/sh
 # python_api.sh — the Python package (python/stabmeter) over the library just built: sigma
 # against LAPACK's SVD, layer_metrics and the kind rules against stabmeter-probe's report of the
-# same tensors, the torch Monitor's trace against stabmeter-train's, read_trace against h5py
+# same tensors, the torch Monitor's trace against stabmeter-train's (its background mode's against
+# its synchronous one's, bit for bit), read_trace against h5py
 # and xarray reading the same traces, and bad inputs raising
 # (tests/python/python_*.py, run by unittest in one interpreter). Skipped (exit 77) naming the Debian
 # package when no python3 has numpy, torch and h5py. Under the sanitizers (STAB_SANITIZED) only
@@ -41,4 +42,4 @@ trap 'rm -rf "$tmp"' EXIT
 # source tree; one BLAS thread, as the C tests run.
 cd "$tmp" && STABMETER_LIBRARY=$lib STAB_BUILD=$build_abs PYTHONPATH="$src_abs/python:$src_abs/tests/python:$src_abs/tests/support" \
   PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-  "$py" -m unittest python_sigma python_layer python_kinds python_errors python_args python_probe python_monitor python_read_trace python_models python_device
+  "$py" -m unittest python_sigma python_layer python_kinds python_errors python_args python_probe python_monitor python_read_trace python_models python_device python_background

@@ -1,0 +1,338 @@
+"""stabmeter.torch.Monitor(background=True), measuring on a thread of its own while the training
+goes on: its traces and metrics are the same bits as a synchronous monitor's of the same training
+(every step, every third, a step without before_step, a model off the CPU's path), its linear
+layers' sigma within their reported error of numpy's float64 SVD; an error of the background
+measurement is raised by the next call (wait, before_step, close), naming the step; a parameter
+written in place between after_step and the next call raises StateError there and leaves that
+step's row out of the trace; a step that is not after the trace's last is refused at after_step
+itself; a child forked while a step is measured neither waits for it nor hangs."""
+
+import os
+import tempfile
+import threading
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+import stabmeter
+import stabmeter.torch as st
+from stabmeter._lib import lib
+from python_gpt import GPT, batches
+
+WIDTH, DEPTH, HEADS, CONTEXT = 32, 2, 4, 16
+
+
+def model_and_data(seed=0):
+    torch.manual_seed(seed)
+    model = GPT(vocab=64, width=WIDTH, depth=DEPTH, heads=HEADS, context=CONTEXT)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2), batches(64, CONTEXT, 4)
+
+
+def datasets(path):
+    """{dataset path: values} of a trace, wall_time left out (seconds differ)."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and not name.endswith("wall_time"):
+                out[name] = obj[()]
+        f.visititems(visit)
+    return out
+
+
+def same_bits(a, b):
+    """Numbers: the same bits (NaN included); text: the same strings."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "O" or b.dtype.kind == "O":
+        return a.shape == b.shape and a.tolist() == b.tolist()
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+class SameBits(unittest.TestCase):
+    """A synchronous and a background monitor of one training, called side by side."""
+
+    def train(self, steps, every=1, skip_before=(), after=None, **kw):
+        d = tempfile.mkdtemp()
+        model, opt, data = model_and_data()
+        paths = [os.path.join(d, "sync.h5"), os.path.join(d, "bg.h5")]
+        mons = [st.Monitor(model, trace=paths[0], heads=HEADS, every=every, **kw),
+                st.Monitor(model, trace=paths[1], heads=HEADS, every=every, background=True, **kw)]
+        started = []
+        for step in range(1, steps + 1):
+            x, y = next(data)
+            loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            if step not in skip_before:
+                for m in mons:
+                    m.before_step(step)
+            opt.step()
+            measured = [m.after_step(step, loss=loss.item(), lr=1e-2) for m in mons]
+            self.assertEqual(measured[0], measured[1])
+            started.append(mons[1]._pending is not None and measured[1])
+            if after:
+                after(step, mons, model)
+        out = [(m.metrics(), m.reference(), m.steps) for m in mons]
+        for m in mons:
+            m.close()
+        return out, [datasets(p) for p in paths], started, model
+
+    def assert_same(self, result):
+        (sync, bg), (ds, db), _, _ = result
+        self.assertEqual(sync[2], bg[2])
+        self.assertEqual(sorted(ds), sorted(db))
+        for name in ds:
+            self.assertTrue(same_bits(ds[name], db[name]), name)
+        for name, m in sync[0].items():
+            for key, v in m.items():
+                self.assertTrue(same_bits(v, bg[0][name][key]), (name, key, v, bg[0][name][key]))
+            for key, v in sync[1][name].items():
+                self.assertTrue(same_bits(v, bg[1][name][key]), (name, key))
+
+    def test_every_step(self):
+        threads = []
+        snapshot = lib.stab_monitor_snapshot
+
+        def counted(m):
+            threads.append(threading.current_thread() is threading.main_thread())
+            return snapshot(m)
+        lib.stab_monitor_snapshot = counted
+        try:
+            r = self.train(12)
+        finally:
+            lib.stab_monitor_snapshot = snapshot
+        self.assert_same(r)
+        self.assertTrue(all(r[2]), "each measured step was measured in the background")
+        self.assertEqual(len(r[1][1]["step"]), 12)
+        self.assertTrue(np.isfinite(r[1][1]["layers/rel_update"]).any(axis=1).all())
+        # the synchronous monitor's 12 snapshots in before_step; the background one's first
+        # there, the next 11 on its thread after each measurement (the 12th for a step not run)
+        self.assertEqual(threads.count(True), 13)
+        self.assertEqual(threads.count(False), 12)
+
+    def test_written_between_steps(self):
+        # a parameter written in place once the measurement is waited for: allowed, and the
+        # snapshot the monitor's thread took before it is not used
+        def scale(step, mons, model):
+            for m in mons:
+                m.wait()
+            if step % 2:
+                with torch.no_grad():
+                    model.transformer.h[0].attn.c_proj.weight.mul_(1.5)
+        self.assert_same(self.train(6, after=scale))
+
+    def test_every_third_step(self):
+        r = self.train(13, every=3)
+        self.assert_same(r)
+        self.assertEqual(list(r[1][1]["step"]), [3, 6, 9, 12])
+
+    def test_without_before_step(self):
+        # no before_step at all: each step measured at once, without update metrics, in both
+        # modes (nothing says when the weights are written next)
+        with self.assertWarns(RuntimeWarning):
+            r = self.train(4, skip_before=range(1, 5))
+        self.assert_same(r)
+        self.assertEqual(r[2], [False] * 4)
+        self.assertTrue(np.isnan(r[1][1]["layers/update"]).all())
+
+    def test_off_the_cpu_path(self):
+        # linear layers measured by stabmeter._device, the others from host copies
+        self.assert_same(self.train(6, _on_device=True))
+
+    def test_sigma_against_numpy(self):
+        (_, (bg, _, _)), _, _, model = self.train(5)
+        params = dict(model.named_parameters())
+        checked = 0
+        for name, m in bg.items():
+            if m["kind"] != "linear" or name + ".weight" not in params:
+                continue
+            exact = float(np.linalg.svd(params[name + ".weight"].detach().double().numpy(), compute_uv=False)[0])
+            self.assertLessEqual(m["sigma"], exact * (1 + 1e-12), name)
+            self.assertLessEqual(exact - m["sigma"], m["sigma_rel_err"] * exact + 1e-12, name)
+            checked += 1
+        self.assertGreaterEqual(checked, 2 * DEPTH)
+
+
+class Errors(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "t.h5")
+        self.model, self.opt, self.data = model_and_data()
+        self.mon = st.Monitor(self.model, trace=self.path, heads=HEADS, background=True)
+
+    def tearDown(self):
+        try:
+            self.mon.close()
+        except stabmeter.Error:
+            pass
+        self.dir.cleanup()
+
+    def step(self, step, between=None):
+        x, y = next(self.data)
+        loss = self.model(x, y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.mon.before_step(step)
+        if between:
+            between()
+        self.opt.step()
+        return self.mon.after_step(step, loss=loss.item())
+
+    def use_up_snapshot(self):
+        # the C monitor's own check, made to fail on the monitor's thread: the snapshot
+        # before_step took is used up here, so the background measurement has none
+        self.assertEqual(lib.stab_monitor_measure(self.mon._m, 1), 0)
+
+    def test_error_raised_by_the_next_call(self):
+        self.assertTrue(self.step(1))
+        self.assertTrue(self.step(2, between=self.use_up_snapshot))
+        with self.assertRaises(stabmeter.StateError) as e:
+            self.mon.wait()
+        self.assertIn("after_step(2), measured in the background", str(e.exception))
+        self.assertIn("no snapshot since the last measurement", str(e.exception))
+        self.mon.wait()  # raised once
+        self.assertTrue(self.step(3))
+        self.mon.close()
+        self.assertEqual(list(datasets(self.path)["step"]), [1, 3])
+
+    def test_error_raised_by_before_step(self):
+        self.step(1, between=self.use_up_snapshot)
+        with self.assertRaises(stabmeter.StateError):
+            self.mon.before_step(2)
+
+    def test_error_raised_by_close(self):
+        self.step(1)
+        self.step(2, between=self.use_up_snapshot)
+        with self.assertRaises(stabmeter.StateError) as e:
+            self.mon.close()
+        self.assertIn("after_step(2)", str(e.exception))
+        self.assertFalse(self.mon._m)  # closed all the same
+        self.assertEqual(list(datasets(self.path)["step"]), [1])
+
+    def test_parameter_written_meanwhile(self):
+        self.step(1)
+        self.step(2)
+        with torch.no_grad():
+            self.model.transformer.h[1].mlp.c_fc.weight.mul_(0.5)
+        with self.assertRaises(stabmeter.StateError) as e:
+            self.mon.before_step(3)
+        self.assertIn("transformer.h.1.mlp.c_fc.weight was written in place after after_step(2)", str(e.exception))
+        self.mon.close()
+        self.assertEqual(list(datasets(self.path)["step"]), [1])
+
+    def test_optimizer_step_without_before_step(self):
+        self.step(1)
+        # a loop that skips before_step at step 2: the optimizer writes while step 1 may be read
+        x, y = next(self.data)
+        self.model(x, y).backward()
+        self.opt.step()
+        with self.assertRaises(stabmeter.StateError):
+            self.mon.after_step(2)
+
+    def test_step_not_after_the_last_refused_at_the_call(self):
+        self.step(4)
+        self.mon.wait()
+        with self.assertRaises(stabmeter.RangeError) as e:
+            self.step(4)
+        self.assertIn("step 4 is not after the last step 4", str(e.exception))
+        self.assertIsNone(self.mon._pending)
+
+    def test_undeclared_scalar_refused_at_the_call(self):
+        x, y = next(self.data)
+        self.model(x, y).backward()
+        self.mon.before_step(1)
+        self.opt.step()
+        with self.assertRaises(ValueError):
+            self.mon.after_step(1, scalars={"nope": 1.0})
+        self.assertIsNone(self.mon._pending)
+
+    def test_forked_child(self):
+        # a child forked while a step is measured has no thread to wait for: wait() says so,
+        # close and __del__ return at once; the parent's monitor goes on
+        import gc
+        import signal
+        import time
+        self.step(1)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                try:
+                    self.mon.wait()
+                    msg = "wait raised nothing"
+                except stabmeter.StateError as e:
+                    msg = str(e)
+                del self.mon
+                gc.collect()
+                os.write(w, msg.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        for _ in range(600):  # a hang is a failure, not the end of the run
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self.fail("the forked child hung")
+        with os.fdopen(r, "rb") as f:
+            msg = f.read().decode()
+        self.assertEqual(status, 0)
+        self.assertIn("step 1 is measured by process %d" % os.getpid(), msg)
+        self.step(2)
+        self.mon.close()
+        self.assertEqual(list(datasets(self.path)["step"]), [1, 2])
+
+    def test_collected_on_its_own_thread(self):
+        # the garbage collector may free a monitor in a cycle on any thread, the monitor's own
+        # during a job included: there close would wait for that very job. A child interpreter
+        # (a hang must not hang this one) runs __del__ inside the job; the trace gets its row.
+        code = """if True:
+            import os, sys, threading
+            import stabmeter.torch as st
+            from python_background import model_and_data, datasets, HEADS
+            model, opt, data = model_and_data()
+            mon = st.Monitor(model, trace=sys.argv[1], heads=HEADS, background=True)
+            job, done = st._measure_job, threading.Event()
+            def collected(*args):
+                out = job(*args)
+                mon.__del__()
+                done.set()
+                return out
+            st._measure_job = collected
+            x, y = next(data)
+            model(x, y).backward()
+            mon.before_step(1)
+            opt.step()
+            mon.after_step(1, loss=1.0)
+            done.wait()
+            for t in threading.enumerate():
+                if t.name == "stabmeter-monitor-close":
+                    t.join()
+            assert not mon._m, "closed by the other thread"
+            assert list(datasets(sys.argv[1])["step"]) == [1]
+            print("closed")
+        """
+        import subprocess
+        import sys
+        try:
+            r = subprocess.run([sys.executable, "-c", code, self.path + ".child.h5"], capture_output=True,
+                               text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            self.fail("the monitor collected on its own thread hung")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("closed", r.stdout)
+
+    def test_background_must_be_a_bool(self):
+        with self.assertRaises(TypeError):
+            st.Monitor(self.model, heads=HEADS, background=1)
+
+
+if __name__ == "__main__":
+    unittest.main()
