@@ -19,8 +19,10 @@ trap 'rm -rf "$tmp"' EXIT
 seconds() { # METRICS_EVERY [TRAIN OPTIONS] -> training seconds (from train's "time:" line)
   every=$1
   shift
+  rm -rf "$tmp/m$every" # the round before left its run there, and train refuses an existing --out
   "$train" --width "$width" --steps "$steps" --metrics-every "$every" --out "$tmp/m$every" "$@" \
-    2>/dev/null >"$tmp/out$every"
+    2>"$tmp/err$every" >"$tmp/out$every" ||
+    { echo "overhead.sh: harness/train --metrics-every $every failed:" >&2; cat "$tmp/err$every" >&2; exit 1; }
   awk '/^time:/ { print $2 }' "$tmp/out$every"
 }
 # the smallest "N% of it measuring" of train's every-step runs (it prints no share when it measures nothing)
@@ -30,9 +32,10 @@ min() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b + 0 < a + 0) ? b : 
 t0= t10= t1= s1=
 i=0
 while [ $i -lt "$repeat" ]; do
-  t0=$(min "$t0" "$(seconds 0 "$@")")
-  t10=$(min "$t10" "$(seconds 10 "$@")")
-  t1=$(min "$t1" "$(seconds 1 "$@")")
+  # each run's seconds by itself first: under set -e a failed run then ends the script
+  r=$(seconds 0 "$@"); t0=$(min "$t0" "$r")
+  r=$(seconds 10 "$@"); t10=$(min "$t10" "$r")
+  r=$(seconds 1 "$@"); t1=$(min "$t1" "$r")
   s1=$(min "$s1" "$(share)")
   i=$((i + 1))
   echo "overhead.sh: round $i of $repeat: fastest so far $t0 s, $t10 s, $t1 s" >&2

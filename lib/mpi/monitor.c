@@ -12,9 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A step's work on a layer, in elements read times the passes it expects: warm Lanczos
- * estimates take 1-3 passes (3 counted), a table's row norms and bounds 2, a vector 1. Only
- * the shapes count, never with_update, so that a layer keeps its rank from step to step. */
+/* A step's work on a layer, in elements read times the passes it expects: a warm Lanczos
+ * estimate is counted as 3 passes (what it took before warm starts waited for the block's
+ * random part, 0.12.0; now about 10 on a Gaussian: linear layers are underweighted against
+ * tables, which only moves the balance between ranks), a table's row norms and bounds 2, a
+ * vector 1. Only the shapes count, never with_update, so that a layer keeps its rank from step
+ * to step. */
 static uint64_t layer_cost(const stab_layer *l) {
   switch (l->kind) {
   case STAB_KIND_LINEAR: return (uint64_t)l->d_in * l->d_out * 3 + 1;
