@@ -20,6 +20,7 @@ import stabmeter
 import stabmeter.torch as st
 from stabmeter._lib import lib
 from python_gpt import GPT, batches
+from python_util import in_forked_child
 
 WIDTH, DEPTH, HEADS, CONTEXT = 32, 2, 4, 16
 
@@ -250,39 +251,17 @@ class Errors(unittest.TestCase):
     def test_forked_child(self):
         # a child forked while a step is measured has no thread to wait for: wait() says so,
         # close and __del__ return at once; the parent's monitor goes on
-        import gc
-        import signal
-        import time
         self.step(1)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
+
+        def child():
             try:
-                os.close(r)
-                try:
-                    self.mon.wait()
-                    msg = "wait raised nothing"
-                except stabmeter.StateError as e:
-                    msg = str(e)
-                del self.mon
-                gc.collect()
-                os.write(w, msg.encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        for _ in range(600):  # a hang is a failure, not the end of the run
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            self.fail("the forked child hung")
-        with os.fdopen(r, "rb") as f:
-            msg = f.read().decode()
+                self.mon.wait()
+                msg = "wait raised nothing"
+            except stabmeter.StateError as e:
+                msg = str(e)
+            del self.mon
+            return msg
+        status, msg = in_forked_child(child, "waiting for the step measured by its parent")
         self.assertEqual(status, 0)
         self.assertIn("step 1 is measured by process %d" % os.getpid(), msg)
         self.step(2)

@@ -15,6 +15,7 @@ import torch
 import stabmeter
 import stabmeter.torch as st
 from python_gpt import GPT
+from python_util import in_forked_child
 
 
 class ArrayErrors(unittest.TestCase):
@@ -157,41 +158,21 @@ class MonitorErrors(unittest.TestCase):
         # a child of a process with a traced Monitor: its after_step fails naming the parent,
         # its close and __del__ return at once and touch nothing; the parent's trace goes on
         import h5py
-        import signal
-        import time
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "t.h5")
             mon = st.Monitor(self.model, heads=2, trace=path)
             self.step(self.model, mon, self.opt, 1)
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
+
+            def child():
+                nonlocal mon
                 try:
-                    os.close(r)
-                    try:
-                        mon.after_step(2, loss=1.0)
-                        msg = "after_step raised nothing"
-                    except stabmeter.StateError as e:
-                        msg = str(e)
-                    del mon
-                    gc.collect()  # __del__ closes the child's copy
-                    os.write(w, msg.encode())
-                    code = 0
-                finally:
-                    os._exit(code)
-            os.close(w)
-            for _ in range(600):  # a hang is a failure, not the end of the run
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    break
-                time.sleep(0.1)
-            else:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                self.fail("the forked child hung closing its copy of the trace")
-            with os.fdopen(r, "rb") as f:
-                msg = f.read().decode()
+                    mon.after_step(2, loss=1.0)
+                    msg = "after_step raised nothing"
+                except stabmeter.StateError as e:
+                    msg = str(e)
+                del mon  # in_forked_child's gc.collect(): __del__ closes the child's copy
+                return msg
+            status, msg = in_forked_child(child, "closing its copy of the trace")
             self.assertEqual(status, 0)
             self.assertIn("belongs to process %d" % os.getpid(), msg)
             self.step(self.model, mon, self.opt, 2)

@@ -1,10 +1,13 @@
 """Helpers of the tests/python/python_*.py tests: the build tree's programs (STAB_BUILD, set by
 tests/python/python_api.sh), a safetensors writer of their own, and the probe's JSON as reference."""
 
+import gc
 import json
 import os
+import signal
 import struct
 import subprocess
+import time
 
 import numpy as np
 
@@ -44,3 +47,35 @@ def close(got, want, rtol):
     if want is None:
         return got is None or got != got
     return abs(got - want) <= rtol * abs(want)
+
+
+def in_forked_child(child, what, seconds=60):
+    """Runs child() in a forked process, then gc.collect() there (so that objects child dropped
+    are finalized in the child), and returns (the child's exit status, the string child
+    returned). A child still running after `seconds` is killed and the calling test fails with
+    an AssertionError naming `what`: a hang is a failure, not the end of the run."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            msg = child()
+            gc.collect()
+            os.write(w, msg.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    for _ in range(int(seconds * 10)):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        raise AssertionError("the forked child hung " + what)
+    with os.fdopen(r, "rb") as f:
+        return status, f.read().decode()
