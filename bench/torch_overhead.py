@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="steps counted per round (default 5)")
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="the monitors' threads= (default: the Monitor's own default)")
     a = ap.parse_args()
     load0 = os.getloadavg()
     torch.manual_seed(0)
@@ -49,9 +51,10 @@ def main():
     data = batches(256, context, 8)
     kinds = ("plain", "monitor", "background")
     with tempfile.TemporaryDirectory() as d:
-        mons = {"monitor": st.Monitor(model, trace=os.path.join(d, "trace.h5"), heads=heads),
+        mons = {"monitor": st.Monitor(model, trace=os.path.join(d, "trace.h5"), heads=heads,
+                                      threads=a.threads),
                 "background": st.Monitor(model, trace=os.path.join(d, "background.h5"), heads=heads,
-                                         background=True)}
+                                         threads=a.threads, background=True)}
         step = 0
         times = {k: [] for k in kinds}
         own = {k: [] for k in mons}    # seconds inside before_step and after_step
@@ -108,7 +111,8 @@ def main():
            "steps_each": a.rounds * a.steps, "plain_ms": round(plain * 1e3, 2)}
     out.update(figures("monitor"))
     out.update({"background": figures("background"),
-                "torch_threads": torch.get_num_threads(), "stabmeter": stabmeter.__version__,
+                "torch_threads": torch.get_num_threads(),
+                "monitor_threads": a.threads or "default", "stabmeter": stabmeter.__version__,
                 "load_start": [round(x, 2) for x in load0],
                 "load_end": [round(x, 2) for x in os.getloadavg()]})
     print(json.dumps(out))

@@ -425,20 +425,24 @@ static double jacobi_top(const double *g, size_t n, double *a, double *vec) {
   return theta;
 }
 
-/* The bs largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos with
+/* The want largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos with
  * blocks of bs vectors, held (upper triangle) in h with row stride hs: values ascending in
- * ws->w[0..bs) (fewer when n < bs), their eigenvectors (n doubles each) in ws->z in the same
- * order. Entries farther than 2 bs - 1 from the diagonal are rounding noise (the Krylov relation makes
- * them 0), so it is solved as a band matrix: dsbevx calls no threaded BLAS, where the dense
- * drivers woke OpenBLAS's threads every iteration and their spinning took the cores from the
- * pass (4096^2: 4.3 ms an iteration instead of 2.8). Sets *found; returns LAPACK's info. */
+ * ws->w[0..want) (fewer when n < want), their eigenvectors (n doubles each) in ws->z in the
+ * same order. Entries farther than 2 bs - 1 from the diagonal are rounding noise (the Krylov
+ * relation makes them 0), so it is solved as a band matrix: dsbevx calls no threaded BLAS,
+ * where the dense drivers woke OpenBLAS's threads every iteration and their spinning took the
+ * cores from the pass (4096^2: 4.3 ms an iteration instead of 2.8). Every pass asks for the
+ * top two pairs only (the stopping rules need no more); a restart asks for bs. Bisection and
+ * inverse iteration cost in proportion to the pairs asked for: on the monitor's 256-wide
+ * matrices, where this solve takes as long as the pass itself, asking for 4 each pass made a
+ * step about 10% slower. Sets *found; returns LAPACK's info. */
 static int top_eigen_band(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n,
-                          size_t bs, size_t *found) {
+                          size_t bs, size_t want, size_t *found) {
   const size_t band = 2 * bs - 1;
   const size_t kd = n - 1 < band ? n - 1 : band, ldab = kd + 1;
   for (size_t j = 0; j < n; j++) /* LAPACK upper band storage, column-major */
     for (size_t i = j > kd ? j - kd : 0; i <= j; i++) ws->e[j * ldab + kd + i - j] = h[i * hs + j];
-  lapack_int ln = (lapack_int)n, il = n > bs ? ln - (lapack_int)bs + 1 : 1, got = 0;
+  lapack_int ln = (lapack_int)n, il = n > want ? ln - (lapack_int)want + 1 : 1, got = 0;
   lapack_int info = LAPACKE_dsbevx_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ln, (lapack_int)kd, ws->e,
                                         (lapack_int)ldab, ws->bq, ln, 0.0, 0.0, il, ln, 0.0, &got,
                                         ws->w, ws->z, ln, ws->ework, ws->eiwork, ws->eifail);
@@ -769,7 +773,10 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     /* ws->z (the Ritz vectors, remade below) is the coefficients' scratch */
     orthogonalise_block(Q, m + bs, cols, Z, bs, H + m, M, ws->z);
     const size_t n = m + bs;
-    for (size_t i = 0; i < n; i++) scale_seen = fmax(scale_seen, fabs(H[i * M + i]));
+    for (size_t i = 0; i < n; i++) { /* not fmax, a libm call each */
+      const double d = fabs(H[i * M + i]);
+      scale_seen = d > scale_seen ? d : scale_seen;
+    }
     const double tiny = 64 * DBL_EPSILON * scale_seen;
     /* QR of the remainder, Z = [z_0 .. z_B-1] R (R upper triangular): the coupling of this
      * block to the next, and what the Ritz residuals are made of. */
@@ -791,7 +798,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
                                      p->seed + bs * (uint64_t)(k + 1) + c);
     }
     size_t found = 0;
-    int info = top_eigen_band(ws, H, M, n, bs, &found);
+    int info = top_eigen_band(ws, H, M, n, bs, 2, &found);
     if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
     theta = ws->w[found - 1];
     ritz = ws->z + (found - 1) * n;
@@ -810,6 +817,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     if ((err <= p->tol && !to_the_end) || (r <= tiny && !warm) || n >= cols) break;
     if (n + bs > M) {
       /* Explicit restart from the bs leading Ritz vectors (orthonormal), the top one first. */
+      info = top_eigen_band(ws, H, M, n, bs, bs, &found);
+      if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
       for (size_t i = 0; i < found; i++)
         combine(Q, ws->z + (found - 1 - i) * n, n, cols, ws->x + i * cols);
       memcpy(Q, ws->x, found * cols * sizeof *Q);
