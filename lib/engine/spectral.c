@@ -168,7 +168,7 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
     n.e = alloc_doubles(n.edim * n.edim, &failed);
     n.w = alloc_doubles(n.edim, &failed);
     n.z = alloc_doubles(BLOCK * n.edim, &failed);
-    n.elwork = 7 * (lapack_int)n.edim; /* dsbevx: 7 n doubles, 5 n integers */
+    n.elwork = 13 * (lapack_int)n.edim; /* dsbevx: 7 n doubles, 5 n integers; top_eigen_dense: 13 n doubles */
     n.eliwork = 5 * (lapack_int)n.edim;
     if (!failed) {
       n.ework = alloc_doubles((size_t)n.elwork, &failed);
@@ -618,9 +618,82 @@ static void gram_rows(const double *C, size_t rows, size_t cols, double *K, size
   }
 }
 
+/* The largest eigenvalue of the symmetric n x n matrix K (upper triangle, row stride ks; n <=
+ * ws->edim) and its unit eigenvector u: Householder reduction to a tridiagonal T = Q^T K Q
+ * (LAPACK's dsytd2, written here on rows so that its loops run over contiguous memory), T's top
+ * eigenvalue by bisection (dstebz) and its vector by inverse iteration (dstein), u = Q y. K is
+ * overwritten (the reflectors are kept in its rows). A dense K of an attention head's block
+ * (64 x 64) took dsbevx 155 us on its full band, where Givens rotations chase a band as wide
+ * as the matrix; this takes about 100, and the monitor measures 2 x heads such blocks per
+ * attention layer per step. Returns LAPACK's info (-1: no value found). */
+static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, size_t n, double *theta,
+                           double *u) {
+  const size_t E = ws->edim;
+  double *const d = ws->ework, *const e = d + E, *const tau = e + E, *const p = tau + E;
+  double *const work = p + E; /* dstebz 4 n, then dstein 5 n */
+  lapack_int *const iblock = ws->eiwork, *const isplit = iblock + E, *const iwork = isplit + E;
+  for (size_t i = 0; i < n; i++) /* the lower triangle from the upper */
+    for (size_t j = 0; j < i; j++) K[i * ks + j] = K[j * ks + i];
+  for (size_t k = 0; k + 2 < n; k++) {
+    double *const x = K + k * ks + k + 1; /* row k right of the diagonal: column k below it */
+    const size_t m = n - k - 1;
+    const double alpha = x[0];
+    double xn = 0.0;
+    for (size_t i = 1; i < m; i++) xn += x[i] * x[i];
+    if (xn == 0.0) { /* already reduced */
+      tau[k] = 0.0;
+      e[k] = alpha;
+      continue;
+    }
+    const double beta = -copysign(sqrt(alpha * alpha + xn), alpha);
+    tau[k] = (beta - alpha) / beta;
+    const double sc = 1.0 / (alpha - beta);
+    x[0] = 1.0; /* the reflector v, v_0 = 1 */
+    for (size_t i = 1; i < m; i++) x[i] *= sc;
+    e[k] = beta;
+    double *const B = K + (k + 1) * ks + k + 1; /* the trailing m x m block, both triangles */
+    double pv = 0.0;
+    for (size_t i = 0; i < m; i++) { /* p = tau B v */
+      const double *b = B + i * ks;
+      double t = 0.0;
+      for (size_t j = 0; j < m; j++) t += b[j] * x[j];
+      p[i] = tau[k] * t;
+      pv += p[i] * x[i];
+    }
+    const double half = -0.5 * tau[k] * pv;
+    for (size_t i = 0; i < m; i++) p[i] += half * x[i]; /* w = p - (tau/2)(p.v) v */
+    for (size_t i = 0; i < m; i++) { /* B -= v w^T + w v^T */
+      double *b = B + i * ks;
+      const double xi = x[i], pi = p[i];
+      for (size_t j = 0; j < m; j++) b[j] -= xi * p[j] + pi * x[j];
+    }
+  }
+  for (size_t k = 0; k < n; k++) d[k] = K[k * ks + k];
+  if (n >= 2) e[n - 2] = K[(n - 2) * ks + n - 1];
+  lapack_int ln = (lapack_int)n, got = 0, nsplit = 0;
+  lapack_int info = LAPACKE_dstebz_work('I', 'B', ln, 0.0, 0.0, ln, ln, 0.0, d, e, &got, &nsplit, ws->w,
+                                        iblock, isplit, work, iwork);
+  if (info != 0) return (int)info;
+  if (got != 1) return -1;
+  info = LAPACKE_dstein_work(LAPACK_COL_MAJOR, ln, d, e, 1, ws->w, iblock, isplit, u, ln, work, iwork,
+                             ws->eifail);
+  if (info != 0) return (int)info;
+  for (size_t k = n >= 3 ? n - 2 : 0; k-- > 0;) { /* u = H_0 H_1 ... H_{n-3} y */
+    if (tau[k] == 0.0) continue;
+    const double *v = K + k * ks + k + 1;
+    const size_t m = n - k - 1;
+    double t = 0.0;
+    for (size_t i = 0; i < m; i++) t += v[i] * u[k + 1 + i];
+    t *= tau[k];
+    for (size_t i = 0; i < m; i++) u[k + 1 + i] -= t * v[i];
+  }
+  *theta = ws->w[0];
+  return 0;
+}
+
 /* A (rows x cols, rows <= FEW_ROWS, ws->edim and ws->kdim) as f64 into the basis, K = A A^T
- * into h (row stride kdim), the top eigenpair of K by dsbevx on its full band (no threaded
- * BLAS: see top_eigen_band), and v = A^T u / |A^T u| the top right singular vector. */
+ * into h (row stride kdim), the top eigenpair of K (top_eigen_dense: no threaded BLAS, see
+ * top_eigen_band), and v = A^T u / |A^T u| the top right singular vector. */
 static stab_status few_rows(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
                             size_t cols, double *v, stab_sigma_result *out) {
   double *c = ws->basis, *K = ws->h;
@@ -651,16 +724,11 @@ static stab_status few_rows(stab_spectral_workspace *ws, const stabi_src *a, siz
     out->converged = 1;
     return STAB_OK;
   }
-  const size_t kd = rows - 1, ldab = kd + 1;
-  for (size_t j = 0; j < rows; j++) /* LAPACK upper band storage, column-major */
-    for (size_t i = 0; i <= j; i++) ws->e[j * ldab + kd + i - j] = K[i * M + j];
-  lapack_int n = (lapack_int)rows, got = 0;
-  lapack_int info = LAPACKE_dsbevx_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', n, (lapack_int)kd, ws->e,
-                                        (lapack_int)ldab, ws->bq, n, 0.0, 0.0, n, n, 0.0, &got,
-                                        ws->w, ws->z, n, ws->ework, ws->eiwork, ws->eifail);
-  if (info != 0 || got != 1)
-    return stabi_fail(STAB_ELAPACK, "sigma of %zu x %zu: dsbevx failed with info %d", rows, cols, (int)info);
-  out->sigma = sqrt(fmax(ws->w[0], 0.0));
+  double theta = 0.0;
+  int info = top_eigen_dense(ws, K, M, rows, &theta, ws->z);
+  if (info != 0)
+    return stabi_fail(STAB_ELAPACK, "sigma of %zu x %zu: dstebz/dstein failed with info %d", rows, cols, info);
+  out->sigma = sqrt(fmax(theta, 0.0));
   out->rel_err = 0.0;
   out->converged = 1;
   if (v) {
