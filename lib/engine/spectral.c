@@ -638,8 +638,7 @@ static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, si
     double *const x = K + k * ks + k + 1; /* row k right of the diagonal: column k below it */
     const size_t m = n - k - 1;
     const double alpha = x[0];
-    double xn = 0.0;
-    for (size_t i = 1; i < m; i++) xn += x[i] * x[i];
+    const double xn = dot(x + 1, x + 1, m - 1);
     if (xn == 0.0) { /* already reduced */
       tau[k] = 0.0;
       e[k] = alpha;
@@ -652,19 +651,21 @@ static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, si
     for (size_t i = 1; i < m; i++) x[i] *= sc;
     e[k] = beta;
     double *const B = K + (k + 1) * ks + k + 1; /* the trailing m x m block, both triangles */
-    double pv = 0.0;
-    for (size_t i = 0; i < m; i++) { /* p = tau B v */
+    /* p = tau B v as a sum of B's rows (B is symmetric): contiguous updates that vectorise,
+     * where a dot per row waits on one chain of additions */
+    memset(p, 0, m * sizeof *p);
+    for (size_t i = 0; i < m; i++) {
       const double *b = B + i * ks;
-      double t = 0.0;
-      for (size_t j = 0; j < m; j++) t += b[j] * x[j];
-      p[i] = tau[k] * t;
-      pv += p[i] * x[i];
+      const double ti = tau[k] * x[i];
+#pragma omp simd
+      for (size_t j = 0; j < m; j++) p[j] += ti * b[j];
     }
-    const double half = -0.5 * tau[k] * pv;
+    const double half = -0.5 * tau[k] * dot(p, x, m);
     for (size_t i = 0; i < m; i++) p[i] += half * x[i]; /* w = p - (tau/2)(p.v) v */
     for (size_t i = 0; i < m; i++) { /* B -= v w^T + w v^T */
       double *b = B + i * ks;
       const double xi = x[i], pi = p[i];
+#pragma omp simd
       for (size_t j = 0; j < m; j++) b[j] -= xi * p[j] + pi * x[j];
     }
   }
@@ -682,10 +683,7 @@ static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, si
     if (tau[k] == 0.0) continue;
     const double *v = K + k * ks + k + 1;
     const size_t m = n - k - 1;
-    double t = 0.0;
-    for (size_t i = 0; i < m; i++) t += v[i] * u[k + 1 + i];
-    t *= tau[k];
-    for (size_t i = 0; i < m; i++) u[k + 1 + i] -= t * v[i];
+    axpy_sub(u + k + 1, tau[k] * dot(v, u + k + 1, m), v, m);
   }
   *theta = ws->w[0];
   return 0;

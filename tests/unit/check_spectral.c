@@ -260,6 +260,44 @@ START_TEST(test_few_rows_exact) {
 }
 END_TEST
 
+/* Few rows whose Gram matrix K = A A^T is already (block) diagonal, so that the reduction to
+ * a tridiagonal finds columns with nothing below their first entry (no reflector), and whose
+ * top value is repeated (a cluster for the eigenvector): orthogonal rows, one nonzero each, and
+ * a matrix of two blocks. Exact against dgesvd; ||A v|| = sigma checks the vector. */
+START_TEST(test_few_rows_reduced_gram) {
+  enum { ROWS = 6, COLS = 40 };
+  static const float scales[][ROWS] = {{1.0f, 3.0f, 2.0f, 3.0f, 0.5f, 0.0f}, /* orthogonal rows, top twice */
+                                       {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 2.5f},  /* one nonzero row, last */
+                                       {4.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f}}; /* blocks, below */
+  for (size_t c = 0; c < sizeof scales / sizeof scales[0]; c++) {
+    float *a = tu_floats(ROWS * COLS);
+    for (size_t i = 0; i < ROWS; i++) a[i * COLS + 3 * i] = scales[c][i];
+    if (c == 2) /* rows 1 and 2 share columns (a 2 x 2 block of K), rows 3..5 stay orthogonal */
+      for (size_t t = 20; t < 30; t++) {
+        a[1 * COLS + t] = 0.25f * (float)(t - 19);
+        a[2 * COLS + t] = 0.5f - 0.125f * (float)(t - 19);
+      }
+    const double ref = ref_sigma(a, ROWS, COLS, COLS);
+    stab_spectral_params p = stab_spectral_default_params();
+    stab_spectral_workspace *ws = NULL;
+    TU_ASSERT_OK(stab_spectral_workspace_create(ROWS, COLS, &p, &ws), "case %zu", c);
+    double *v = tu_doubles(COLS), *av = tu_doubles(ROWS);
+    stab_sigma_result res;
+    TU_ASSERT_OK(stab_spectral_norm(ws, a, NULL, ROWS, COLS, COLS, v, &res), "case %zu", c);
+    ck_assert_msg(res.passes == 1 && res.rel_err == 0.0, "case %zu: passes %d, rel_err %g (exact expected)", c,
+                  res.passes, res.rel_err);
+    TU_ASSERT_REL(res.sigma, ref, 1e-12, "case %zu: exact sigma", c);
+    tu_matvec(a, ROWS, COLS, COLS, v, av);
+    TU_ASSERT_REL(tu_norm2(v, COLS), 1.0, 1e-12, "case %zu: ||v||", c);
+    TU_ASSERT_REL(tu_norm2(av, ROWS), ref, 1e-12, "case %zu: ||A v|| vs sigma", c);
+    stab_spectral_workspace_free(ws);
+    free(av);
+    free(v);
+    free(a);
+  }
+}
+END_TEST
+
 /* ---- sigma(A - B) and blocks ------------------------------------------------------- */
 
 static void check_diff(const char *what, const float *a, const float *b, size_t rows, size_t cols,
@@ -903,6 +941,7 @@ static Suite *spectral_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_near_equal_top_pair);
   tcase_add_test(tc, test_few_rows_exact);
+  tcase_add_test(tc, test_few_rows_reduced_gram);
   tcase_add_test(tc, test_sigma_diff);
   tcase_add_test(tc, test_sigma_diff_same_is_zero);
   tcase_add_test(tc, test_sigma_block_of_bigger);
