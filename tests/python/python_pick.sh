@@ -1,6 +1,7 @@
 # Sourced by the tests that run Python. pick_python MODULE...: prints the first interpreter that
-# imports every MODULE, of $PYTHON (configure's, passed by make check; default python3) and then
-# Debian's /usr/bin/python3 (a python3 first on PATH, e.g. pyenv's, often lacks the python3-*
+# imports every MODULE, of $PYTHON (default python3: under make check, configure's PYTHON, which
+# Makefile.am puts first on the tests' PATH as tests/bin/python3) and then Debian's
+# /usr/bin/python3 (a python3 first on a user's PATH, e.g. pyenv's, often lacks the python3-*
 # packages); returns 1 when neither does.
 pick_python() {
   imports=$(echo "$*" | sed 's/  */, /g')
