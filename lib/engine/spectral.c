@@ -577,7 +577,7 @@ static stab_status small_gram(stab_spectral_workspace *ws, const stabi_src *a, s
 }
 
 /* Matrices with at most this many rows (and more columns than rows) get the Gram matrix of the
- * other side, K = A A^T (rows x rows), formed exactly, and its largest eigenpair from LAPACK: sigma
+ * other side, K = A A^T (rows x rows), formed exactly, and its largest eigenpair (top_eigen_dense): sigma
  * exact to rounding after one read of A. Block Lanczos on A^T A took 13-14 passes and 5.7 ms on
  * a 64 x 2048 attention head (mostly orthogonalising against a basis of 2048-long vectors), 14 ms
  * on a 128 x 4096 one; every attention layer measures 2 x heads such blocks. Above 128 rows
