@@ -79,9 +79,10 @@ struct stab_spectral_workspace {
   double *x, *y;    /* BLOCK * max_cols each */
   double *basis;    /* Lanczos: edim * max_cols */
   double *h;        /* the projected matrix Q^T G Q, kdim x kdim */
-  double *e, *w, *z, *ework; /* band storage (or Jacobi's matrix), values, BLOCK vectors, work */
-  lapack_int *eiwork, *eifail; /* dsbevx integer work */
-  double *bq;                   /* dsbevx's n x n reduction (or Jacobi's vectors) */
+  double *e, *w, *z, *ework; /* the projected matrix's copy (or Jacobi's matrix), values, BLOCK
+                                vectors, work */
+  lapack_int *eiwork, *eifail; /* dstebz's and dstein's integer work */
+  double *bq;                   /* Jacobi's vectors */
   lapack_int elwork, eliwork;
   double *copy, *sv, *gwork;     /* exact: f64 matrix, singular values, dgesvd work */
   lapack_int lwork;
@@ -168,7 +169,7 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
     n.e = alloc_doubles(n.edim * n.edim, &failed);
     n.w = alloc_doubles(n.edim, &failed);
     n.z = alloc_doubles(BLOCK * n.edim, &failed);
-    n.elwork = 13 * (lapack_int)n.edim; /* dsbevx: 7 n doubles, 5 n integers; top_eigen_dense: 13 n doubles */
+    n.elwork = 13 * (lapack_int)n.edim; /* top_eigen_dense: 13 n doubles, 5 n integers */
     n.eliwork = 5 * (lapack_int)n.edim;
     if (!failed) {
       n.ework = alloc_doubles((size_t)n.elwork, &failed);
@@ -425,33 +426,6 @@ static double jacobi_top(const double *g, size_t n, double *a, double *vec) {
   return theta;
 }
 
-/* The want largest eigenpairs of the block-tridiagonal projected matrix of block Lanczos with
- * blocks of bs vectors, held (upper triangle) in h with row stride hs: values ascending in
- * ws->w[0..want) (fewer when n < want), their eigenvectors (n doubles each) in ws->z in the
- * same order. Entries farther than 2 bs - 1 from the diagonal are rounding noise (the Krylov
- * relation makes them 0), so it is solved as a band matrix: dsbevx calls no threaded BLAS,
- * where the dense drivers woke OpenBLAS's threads every iteration and their spinning took the
- * cores from the pass (4096^2: 4.3 ms an iteration instead of 2.8). Every pass asks for the
- * top two pairs only (the stopping rules need no more); a restart asks for bs. Bisection and
- * inverse iteration cost in proportion to the pairs asked for: on the monitor's 256-wide
- * matrices, where this solve takes as long as the pass itself, asking for 4 each pass made a
- * step about 10% slower. Sets *found; returns LAPACK's info. */
-static int top_eigen_band(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n,
-                          size_t bs, size_t want, size_t *found) {
-  const size_t band = 2 * bs - 1;
-  const size_t kd = n - 1 < band ? n - 1 : band, ldab = kd + 1;
-  for (size_t j = 0; j < n; j++) /* LAPACK upper band storage, column-major */
-    for (size_t i = j > kd ? j - kd : 0; i <= j; i++) ws->e[j * ldab + kd + i - j] = h[i * hs + j];
-  lapack_int ln = (lapack_int)n, il = n > want ? ln - (lapack_int)want + 1 : 1, got = 0;
-  lapack_int info = LAPACKE_dsbevx_work(LAPACK_COL_MAJOR, 'V', 'I', 'U', ln, (lapack_int)kd, ws->e,
-                                        (lapack_int)ldab, ws->bq, ln, 0.0, 0.0, il, ln, 0.0, &got,
-                                        ws->w, ws->z, ln, ws->ework, ws->eiwork, ws->eifail);
-  if (info != 0) return (int)info;
-  if (got != ln - il + 1) return -1;
-  *found = (size_t)got;
-  return 0;
-}
-
 /* x = sum_i s_i q_i over n basis vectors. */
 static void combine(const double *basis, const double *s, size_t n, size_t cols, double *x) {
   memset(x, 0, cols * sizeof *x);
@@ -618,16 +592,20 @@ static void gram_rows(const double *C, size_t rows, size_t cols, double *K, size
   }
 }
 
-/* The largest eigenvalue of the symmetric n x n matrix K (upper triangle, row stride ks; n <=
- * ws->edim) and its unit eigenvector u: Householder reduction to a tridiagonal T = Q^T K Q
- * (LAPACK's dsytd2, written here on rows so that its loops run over contiguous memory), T's top
- * eigenvalue by bisection (dstebz) and its vector by inverse iteration (dstein), u = Q y. K is
- * overwritten (the reflectors are kept in its rows). A dense K of an attention head's block
- * (64 x 64) took dsbevx 155 us on its full band, where Givens rotations chase a band as wide
- * as the matrix; this takes about 100, and the monitor measures 2 x heads such blocks per
- * attention layer per step. Returns LAPACK's info (-1: no value found). */
-static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, size_t n, double *theta,
-                           double *u) {
+/* The want largest eigenpairs of the symmetric n x n matrix K (upper triangle, row stride ks;
+ * n <= ws->edim, want <= BLOCK): values ascending in ws->w[0..*found), *found = min(want, n),
+ * unit eigenvectors (n doubles each) in ws->z in the same order. Householder reduction to a
+ * tridiagonal T = Q^T K Q (LAPACK's dsytd2, written here on rows so that its loops run over
+ * contiguous memory), T's top values by bisection (dstebz), their vectors by inverse iteration
+ * (dstein, which keeps a cluster's vectors orthogonal), each times Q. K is overwritten (the
+ * reflectors are kept in its rows). No threaded BLAS is called: the dense LAPACK drivers woke
+ * OpenBLAS's threads on every call, whose spinning took the cores from the pass (64 x 64: 410
+ * us, 94 with one thread). dsbevx, used here before, cost more on the small matrices the monitor
+ * solves every pass: on Lanczos's projected matrix (a band 7 wide) at n = 32, 66 us against
+ * about 25; on an attention head's 64 x 64 Gram matrix, a band as wide as itself, 155 us
+ * against 60-100. Returns LAPACK's info (-1: not the values asked for). */
+static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, size_t n, size_t want,
+                           size_t *found) {
   const size_t E = ws->edim;
   double *const d = ws->ework, *const e = d + E, *const tau = e + E, *const p = tau + E;
   double *const work = p + E; /* dstebz 4 n, then dstein 5 n */
@@ -671,27 +649,55 @@ static int top_eigen_dense(stab_spectral_workspace *ws, double *K, size_t ks, si
   }
   for (size_t k = 0; k < n; k++) d[k] = K[k * ks + k];
   if (n >= 2) e[n - 2] = K[(n - 2) * ks + n - 1];
+  const size_t m = want < n ? want : n;
   lapack_int ln = (lapack_int)n, got = 0, nsplit = 0;
-  lapack_int info = LAPACKE_dstebz_work('I', 'B', ln, 0.0, 0.0, ln, ln, 0.0, d, e, &got, &nsplit, ws->w,
-                                        iblock, isplit, work, iwork);
+  lapack_int info = LAPACKE_dstebz_work('I', 'B', ln, 0.0, 0.0, ln - (lapack_int)m + 1, ln, 0.0, d, e, &got,
+                                        &nsplit, ws->w, iblock, isplit, work, iwork);
   if (info != 0) return (int)info;
-  if (got != 1) return -1;
-  info = LAPACKE_dstein_work(LAPACK_COL_MAJOR, ln, d, e, 1, ws->w, iblock, isplit, u, ln, work, iwork,
+  if (got != (lapack_int)m) return -1;
+  double *const z = ws->z;
+  info = LAPACKE_dstein_work(LAPACK_COL_MAJOR, ln, d, e, got, ws->w, iblock, isplit, z, ln, work, iwork,
                              ws->eifail);
   if (info != 0) return (int)info;
-  for (size_t k = n >= 3 ? n - 2 : 0; k-- > 0;) { /* u = H_0 H_1 ... H_{n-3} y */
-    if (tau[k] == 0.0) continue;
-    const double *v = K + k * ks + k + 1;
-    const size_t m = n - k - 1;
-    axpy_sub(u + k + 1, tau[k] * dot(v, u + k + 1, m), v, m);
+  /* dstebz orders by split-off block (dstein wants that order): ascending overall here */
+  for (size_t i = 1; i < m; i++)
+    for (size_t j = i; j > 0 && ws->w[j - 1] > ws->w[j]; j--) {
+      const double t = ws->w[j];
+      ws->w[j] = ws->w[j - 1];
+      ws->w[j - 1] = t;
+      memcpy(p, z + j * n, n * sizeof *p);
+      memcpy(z + j * n, z + (j - 1) * n, n * sizeof *p);
+      memcpy(z + (j - 1) * n, p, n * sizeof *p);
+    }
+  for (size_t c = 0; c < m; c++) { /* u = H_0 H_1 ... H_{n-3} y */
+    double *const u = z + c * n;
+    for (size_t k = n >= 3 ? n - 2 : 0; k-- > 0;) {
+      if (tau[k] == 0.0) continue;
+      const double *v = K + k * ks + k + 1;
+      axpy_sub(u + k + 1, tau[k] * dot(v, u + k + 1, n - k - 1), v, n - k - 1);
+    }
   }
-  *theta = ws->w[0];
+  *found = m;
   return 0;
 }
 
+/* The want largest Ritz pairs of block Lanczos's projected matrix Q^T G Q, held (upper triangle)
+ * in h with row stride hs, n x n: as top_eigen_dense, on a copy (h grows pass by pass). The whole
+ * matrix, not a band: entries farther than BLOCK from the diagonal would be 0 by the Krylov
+ * relation, but are up to about 4e-8 of the scale with passes in f32 runs, the projections the
+ * basis actually has. Every pass asks for the top two pairs only (the stopping rules need no
+ * more); a restart asks for BLOCK: on the monitor's 256-wide matrices, where this solve took as
+ * long as the pass itself, asking for 4 each pass made a step about 10% slower. */
+static int top_ritz(stab_spectral_workspace *ws, const double *h, size_t hs, size_t n, size_t want,
+                    size_t *found) {
+  double *const c = ws->e; /* edim^2 doubles */
+  for (size_t i = 0; i < n; i++) memcpy(c + i * n + i, h + i * hs + i, (n - i) * sizeof *c);
+  return top_eigen_dense(ws, c, n, n, want, found);
+}
+
 /* A (rows x cols, rows <= FEW_ROWS, ws->edim and ws->kdim) as f64 into the basis, K = A A^T
- * into h (row stride kdim), the top eigenpair of K (top_eigen_dense: no threaded BLAS, see
- * top_eigen_band), and v = A^T u / |A^T u| the top right singular vector. */
+ * into h (row stride kdim), the top eigenpair of K (top_eigen_dense), and v = A^T u / |A^T u|
+ * the top right singular vector. */
 static stab_status few_rows(stab_spectral_workspace *ws, const stabi_src *a, size_t rows,
                             size_t cols, double *v, stab_sigma_result *out) {
   double *c = ws->basis, *K = ws->h;
@@ -722,11 +728,11 @@ static stab_status few_rows(stab_spectral_workspace *ws, const stabi_src *a, siz
     out->converged = 1;
     return STAB_OK;
   }
-  double theta = 0.0;
-  int info = top_eigen_dense(ws, K, M, rows, &theta, ws->z);
+  size_t found = 0;
+  int info = top_eigen_dense(ws, K, M, rows, 1, &found);
   if (info != 0)
     return stabi_fail(STAB_ELAPACK, "sigma of %zu x %zu: dstebz/dstein failed with info %d", rows, cols, info);
-  out->sigma = sqrt(fmax(theta, 0.0));
+  out->sigma = sqrt(fmax(ws->w[0], 0.0));
   out->rel_err = 0.0;
   out->converged = 1;
   if (v) {
@@ -864,8 +870,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
                                      p->seed + bs * (uint64_t)(k + 1) + c);
     }
     size_t found = 0;
-    int info = top_eigen_band(ws, H, M, n, bs, 2, &found);
-    if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
+    int info = top_ritz(ws, H, M, n, 2, &found);
+    if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dstebz/dstein failed with info %d at %zu", info, n);
     theta = ws->w[found - 1];
     ritz = ws->z + (found - 1) * n;
     ritz_n = n;
@@ -883,8 +889,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     if ((err <= p->tol && !to_the_end) || (r <= tiny && !warm) || n >= cols) break;
     if (n + bs > M) {
       /* Explicit restart from the bs leading Ritz vectors (orthonormal), the top one first. */
-      info = top_eigen_band(ws, H, M, n, bs, bs, &found);
-      if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dsbevx failed with info %d at %zu", info, n);
+      info = top_ritz(ws, H, M, n, bs, &found);
+      if (info != 0) return stabi_fail(STAB_ELAPACK, "Lanczos: dstebz/dstein failed with info %d at %zu", info, n);
       for (size_t i = 0; i < found; i++)
         combine(Q, ws->z + (found - 1 - i) * n, n, cols, ws->x + i * cols);
       memcpy(Q, ws->x, found * cols * sizeof *Q);
