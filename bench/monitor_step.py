@@ -59,18 +59,15 @@ def main():
         opt.step()
         mon.after_step(step)
     m = mon._m
-
-    def step():
-        if lib.stab_monitor_measure(m, 1) != 0:
-            raise RuntimeError(lib.stab_last_error().decode())
-
     times = []
     for _ in range(a.repeats):  # the snapshot (a copy) before each, not timed
         if lib.stab_monitor_snapshot(m) != 0:
             raise RuntimeError(lib.stab_last_error().decode())
         t0 = time.perf_counter()
-        step()
+        status = lib.stab_monitor_measure(m, 1)
         times.append(time.perf_counter() - t0)
+        if status != 0:
+            raise RuntimeError(lib.stab_last_error().decode())
     names = list(mon.metrics())  # the C monitor's layers, in its order
     lib.stab_monitor_layer_count.restype = ctypes.c_size_t
     if lib.stab_monitor_layer_count(m) != len(names):
