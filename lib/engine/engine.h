@@ -105,12 +105,12 @@ int stabi_pool_threads(int threads);
 /* The fixed split of rows into chunks: fixed by the shape, never by the thread count, so
  * the order of every floating-point sum is the same for any number of threads. */
 #define STABI_MAX_CHUNKS 16
-size_t stabi_chunk_count(size_t rows);
+size_t stabi_chunk_count(size_t rows, size_t cols);
 
 /* Y = G X with G = (A - B)^T (A - B) (B may be NULL), A and B rows x cols with row stride
  * ld, in one pass: each row's dots with the nv (1, 2 or 4) vectors of X (x + v cols), then the
  * row scaled by them into per-chunk f64 accumulators while the row is in cache. Y holds nv x
- * cols doubles; partial holds stabi_chunk_count(rows) * nv * cols (at least 2 * cols), and X
+ * cols doubles; partial holds stabi_chunk_count(rows, cols) * nv * cols (at least 2 * cols), and X
  * overlaps neither (the f32 copy of X is kept in one of them during the pass). f64 = 0: products
  * and partial sums in f32 runs added into f64 (gram_kernels.h says how long; the caller's tol is
  * then at least STAB_SPECTRAL_F32_TOL_MIN); 1: all in f64. Returns x_0^T G x_0. */

@@ -186,14 +186,6 @@ void stabi_sub4(const double *const q[4], const double c[4][4], double *const z[
   stabi_gram_kernel_chosen()->sub4(q, c, z, nz, n);
 }
 
-size_t stabi_chunk_count(size_t rows) {
-  /* Enough chunks to keep two or more threads busy, few enough that summing them is cheap. */
-  size_t c = rows / 64;
-  if (c < 1) c = 1;
-  if (c > STABI_MAX_CHUNKS) c = STABI_MAX_CHUNKS;
-  return c;
-}
-
 /* Below this many elements (4 MiB of f32) a pass is too short to be worth waking other
  * threads: waking a sleeping worker (a futex wake, a context switch) takes tens of
  * microseconds, about a whole pass of 2^18 elements, and the worker would find few chunks
@@ -202,6 +194,18 @@ size_t stabi_chunk_count(size_t rows) {
  * threads under a load of 2.5, against 77 ms on one; the pool never waits for a thread that
  * has not started, so the rule is now only about cost.) */
 #define PARALLEL_MIN_ELEMENTS ((size_t)1 << 20)
+
+size_t stabi_chunk_count(size_t rows, size_t cols) {
+  /* A matrix that one thread passes over alone is one chunk: each chunk's accumulator is
+   * zeroed, written and summed into y, nv x cols doubles a chunk, which on the monitor's
+   * 256 x 1024 layers (4 chunks of 64 rows) made a step about 8% slower. */
+  if (rows * cols < PARALLEL_MIN_ELEMENTS) return 1;
+  /* Enough chunks to keep two or more threads busy, few enough that summing them is cheap. */
+  size_t c = rows / 64;
+  if (c < 1) c = 1;
+  if (c > STABI_MAX_CHUNKS) c = STABI_MAX_CHUNKS;
+  return c;
+}
 
 /* One chunk of rows [r0, r1), in f64 or in f32 runs (x32: x as f32, NULL for f64). F32 rows
  * are read where they are; 16-bit rows (or a mix: a BF16 matrix against an F32 one) are
@@ -260,7 +264,7 @@ static void add_into(double *restrict y, const double *restrict p, size_t n) {
 
 double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const double *x, double *y,
                         double *partial, const stabi_tiles *tiles, int threads, int nv, int f64) {
-  const size_t nchunks = stabi_chunk_count(rows), span = (size_t)nv * cols;
+  const size_t nchunks = stabi_chunk_count(rows, cols), span = (size_t)nv * cols;
   const stabi_gram_kernel *kn = stabi_gram_kernel_chosen();
   /* x / xup rounded to f32 once, where the pass writes only at its end: in y while the
    * chunks accumulate into partial, in partial while the single chunk accumulates into y. */
@@ -275,14 +279,18 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
         const double a = fabs(xv[j]);
         mx = a > mx ? a : mx; /* NaN left out, as fmax leaves it */
       }
-      xup[v] = pow2_above(mx);
-      for (size_t j = 0; j < cols; j++) x32[(size_t)v * cols + j] = (float)(xv[j] / xup[v]);
+      const int e = pow2_exponent(mx);
+      const double down = pow2(-e); /* 2^-e, normal: the product is the quotient, bit for bit */
+      xup[v] = pow2(e);
+      float *const xs = x32 + (size_t)v * cols;
+#pragma omp simd
+      for (size_t j = 0; j < cols; j++) xs[j] = (float)(xv[j] * down);
     }
   }
   const int tiled = !stabi_src_is_f32(m);
   double quad[STABI_MAX_CHUNKS];
   int nt = stabi_pool_threads(threads);
-  if (rows * cols < PARALLEL_MIN_ELEMENTS || nchunks == 1) nt = 1;
+  if (nchunks == 1) nt = 1;
   if (tiled && nt > tiles->slots) nt = tiles->slots; /* one tile pair per thread */
   /* With a single chunk it accumulates straight into y. */
   pass_job job = {kn, m, rows, cols, nchunks, span, x, x32, xup, nchunks == 1 ? y : partial, quad, tiles, nv};
@@ -297,9 +305,10 @@ double stabi_gram_apply(const stabi_src *m, size_t rows, size_t cols, const doub
    * overflow where f64 would not: such a pass is made again in f64, which also tells a
    * matrix holding NaN or Inf (non-finite either way) from one that is merely large. */
   if (!f64) {
-    int finite = isfinite(total);
-    for (size_t j = 0; j < span && finite; j++) finite = isfinite(y[j]);
-    if (!finite) return stabi_gram_apply(m, rows, cols, x, y, partial, tiles, threads, nv, 1);
+    double bad = total * 0.0; /* NaN if any is NaN or infinite, else 0: a loop that vectorises */
+#pragma omp simd reduction(+ : bad)
+    for (size_t j = 0; j < span; j++) bad += y[j] * 0.0;
+    if (bad != 0.0) return stabi_gram_apply(m, rows, cols, x, y, partial, tiles, threads, nv, 1);
   }
   return total;
 }

@@ -75,7 +75,7 @@ struct stab_spectral_workspace {
   size_t max_rows, max_cols;
   size_t kdim;      /* Lanczos basis vectors held: a multiple of BLOCK, >= 2 BLOCK */
   size_t edim;      /* order of the largest projected eigenproblem: max(kdim, SMALL_COLS) */
-  double *partial;  /* chunk accumulators, stabi_chunk_count(max_rows) * 2 * max_cols */
+  double *partial;  /* chunk accumulators, stabi_chunk_count(max_rows, max_cols) * BLOCK * max_cols */
   double *x, *y;    /* BLOCK * max_cols each */
   double *basis;    /* Lanczos: edim * max_cols */
   double *h;        /* the projected matrix Q^T G Q, kdim x kdim */
@@ -145,7 +145,7 @@ stab_status stabi_spectral_reserve(stab_spectral_workspace *ws, size_t rows, siz
   n.max_rows = r;
   n.max_cols = c;
   int failed = 0;
-  size_t nchunks = stabi_chunk_count(r);
+  size_t nchunks = stabi_chunk_count(r, c);
   n.partial = alloc_doubles(stabi_mul(nchunks, BLOCK * c), &failed); /* one block per chunk */
   n.x = alloc_doubles(BLOCK * c, &failed); /* a block of vectors; power and small_gram use 2 */
   n.y = alloc_doubles(BLOCK * c, &failed);
@@ -249,7 +249,7 @@ const stab_spectral_params *stabi_spectral_params(const stab_spectral_workspace 
 }
 
 size_t stabi_spectral_bytes(const stab_spectral_workspace *ws) {
-  size_t d = (stabi_chunk_count(ws->max_rows) + 2) * BLOCK * ws->max_cols;
+  size_t d = (stabi_chunk_count(ws->max_rows, ws->max_cols) + 2) * BLOCK * ws->max_cols;
   d += ws->edim * ws->max_cols + ws->kdim * ws->kdim + ws->edim * (2 * ws->edim + 1 + BLOCK) +
        (size_t)ws->elwork;
   d += ((size_t)ws->eliwork + ws->edim) * sizeof(lapack_int) / sizeof(double) + 1;
@@ -865,7 +865,8 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
       /* z is orthogonal to the basis to rounding relative to its norm before the block's own
        * projections; when those cancelled most of it (the norm fell below 1/sqrt(2) of what
        * it was), that rounding is no longer small against z: orthogonalise it again. */
-      if (c > 0 && dot(z, z, cols) < 0.5 * before) orthogonalise(Q, n, cols, z, NULL, 0);
+      if (c > 0 && dot(z, z, cols) < 0.5 * before) /* ws->z: scratch, as above */
+        orthogonalise_block(Q, n, cols, z, 1, NULL, 0, ws->z);
       R[c][c] = normalise_or_replace(Q, n, Z, c, cols, z, tiny,
                                      p->seed + bs * (uint64_t)(k + 1) + c);
     }

@@ -85,7 +85,7 @@ static void free_matrix(test_matrix *m) {
 /* y = W^T (W x) by stabi_gram_apply, with the workspace spectral.c would give it. */
 static double pass(const test_matrix *m, size_t rows, size_t cols, const double *x, double *y, int nv,
                    int f64, int threads) {
-  const size_t nchunks = stabi_chunk_count(rows);
+  const size_t nchunks = stabi_chunk_count(rows, cols);
   double *partial = xmalloc(nchunks * 4 * cols * sizeof *partial);
   stabi_tiles tiles;
   tiles.floats = stabi_tile_floats(cols);
@@ -157,8 +157,9 @@ static const struct {
     {1, 37},    /* a single row, no whole block */
     {13, 100},  /* one block and 5 single rows; cols not a multiple of 16 */
     {8, 16},    /* exactly one block of one vector width */
-    {203, 77},  /* 3 chunks of ragged blocks */
+    {203, 77},  /* ragged blocks: 25 of 8 rows and 3 single rows (one chunk: a small matrix) */
     {64, 2061}, /* dot lanes over several runs (1024 columns a run with 16 lanes), and a tail */
+    {1027, 1021}, /* past 2^20 elements: 16 chunks of ragged sizes, summed in order */
 };
 #define NSHAPES (sizeof shapes / sizeof shapes[0])
 
