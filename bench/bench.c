@@ -22,6 +22,7 @@
 #endif
 
 #include "bench.h"
+#include "fma_peak.h"
 #include "bench_arpack.h"
 #include "cli.h"
 #include "stabmeter.h"
@@ -237,6 +238,11 @@ int main(int argc, char **argv)
     progress("%s: built without OpenMP: the library and the stream read use one thread\n", cli_name);
   o.stream_threads = 1;
 #endif
+
+  /* The FMA rate: the arithmetic ceiling that the in-cache passes are held against. */
+  o.fma_rate = fma_peak_rate(o.stream_threads);
+  progress("%s: f32 FMA rate %.1f G a second with %d thread%s\n", cli_name, o.fma_rate * 1e-9,
+           o.stream_threads, o.stream_threads == 1 ? "" : "s");
 
   size_result *res = calloc(o.n_sizes, sizeof *res);
   if (!res) {

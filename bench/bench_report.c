@@ -30,11 +30,13 @@ void progress(const char *fmt, ...)
 #define TARGET_ARPACK 1.5
 static const char *const arpack_target_sizes[] = {"4096x4096", "768x3072", "3072x768"};
 #define TARGET_FRACTION 0.70
-/* one pass of two vectors against the reference read (the faster of a wide-vector read and
- * sgemv) over matrices of 64 MiB and more; BF16 the same, counting its own bytes */
+/* one pass (a warm start's: four vectors) against the reference read (the faster of a
+ * wide-vector read and sgemv) over matrices of 64 MiB and more; BF16 the same, counting its
+ * own bytes */
 #define TARGET_REFERENCE_FRACTION 0.85
 /* in cache memory is not the limit: the same pass against OpenBLAS sgemv reading the same
- * bytes, at this size (9 MiB: GPT-2's 768x3072) */
+ * bytes, at this size (9 MiB: GPT-2's 768x3072). The pass makes 8 FMAs an element, sgemv 1:
+ * the pass's arithmetic ceiling (bench/fma_peak.c) is printed beside it. */
 #define TARGET_IN_CACHE_FRACTION 0.60
 static const char *const in_cache_size = "768x3072";
 #define TARGET_WARM_PASSES 4
@@ -63,6 +65,7 @@ typedef struct {
   /* the same sizes as fraction: min pass/reference over them, f32 and BF16 */
   double ref_fraction, bf16_ref_fraction;
   double in_cache;         /* pass_GBps / sgemv_GBps at in_cache_size; NaN if not measured */
+  double in_cache_ceiling; /* pass4_ceiling_GBps / sgemv_GBps there: the most in_cache can be */
   /* worst loaded/idle ratio (cold or warm) beside OpenBLAS sgemm and beside spinning loops;
    * NaN if none */
   double loaded_blas, loaded_spin;
@@ -73,7 +76,7 @@ typedef struct {
 
 static targets compute_targets(const size_result *res, size_t n)
 {
-  targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN, NAN, NAN, NAN, NULL, NULL, {NAN, NAN, NAN}, NAN};
+  targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN, NAN, NAN, NAN, NAN, NULL, NULL, {NAN, NAN, NAN}, NAN};
   const size_result *largest = NULL;
   for (size_t i = 0; i < n; i++) {
     const size_result *r = &res[i];
@@ -86,8 +89,10 @@ static targets compute_targets(const size_result *res, size_t n)
     for (int k = 0; k < 3; k++)
       if (!strcmp(name, arpack_target_sizes[k]))
         t.arpack[k] = r->speedup_vs_arpack_own;
-    if (!strcmp(name, in_cache_size))
+    if (!strcmp(name, in_cache_size)) {
       t.in_cache = r->pass_GBps / r->sgemv_GBps;
+      t.in_cache_ceiling = r->pass4_ceiling_GBps / r->sgemv_GBps;
+    }
     double vs = r->power_oracle_s / r->cold_krylov.seconds;
     if (r->spiked && isfinite(vs) && !(vs >= t.spiked_vs_power))
       t.spiked_vs_power = vs;
@@ -229,8 +234,9 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
            fmt_warm(h, sizeof h, r), r->ok ? "" : "  (failed)");
   }
   printf("  * not converged within max passes. pass GB/s: best of the one-pass calls warm-started "
-         "from a fixed vector,\n  one pass of two vectors (median in --json; a cold start's first "
-         "pass, four vectors, is pass_cold_GBps).\n  warm L/P: Lanczos/power passes on W + dW.\n\n");
+         "from a fixed vector,\n  one pass of a warm block's four vectors, set-up included (median "
+         "in --json; a cold start's first\n  pass, also four vectors, is pass_cold_GBps). warm L/P: "
+         "Lanczos/power passes on W + dW.\n\n");
 
   printf("%-11s %9s %9s %9s %9s %8s %9s %9s %8s %9s %8s\n", "size", "wide GB/s", "sgemv",
          "reference", "pass", "of ref", "1t pass", "1t ref", "of ref", "bf16 pass", "of ref");
@@ -252,17 +258,24 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
          "its bytes as stored, against the f32 reference\n  (through stab_layer_metrics, which starts cold: "
          "passes of four vectors, the difference of 6 and 2).\n",
          stream_read_wide_name(), stream_threads);
-  printf("%-11s %9s %8s %9s %8s %9s %8s\n", "size", "1v pass", "of ref", "2v pass", "of ref", "4v pass", "of ref");
+  printf("%-11s %9s %8s %9s %8s %9s %8s %9s %8s\n", "size", "1v pass", "of ref", "4v warm", "of ref", "4v cold",
+         "of ref", "4v FMAs", "of ref");
   for (size_t i = 0; i < n; i++) {
     const size_result *r = &res[i];
+    char k[32], l[32];
     snprintf(s, sizeof s, "%zux%zu", r->rows, r->cols);
-    printf("%-11s %9s %8s %9s %8s %9s %8s\n", s, fmt_num(a, sizeof a, "%.2f", r->pass1_GBps),
+    printf("%-11s %9s %8s %9s %8s %9s %8s %9s %8s\n", s, fmt_num(a, sizeof a, "%.2f", r->pass1_GBps),
            fmt_num(b, sizeof b, "%.3f", r->pass1_GBps / r->reference_GBps), fmt_num(c, sizeof c, "%.2f", r->pass_GBps),
            fmt_num(d, sizeof d, "%.3f", r->reference_fraction), fmt_num(e, sizeof e, "%.2f", r->pass_cold_GBps),
-           fmt_num(f, sizeof f, "%.3f", r->pass_cold_GBps / r->reference_GBps));
+           fmt_num(f, sizeof f, "%.3f", r->pass_cold_GBps / r->reference_GBps),
+           fmt_num(k, sizeof k, "%.2f", r->pass4_ceiling_GBps),
+           fmt_num(l, sizeof l, "%.3f", r->pass4_ceiling_GBps / r->reference_GBps));
   }
-  printf("  passes of one, two and four vectors (GB/s of W read): 1v the cold power iteration's passes\n"
-         "  (its time over its passes), 2v the warm pass above, 4v a cold start's first pass.\n\n");
+  printf("  passes of one and four vectors (GB/s of W read): 1v the cold power iteration's passes (its\n"
+         "  time over its passes), 4v warm the warm pass above, 4v cold a cold start's first pass; the\n"
+         "  engine makes no two-vector pass (a warm block is four vectors). 4v FMAs: the arithmetic\n"
+         "  ceiling of a four-vector pass, 8 FMAs an element at this machine's FMA rate (%.1f G/s).\n\n",
+         o->fma_rate * 1e-9);
 
   const char *ref = o->exact_f64 ? "dgesvd" : "sgesvd";
   printf("%-11s %14s %12s %11s %12s %11s %24s\n", "size", o->exact_f64 ? "sigma dgesvd" : "sigma sgesvd",
@@ -314,8 +327,9 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
            TARGET_REFERENCE_FRACTION * 100);
   }
   if (isfinite(t->in_cache))
-    printf("target one pass in cache (%s) >= %.0f%% of OpenBLAS sgemv's rate: %.1f%% %s\n", in_cache_size,
-           TARGET_IN_CACHE_FRACTION * 100, t->in_cache * 100, pass_fail(1, t->in_cache >= TARGET_IN_CACHE_FRACTION));
+    printf("target one pass in cache (%s) >= %.0f%% of OpenBLAS sgemv's rate: %.1f%% (its FMAs allow %.1f%%) %s\n",
+           in_cache_size, TARGET_IN_CACHE_FRACTION * 100, t->in_cache * 100, t->in_cache_ceiling * 100,
+           pass_fail(1, t->in_cache >= TARGET_IN_CACHE_FRACTION));
   else
     printf("target one pass in cache (%s) >= %.0f%% of OpenBLAS sgemv's rate: n/a (not measured) SKIP\n",
            in_cache_size, TARGET_IN_CACHE_FRACTION * 100);
@@ -436,6 +450,7 @@ static void print_json(const options *o, const size_result *res, size_t n, const
   json_int("threads", stream_threads, 1);
   json_int("params_threads", o->threads, 1);
   json_num("load_average_start", o->load_start, 1);
+  json_num("fma_rate", o->fma_rate, 1);
   json_num("load_average_end", o->load_end, 1);
   printf("\"reference\": %s, ", !o->lapack ? "null" : o->exact_f64 ? "\"dgesvd\"" : "\"sgesvd\"");
   printf("\"sizes\": [");
@@ -459,6 +474,7 @@ static void print_json(const options *o, const size_result *res, size_t n, const
     json_num("pass_GBps_median", r->pass_median_GBps, 1);
     json_num("pass_cold_GBps", r->pass_cold_GBps, 1);
     json_num("pass1_GBps", r->pass1_GBps, 1);
+    json_num("pass4_ceiling_GBps", r->pass4_ceiling_GBps, 1);
     json_num("pass_bandwidth_fraction", r->fraction, 1);
     json_num("reference_read_GBps", r->reference_GBps, 1);
     json_num("wide_read_GBps", r->wide_GBps, 1);
@@ -534,6 +550,10 @@ static void print_json(const options *o, const size_result *res, size_t n, const
   json_target("pass_bf16_reference_fraction", t->bf16_ref_fraction, 0, TARGET_REFERENCE_FRACTION, NULL);
   json_target("warm_passes", t->warm >= 0 ? t->warm : NAN, 1, TARGET_WARM_PASSES, NULL);
   e = snprintf(extra, sizeof extra, "\"size\": \"%s\", ", in_cache_size);
+  if (isfinite(t->in_cache_ceiling)) /* the four-vector pass's arithmetic ceiling there */
+    snprintf(extra + e, sizeof extra - (size_t)e, "\"arithmetic_ceiling\": %.4f, ", t->in_cache_ceiling);
+  else
+    snprintf(extra + e, sizeof extra - (size_t)e, "\"arithmetic_ceiling\": null, ");
   json_target("pass_in_cache_sgemv_fraction", t->in_cache, 0, TARGET_IN_CACHE_FRACTION, extra);
   json_target("loaded_blas_slowdown", t->loaded_blas_from ? t->loaded_blas : NAN, 1, TARGET_LOADED_BLAS, NULL);
   json_target("loaded_spin_slowdown", t->loaded_spin_from ? t->loaded_spin : NAN, 1, TARGET_LOADED_SPIN, NULL);

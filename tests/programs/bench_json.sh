@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench_json.sh — harness/bench --json on one tiny :spiked size: the
-# keys the issue-13 check reads are there, issue 32's targets with their bounds, and the ARPACK (ladder and own-rule) and oracle-power ones are numbers
+# keys the issue-13 check reads are there, issue 32's targets with their bounds, the FMA rate and
+# the arithmetic ceiling it gives, and the ARPACK (ladder and own-rule) and oracle-power ones are numbers
 # when configure found ARPACK (config.h's HAVE_ARPACK), null (and said why) when it did not.
 set -u
 build=${builddir:-.}
@@ -65,6 +66,17 @@ for size in ("4096x4096", "768x3072", "3072x768"):
 for size in doc["sizes"]:
     if "pass1_GBps" not in size:
         bad.append("%dx%d: no key pass1_GBps (a pass of one vector)" % (size["rows"], size["cols"]))
+# the arithmetic ceiling: the FMA rate (a number wherever a SIMD kernel runs) and, per size, the
+# four-vector pass's 8 FMAs an element of 4 bytes at that rate; the in-cache target carries it
+rate = doc.get("fma_rate", "missing")
+if doc["kernel"] in ("avx2", "avx512") and not (isinstance(rate, float) and rate > 1e9):
+    bad.append("fma_rate is %r with the %s kernel" % (rate, doc["kernel"]))
+for size in doc["sizes"]:
+    c = size.get("pass4_ceiling_GBps", "missing")
+    if isinstance(rate, float) and not (isinstance(c, float) and abs(c - rate / 8 * 4e-9) <= 1e-6 * c):
+        bad.append("%dx%d: pass4_ceiling_GBps %r, not fma_rate / 8 x 4 bytes" % (size["rows"], size["cols"], c))
+if "arithmetic_ceiling" not in doc["targets"].get("pass_in_cache_sgemv_fraction", {}):
+    bad.append("targets.pass_in_cache_sgemv_fraction has no arithmetic_ceiling")
 if not any(s["spiked"] for s in doc["sizes"]):
     bad.append("no spiked size in the output")
 for b in bad:
