@@ -75,8 +75,9 @@ for size in doc["sizes"]:
     c = size.get("pass4_ceiling_GBps", "missing")
     if isinstance(rate, float) and not (isinstance(c, float) and abs(c - rate / 8 * 4e-9) <= 1e-6 * c):
         bad.append("%dx%d: pass4_ceiling_GBps %r, not fma_rate / 8 x 4 bytes" % (size["rows"], size["cols"], c))
-if "arithmetic_ceiling" not in doc["targets"].get("pass_in_cache_sgemv_fraction", {}):
-    bad.append("targets.pass_in_cache_sgemv_fraction has no arithmetic_ceiling")
+for name in ("pass_in_cache_sgemv_fraction", "pass_reference_fraction", "pass_bf16_reference_fraction"):
+    if "arithmetic_ceiling" not in doc["targets"].get(name, {}):
+        bad.append("targets.%s has no arithmetic_ceiling" % name)
 if not any(s["spiked"] for s in doc["sizes"]):
     bad.append("no spiked size in the output")
 for b in bad:
