@@ -448,51 +448,73 @@ static void orthogonalise(const double *q, size_t n, size_t cols, double *z, dou
     }
 }
 
-/* Orthogonalises the nz vectors z[0..nz) (cols apart) against q[0..n) twice, classical
- * Gram-Schmidt on the whole block ("twice is enough" holds for classical Gram-Schmidt run
- * twice); adds the coefficients of z_c into coef[i * stride + c] when coef is not NULL.
- * nz <= BLOCK; cc: n x nz doubles of scratch. Each sweep goes over the columns in segments of
- * ORTH_SEG, within which the block's segment stays in L1 while the basis streams past: first
- * every coefficient (stabi_dot4x4, four basis vectors at a time, summed over the segments in
- * order), then every update (stabi_sub4). One basis vector at a time (modified Gram-Schmidt)
- * read the whole block, 128 KiB at 4096 columns, from L2 twice for each basis vector: 42.8 ms
- * of the 170 of a cold 4096^2 estimate with scalar loops, 23.5 with SIMD ones. */
+/* One classical Gram-Schmidt sweep of the nz vectors z[0..nz) (cols apart) against q[lo..n):
+ * z_v -= sum_i (q_i . z_v) q_i, the coefficients added into coef[i * stride + v] when coef is
+ * not NULL. nz <= BLOCK; cc: (n - lo) x nz doubles of scratch. The sweep goes over the columns
+ * in segments of ORTH_SEG, within which the block's segment stays in L1 while the basis streams
+ * past: first every coefficient (stabi_dot4x4, four basis vectors at a time, summed over the
+ * segments in order), then every update (stabi_sub4). One basis vector at a time (modified
+ * Gram-Schmidt) read the whole block, 128 KiB at 4096 columns, from L2 twice for each basis
+ * vector: 42.8 ms of the 170 of a cold 4096^2 estimate with scalar loops, 23.5 with SIMD ones. */
 #define ORTH_SEG 512
-static void orthogonalise_block(const double *q, size_t n, size_t cols, double *z, size_t nz,
+static void gram_schmidt_sweep(const double *q, size_t lo, size_t n, size_t cols, double *z, size_t nz,
+                               double *coef, size_t stride, double *cc) {
+  const size_t k = n - lo;
+  memset(cc, 0, k * nz * sizeof *cc);
+  for (size_t t0 = 0; t0 < cols; t0 += ORTH_SEG) {
+    const size_t len = cols - t0 < ORTH_SEG ? cols - t0 : ORTH_SEG;
+    const double *y[4];
+    for (size_t v = 0; v < 4; v++) y[v] = z + (v < nz ? v : 0) * cols + t0; /* past nz: repeats */
+    for (size_t i0 = 0; i0 < k; i0 += 4) {
+      const size_t ni = k - i0 < 4 ? k - i0 : 4;
+      const double *x[4];
+      for (size_t a = 0; a < 4; a++) x[a] = q + (lo + i0 + (a < ni ? a : 0)) * cols + t0;
+      double s[4][4];
+      stabi_dot4x4(x, y, len, s);
+      for (size_t a = 0; a < ni; a++)
+        for (size_t v = 0; v < nz; v++) cc[(i0 + a) * nz + v] += s[a][v];
+    }
+  }
+  for (size_t t0 = 0; t0 < cols; t0 += ORTH_SEG) {
+    const size_t len = cols - t0 < ORTH_SEG ? cols - t0 : ORTH_SEG;
+    double *zs[4];
+    for (size_t v = 0; v < 4; v++) zs[v] = z + (v < nz ? v : 0) * cols + t0; /* only v < nz written */
+    for (size_t i0 = 0; i0 < k; i0 += 4) {
+      const size_t ni = k - i0 < 4 ? k - i0 : 4;
+      const double *x[4];
+      double c[4][4] = {{0.0}}; /* past ni: 0, so the repeated vector subtracts nothing */
+      for (size_t a = 0; a < 4; a++) x[a] = q + (lo + i0 + (a < ni ? a : 0)) * cols + t0;
+      for (size_t a = 0; a < ni; a++)
+        for (size_t v = 0; v < nz; v++) c[a][v] = cc[(i0 + a) * nz + v];
+      stabi_sub4(x, c, zs, nz, len);
+    }
+  }
+  if (coef)
+    for (size_t i = 0; i < k; i++)
+      for (size_t v = 0; v < nz; v++) coef[(lo + i) * stride + v] += cc[i * nz + v];
+}
+
+/* Orthogonalises the nz vectors z[0..nz) (cols apart) against q[0..n): a sweep against
+ * q[lo..n), then one against the whole basis, and while a whole sweep took a vector below
+ * 1/sqrt(2) of its norm (what was removed was not small against what is left, so its rounding
+ * is not either: Daniel, Gragg, Kaufman and Stewart's test), another, at most twice more.
+ * Coefficients are added into coef[i * stride + v] when coef is not NULL; cc: n x nz doubles.
+ * lo = 0 is "twice is enough" on the whole basis. Lanczos passes lo = the previous block's
+ * start: G q of the current block lies, to rounding and the f32 runs' error, in the span of the
+ * previous, current and next blocks, so the first sweep need only remove those two blocks'
+ * large components and the whole sweep after it removes the rest, which is small; two whole
+ * sweeps read a basis of up to 128 vectors twice per pass, 2-3 times the words of the pass
+ * itself on the monitor's 256-row layers. */
+static void orthogonalise_block(const double *q, size_t lo, size_t n, size_t cols, double *z, size_t nz,
                                 double *coef, size_t stride, double *cc) {
-  for (int pass = 0; pass < 2; pass++) {
-    memset(cc, 0, n * nz * sizeof *cc);
-    for (size_t t0 = 0; t0 < cols; t0 += ORTH_SEG) {
-      const size_t len = cols - t0 < ORTH_SEG ? cols - t0 : ORTH_SEG;
-      const double *y[4];
-      for (size_t v = 0; v < 4; v++) y[v] = z + (v < nz ? v : 0) * cols + t0; /* past nz: repeats */
-      for (size_t i0 = 0; i0 < n; i0 += 4) {
-        const size_t ni = n - i0 < 4 ? n - i0 : 4;
-        const double *x[4];
-        for (size_t a = 0; a < 4; a++) x[a] = q + (i0 + (a < ni ? a : 0)) * cols + t0;
-        double s[4][4];
-        stabi_dot4x4(x, y, len, s);
-        for (size_t a = 0; a < ni; a++)
-          for (size_t v = 0; v < nz; v++) cc[(i0 + a) * nz + v] += s[a][v];
-      }
-    }
-    for (size_t t0 = 0; t0 < cols; t0 += ORTH_SEG) {
-      const size_t len = cols - t0 < ORTH_SEG ? cols - t0 : ORTH_SEG;
-      double *zs[4];
-      for (size_t v = 0; v < 4; v++) zs[v] = z + (v < nz ? v : 0) * cols + t0; /* only v < nz written */
-      for (size_t i0 = 0; i0 < n; i0 += 4) {
-        const size_t ni = n - i0 < 4 ? n - i0 : 4;
-        const double *x[4];
-        double c[4][4] = {{0.0}}; /* past ni: 0, so the repeated vector subtracts nothing */
-        for (size_t a = 0; a < 4; a++) x[a] = q + (i0 + (a < ni ? a : 0)) * cols + t0;
-        for (size_t a = 0; a < ni; a++)
-          for (size_t v = 0; v < nz; v++) c[a][v] = cc[(i0 + a) * nz + v];
-        stabi_sub4(x, c, zs, nz, len);
-      }
-    }
-    if (coef)
-      for (size_t i = 0; i < n; i++)
-        for (size_t v = 0; v < nz; v++) coef[i * stride + v] += cc[i * nz + v];
+  gram_schmidt_sweep(q, lo, n, cols, z, nz, coef, stride, cc);
+  for (int extra = 0; extra < 3; extra++) {
+    double before[BLOCK];
+    for (size_t v = 0; v < nz; v++) before[v] = dot(z + v * cols, z + v * cols, cols);
+    gram_schmidt_sweep(q, 0, n, cols, z, nz, coef, stride, cc);
+    int again = 0;
+    for (size_t v = 0; v < nz; v++) again |= dot(z + v * cols, z + v * cols, cols) < 0.5 * before[v];
+    if (!again || extra == 2) break;
   }
 }
 
@@ -843,7 +865,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
     }
     /* Column m+c of H is Q^T G q_{m+c}: the coefficients of the full orthogonalisation. */
     /* ws->z (the Ritz vectors, remade below) is the coefficients' scratch */
-    orthogonalise_block(Q, m + bs, cols, Z, bs, H + m, M, ws->z);
+    orthogonalise_block(Q, m >= bs ? m - bs : 0, m + bs, cols, Z, bs, H + m, M, ws->z);
     const size_t n = m + bs;
     for (size_t i = 0; i < n; i++) { /* not fmax, a libm call each */
       const double d = fabs(H[i * M + i]);
@@ -866,7 +888,7 @@ static stab_status lanczos(stab_spectral_workspace *ws, const stabi_src *a, size
        * projections; when those cancelled most of it (the norm fell below 1/sqrt(2) of what
        * it was), that rounding is no longer small against z: orthogonalise it again. */
       if (c > 0 && dot(z, z, cols) < 0.5 * before) /* ws->z: scratch, as above */
-        orthogonalise_block(Q, n, cols, z, 1, NULL, 0, ws->z);
+        orthogonalise_block(Q, 0, n, cols, z, 1, NULL, 0, ws->z);
       R[c][c] = normalise_or_replace(Q, n, Z, c, cols, z, tiny,
                                      p->seed + bs * (uint64_t)(k + 1) + c);
     }

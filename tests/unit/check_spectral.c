@@ -691,6 +691,43 @@ START_TEST(test_warm_start_fewer_passes) {
 }
 END_TEST
 
+/* Warm starts on matrices of exactly low rank, 300 x 200 (ranks 6, 10, 13, 21; tol 1e-3 and
+ * 1e-9): the block's Krylov space ends within a few passes, the remainders vanish and random
+ * vectors orthogonal to the basis take their place, so the next product has large components
+ * along blocks older than the last two, which Lanczos's first (local) sweep does not touch: the
+ * whole-basis sweep after it removes them, and its second-sweep test (spectral.c,
+ * orthogonalise_block) is what fires here. Against dgesvd within the reported error, warm from
+ * the cold start's vector and from a vector along the smallest nonzero direction.
+ * Loop index: rank * 2 + tol. */
+START_TEST(test_warm_start_exact_low_rank) {
+  static const size_t ranks[] = {6, 10, 13, 21};
+  const size_t rank = ranks[_i / 2], rows = 300, cols = 200;
+  const double tol = _i % 2 ? 1e-9 : 1e-3;
+  tu_rng r;
+  tu_rng_init(&r, 4400 + (uint64_t)_i);
+  float *w = tu_floats(rows * cols);
+  tu_fill_lowrank(w, rows, cols, cols, rank, 0.0, &r);
+  const double ref = ref_sigma(w, rows, cols, cols);
+  stab_spectral_params p = params_for(STAB_SPECTRAL_LANCZOS);
+  p.tol = tol;
+  double *v = tu_doubles(cols);
+  stab_sigma_result cold, warm, side;
+  TU_ASSERT_OK(stab_sigma(w, rows, cols, cols, &p, v, &cold));
+  char what[64];
+  snprintf(what, sizeof what, "rank %zu 300x200 tol %g", rank, tol);
+  check_result(tu_ctx("%s cold", what), STAB_SPECTRAL_LANCZOS, &cold, ref, w, rows, cols, cols, v, tol);
+  TU_ASSERT_OK(stab_sigma(w, rows, cols, cols, &p, v, &warm));
+  check_result(tu_ctx("%s warm", what), STAB_SPECTRAL_LANCZOS, &warm, ref, w, rows, cols, cols, v, tol);
+  /* a start along the last row of W: inside the row space, far from the top */
+  for (size_t j = 0; j < cols; j++) v[j] = w[(rows - 1) * cols + j];
+  TU_ASSERT_OK(stab_sigma(w, rows, cols, cols, &p, v, &side));
+  check_result(tu_ctx("%s warm from a row", what), STAB_SPECTRAL_LANCZOS, &side, ref, w, rows, cols, cols,
+               v, tol);
+  free(v);
+  free(w);
+}
+END_TEST
+
 /* A warm start along the SECOND right singular vector, as a monitor's is when the top two
  * singular values swapped places since its last step: the estimate must not report an error
  * below the actual one (it may settle on s2 only if it says so). W = U diag(s1, 1, 0.95 ..
@@ -960,6 +997,7 @@ static Suite *spectral_suite(void) {
   tc = tcase_create("warm_start");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_warm_start_fewer_passes, 0, 4);
+  tcase_add_loop_test(tc, test_warm_start_exact_low_rank, 0, 8);
   tcase_add_loop_test(tc, test_warm_start_swapped_pair, 0, 6);
   suite_add_tcase(s, tc);
 
