@@ -22,9 +22,9 @@
 #endif
 
 #include "bench.h"
-#include "fma_peak.h"
 #include "bench_arpack.h"
 #include "cli.h"
+#include "fma_peak.h"
 #include "stabmeter.h"
 
 static const char *const default_sizes = "512x512,1024x1024,2048x2048,4096x4096,768x3072,3072x768";

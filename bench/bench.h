@@ -32,7 +32,8 @@ typedef struct {
   int stream_threads;    /* threads of the plain streaming read (the same number, resolved) */
   double load_start, load_end; /* 1-minute load average before and after the run */
   double fma_rate;       /* f32 FMAs a second with the pass's threads (bench/fma_peak.h), NaN if
-                            unknown: measured once at the start */
+                            unknown: measured once at the start; bench_report.c derives the
+                            four-vector pass's ceiling from it */
   double tol;            /* target relative error of sigma */
   int max_passes;        /* pass limit of the cold and warm estimates */
   int repeats;           /* timings of one pass and of the stream read: best of this many (at least) */
@@ -75,8 +76,6 @@ typedef struct {
   int pass_passes;         /* out.passes of the one-pass call; must be 1 */
   double pass_cold_GBps;   /* the same call from a cold start: one pass of four vectors */
   double pass1_GBps;       /* a pass of one vector: the cold power iteration's, its time over its passes */
-  double pass4_ceiling_GBps; /* the arithmetic ceiling of a four-vector pass: fma_rate / 8 elements
-                                a second (8 FMAs an element), 4 bytes each */
   double fraction;         /* pass_GBps / stream_GBps */
   /* The reference read (bench/stream_read.h), with the pass's threads and with one: */
   double wide_GBps, sgemv_GBps, reference_GBps;          /* best of each; the faster */

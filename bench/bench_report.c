@@ -64,11 +64,11 @@ typedef struct {
   int warm;                /* max Lanczos warm passes over the sizes; -1 if none */
   /* the same sizes as fraction: min pass/reference over them, f32 and BF16 */
   double ref_fraction, bf16_ref_fraction;
-  /* what the four-vector pass's FMAs allow there (pass4_ceiling_GBps, half of it for BF16's 2
+  /* what the four-vector pass's FMAs allow there (pass4_ceiling_GBps(), half of it for BF16's 2
    * bytes an element, over the reference read) */
   double ref_ceiling, bf16_ref_ceiling;
   double in_cache;         /* pass_GBps / sgemv_GBps at in_cache_size; NaN if not measured */
-  double in_cache_ceiling; /* pass4_ceiling_GBps / sgemv_GBps there: the most in_cache can be */
+  double in_cache_ceiling; /* pass4_ceiling_GBps() / sgemv_GBps there: the most in_cache can be */
   /* worst loaded/idle ratio (cold or warm) beside OpenBLAS sgemm and beside spinning loops;
    * NaN if none */
   double loaded_blas, loaded_spin;
@@ -77,7 +77,14 @@ typedef struct {
   double spiked_vs_power;  /* power_oracle_s / cold_krylov_s, worst spiked size; NaN if none */
 } targets;
 
-static targets compute_targets(const size_result *res, size_t n)
+/* The arithmetic ceiling of a four-vector pass in GB/s of f32 W: fma_rate FMAs a second, 8 an
+ * element (4 dots and 4 scaled rows), 4 bytes an element. The same for every size. */
+static double pass4_ceiling_GBps(const options *o)
+{
+  return o->fma_rate / 8.0 * sizeof(float) * 1e-9;
+}
+
+static targets compute_targets(const size_result *res, size_t n, double ceiling)
 {
   targets t = {NAN, NAN, NULL, 0, -1, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NULL, NULL, {NAN, NAN, NAN}, NAN};
   const size_result *largest = NULL;
@@ -94,7 +101,7 @@ static targets compute_targets(const size_result *res, size_t n)
         t.arpack[k] = r->speedup_vs_arpack_own;
     if (!strcmp(name, in_cache_size)) {
       t.in_cache = r->pass_GBps / r->sgemv_GBps;
-      t.in_cache_ceiling = r->pass4_ceiling_GBps / r->sgemv_GBps;
+      t.in_cache_ceiling = ceiling / r->sgemv_GBps;
     }
     double vs = r->power_oracle_s / r->cold_krylov.seconds;
     if (r->spiked && isfinite(vs) && !(vs >= t.spiked_vs_power))
@@ -134,8 +141,8 @@ static targets compute_targets(const size_result *res, size_t n)
       continue;
     t.ref_fraction = fmin(t.ref_fraction, r->reference_fraction);       /* fmin: NaN loses */
     t.bf16_ref_fraction = fmin(t.bf16_ref_fraction, r->bf16_reference_fraction);
-    t.ref_ceiling = fmin(t.ref_ceiling, r->pass4_ceiling_GBps / r->reference_GBps);
-    t.bf16_ref_ceiling = fmin(t.bf16_ref_ceiling, r->pass4_ceiling_GBps / 2.0 / r->reference_GBps);
+    t.ref_ceiling = fmin(t.ref_ceiling, ceiling / r->reference_GBps);
+    t.bf16_ref_ceiling = fmin(t.bf16_ref_ceiling, ceiling / 2.0 / r->reference_GBps);
   }
   return t;
 }
@@ -273,8 +280,8 @@ static void print_human(const options *o, const size_result *res, size_t n, cons
            fmt_num(b, sizeof b, "%.3f", r->pass1_GBps / r->reference_GBps), fmt_num(c, sizeof c, "%.2f", r->pass_GBps),
            fmt_num(d, sizeof d, "%.3f", r->reference_fraction), fmt_num(e, sizeof e, "%.2f", r->pass_cold_GBps),
            fmt_num(f, sizeof f, "%.3f", r->pass_cold_GBps / r->reference_GBps),
-           fmt_num(k, sizeof k, "%.2f", r->pass4_ceiling_GBps),
-           fmt_num(l, sizeof l, "%.3f", r->pass4_ceiling_GBps / r->reference_GBps));
+           fmt_num(k, sizeof k, "%.2f", pass4_ceiling_GBps(o)),
+           fmt_num(l, sizeof l, "%.3f", pass4_ceiling_GBps(o) / r->reference_GBps));
   }
   printf("  passes of one and four vectors (GB/s of W read): 1v the cold power iteration's passes (its\n"
          "  time over its passes), 4v warm the warm pass above, 4v cold a cold start's first pass; the\n"
@@ -467,6 +474,7 @@ static void print_json(const options *o, const size_result *res, size_t n, const
   json_int("params_threads", o->threads, 1);
   json_num("load_average_start", o->load_start, 1);
   json_num("fma_rate", o->fma_rate, 1);
+  json_num("pass4_ceiling_GBps", pass4_ceiling_GBps(o), 1);
   json_num("load_average_end", o->load_end, 1);
   printf("\"reference\": %s, ", !o->lapack ? "null" : o->exact_f64 ? "\"dgesvd\"" : "\"sgesvd\"");
   printf("\"sizes\": [");
@@ -490,7 +498,6 @@ static void print_json(const options *o, const size_result *res, size_t n, const
     json_num("pass_GBps_median", r->pass_median_GBps, 1);
     json_num("pass_cold_GBps", r->pass_cold_GBps, 1);
     json_num("pass1_GBps", r->pass1_GBps, 1);
-    json_num("pass4_ceiling_GBps", r->pass4_ceiling_GBps, 1);
     json_num("pass_bandwidth_fraction", r->fraction, 1);
     json_num("reference_read_GBps", r->reference_GBps, 1);
     json_num("wide_read_GBps", r->wide_GBps, 1);
@@ -586,7 +593,7 @@ static void print_json(const options *o, const size_result *res, size_t n, const
 
 void bench_report(const options *o, const size_result *res, size_t n)
 {
-  targets t = compute_targets(res, n);
+  targets t = compute_targets(res, n, pass4_ceiling_GBps(o));
   if (o->json)
     print_json(o, res, n, &t, o->stream_threads);
   else

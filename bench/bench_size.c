@@ -428,7 +428,6 @@ int bench_size(const options *o, shape sh, size_t index, size_result *r)
   int rc = -1;
 
   size_result_clear(r, sh);
-  r->pass4_ceiling_GBps = o->fma_rate / 8.0 * sizeof(float) * 1e-9; /* 8 FMAs an element */
   int need_copy = o->lapack || o->exact_warm;
   w = malloc(n * sizeof *w);
   w2 = malloc(n * sizeof *w2);

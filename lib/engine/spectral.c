@@ -502,9 +502,10 @@ static void gram_schmidt_sweep(const double *q, size_t lo, size_t n, size_t cols
  * lo = 0 is "twice is enough" on the whole basis. Lanczos passes lo = the previous block's
  * start: G q of the current block lies, to rounding and the f32 runs' error, in the span of the
  * previous, current and next blocks, so the first sweep need only remove those two blocks'
- * large components and the whole sweep after it removes the rest, which is small; two whole
- * sweeps read a basis of up to 128 vectors twice per pass, 2-3 times the words of the pass
- * itself on the monitor's 256-row layers. */
+ * large components and the whole sweep after it removes the rest, which is small. Two whole
+ * sweeps read the basis (n vectors of cols doubles) four times a pass, 32 n bytes a column,
+ * more than a 256-row f32 layer's pass reads (1024) once n passes 32: the orthogonalisation's
+ * instructions fell by 30-36% (callgrind, docs/lab/performance.md). */
 static void orthogonalise_block(const double *q, size_t lo, size_t n, size_t cols, double *z, size_t nz,
                                 double *coef, size_t stride, double *cc) {
   gram_schmidt_sweep(q, lo, n, cols, z, nz, coef, stride, cc);

@@ -66,15 +66,14 @@ for size in ("4096x4096", "768x3072", "3072x768"):
 for size in doc["sizes"]:
     if "pass1_GBps" not in size:
         bad.append("%dx%d: no key pass1_GBps (a pass of one vector)" % (size["rows"], size["cols"]))
-# the arithmetic ceiling: the FMA rate (a number wherever a SIMD kernel runs) and, per size, the
-# four-vector pass's 8 FMAs an element of 4 bytes at that rate; the in-cache target carries it
+# the arithmetic ceiling: the FMA rate (a number wherever a SIMD kernel runs) and the
+# four-vector pass's 8 FMAs an element of 4 bytes at that rate; the targets carry it
 rate = doc.get("fma_rate", "missing")
 if doc["kernel"] in ("avx2", "avx512") and not (isinstance(rate, float) and rate > 1e9):
     bad.append("fma_rate is %r with the %s kernel" % (rate, doc["kernel"]))
-for size in doc["sizes"]:
-    c = size.get("pass4_ceiling_GBps", "missing")
-    if isinstance(rate, float) and not (isinstance(c, float) and abs(c - rate / 8 * 4e-9) <= 1e-6 * c):
-        bad.append("%dx%d: pass4_ceiling_GBps %r, not fma_rate / 8 x 4 bytes" % (size["rows"], size["cols"], c))
+c = doc.get("pass4_ceiling_GBps", "missing")
+if isinstance(rate, float) and not (isinstance(c, float) and abs(c - rate / 8 * 4e-9) <= 1e-6 * c):
+    bad.append("pass4_ceiling_GBps %r, not fma_rate / 8 x 4 bytes" % (c,))
 for name in ("pass_in_cache_sgemv_fraction", "pass_reference_fraction", "pass_bf16_reference_fraction"):
     if "arithmetic_ceiling" not in doc["targets"].get(name, {}):
         bad.append("targets.%s has no arithmetic_ceiling" % name)
