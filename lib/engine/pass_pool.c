@@ -9,7 +9,7 @@
  * counter, a worker that is not scheduled simply claims none, and the caller waits only for
  * tasks already claimed and running. Which thread runs a task never changes what it computes
  * (each writes its own slot of the output), so results do not depend on the threads. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT, SCHED_IDLE */
 #include "engine/engine.h"
 
 #include <errno.h>
@@ -17,6 +17,8 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -56,8 +58,78 @@ static struct {
   uint64_t claim;          /* atomic: gen << 32 | next task */
   size_t finished;         /* atomic: tasks of this job that ended */
   int sleeping_caller;     /* the caller sleeps on `done` */
+  pid_t caller;            /* the caller's thread id: its workers run at its priority */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0};
+          0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0};
+
+/* ---- a worker runs at its caller's priority ----
+ * A caller that measures at a low priority, so that it takes only the time other work leaves
+ * idle (stabmeter.torch.Monitor(background=True) runs its measurement at SCHED_IDLE while the
+ * training goes on), would lose that if the pool's workers ran its tasks at their own, normal
+ * priority; and once it is raised back (the trainer waits for the measurement), workers left
+ * low would make it wait for them. So a worker takes its caller's scheduling policy and nice
+ * value when it joins a job, and, while it is below normal, checks again before each task. A
+ * worker that cannot take them (raising a thread needs CAP_SYS_NICE or RLIMIT_NICE) claims
+ * none of that job's tasks: the caller never waits on a worker it outranks. Two or three
+ * system calls a worker per job; none per task at normal priority. */
+
+typedef struct {
+  int policy;   /* SCHED_OTHER, SCHED_BATCH, SCHED_IDLE, or a real-time policy */
+  int priority; /* sched_priority (real-time policies only) */
+  int nice;
+} sched_state;
+
+static pid_t thread_id(void) { return (pid_t)syscall(SYS_gettid); }
+
+/* The scheduling of thread tid; 0 when it cannot be read. */
+static int read_sched(pid_t tid, sched_state *s) {
+  struct sched_param sp;
+  s->policy = sched_getscheduler(tid);
+  if (s->policy < 0 || sched_getparam(tid, &sp) != 0) return 0;
+  s->priority = sp.sched_priority;
+  errno = 0;
+  s->nice = getpriority(PRIO_PROCESS, (id_t)tid); /* Linux: the nice of that one thread */
+  return !(s->nice == -1 && errno != 0);
+}
+
+static int below_normal(const sched_state *s) {
+#ifdef SCHED_IDLE
+  if (s->policy == SCHED_IDLE) return 1;
+#endif
+  return (s->policy == SCHED_OTHER || s->policy == SCHED_BATCH) && s->nice > 0;
+}
+
+/* This worker's scheduling, as it last set it (valid once `known`). */
+static __thread sched_state worker_sched;
+static __thread int worker_sched_known;
+
+/* Gives this worker the caller's scheduling; 0 when it cannot (the worker then stays out). */
+static int follow_caller(pid_t caller) {
+  sched_state want;
+  if (caller <= 0 || !read_sched(caller, &want)) return 1; /* nothing to follow: as it is */
+  if (!worker_sched_known) {
+    if (!read_sched(thread_id(), &worker_sched)) return 1;
+    worker_sched_known = 1;
+  }
+  sched_state *mine = &worker_sched;
+  if (want.policy == mine->policy && want.priority == mine->priority && want.nice == mine->nice) return 1;
+  const pid_t me = thread_id();
+  /* the nice value first when lowering, last when raising (SCHED_IDLE ignores nice) */
+  struct sched_param sp = {.sched_priority = want.priority};
+  if (want.nice > mine->nice && setpriority(PRIO_PROCESS, (id_t)me, want.nice) != 0) return 0;
+  if (want.policy != mine->policy || want.priority != mine->priority) {
+    if (sched_setscheduler(me, want.policy, &sp) != 0) {
+      worker_sched_known = 0;
+      return 0;
+    }
+  }
+  if (want.nice < mine->nice && setpriority(PRIO_PROCESS, (id_t)me, want.nice) != 0) {
+    worker_sched_known = 0;
+    return 0;
+  }
+  *mine = want;
+  return 1;
+}
 
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
@@ -88,10 +160,13 @@ static size_t claim_task(uint32_t gen, size_t n) {
   }
 }
 
-/* Runs the tasks of job gen this thread can claim, as slot `slot`. */
-static void run_tasks(uint32_t gen, size_t n, stabi_task_fn fn, void *arg, int slot) {
+/* Runs the tasks of job gen this thread can claim, as slot `slot`; a worker (slot > 0) at its
+ * caller's priority (follow_caller), or none. */
+static void run_tasks(uint32_t gen, size_t n, stabi_task_fn fn, void *arg, int slot, pid_t caller) {
   size_t k;
-  while ((k = claim_task(gen, n)) != SIZE_MAX) {
+  for (int first = 1;; first = 0) {
+    if (slot > 0 && (first || below_normal(&worker_sched)) && !follow_caller(caller)) return;
+    if ((k = claim_task(gen, n)) == SIZE_MAX) break;
     fn(arg, k, slot);
     /* the release publishes what the task wrote; the one that ends the job wakes the caller */
     if (__atomic_add_fetch(&pool.finished, 1, __ATOMIC_ACQ_REL) == n) {
@@ -117,10 +192,11 @@ static void *worker_main(void *unused) {
     const size_t n = pool.n;
     const stabi_task_fn fn = pool.fn;
     void *const arg = pool.arg;
+    const pid_t caller = pool.caller;
     const int slot = ++pool.joined;
     seen = gen, have_seen = 1;
     pthread_mutex_unlock(&pool.lock);
-    run_tasks(gen, n, fn, arg, slot);
+    run_tasks(gen, n, fn, arg, slot, caller);
     pthread_mutex_lock(&pool.lock);
   }
   return NULL;
@@ -174,12 +250,13 @@ int stabi_pool_run(size_t n, int threads, stabi_task_fn fn, void *arg) {
       pool.n = n;
       pool.fn = fn;
       pool.arg = arg;
+      pool.caller = thread_id();
       __atomic_store_n(&pool.finished, 0, __ATOMIC_RELAXED);
       __atomic_store_n(&pool.claim, (uint64_t)gen << 32, __ATOMIC_RELEASE);
       pthread_cond_broadcast(&pool.wake);
       pthread_mutex_unlock(&pool.lock);
 
-      run_tasks(gen, n, fn, arg, 0);
+      run_tasks(gen, n, fn, arg, 0, 0);
       /* wait for tasks that workers claimed and are still running; never for a worker that
        * has not started, since it can claim nothing now */
       int polls = 0;

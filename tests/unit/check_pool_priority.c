@@ -1,0 +1,125 @@
+/* check_pool_priority.c — the pool's workers (lib/engine/pass_pool.c, built into this program: its
+ * functions are internal) run a job's tasks at the scheduling policy of the thread that runs the
+ * job: a caller at SCHED_IDLE has its tasks run at SCHED_IDLE by whichever thread claims them,
+ * and a caller at normal priority never has a task run by a worker left idle by an earlier job.
+ * Nothing here depends on speed: the first task waits (on a condition variable, not a clock)
+ * until another thread has run one, so a worker always takes part. */
+#define _GNU_SOURCE /* SCHED_IDLE */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+
+enum { TASKS = 16 };
+
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t ran;
+  int others_ran;        /* tasks run by a thread other than the caller */
+  int wait_for_worker;   /* task 0 waits until others_ran > 0 */
+  pid_t caller;
+  int policy[TASKS];     /* sched_getscheduler of the thread that ran task k */
+  pid_t tid[TASKS];
+} job;
+
+static pid_t thread_id(void) { return (pid_t)syscall(SYS_gettid); }
+
+static void task(void *arg, size_t k, int slot) {
+  (void)slot;
+  job *j = arg;
+  const pid_t me = thread_id();
+  j->policy[k] = sched_getscheduler(0);
+  j->tid[k] = me;
+  pthread_mutex_lock(&j->lock);
+  if (me != j->caller) {
+    j->others_ran++;
+    pthread_cond_broadcast(&j->ran);
+  }
+  if (k == 0 && j->wait_for_worker)
+    while (j->others_ran == 0) pthread_cond_wait(&j->ran, &j->lock);
+  pthread_mutex_unlock(&j->lock);
+}
+
+/* Runs TASKS tasks on 2 threads from the calling thread; the policies each task saw into j. */
+static void run_job(job *j, int wait_for_worker) {
+  memset(j, 0, sizeof *j);
+  pthread_mutex_init(&j->lock, NULL);
+  pthread_cond_init(&j->ran, NULL);
+  j->caller = thread_id();
+  j->wait_for_worker = wait_for_worker;
+  stabi_pool_run(TASKS, 2, task, j);
+  pthread_mutex_destroy(&j->lock);
+  pthread_cond_destroy(&j->ran);
+}
+
+static void assert_all(const job *j, int policy, const char *what) {
+  for (int k = 0; k < TASKS; k++)
+    ck_assert_msg(j->policy[k] == policy, "%s: task %d ran at policy %d on thread %d (caller %d), want %d", what, k,
+                  j->policy[k], (int)j->tid[k], (int)j->caller, policy);
+}
+
+/* The idle caller runs in a thread of its own: without CAP_SYS_NICE a thread cannot leave
+ * SCHED_IDLE, and the test's main thread must stay normal. */
+static void *idle_caller(void *arg) {
+  job *j = arg;
+  struct sched_param sp = {0};
+  if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+    j->others_ran = -1 - errno;
+    return NULL;
+  }
+  run_job(j, 1);
+  return NULL;
+}
+
+/* Whether this process may take a thread out of SCHED_IDLE (root, CAP_SYS_NICE, RLIMIT_NICE). */
+static void *probe_raise(void *arg) {
+  struct sched_param sp = {0};
+  *(int *)arg = sched_setscheduler(0, SCHED_IDLE, &sp) == 0 && sched_setscheduler(0, SCHED_OTHER, &sp) == 0;
+  return NULL;
+}
+
+START_TEST(test_workers_follow_the_callers_policy) {
+  job j;
+  pthread_t t;
+  /* a normal caller first: the worker exists and is normal */
+  run_job(&j, 1);
+  ck_assert_int_gt(j.others_ran, 0);
+  assert_all(&j, SCHED_OTHER, "normal caller");
+
+  ck_assert_int_eq(pthread_create(&t, NULL, idle_caller, &j), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(j.others_ran >= 0, "SCHED_IDLE refused: errno %d", -1 - j.others_ran);
+  ck_assert_int_gt(j.others_ran, 0);
+  assert_all(&j, SCHED_IDLE, "caller at SCHED_IDLE");
+
+  /* a normal caller again: the worker, idle since the last job, is raised back, or (without
+   * the right to raise a thread) takes no task of this one; it must not run one at SCHED_IDLE */
+  int can_raise = 0;
+  ck_assert_int_eq(pthread_create(&t, NULL, probe_raise, &can_raise), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  run_job(&j, can_raise);
+  assert_all(&j, SCHED_OTHER, "normal caller after an idle one");
+  if (can_raise) ck_assert_int_gt(j.others_ran, 0);
+  else fprintf(stderr, "check_pool_priority: this process may not raise a thread from SCHED_IDLE: the raise "
+                       "back is checked only as the worker staying out\n");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("pool_priority");
+  TCase *tc = tcase_create("priority");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_workers_follow_the_callers_policy);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
