@@ -15,7 +15,15 @@ for the background monitor under "background"; the load average at the start and
 round starts with one step not counted, so that every counted step of a background round runs
 alongside the measurement of the step before it, as in a loop that never stops (the last one's
 is waited for outside the count). The first rounds (warm-up: torch's allocator, the monitors'
-cold Lanczos starts) are not counted."""
+cold Lanczos starts) are not counted.
+
+Where the background monitor measures at idle priority (its background_priority, printed), a
+fourth kind, "background_normal", is the same monitor kept at normal priority, so that one run
+shows what the idle priority gives. It gives only what the trainer leaves idle: a BLAS whose
+threads spin between products leaves nothing. The environment variables that decide that
+(OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY, ...) are printed under "env"; for example
+
+    OPENBLAS_THREAD_TIMEOUT=4 STABMETER_LIBRARY=... /usr/bin/python3 bench/torch_overhead.py"""
 
 import argparse
 import json
@@ -34,6 +42,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from python_gpt import GPT, batches  # noqa: E402
 
 
+# what decides whether a trainer's threads leave a core idle between products
+ENV_THREADS = ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+               "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=24, help="rounds of each kind (default 24)")
@@ -49,12 +62,17 @@ def main():
     model = GPT(vocab=256, width=a.width, depth=a.depth, heads=heads, context=context)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = batches(256, context, 8)
-    kinds = ("plain", "monitor", "background")
     with tempfile.TemporaryDirectory() as d:
         mons = {"monitor": st.Monitor(model, trace=os.path.join(d, "trace.h5"), heads=heads,
                                       threads=a.threads),
                 "background": st.Monitor(model, trace=os.path.join(d, "background.h5"), heads=heads,
                                          threads=a.threads, background=True)}
+        if mons["background"].background_priority.startswith("idle"):
+            normal = st.Monitor(model, trace=os.path.join(d, "background_normal.h5"), heads=heads,
+                                threads=a.threads, background=True)
+            normal._idle = False  # the same monitor at normal priority, for comparison
+            mons["background_normal"] = normal
+        kinds = ("plain",) + tuple(mons)
         step = 0
         times = {k: [] for k in kinds}
         own = {k: [] for k in mons}    # seconds inside before_step and after_step
@@ -95,6 +113,7 @@ def main():
             for k in mons:
                 pairs[k].append((plain, statistics.mean(times[k][-a.steps:])))
         layers = len(mons["monitor"].layers)
+        priority = mons["background"].background_priority
         for m in mons.values():
             m.close()
     plain = statistics.median(times["plain"])
@@ -110,7 +129,9 @@ def main():
            "parameters": sum(p.numel() for p in model.parameters()),
            "steps_each": a.rounds * a.steps, "plain_ms": round(plain * 1e3, 2)}
     out.update(figures("monitor"))
-    out.update({"background": figures("background"),
+    out.update({k: figures(k) for k in mons if k != "monitor"})
+    out.update({"background_priority": priority,
+                "env": {k: os.environ[k] for k in ENV_THREADS if k in os.environ},
                 "torch_threads": torch.get_num_threads(),
                 "monitor_threads": a.threads or "default", "stabmeter": stabmeter.__version__,
                 "load_start": [round(x, 2) for x in load0],

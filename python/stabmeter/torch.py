@@ -22,6 +22,7 @@ from ._lib import (KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES, LAYOUT_OVERRIDES, T
                    metrics_dict)
 from ._metrics import _spectral_params
 from ._device import Mirrors as _Mirrors
+from ._idle import IdleTurn as _IdleTurn, idle_priority as _idle_priority
 from ._model import Model
 
 PRODUCER = "stabmeter.torch"
@@ -242,20 +243,24 @@ def _module_kinds(plan, views, user_kinds, described):
 _JOB_THREADS = set()  # the threads _measure_job has run on (Monitor.__del__ must not wait there)
 
 
-def _measure_job(m, measure, with_update, snapshot):
+def _measure_job(m, measure, with_update, snapshot, turn):
     """background=True's job on the monitor's thread: a step's measurement, then the next step's
-    snapshot; (status, message) of the first that fails (stab_last_error is this thread's), else
-    None."""
+    snapshot, at idle priority until the training waits for them (turn: _idle.IdleTurn);
+    (status, message) of the first that fails (stab_last_error is this thread's), else None."""
     _JOB_THREADS.add(threading.get_ident())
-    if measure:
-        status = lib.stab_monitor_measure(m, with_update)
-        if status != 0:
-            return status, lib.stab_last_error().decode("utf-8", "replace")
-    if snapshot:
-        status = lib.stab_monitor_snapshot(m)
-        if status != 0:
-            return status, lib.stab_last_error().decode("utf-8", "replace")
-    return None
+    turn.enter()
+    try:
+        if measure:
+            status = lib.stab_monitor_measure(m, with_update)
+            if status != 0:
+                return status, lib.stab_last_error().decode("utf-8", "replace")
+        if snapshot:
+            status = lib.stab_monitor_snapshot(m)
+            if status != 0:
+                return status, lib.stab_last_error().decode("utf-8", "replace")
+        return None
+    finally:
+        turn.leave()
 
 
 def _python_words(why):
@@ -305,7 +310,12 @@ class Monitor:
     and the next call. A parameter written in place meanwhile (its torch version changed: an
     optimizer, copy_, load_state_dict; not a write through .data) raises StateError at that call
     and that step's row is not written. An error of the measurement itself is raised at that
-    call too, as the exception after_step would have raised, its message naming the step."""
+    call too, as the exception after_step would have raised, its message naming the step.
+    Where the process may raise a thread back from SCHED_IDLE (root, CAP_SYS_NICE), the
+    measurement runs at idle priority, taking only CPU time the training leaves, until that
+    next call raises it back; background_priority says which ("idle: ..." or "normal: ...").
+    A trainer whose BLAS or OpenMP threads spin between products leaves none: see
+    docs/instrumenting.md."""
 
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
@@ -313,11 +323,16 @@ class Monitor:
                  background=False, _named=None, _on_device=False):
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
-        self._pending = None  # background: (future, step, versions, row) of the measurement running
+        self._pending = None  # background: (future, step, versions, row, snapshot, pid, turn) of the job running
         self._worker = None
         if not isinstance(background, bool):
             raise TypeError("Monitor: background=%r: expected True or False" % (background,))
         self.background = background
+        # background: whether the measurement runs at idle priority while the training runs
+        self._idle = background and _idle_priority()[0]
+        self.background_priority = None
+        if background:
+            self.background_priority = ("idle: " if self._idle else "normal: ") + _idle_priority()[1]
         self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
         flush_every = integer(flush_every, "Monitor: flush_every", 0, C_INT[1], "0 (the library's) or N >= 1 rows")
         tight_code = choice(tight, "Monitor: tight", TIGHT_METHODS)
@@ -643,8 +658,9 @@ class Monitor:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stabmeter-monitor")
         versions = self._versions()
-        job = self._worker.submit(_measure_job, self._m.value, measure, with_update, snapshot)
-        self._pending = (job, step, versions, row, snapshot, os.getpid())
+        turn = _IdleTurn(self._idle)
+        job = self._worker.submit(_measure_job, self._m.value, measure, with_update, snapshot, turn)
+        self._pending = (job, step, versions, row, snapshot, os.getpid(), turn)
 
     def wait(self):
         """background=True: waits for the measurement after_step started, then appends its trace
@@ -657,7 +673,7 @@ class Monitor:
         job, self._pending = self._pending, None
         if job is None:
             return
-        job, step, versions, row, snapshot, pid = job
+        job, step, versions, row, snapshot, pid, turn = job
         if pid != os.getpid():
             # a child forked while the job ran: its thread is the parent's, not here
             self._worker = None
@@ -666,6 +682,7 @@ class Monitor:
             raise _lib.error_for(-6, "Monitor(background=True): step %s is measured by process %d, which this "
                                  "process was forked from while it ran; this copy of the monitor cannot wait for "
                                  "it (close it; the parent's monitor goes on)" % (step, pid))
+        turn.hurry()  # the training waits now: the measurement back to normal priority
         failed = job.result()
         if failed is not None:
             status, message = failed

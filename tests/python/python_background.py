@@ -5,7 +5,9 @@ layers' sigma within their reported error of numpy's float64 SVD; an error of th
 measurement is raised by the next call (wait, before_step, close), naming the step; a parameter
 written in place between after_step and the next call raises StateError there and leaves that
 step's row out of the trace; a step that is not after the trace's last is refused at after_step
-itself; a child forked while a step is measured neither waits for it nor hangs."""
+itself; a child forked while a step is measured neither waits for it nor hangs. Where the process
+may raise a thread back from SCHED_IDLE (root here), the measurement runs at SCHED_IDLE until the
+training waits for it, then at the priority its thread had."""
 
 import os
 import tempfile
@@ -311,6 +313,98 @@ class Errors(unittest.TestCase):
     def test_background_must_be_a_bool(self):
         with self.assertRaises(TypeError):
             st.Monitor(self.model, heads=HEADS, background=1)
+
+
+def policy_of(tid):
+    return os.sched_getscheduler(tid)
+
+
+class IdlePriority(unittest.TestCase):
+    """The measuring thread's priority: SCHED_IDLE while the training runs, its own once the
+    training waits. Events order the threads; nothing depends on how fast they run."""
+
+    def setUp(self):
+        from stabmeter._idle import idle_priority
+        self.allowed, self.why = idle_priority()
+
+    def test_measured_at_idle_priority(self):
+        if not self.allowed:
+            self.skipTest(self.why)
+        model, opt, data = model_and_data()
+        mon = st.Monitor(model, heads=HEADS, background=True)
+        self.assertTrue(mon.background_priority.startswith("idle"), mon.background_priority)
+        for step in (1, 2):
+            x, y = next(data)
+            loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            mon.before_step(step)
+            opt.step()
+            self.assertTrue(mon.after_step(step))
+            job, turn = mon._pending[0], mon._pending[-1]
+            job.result()  # the job's end, without the monitor's wait (which would raise it)
+            self.assertEqual(turn.policy_seen, os.SCHED_IDLE, "step %d measured at policy %s" % (step, turn.policy_seen))
+            self.assertEqual(policy_of(turn._tid), os.SCHED_OTHER, "the thread left at idle priority")
+            mon.wait()
+        mon.close()
+
+    def test_raised_when_the_training_waits(self):
+        if not self.allowed:
+            self.skipTest(self.why)
+        from stabmeter._idle import IdleTurn
+        turn = IdleTurn(True)
+        entered, release = threading.Event(), threading.Event()
+        seen = {}
+
+        def measuring():
+            turn.enter()
+            seen["entered"] = policy_of(0)
+            entered.set()
+            release.wait()
+            seen["before_leave"] = policy_of(0)
+            turn.leave()
+            seen["after_leave"] = policy_of(0)
+
+        t = threading.Thread(target=measuring)
+        t.start()
+        entered.wait()
+        self.assertEqual(seen["entered"], os.SCHED_IDLE)
+        turn.hurry()
+        self.assertEqual(policy_of(t.native_id), os.SCHED_OTHER, "hurry left the measuring thread idle")
+        release.set()
+        t.join()
+        self.assertEqual(seen["before_leave"], os.SCHED_OTHER)
+        self.assertEqual(seen["after_leave"], os.SCHED_OTHER)
+
+    def test_hurried_before_it_starts(self):
+        from stabmeter._idle import IdleTurn
+        turn = IdleTurn(self.allowed)
+        turn.hurry()
+        seen = {}
+
+        def measuring():
+            turn.enter()
+            seen["policy"] = policy_of(0)
+            turn.leave()
+
+        t = threading.Thread(target=measuring)
+        t.start()
+        t.join()
+        self.assertEqual(seen["policy"], os.SCHED_OTHER, "lowered after the training began to wait")
+
+    def test_not_allowed_measures_at_normal_priority(self):
+        from stabmeter._idle import IdleTurn
+        turn = IdleTurn(False)
+        t = threading.Thread(target=lambda: (turn.enter(), turn.leave()))
+        t.start()
+        t.join()
+        self.assertEqual(turn.policy_seen, os.SCHED_OTHER)
+
+    def test_synchronous_monitor_says_none(self):
+        model, _, _ = model_and_data()
+        mon = st.Monitor(model, heads=HEADS)
+        self.assertIsNone(mon.background_priority)
+        mon.close()
 
 
 if __name__ == "__main__":
