@@ -28,8 +28,8 @@
 
 #define STAB_VERSION_MAJOR 0
 #define STAB_VERSION_MINOR 12
-#define STAB_VERSION_PATCH 2
-#define STAB_VERSION_STRING "0.12.2"
+#define STAB_VERSION_PATCH 3
+#define STAB_VERSION_STRING "0.12.3"
 
 #ifdef __cplusplus
 extern "C" {
