@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -59,19 +60,25 @@ static struct {
   size_t finished;         /* atomic: tasks of this job that ended */
   int sleeping_caller;     /* the caller sleeps on `done` */
   pid_t caller;            /* the caller's thread id: its workers run at its priority */
+  pid_t tids[POOL_MAX_WORKERS + 1]; /* the thread id of this job's worker in slot 1 .. joined */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0};
+          0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, {0}};
 
 /* ---- a worker runs at its caller's priority ----
  * A caller that measures at a low priority, so that it takes only the time other work leaves
  * idle (stabmeter.torch.Monitor(background=True) runs its measurement at SCHED_IDLE while the
  * training goes on), would lose that if the pool's workers ran its tasks at their own, normal
  * priority; and once it is raised back (the trainer waits for the measurement), workers left
- * low would make it wait for them. So a worker takes its caller's scheduling policy and nice
- * value when it joins a job, and, while it is below normal, checks again before each task. A
- * worker that cannot take them (raising a thread needs CAP_SYS_NICE or RLIMIT_NICE) claims
- * none of that job's tasks: the caller never waits on a worker it outranks. Two or three
- * system calls a worker per job; none per task at normal priority. */
+ * low would make it wait for them: a task at SCHED_IDLE on cores other programs keep busy gets
+ * about 0.3% of one. So a worker takes its caller's scheduling policy and nice value when it
+ * joins a job and, while it is below normal, again before each task; and a caller waiting for
+ * its workers' last tasks raises any of them it outranks (lend_priority), every WAIT_CHECK_MS
+ * while it waits. A worker that cannot take the caller's priority (raising a thread needs
+ * CAP_SYS_NICE or RLIMIT_NICE) claims none of that job's tasks. About three system calls a
+ * worker per job; none per task at normal priority. */
+
+/* How often a caller waiting for its workers' tasks checks that none runs below it. */
+#define WAIT_CHECK_MS 5
 
 typedef struct {
   int policy;   /* SCHED_OTHER, SCHED_BATCH, SCHED_IDLE, or a real-time policy */
@@ -103,11 +110,12 @@ static int below_normal(const sched_state *s) {
 static __thread sched_state worker_sched;
 static __thread int worker_sched_known;
 
-/* Gives this worker the caller's scheduling; 0 when it cannot (the worker then stays out). */
-static int follow_caller(pid_t caller) {
+/* Gives this worker the caller's scheduling; 0 when it cannot (the worker then stays out).
+ * joining: read its own anew (a waiting caller may have raised it since it last set it). */
+static int follow_caller(pid_t caller, int joining) {
   sched_state want;
   if (caller <= 0 || !read_sched(caller, &want)) return 1; /* nothing to follow: as it is */
-  if (!worker_sched_known) {
+  if (!worker_sched_known || joining) {
     if (!read_sched(thread_id(), &worker_sched)) return 1;
     worker_sched_known = 1;
   }
@@ -150,6 +158,21 @@ static void register_fork_handlers(void) {
   (void)pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
+/* The caller, waiting under the lock for its workers' last tasks: any worker of this job below
+ * normal while the caller is not (it was raised after the worker took its priority) is given
+ * the caller's scheduling, so that the caller never waits on a starved task. */
+static void lend_priority(void) {
+  sched_state me, w;
+  if (!read_sched(thread_id(), &me) || below_normal(&me)) return;
+  const struct sched_param sp = {.sched_priority = me.priority};
+  for (int slot = 1; slot <= pool.joined; slot++) {
+    const pid_t tid = pool.tids[slot];
+    if (tid <= 0 || !read_sched(tid, &w) || !below_normal(&w)) continue;
+    (void)sched_setscheduler(tid, me.policy, &sp); /* refused: it runs on as it is */
+    (void)setpriority(PRIO_PROCESS, (id_t)tid, me.nice);
+  }
+}
+
 /* Claims the next task of job gen; SIZE_MAX when that job has none left (or has ended). */
 static size_t claim_task(uint32_t gen, size_t n) {
   uint64_t c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
@@ -165,7 +188,7 @@ static size_t claim_task(uint32_t gen, size_t n) {
 static void run_tasks(uint32_t gen, size_t n, stabi_task_fn fn, void *arg, int slot, pid_t caller) {
   size_t k;
   for (int first = 1;; first = 0) {
-    if (slot > 0 && (first || below_normal(&worker_sched)) && !follow_caller(caller)) return;
+    if (slot > 0 && (first || below_normal(&worker_sched)) && !follow_caller(caller, first)) return;
     if ((k = claim_task(gen, n)) == SIZE_MAX) break;
     fn(arg, k, slot);
     /* the release publishes what the task wrote; the one that ends the job wakes the caller */
@@ -194,6 +217,7 @@ static void *worker_main(void *unused) {
     void *const arg = pool.arg;
     const pid_t caller = pool.caller;
     const int slot = ++pool.joined;
+    pool.tids[slot] = thread_id();
     seen = gen, have_seen = 1;
     pthread_mutex_unlock(&pool.lock);
     run_tasks(gen, n, fn, arg, slot, caller);
@@ -267,7 +291,15 @@ int stabi_pool_run(size_t n, int threads, stabi_task_fn fn, void *arg) {
       pthread_mutex_lock(&pool.lock);
       while (__atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE) < n) {
         pool.sleeping_caller = 1;
-        pthread_cond_wait(&pool.done, &pool.lock);
+        lend_priority();
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += WAIT_CHECK_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+          until.tv_sec++;
+          until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&pool.done, &pool.lock, &until);
       }
       pool.sleeping_caller = 0;
       pool.busy = 0;

@@ -1,7 +1,8 @@
 /* check_pool_priority.c — the pool's workers (lib/engine/pass_pool.c, built into this program: its
  * functions are internal) run a job's tasks at the scheduling policy of the thread that runs the
  * job: a caller at SCHED_IDLE has its tasks run at SCHED_IDLE by whichever thread claims them,
- * and a caller at normal priority never has a task run by a worker left idle by an earlier job.
+ * a caller at normal priority never has a task run by a worker left idle by an earlier job, and
+ * a caller raised back while it waits for a worker's task raises that worker.
  * Nothing here depends on speed: the first task waits (on a condition variable, not a clock)
  * until another thread has run one, so a worker always takes part. */
 #define _GNU_SOURCE /* SCHED_IDLE */
@@ -111,11 +112,90 @@ START_TEST(test_workers_follow_the_callers_policy) {
 }
 END_TEST
 
+/* ---- a caller raised while it waits raises its workers ---- */
+
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  pid_t caller, worker;  /* worker: the thread blocked in its first task */
+  int worker_started, released, refused;
+} held_job;
+
+static void held_task(void *arg, size_t k, int slot) {
+  (void)k;
+  (void)slot;
+  held_job *j = arg;
+  const pid_t me = thread_id();
+  pthread_mutex_lock(&j->lock);
+  if (me == j->caller) {
+    while (!j->worker_started) pthread_cond_wait(&j->changed, &j->lock);
+  } else if (!j->worker_started) {
+    j->worker = me;
+    j->worker_started = 1;
+    pthread_cond_broadcast(&j->changed);
+    while (!j->released) pthread_cond_wait(&j->changed, &j->lock);
+  }
+  pthread_mutex_unlock(&j->lock);
+}
+
+static void *held_caller(void *arg) {
+  held_job *j = arg;
+  struct sched_param sp = {0};
+  j->caller = thread_id();
+  if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+    pthread_mutex_lock(&j->lock);
+    j->refused = 1;
+    j->worker_started = 1;
+    pthread_cond_broadcast(&j->changed);
+    pthread_mutex_unlock(&j->lock);
+    return NULL;
+  }
+  stabi_pool_run(TASKS, 2, held_task, j);
+  return NULL;
+}
+
+START_TEST(test_raised_caller_raises_its_workers) {
+  int can_raise = 0;
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, probe_raise, &can_raise), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  if (!can_raise) {
+    fprintf(stderr, "check_pool_priority: this process may not raise a thread from SCHED_IDLE: skipped\n");
+    return;
+  }
+  held_job j;
+  memset(&j, 0, sizeof j);
+  pthread_mutex_init(&j.lock, NULL);
+  pthread_cond_init(&j.changed, NULL);
+  ck_assert_int_eq(pthread_create(&t, NULL, held_caller, &j), 0);
+  pthread_mutex_lock(&j.lock);
+  while (!j.worker_started) pthread_cond_wait(&j.changed, &j.lock);
+  pthread_mutex_unlock(&j.lock);
+  ck_assert_msg(!j.refused, "SCHED_IDLE refused");
+  ck_assert_int_eq(sched_getscheduler(j.worker), SCHED_IDLE);
+  /* the trainer waits: it raises the caller, as stabmeter.torch's Monitor does */
+  struct sched_param sp = {0};
+  ck_assert_int_eq(sched_setscheduler(j.caller, SCHED_OTHER, &sp), 0);
+  /* the caller checks every few milliseconds while it waits; 30 s is only a bound on a hang */
+  int policy = SCHED_IDLE;
+  for (int i = 0; i < 30000 && (policy = sched_getscheduler(j.worker)) == SCHED_IDLE; i++) usleep(1000);
+  pthread_mutex_lock(&j.lock);
+  j.released = 1;
+  pthread_cond_broadcast(&j.changed);
+  pthread_mutex_unlock(&j.lock);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(policy == SCHED_OTHER, "the worker's task still ran at policy %d after its caller was raised", policy);
+  pthread_mutex_destroy(&j.lock);
+  pthread_cond_destroy(&j.changed);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("pool_priority");
   TCase *tc = tcase_create("priority");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_workers_follow_the_callers_policy);
+  tcase_add_test(tc, test_raised_caller_raises_its_workers);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
