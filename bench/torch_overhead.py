@@ -17,10 +17,10 @@ alongside the measurement of the step before it, as in a loop that never stops (
 is waited for outside the count). The first rounds (warm-up: torch's allocator, the monitors'
 cold Lanczos starts) are not counted.
 
-Where the background monitor measures at idle priority (its background_priority, printed), a
-fourth kind, "background_normal", is the same monitor kept at normal priority, so that one run
-shows what the idle priority gives. It gives only what the trainer leaves idle: a BLAS whose
-threads spin between products leaves nothing. The environment variables that decide that
+Where this process may measure at idle priority (stabmeter.torch.idle_priority()), a fourth
+kind, "background_idle", is Monitor(background=True, priority="idle"), so that one run shows
+what the idle priority gives (its background_priority is printed). It gives only what the
+trainer leaves idle: a BLAS whose threads spin between products leaves nothing. The environment variables that decide that
 (OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY, ...) are printed under "env"; for example
 
     OPENBLAS_THREAD_TIMEOUT=4 STABMETER_LIBRARY=... /usr/bin/python3 bench/torch_overhead.py"""
@@ -67,11 +67,10 @@ def main():
                                       threads=a.threads),
                 "background": st.Monitor(model, trace=os.path.join(d, "background.h5"), heads=heads,
                                          threads=a.threads, background=True)}
-        if mons["background"].background_priority.startswith("idle"):
-            normal = st.Monitor(model, trace=os.path.join(d, "background_normal.h5"), heads=heads,
-                                threads=a.threads, background=True)
-            normal._idle = False  # the same monitor at normal priority, for comparison
-            mons["background_normal"] = normal
+        if st.idle_priority()[0]:
+            mons["background_idle"] = st.Monitor(model, trace=os.path.join(d, "background_idle.h5"),
+                                                 heads=heads, threads=a.threads, background=True,
+                                                 priority="idle")
         kinds = ("plain",) + tuple(mons)
         step = 0
         times = {k: [] for k in kinds}
@@ -113,7 +112,7 @@ def main():
             for k in mons:
                 pairs[k].append((plain, statistics.mean(times[k][-a.steps:])))
         layers = len(mons["monitor"].layers)
-        priority = mons["background"].background_priority
+        priority = mons.get("background_idle", mons["background"]).background_priority
         for m in mons.values():
             m.close()
     plain = statistics.median(times["plain"])

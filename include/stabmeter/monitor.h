@@ -88,6 +88,30 @@ stab_status stab_monitor_set_update(stab_monitor *m, size_t index, const float *
  * layer in registration order. */
 stab_status stab_monitor_measure(stab_monitor *m, int with_update);
 
+/* ---- measuring while the training runs ----
+ * A binding that measures on a thread of its own while the training goes on (stabmeter.torch's
+ * Monitor(background=True)) saves only the CPU time the training leaves idle. These run that
+ * measurement at idle priority (Linux's SCHED_IDLE) until the training waits for it. */
+
+/* Whether this process may run a measurement at idle priority: a thread can enter SCHED_IDLE
+ * and be raised back out of it (root, CAP_SYS_NICE, or RLIMIT_NICE >= 20; an unprivileged
+ * thread can enter it but never leave it). Found once per process, on a thread of its own.
+ * why, when not NULL: a static string saying why, or why not. 1 or 0. */
+int stab_idle_priority_allowed(const char **why);
+
+/* stab_monitor_measure(m, with_update) when measure, then stab_monitor_snapshot(m) when
+ * snapshot (not after a failed measurement), on the calling thread at SCHED_IDLE where
+ * stab_idle_priority_allowed() says so (else at its own priority), from the moment
+ * stab_monitor_hurry(m, ticket) is called with this call's ticket at the priority the thread
+ * had, which it has again when this returns. The pool's threads that measure layers with it
+ * take its priority as it goes. ticket: a number that differs from the previous call's. The
+ * metrics are the same bits as stab_monitor_measure's. Returns as those calls would. */
+stab_status stab_monitor_measure_idle(stab_monitor *m, uint64_t ticket, int measure, int with_update, int snapshot);
+
+/* From any thread: the measurement of ticket is waited for, so it runs at its thread's own
+ * priority from now on; if it has not started yet, it never leaves it. NULL m: nothing. */
+void stab_monitor_hurry(stab_monitor *m, uint64_t ticket);
+
 /* stab_monitor_measure of some layers only: those i with which[i] nonzero (which: one byte per
  * registered layer; NULL measures all, as stab_monitor_measure). The others keep their last
  * metrics and warm-start vectors. The checks are those of stab_monitor_measure, over every

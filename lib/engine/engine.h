@@ -6,6 +6,10 @@
 
 #include "core/core.h"
 
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
 /* ---- stored numbers in the dtypes read natively (stored_rows.c) ----
  * F32, F16 and BF16 in host byte order. Pointers to 16-bit data travel as const float * in
  * stab_layer; inside the library they are const void * and offsets are in elements. */
@@ -94,6 +98,42 @@ typedef void (*stabi_task_fn)(void *arg, size_t k, int slot);
  * caller, in order. Safe from any number of threads, and in the child of a fork. Returns the
  * threads that took part (1: serial). */
 int stabi_pool_run(size_t n, int threads, stabi_task_fn fn, void *arg);
+
+/* ---- threads' scheduling priority (priority.c) ---- */
+
+/* A thread's scheduling: policy (SCHED_OTHER, SCHED_BATCH, SCHED_IDLE or a real-time one),
+ * sched_priority (real-time policies only) and nice value. */
+typedef struct {
+  int policy, priority, nice;
+} stabi_sched;
+
+pid_t stabi_thread_id(void);
+/* The scheduling of thread tid (0: the calling one); 0 when it cannot be read. */
+int stabi_sched_read(pid_t tid, stabi_sched *s);
+/* Whether s ranks below a normal thread: SCHED_IDLE, or a positive nice value. */
+int stabi_sched_below_normal(const stabi_sched *s);
+int stabi_sched_same(const stabi_sched *a, const stabi_sched *b);
+/* Gives thread tid (0: the calling one), which has `from`, the scheduling `to`; 0 when refused
+ * (the thread may then have part of it). */
+int stabi_sched_set(pid_t tid, const stabi_sched *from, const stabi_sched *to);
+
+/* One background measurement at a time at idle priority (stab_monitor_measure_idle): enter
+ * lowers the calling thread to SCHED_IDLE, unless this process may not raise it back
+ * (stab_idle_priority_allowed) or hurry was already called with this ticket; leave, or hurry
+ * with the same ticket from any thread, gives it back the scheduling it had. */
+typedef struct {
+  pthread_mutex_t lock;
+  uint64_t ticket, hurried_ticket;
+  int hurried, lowered;
+  pid_t tid;                /* the thread that entered */
+  stabi_sched saved, low;   /* what it had, and what it was given */
+} stabi_idle_turn;
+
+void stabi_idle_turn_init(stabi_idle_turn *t);
+void stabi_idle_turn_destroy(stabi_idle_turn *t);
+void stabi_idle_enter(stabi_idle_turn *t, uint64_t ticket);
+void stabi_idle_leave(stabi_idle_turn *t);
+void stabi_idle_hurry(stabi_idle_turn *t, uint64_t ticket);
 
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */
 int stabi_pool_cpus(void);

@@ -17,8 +17,6 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -80,62 +78,25 @@ static struct {
 /* How often a caller waiting for its workers' tasks checks that none runs below it. */
 #define WAIT_CHECK_MS 5
 
-typedef struct {
-  int policy;   /* SCHED_OTHER, SCHED_BATCH, SCHED_IDLE, or a real-time policy */
-  int priority; /* sched_priority (real-time policies only) */
-  int nice;
-} sched_state;
-
-static pid_t thread_id(void) { return (pid_t)syscall(SYS_gettid); }
-
-/* The scheduling of thread tid; 0 when it cannot be read. */
-static int read_sched(pid_t tid, sched_state *s) {
-  struct sched_param sp;
-  s->policy = sched_getscheduler(tid);
-  if (s->policy < 0 || sched_getparam(tid, &sp) != 0) return 0;
-  s->priority = sp.sched_priority;
-  errno = 0;
-  s->nice = getpriority(PRIO_PROCESS, (id_t)tid); /* Linux: the nice of that one thread */
-  return !(s->nice == -1 && errno != 0);
-}
-
-static int below_normal(const sched_state *s) {
-#ifdef SCHED_IDLE
-  if (s->policy == SCHED_IDLE) return 1;
-#endif
-  return (s->policy == SCHED_OTHER || s->policy == SCHED_BATCH) && s->nice > 0;
-}
-
 /* This worker's scheduling, as it last set it (valid once `known`). */
-static __thread sched_state worker_sched;
+static __thread stabi_sched worker_sched;
 static __thread int worker_sched_known;
 
 /* Gives this worker the caller's scheduling; 0 when it cannot (the worker then stays out).
  * joining: read its own anew (a waiting caller may have raised it since it last set it). */
 static int follow_caller(pid_t caller, int joining) {
-  sched_state want;
-  if (caller <= 0 || !read_sched(caller, &want)) return 1; /* nothing to follow: as it is */
+  stabi_sched want;
+  if (caller <= 0 || !stabi_sched_read(caller, &want)) return 1; /* nothing to follow: as it is */
   if (!worker_sched_known || joining) {
-    if (!read_sched(thread_id(), &worker_sched)) return 1;
+    if (!stabi_sched_read(0, &worker_sched)) return 1;
     worker_sched_known = 1;
   }
-  sched_state *mine = &worker_sched;
-  if (want.policy == mine->policy && want.priority == mine->priority && want.nice == mine->nice) return 1;
-  const pid_t me = thread_id();
-  /* the nice value first when lowering, last when raising (SCHED_IDLE ignores nice) */
-  struct sched_param sp = {.sched_priority = want.priority};
-  if (want.nice > mine->nice && setpriority(PRIO_PROCESS, (id_t)me, want.nice) != 0) return 0;
-  if (want.policy != mine->policy || want.priority != mine->priority) {
-    if (sched_setscheduler(me, want.policy, &sp) != 0) {
-      worker_sched_known = 0;
-      return 0;
-    }
-  }
-  if (want.nice < mine->nice && setpriority(PRIO_PROCESS, (id_t)me, want.nice) != 0) {
-    worker_sched_known = 0;
+  if (stabi_sched_same(&want, &worker_sched)) return 1;
+  if (!stabi_sched_set(0, &worker_sched, &want)) {
+    worker_sched_known = 0; /* it may have part of it: read anew next time */
     return 0;
   }
-  *mine = want;
+  worker_sched = want;
   return 1;
 }
 
@@ -162,14 +123,12 @@ static void register_fork_handlers(void) {
  * normal while the caller is not (it was raised after the worker took its priority) is given
  * the caller's scheduling, so that the caller never waits on a starved task. */
 static void lend_priority(void) {
-  sched_state me, w;
-  if (!read_sched(thread_id(), &me) || below_normal(&me)) return;
-  const struct sched_param sp = {.sched_priority = me.priority};
+  stabi_sched me, w;
+  if (!stabi_sched_read(0, &me) || stabi_sched_below_normal(&me)) return;
   for (int slot = 1; slot <= pool.joined; slot++) {
     const pid_t tid = pool.tids[slot];
-    if (tid <= 0 || !read_sched(tid, &w) || !below_normal(&w)) continue;
-    (void)sched_setscheduler(tid, me.policy, &sp); /* refused: it runs on as it is */
-    (void)setpriority(PRIO_PROCESS, (id_t)tid, me.nice);
+    if (tid > 0 && stabi_sched_read(tid, &w) && stabi_sched_below_normal(&w))
+      (void)stabi_sched_set(tid, &w, &me); /* refused: it runs on as it is */
   }
 }
 
@@ -188,7 +147,7 @@ static size_t claim_task(uint32_t gen, size_t n) {
 static void run_tasks(uint32_t gen, size_t n, stabi_task_fn fn, void *arg, int slot, pid_t caller) {
   size_t k;
   for (int first = 1;; first = 0) {
-    if (slot > 0 && (first || below_normal(&worker_sched)) && !follow_caller(caller, first)) return;
+    if (slot > 0 && (first || stabi_sched_below_normal(&worker_sched)) && !follow_caller(caller, first)) return;
     if ((k = claim_task(gen, n)) == SIZE_MAX) break;
     fn(arg, k, slot);
     /* the release publishes what the task wrote; the one that ends the job wakes the caller */
@@ -217,7 +176,7 @@ static void *worker_main(void *unused) {
     void *const arg = pool.arg;
     const pid_t caller = pool.caller;
     const int slot = ++pool.joined;
-    pool.tids[slot] = thread_id();
+    pool.tids[slot] = stabi_thread_id();
     seen = gen, have_seen = 1;
     pthread_mutex_unlock(&pool.lock);
     run_tasks(gen, n, fn, arg, slot, caller);
@@ -274,7 +233,7 @@ int stabi_pool_run(size_t n, int threads, stabi_task_fn fn, void *arg) {
       pool.n = n;
       pool.fn = fn;
       pool.arg = arg;
-      pool.caller = thread_id();
+      pool.caller = stabi_thread_id();
       __atomic_store_n(&pool.finished, 0, __ATOMIC_RELAXED);
       __atomic_store_n(&pool.claim, (uint64_t)gen << 32, __ATOMIC_RELEASE);
       pthread_cond_broadcast(&pool.wake);

@@ -67,6 +67,7 @@ struct stab_monitor {
   size_t *by_name;    /* (name_cap) open-addressed index of the layers by name: i + 1, 0 empty,
                          so that registering n layers costs O(n), not n^2 / 2 name compares */
   size_t name_cap;    /* a power of two, at least twice count once any layer is registered */
+  stabi_idle_turn idle; /* stab_monitor_measure_idle's priority */
 };
 
 /* FNV-1a of a layer's name: the name index's hash. */
@@ -126,6 +127,7 @@ stab_status stab_monitor_create(const stab_monitor_params *params, stab_monitor 
   m->threads = threads;
   m->params = p;
   m->bytes = sizeof *m;
+  stabi_idle_turn_init(&m->idle);
   *out = m;
   return STAB_OK;
 }
@@ -150,6 +152,7 @@ void stab_monitor_free(stab_monitor *m) {
     free(m->slots[s].rowbuf);
   }
   free(m->slots);
+  stabi_idle_turn_destroy(&m->idle);
   free(m);
 }
 
@@ -493,6 +496,21 @@ stab_status stab_monitor_measure_some(stab_monitor *m, int with_update, const un
   }
   if (with_update) m->snapshot_ready = 0;
   return first;
+}
+
+/* The measurement and the snapshot between the idle turn's enter and leave (priority.c says
+ * why the switch is made here and not by the binding around this call). */
+stab_status stab_monitor_measure_idle(stab_monitor *m, uint64_t ticket, int measure, int with_update, int snapshot) {
+  if (!m) return stabi_fail(STAB_EINVAL, "stab_monitor_measure_idle: monitor is NULL");
+  stabi_idle_enter(&m->idle, ticket);
+  stab_status st = measure ? stab_monitor_measure(m, with_update) : STAB_OK;
+  if (st == STAB_OK && snapshot) st = stab_monitor_snapshot(m);
+  stabi_idle_leave(&m->idle);
+  return st;
+}
+
+void stab_monitor_hurry(stab_monitor *m, uint64_t ticket) {
+  if (m) stabi_idle_hurry(&m->idle, ticket);
 }
 
 const stab_metrics *stab_monitor_metrics(const stab_monitor *m, size_t index) {

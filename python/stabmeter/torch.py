@@ -22,7 +22,6 @@ from ._lib import (KIND_NAMES, KIND_OVERRIDES, LAYOUT_NAMES, LAYOUT_OVERRIDES, T
                    metrics_dict)
 from ._metrics import _spectral_params
 from ._device import Mirrors as _Mirrors
-from ._idle import IdleTurn as _IdleTurn, idle_priority as _idle_priority
 from ._model import Model
 
 PRODUCER = "stabmeter.torch"
@@ -243,24 +242,30 @@ def _module_kinds(plan, views, user_kinds, described):
 _JOB_THREADS = set()  # the threads _measure_job has run on (Monitor.__del__ must not wait there)
 
 
-def _measure_job(m, measure, with_update, snapshot, turn):
+def _measure_job(m, ticket, measure, with_update, snapshot, idle):
     """background=True's job on the monitor's thread: a step's measurement, then the next step's
-    snapshot, at idle priority until the training waits for them (turn: _idle.IdleTurn);
-    (status, message) of the first that fails (stab_last_error is this thread's), else None."""
+    snapshot, in one call of the library's, at idle priority until the training waits for it
+    (stab_monitor_measure_idle: the switch back happens inside it, so that this thread never
+    takes the GIL at idle priority); (status, message) when it fails (stab_last_error is this
+    thread's), else None. idle False: at this thread's priority."""
     _JOB_THREADS.add(threading.get_ident())
-    turn.enter()
-    try:
-        if measure:
-            status = lib.stab_monitor_measure(m, with_update)
-            if status != 0:
-                return status, lib.stab_last_error().decode("utf-8", "replace")
-        if snapshot:
+    if idle:
+        status = lib.stab_monitor_measure_idle(m, ticket, 1 if measure else 0, with_update, 1 if snapshot else 0)
+    else:
+        status = lib.stab_monitor_measure(m, with_update) if measure else 0
+        if status == 0 and snapshot:
             status = lib.stab_monitor_snapshot(m)
-            if status != 0:
-                return status, lib.stab_last_error().decode("utf-8", "replace")
-        return None
-    finally:
-        turn.leave()
+    if status != 0:
+        return status, lib.stab_last_error().decode("utf-8", "replace")
+    return None
+
+
+def idle_priority():
+    """(allowed, reason): whether Monitor(background=True) measures at idle priority in this
+    process (stab_idle_priority_allowed)."""
+    why = ctypes.c_char_p()
+    allowed = lib.stab_idle_priority_allowed(ctypes.byref(why)) != 0
+    return allowed, why.value.decode("utf-8", "replace")
 
 
 def _python_words(why):
@@ -311,28 +316,41 @@ class Monitor:
     optimizer, copy_, load_state_dict; not a write through .data) raises StateError at that call
     and that step's row is not written. An error of the measurement itself is raised at that
     call too, as the exception after_step would have raised, its message naming the step.
-    Where the process may raise a thread back from SCHED_IDLE (root, CAP_SYS_NICE), the
-    measurement runs at idle priority, taking only CPU time the training leaves, until that
-    next call raises it back; background_priority says which ("idle: ..." or "normal: ...").
-    A trainer whose BLAS or OpenMP threads spin between products leaves none: see
-    docs/instrumenting.md."""
+    priority='idle' (with background=True) runs the measurement at SCHED_IDLE, taking only CPU
+    time the training leaves, until that next call raises it back; only where the process may
+    raise a thread back (root, CAP_SYS_NICE; else a RuntimeWarning, and normal priority).
+    background_priority says which ("idle: ..." or "normal: ..."). It pays where the training
+    leaves cores idle; a BLAS or OpenMP runtime that spins between products leaves none, and on
+    cores other programs keep busy it costs more than normal priority: see
+    docs/manual/python.md."""
 
     def __init__(self, model, trace=None, heads=None, every=1, kv_heads=None, head_dim=None, tie=None,
                  out_major=False, kinds=None, layouts=None, tol=1e-3, threads=None, tight="centred",
                  run_config=None, scalars=("loss", "lr"), flush_every=0, if_exists="fail", strict=False,
-                 background=False, _named=None, _on_device=False):
+                 background=False, priority="normal", _named=None, _on_device=False):
         self._m = ctypes.c_void_p()
         self._trace = ctypes.c_void_p()
-        self._pending = None  # background: (future, step, versions, row, snapshot, pid, turn) of the job running
+        self._pending = None  # background: (future, step, versions, row, snapshot, pid, ticket) of the job running
         self._worker = None
         if not isinstance(background, bool):
             raise TypeError("Monitor: background=%r: expected True or False" % (background,))
         self.background = background
+        choice(priority, "Monitor: priority", self.PRIORITIES)
+        if priority == "idle" and not background:
+            raise ValueError("Monitor: priority='idle' is the background measurement's: give background=True too")
         # background: whether the measurement runs at idle priority while the training runs
-        self._idle = background and _idle_priority()[0]
+        self._idle = False
+        self._ticket = 0  # background: the number of the last job started (stab_monitor_hurry's)
         self.background_priority = None
         if background:
-            self.background_priority = ("idle: " if self._idle else "normal: ") + _idle_priority()[1]
+            allowed, why = idle_priority()
+            self._idle = priority == "idle" and allowed
+            if priority == "normal":
+                why = "Monitor(priority='normal')"
+            elif not allowed:
+                warnings.warn("Monitor(priority='idle'): measuring at normal priority: %s" % why, RuntimeWarning,
+                              stacklevel=2)
+            self.background_priority = ("idle: " if self._idle else "normal: ") + why
         self.every = integer(every, "Monitor: every", 1, C_INT64[1], "every N >= 1 steps")
         flush_every = integer(flush_every, "Monitor: flush_every", 0, C_INT[1], "0 (the library's) or N >= 1 rows")
         tight_code = choice(tight, "Monitor: tight", TIGHT_METHODS)
@@ -504,6 +522,7 @@ class Monitor:
     # What trace= may do to a file already there (stab_output_mode, the rule every stabmeter
     # writer keeps): a new Monitor cannot know that its steps continue that trace's run (the
     # same layers are not the same run), so it refuses unless asked, as pandas' to_sql does.
+    PRIORITIES = {"normal": 0, "idle": 1}
     IF_EXISTS = {"fail": 2, "append": 1, "replace": 0}
 
     def _open_trace(self, path, model, run_config, flush_every, if_exists):
@@ -658,9 +677,10 @@ class Monitor:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stabmeter-monitor")
         versions = self._versions()
-        turn = _IdleTurn(self._idle)
-        job = self._worker.submit(_measure_job, self._m.value, measure, with_update, snapshot, turn)
-        self._pending = (job, step, versions, row, snapshot, os.getpid(), turn)
+        self._ticket += 1
+        job = self._worker.submit(_measure_job, self._m.value, self._ticket, measure, with_update, snapshot,
+                                  self._idle)
+        self._pending = (job, step, versions, row, snapshot, os.getpid(), self._ticket)
 
     def wait(self):
         """background=True: waits for the measurement after_step started, then appends its trace
@@ -673,7 +693,7 @@ class Monitor:
         job, self._pending = self._pending, None
         if job is None:
             return
-        job, step, versions, row, snapshot, pid, turn = job
+        job, step, versions, row, snapshot, pid, ticket = job
         if pid != os.getpid():
             # a child forked while the job ran: its thread is the parent's, not here
             self._worker = None
@@ -682,7 +702,7 @@ class Monitor:
             raise _lib.error_for(-6, "Monitor(background=True): step %s is measured by process %d, which this "
                                  "process was forked from while it ran; this copy of the monitor cannot wait for "
                                  "it (close it; the parent's monitor goes on)" % (step, pid))
-        turn.hurry()  # the training waits now: the measurement back to normal priority
+        lib.stab_monitor_hurry(self._m, ticket)  # the training waits now: back to the thread's priority
         failed = job.result()
         if failed is not None:
             status, message = failed

@@ -10,6 +10,8 @@
 #include "stabmeter.h"
 #include "testutil.h"
 
+#include <sched.h>
+
 /* ---- a small model with one layer of every kind ------------------------------------ */
 
 enum { MAXL = 8, NSLOT = 3 }; /* slots: 0 weight, 1 bias, 2 weight_k */
@@ -988,6 +990,51 @@ START_TEST(test_layers_in_parallel) {
 }
 END_TEST
 
+/* stab_monitor_measure_idle (a binding's background measurement): the same bits as
+ * stab_monitor_snapshot then stab_monitor_measure on a twin monitor, every step, warm starts
+ * included, on one and two threads; the calling thread has its own priority again when it
+ * returns; hurry for a ticket not running changes nothing; a failure is returned (the update
+ * without a snapshot) and skips the snapshot. Whether the thread ran at SCHED_IDLE is
+ * check_priority's (the idle turn). */
+START_TEST(test_measure_idle) {
+  enum { STEPS = 3 };
+  model md;
+  model_init(&md, 11, 0);
+  for (int threads = 1; threads <= 2; threads++) {
+    stab_metrics_params p = stab_metrics_default_params();
+    p.spectral.threads = threads;
+    stab_monitor *plain = make_monitor(&md, STAB_UPDATE_SNAPSHOT, &p), *idle = make_monitor(&md, STAB_UPDATE_SNAPSHOT, &p);
+    TU_ASSERT_STATUS(stab_monitor_measure_idle(NULL, 1, 1, 0, 0), STAB_EINVAL);
+    stab_monitor_hurry(NULL, 1);
+    const int policy = sched_getscheduler(0);
+    /* an update with no snapshot: the measurement's error, and no snapshot after it */
+    TU_ASSERT_STATUS(stab_monitor_measure_idle(idle, 1, 1, 1, 1), STAB_ESTATE);
+    TU_ASSERT_STATUS(stab_monitor_measure(idle, 1), STAB_ESTATE);
+    /* the first step's snapshot alone, as a background loop takes it */
+    TU_ASSERT_OK(stab_monitor_measure_idle(idle, 2, 0, 0, 1));
+    tu_rng r;
+    tu_rng_init(&r, 111);
+    for (int step = 0; step < STEPS; step++) {
+      TU_ASSERT_OK(stab_monitor_snapshot(plain));
+      model_step(&md, 1e-2, &r);
+      TU_ASSERT_OK(stab_monitor_measure(plain, 1));
+      stab_monitor_hurry(idle, 1000); /* another ticket's hurry: this one still runs idle */
+      TU_ASSERT_OK(stab_monitor_measure_idle(idle, 3 + (uint64_t)step, 1, 1, 1), "step %d", step);
+      ck_assert_int_eq(sched_getscheduler(0), policy);
+      for (size_t i = 0; i < md.n; i++) {
+        const stab_metrics *a = stab_monitor_metrics(plain, i), *b = stab_monitor_metrics(idle, i);
+        ck_assert_msg(same_metrics(a, b), "%d threads, step %d, %s: sigma %.17g / update %.17g measured, %.17g / "
+                      "%.17g measured idle", threads, step, md.layers[i].name, a->sigma, a->update, b->sigma,
+                      b->update);
+      }
+    }
+    stab_monitor_free(plain);
+    stab_monitor_free(idle);
+  }
+  model_free(&md);
+}
+END_TEST
+
 /* Externals registered after the only measured layer: they grow no thread's buffers, so they
  * must not make a thread ready to measure. Before 0.11.0 each one did, and a step's thread on
  * such a slot measured the layer with a NULL workspace (a crash whenever that thread claimed
@@ -1123,6 +1170,7 @@ static Suite *monitor_suite(void) {
   tcase_add_test(tc, test_tied_table);
   tcase_add_test(tc, test_nan_isolation);
   tcase_add_test(tc, test_layers_in_parallel);
+  tcase_add_test(tc, test_measure_idle);
   tcase_add_test(tc, test_many_names);
   suite_add_tcase(s, tc);
   return s;

@@ -1,6 +1,8 @@
-/* check_pool_priority.c — the pool's workers (lib/engine/pass_pool.c, built into this program: its
- * functions are internal) run a job's tasks at the scheduling policy of the thread that runs the
- * job: a caller at SCHED_IDLE has its tasks run at SCHED_IDLE by whichever thread claims them,
+/* check_priority.c — threads' priority (lib/engine/priority.c and pass_pool.c, built into this
+ * program: their functions are internal). The idle turn of a background measurement: entered at
+ * SCHED_IDLE, back to its own policy on leave or on a hurry for its ticket, never lowered after
+ * a hurry for its ticket, lowered after a hurry for another. The pool's workers run a job's tasks
+ * at the scheduling policy of the thread that runs the job: a caller at SCHED_IDLE has its tasks run at SCHED_IDLE by whichever thread claims them,
  * a caller at normal priority never has a task run by a worker left idle by an earlier job, and
  * a caller raised back while it waits for a worker's task raises that worker.
  * Nothing here depends on speed: the first task waits (on a condition variable, not a clock)
@@ -107,7 +109,7 @@ START_TEST(test_workers_follow_the_callers_policy) {
   run_job(&j, can_raise);
   assert_all(&j, SCHED_OTHER, "normal caller after an idle one");
   if (can_raise) ck_assert_int_gt(j.others_ran, 0);
-  else fprintf(stderr, "check_pool_priority: this process may not raise a thread from SCHED_IDLE: the raise "
+  else fprintf(stderr, "check_priority: this process may not raise a thread from SCHED_IDLE: the raise "
                        "back is checked only as the worker staying out\n");
 }
 END_TEST
@@ -160,7 +162,7 @@ START_TEST(test_raised_caller_raises_its_workers) {
   ck_assert_int_eq(pthread_create(&t, NULL, probe_raise, &can_raise), 0);
   ck_assert_int_eq(pthread_join(t, NULL), 0);
   if (!can_raise) {
-    fprintf(stderr, "check_pool_priority: this process may not raise a thread from SCHED_IDLE: skipped\n");
+    fprintf(stderr, "check_priority: this process may not raise a thread from SCHED_IDLE: skipped\n");
     return;
   }
   held_job j;
@@ -190,12 +192,109 @@ START_TEST(test_raised_caller_raises_its_workers) {
 }
 END_TEST
 
+/* ---- the idle turn ---- */
+
+typedef struct {
+  stabi_idle_turn *turn;
+  uint64_t ticket;
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  int entered, release;
+  pid_t tid;
+  int policy_in, policy_out; /* the thread's policy after enter, after leave */
+} turn_thread;
+
+static void *in_turn(void *arg) {
+  turn_thread *t = arg;
+  stabi_idle_enter(t->turn, t->ticket);
+  pthread_mutex_lock(&t->lock);
+  t->tid = thread_id();
+  t->policy_in = sched_getscheduler(0);
+  t->entered = 1;
+  pthread_cond_broadcast(&t->changed);
+  while (!t->release) pthread_cond_wait(&t->changed, &t->lock);
+  pthread_mutex_unlock(&t->lock);
+  stabi_idle_leave(t->turn);
+  t->policy_out = sched_getscheduler(0);
+  return NULL;
+}
+
+/* Starts a thread that enters the turn with ticket and waits; returns once it has entered. */
+static void start_turn(turn_thread *t, stabi_idle_turn *turn, uint64_t ticket, pthread_t *th) {
+  memset(t, 0, sizeof *t);
+  t->turn = turn;
+  t->ticket = ticket;
+  pthread_mutex_init(&t->lock, NULL);
+  pthread_cond_init(&t->changed, NULL);
+  ck_assert_int_eq(pthread_create(th, NULL, in_turn, t), 0);
+  pthread_mutex_lock(&t->lock);
+  while (!t->entered) pthread_cond_wait(&t->changed, &t->lock);
+  pthread_mutex_unlock(&t->lock);
+}
+
+static void end_turn(turn_thread *t, pthread_t th) {
+  pthread_mutex_lock(&t->lock);
+  t->release = 1;
+  pthread_cond_broadcast(&t->changed);
+  pthread_mutex_unlock(&t->lock);
+  ck_assert_int_eq(pthread_join(th, NULL), 0);
+  pthread_mutex_destroy(&t->lock);
+  pthread_cond_destroy(&t->changed);
+}
+
+START_TEST(test_idle_turn) {
+  const char *why = NULL;
+  const int allowed = stab_idle_priority_allowed(&why);
+  ck_assert_ptr_nonnull(why);
+  int can_raise = 0;
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, probe_raise, &can_raise), 0);
+  ck_assert_int_eq(pthread_join(th, NULL), 0);
+  ck_assert_msg(allowed == can_raise, "stab_idle_priority_allowed says %d (%s), a thread here %s be raised back",
+                allowed, why, can_raise ? "can" : "cannot");
+  stabi_idle_turn turn;
+  stabi_idle_turn_init(&turn);
+  turn_thread t;
+  const int low = allowed ? SCHED_IDLE : SCHED_OTHER;
+
+  /* entered: idle (where allowed) until it leaves */
+  start_turn(&t, &turn, 1, &th);
+  ck_assert_int_eq(t.policy_in, low);
+  end_turn(&t, th);
+  ck_assert_int_eq(t.policy_out, SCHED_OTHER);
+
+  /* hurried while it runs: back to its own policy at once, and after it leaves */
+  start_turn(&t, &turn, 2, &th);
+  ck_assert_int_eq(t.policy_in, low);
+  stabi_idle_hurry(&turn, 2);
+  ck_assert_int_eq(sched_getscheduler(t.tid), SCHED_OTHER);
+  end_turn(&t, th);
+  ck_assert_int_eq(t.policy_out, SCHED_OTHER);
+
+  /* hurried before it starts: never lowered */
+  stabi_idle_hurry(&turn, 3);
+  start_turn(&t, &turn, 3, &th);
+  ck_assert_int_eq(t.policy_in, SCHED_OTHER);
+  end_turn(&t, th);
+
+  /* a hurry for an earlier ticket does not keep the next one from idle priority */
+  start_turn(&t, &turn, 4, &th);
+  ck_assert_int_eq(t.policy_in, low);
+  stabi_idle_hurry(&turn, 3);
+  ck_assert_int_eq(sched_getscheduler(t.tid), low);
+  end_turn(&t, th);
+  ck_assert_int_eq(t.policy_out, SCHED_OTHER);
+  stabi_idle_turn_destroy(&turn);
+}
+END_TEST
+
 int main(void) {
-  Suite *s = suite_create("pool_priority");
+  Suite *s = suite_create("priority");
   TCase *tc = tcase_create("priority");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_workers_follow_the_callers_policy);
   tcase_add_test(tc, test_raised_caller_raises_its_workers);
+  tcase_add_test(tc, test_idle_turn);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
