@@ -27,9 +27,9 @@
 #define STABMETER_H
 
 #define STAB_VERSION_MAJOR 0
-#define STAB_VERSION_MINOR 12
-#define STAB_VERSION_PATCH 3
-#define STAB_VERSION_STRING "0.12.3"
+#define STAB_VERSION_MINOR 13
+#define STAB_VERSION_PATCH 0
+#define STAB_VERSION_STRING "0.13.0"
 
 #ifdef __cplusplus
 extern "C" {
