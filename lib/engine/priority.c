@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -112,11 +113,8 @@ int stab_idle_priority_allowed(const char **why) {
 /* ---- the idle turn of one background measurement at a time ---- */
 
 void stabi_idle_turn_init(stabi_idle_turn *t) {
+  memset(t, 0, sizeof *t); /* no ticket entered, none hurried, nothing lowered */
   pthread_mutex_init(&t->lock, NULL);
-  t->hurried = 0;
-  t->hurried_ticket = 0;
-  t->lowered = 0;
-  t->tid = 0;
 }
 
 void stabi_idle_turn_destroy(stabi_idle_turn *t) { pthread_mutex_destroy(&t->lock); }
