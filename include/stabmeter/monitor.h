@@ -94,8 +94,8 @@ stab_status stab_monitor_measure(stab_monitor *m, int with_update);
  * measurement at idle priority (Linux's SCHED_IDLE) until the training waits for it. */
 
 /* Whether this process may run a measurement at idle priority: a thread can enter SCHED_IDLE
- * and be raised back out of it (root, CAP_SYS_NICE, or RLIMIT_NICE >= 20; an unprivileged
- * thread can enter it but never leave it). Found once per process, on a thread of its own.
+ * and be raised back out of it (CAP_SYS_NICE, which root has unless a container drops it, or
+ * RLIMIT_NICE >= 20; an unprivileged thread can enter it but never leave it). Found once per process, on a thread of its own.
  * why, when not NULL: a static string saying why, or why not. 1 or 0. */
 int stab_idle_priority_allowed(const char **why);
 

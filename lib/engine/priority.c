@@ -82,8 +82,8 @@ static void *probe_thread(void *unused) {
     return NULL;
   }
   if (!stabi_sched_set(0, &idle, &was)) {
-    idle_why = "a thread cannot be raised back from SCHED_IDLE here (that needs root, CAP_SYS_NICE or "
-               "RLIMIT_NICE >= 20)";
+    idle_why = "a thread cannot be raised back from SCHED_IDLE here (that needs CAP_SYS_NICE, which root "
+               "has unless a container drops it, or RLIMIT_NICE >= 20)";
     return NULL;
   }
   idle_allowed = 1;

@@ -354,6 +354,48 @@ class IdlePriority(unittest.TestCase):
                              "step %d: the measuring thread left at another policy" % step)
         mon.close()
 
+    def test_without_the_right_to_raise_back(self):
+        """A process without CAP_SYS_NICE (root in a container that drops it, here setpriv's
+        bounding set): priority='idle' warns, measures at normal priority, and measures."""
+        import shutil
+        import subprocess
+        import sys
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            self.skipTest("needs root and setpriv to run a child without CAP_SYS_NICE")
+        code = """if True:
+            import os, warnings, torch
+            import stabmeter.torch as st
+            from python_background import model_and_data, HEADS
+            allowed, why = st.idle_priority()
+            assert not allowed and "CAP_SYS_NICE" in why, why
+            model, opt, data = model_and_data()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                mon = st.Monitor(model, heads=HEADS, background=True, priority="idle")
+            assert [str(w.message) for w in caught] == ["Monitor(priority='idle'): measuring at normal priority: " + why]
+            assert mon.background_priority == "normal: " + why
+            for step in (1, 2):
+                x, y = next(data)
+                loss = model(x, y)
+                opt.zero_grad()
+                loss.backward()
+                mon.before_step(step)
+                opt.step()
+                mon.after_step(step)
+            m = mon.metrics()
+            assert all(v["forward"] == v["forward"] for v in m.values()), m
+            assert m["transformer.h.0.mlp.c_fc"]["update"] > 0
+            mon.close()
+            print("measured")
+        """
+        here = os.path.dirname(os.path.abspath(__file__))
+        paths = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + paths))
+        r = subprocess.run(["setpriv", "--bounding-set=-sys_nice", sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("measured", r.stdout)
+
     def test_synchronous_monitor_says_none(self):
         model, _, _ = model_and_data()
         mon = st.Monitor(model, heads=HEADS)
