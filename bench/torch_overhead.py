@@ -20,8 +20,9 @@ cold Lanczos starts) are not counted.
 Where this process may measure at idle priority (stabmeter.torch.idle_priority()), a fourth
 kind, "background_idle", is Monitor(background=True, priority="idle"), so that one run shows
 what the idle priority gives (its background_priority is printed). It gives only what the
-trainer leaves idle: a BLAS whose threads spin between products leaves nothing. The environment variables that decide that
-(OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY, ...) are printed under "env"; for example
+trainer leaves idle: a BLAS whose threads spin between products leaves nothing. The
+environment variables that decide that (OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY, ...) are
+printed under "env"; for example
 
     OPENBLAS_THREAD_TIMEOUT=4 STABMETER_LIBRARY=... /usr/bin/python3 bench/torch_overhead.py"""
 

@@ -90,13 +90,14 @@ stab_status stab_monitor_measure(stab_monitor *m, int with_update);
 
 /* ---- measuring while the training runs ----
  * A binding that measures on a thread of its own while the training goes on (stabmeter.torch's
- * Monitor(background=True)) saves only the CPU time the training leaves idle. These run that
+ * Monitor(background=True, priority='idle')) saves only the CPU time the training leaves idle. These run that
  * measurement at idle priority (Linux's SCHED_IDLE) until the training waits for it. */
 
 /* Whether this process may run a measurement at idle priority: a thread can enter SCHED_IDLE
  * and be raised back out of it (CAP_SYS_NICE, which root has unless a container drops it, or
- * RLIMIT_NICE >= 20; an unprivileged thread can enter it but never leave it). Found once per process, on a thread of its own.
- * why, when not NULL: a static string saying why, or why not. 1 or 0. */
+ * RLIMIT_NICE >= 20; an unprivileged thread can enter it but never leave it). Found once per
+ * process, on a thread of its own. why, when not NULL: a static string saying why, or why not.
+ * 1 or 0. */
 int stab_idle_priority_allowed(const char **why);
 
 /* stab_monitor_measure(m, with_update) when measure, then stab_monitor_snapshot(m) when

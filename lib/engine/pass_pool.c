@@ -64,8 +64,8 @@ static struct {
 
 /* ---- a worker runs at its caller's priority ----
  * A caller that measures at a low priority, so that it takes only the time other work leaves
- * idle (stabmeter.torch.Monitor(background=True) runs its measurement at SCHED_IDLE while the
- * training goes on), would lose that if the pool's workers ran its tasks at their own, normal
+ * idle (stab_monitor_measure_idle, which stabmeter.torch's Monitor(background=True,
+ * priority='idle') calls, runs its measurement at SCHED_IDLE while the training goes on), would lose that if the pool's workers ran its tasks at their own, normal
  * priority; and once it is raised back (the trainer waits for the measurement), workers left
  * low would make it wait for them: a task at SCHED_IDLE on cores other programs keep busy gets
  * about 0.3% of one. So a worker takes its caller's scheduling policy and nice value when it

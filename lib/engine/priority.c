@@ -4,7 +4,7 @@
  * (stab_monitor_measure_idle).
  *
  * Why idle priority, and why here in C: a binding that measures on a thread of its own while
- * the training runs (stabmeter.torch's Monitor(background=True)) saves only the CPU time the
+ * the training runs (stabmeter.torch's Monitor(background=True, priority='idle')) saves only the CPU time the
  * training leaves idle; at normal priority the measurement shares the cores with the training
  * and lands in its step. At SCHED_IDLE it takes only idle time, and once the training waits for
  * it (stab_monitor_hurry) it must run at full priority at once. The switch is made inside the
@@ -70,7 +70,7 @@ static void *probe_thread(void *unused) {
   (void)unused;
 #ifdef SCHED_IDLE
   stabi_sched was, idle;
-  if (!stabi_sched_read(stabi_thread_id(), &was)) {
+  if (!stabi_sched_read(0, &was)) {
     idle_why = "a thread's scheduling cannot be read here";
     return NULL;
   }

@@ -242,27 +242,22 @@ def _module_kinds(plan, views, user_kinds, described):
 _JOB_THREADS = set()  # the threads _measure_job has run on (Monitor.__del__ must not wait there)
 
 
-def _measure_job(m, ticket, measure, with_update, snapshot, idle):
+def _measure_job(m, ticket, measure, with_update, snapshot):
     """background=True's job on the monitor's thread: a step's measurement, then the next step's
-    snapshot, in one call of the library's, at idle priority until the training waits for it
-    (stab_monitor_measure_idle: the switch back happens inside it, so that this thread never
-    takes the GIL at idle priority); (status, message) when it fails (stab_last_error is this
-    thread's), else None. idle False: at this thread's priority."""
+    snapshot, in one call of the library's (stab_monitor_measure_idle: at idle priority until
+    the training waits for it, unless its ticket was hurried before it started; the switch back
+    happens inside the call, so that this thread never takes the GIL at idle priority);
+    (status, message) when it fails (stab_last_error is this thread's), else None."""
     _JOB_THREADS.add(threading.get_ident())
-    if idle:
-        status = lib.stab_monitor_measure_idle(m, ticket, 1 if measure else 0, with_update, 1 if snapshot else 0)
-    else:
-        status = lib.stab_monitor_measure(m, with_update) if measure else 0
-        if status == 0 and snapshot:
-            status = lib.stab_monitor_snapshot(m)
+    status = lib.stab_monitor_measure_idle(m, ticket, measure, with_update, snapshot)
     if status != 0:
         return status, lib.stab_last_error().decode("utf-8", "replace")
     return None
 
 
 def idle_priority():
-    """(allowed, reason): whether Monitor(background=True) measures at idle priority in this
-    process (stab_idle_priority_allowed)."""
+    """(allowed, reason): whether Monitor(background=True, priority='idle') can measure at idle
+    priority in this process (stab_idle_priority_allowed)."""
     why = ctypes.c_char_p()
     allowed = lib.stab_idle_priority_allowed(ctypes.byref(why)) != 0
     return allowed, why.value.decode("utf-8", "replace")
@@ -318,7 +313,7 @@ class Monitor:
     call too, as the exception after_step would have raised, its message naming the step.
     priority='idle' (with background=True) runs the measurement at SCHED_IDLE, taking only CPU
     time the training leaves, until that next call raises it back; only where the process may
-    raise a thread back (root, CAP_SYS_NICE; else a RuntimeWarning, and normal priority).
+    raise a thread back (CAP_SYS_NICE; else a RuntimeWarning, and normal priority).
     background_priority says which ("idle: ..." or "normal: ..."). It pays where the training
     leaves cores idle; a BLAS or OpenMP runtime that spins between products leaves none, and on
     cores other programs keep busy it costs more than normal priority: see
@@ -678,8 +673,9 @@ class Monitor:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stabmeter-monitor")
         versions = self._versions()
         self._ticket += 1
-        job = self._worker.submit(_measure_job, self._m.value, self._ticket, measure, with_update, snapshot,
-                                  self._idle)
+        if not self._idle:  # hurried before it starts: measured at this thread's own priority
+            lib.stab_monitor_hurry(self._m, self._ticket)
+        job = self._worker.submit(_measure_job, self._m.value, self._ticket, measure, with_update, snapshot)
         self._pending = (job, step, versions, row, snapshot, os.getpid(), self._ticket)
 
     def wait(self):

@@ -33,6 +33,17 @@ def model_and_data(seed=0):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2), batches(64, CONTEXT, 4)
 
 
+def train_step(model, opt, data, mon, step):
+    """One step of the ordinary loop, monitored: after_step's answer."""
+    x, y = next(data)
+    loss = model(x, y)
+    opt.zero_grad()
+    loss.backward()
+    mon.before_step(step)
+    opt.step()
+    return mon.after_step(step, loss=loss.item())
+
+
 def datasets(path):
     """{dataset path: values} of a trace, wall_time left out (seconds differ)."""
     out = {}
@@ -355,13 +366,7 @@ class IdlePriority(unittest.TestCase):
         self.assertEqual(mon.background_priority, ("idle: " if allowed else "normal: ") + why)
         self.assertEqual(allowed, can_raise_back(), why)
         for step in (1, 2, 3):
-            x, y = next(data)
-            loss = model(x, y)
-            opt.zero_grad()
-            loss.backward()
-            mon.before_step(step)
-            opt.step()
-            self.assertTrue(mon.after_step(step))
+            self.assertTrue(train_step(model, opt, data, mon, step))
             if step == 2:
                 mon._pending[0].result()  # its end, without the monitor's wait (and hurry)
             mon.wait()
@@ -382,7 +387,7 @@ class IdlePriority(unittest.TestCase):
         code = """if True:
             import os, warnings, torch
             import stabmeter.torch as st
-            from python_background import model_and_data, HEADS
+            from python_background import model_and_data, train_step, HEADS
             allowed, why = st.idle_priority()
             assert not allowed and "CAP_SYS_NICE" in why, why
             model, opt, data = model_and_data()
@@ -392,13 +397,7 @@ class IdlePriority(unittest.TestCase):
             assert [str(w.message) for w in caught] == ["Monitor(priority='idle'): measuring at normal priority: " + why]
             assert mon.background_priority == "normal: " + why
             for step in (1, 2):
-                x, y = next(data)
-                loss = model(x, y)
-                opt.zero_grad()
-                loss.backward()
-                mon.before_step(step)
-                opt.step()
-                mon.after_step(step)
+                assert train_step(model, opt, data, mon, step)
             m = mon.metrics()
             assert all(v["forward"] == v["forward"] for v in m.values()), m
             assert m["transformer.h.0.mlp.c_fc"]["update"] > 0
